@@ -1,0 +1,109 @@
+//! The one error type of the HTTP edge. Every failure leaves as
+//! `{"error":{"code":"snake_case","message":"...","reasons":[...]?}}`; no sqlx or bollard text
+//! reaches a client.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use serde_json::json;
+
+use policy_engine::Reason;
+
+use crate::app::AppError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidRequest,
+    Unauthenticated,
+    Forbidden,
+    PolicyDenied,
+    NotFound,
+    Conflict,
+    PayloadTooLarge,
+    RateLimited,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorCode {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+            ErrorCode::Forbidden | ErrorCode::PolicyDenied => StatusCode::FORBIDDEN,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::Conflict => StatusCode::CONFLICT,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
+            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub reasons: Option<Vec<Reason>>,
+    pub execution_id: Option<String>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        ApiError {
+            code,
+            message: message.into(),
+            reasons: None,
+            execution_id: None,
+        }
+    }
+
+    pub fn unavailable() -> ApiError {
+        ApiError::new(
+            ErrorCode::Unavailable,
+            "the audit store is unavailable; nothing was run",
+        )
+    }
+
+    pub fn policy_denied(execution_id: String, reasons: Vec<Reason>) -> ApiError {
+        ApiError {
+            code: ErrorCode::PolicyDenied,
+            message: "the policy denied this execution".to_owned(),
+            reasons: Some(reasons),
+            execution_id: Some(execution_id),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut error = json!({"code": self.code, "message": self.message});
+        if let Some(reasons) = self.reasons {
+            error["reasons"] = json!(reasons);
+        }
+        if let Some(id) = self.execution_id {
+            error["execution_id"] = json!(id);
+        }
+        (self.code.status(), Json(json!({ "error": error }))).into_response()
+    }
+}
+
+impl From<AppError> for ApiError {
+    fn from(err: AppError) -> ApiError {
+        match err {
+            AppError::Invalid(message) => ApiError::new(ErrorCode::InvalidRequest, message),
+            AppError::NotFound => ApiError::new(ErrorCode::NotFound, "no such resource"),
+            AppError::Unavailable(err) => {
+                tracing::error!(error = %crate::app::policy::error_chain(&err), "audit store unavailable");
+                ApiError::unavailable()
+            }
+            AppError::Internal(message) => {
+                tracing::error!(error = %message, "internal error");
+                ApiError::new(ErrorCode::Internal, "internal error")
+            }
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! `/v1/executions`: create (decide, audit, run) and read back.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use policy_engine::{Limits, Reason};
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::json::ApiJson;
+use crate::app::executions::{Created, ExecutionRequest};
+use crate::app::App;
+use crate::audit::ExecutionRow;
+
+/// An execution as clients see it (DESIGN 4.2).
+#[derive(Debug, Serialize)]
+pub struct ExecutionView {
+    pub id: String,
+    pub status: String,
+    pub tenant: String,
+    pub language: String,
+    pub exit_code: Option<i32>,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: Option<i64>,
+    pub decision: DecisionView,
+    pub limits: Option<Limits>,
+    pub labels: Value,
+    pub outputs: Value,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Set for status `error`; the detail stays in the gateway's log and audit store.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DecisionView {
+    pub id: String,
+    pub allow: bool,
+    pub backend: Option<String>,
+    pub reasons: Vec<Reason>,
+    pub policy_revision: String,
+}
+
+impl From<ExecutionRow> for ExecutionView {
+    fn from(row: ExecutionRow) -> ExecutionView {
+        ExecutionView {
+            error: row.error.map(|_| "the sandbox could not be run".to_owned()),
+            decision: DecisionView {
+                id: row.decision_id,
+                allow: row.allow,
+                backend: row.backend,
+                reasons: row.reasons.0,
+                policy_revision: row.policy_revision,
+            },
+            id: row.id,
+            status: row.status,
+            tenant: row.tenant,
+            language: row.language,
+            exit_code: row.exit_code,
+            stdout: row.stdout.unwrap_or_default(),
+            stderr: row.stderr.unwrap_or_default(),
+            stdout_truncated: row.stdout_truncated,
+            stderr_truncated: row.stderr_truncated,
+            duration_ms: row.duration_ms,
+            limits: row.limits.map(|limits| limits.0),
+            labels: row.labels.0,
+            outputs: row.outputs.0,
+            created_at: row.created_at,
+            started_at: row.started_at,
+            finished_at: row.finished_at,
+        }
+    }
+}
+
+pub async fn create(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(request): ApiJson<ExecutionRequest>,
+) -> Result<Response, ApiError> {
+    caller.require_role(&["agent"])?;
+    match app.create_execution(&caller.0, request).await? {
+        Created::Finished(row) => Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response()),
+        Created::Accepted(row) => {
+            Ok((StatusCode::ACCEPTED, Json(ExecutionView::from(row))).into_response())
+        }
+        Created::Denied(row) => Err(ApiError::policy_denied(row.id, row.reasons.0)),
+    }
+}
+
+pub async fn get(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ExecutionView>, ApiError> {
+    let row = app.get_execution(&caller.0, &id).await?;
+    Ok(Json(ExecutionView::from(row)))
+}

@@ -1,0 +1,81 @@
+//! Liveness and readiness. `/readyz` names every dependency that is not usable.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde_json::{json, Value};
+
+use crate::app::App;
+
+pub async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
+    let runtimes: Vec<String> = app
+        .config
+        .backends
+        .values()
+        .map(|backend| backend.runtime.clone())
+        .collect();
+    let (runtime, postgres) = tokio::join!(app.runtime.health(&runtimes), app.audit.ping());
+    let mut checks = BTreeMap::new();
+    let mut check = |name: String, result: Result<String, String>| {
+        let value = match result {
+            Ok(detail) => json!({"ok": true, "detail": detail}),
+            Err(detail) => json!({"ok": false, "detail": detail}),
+        };
+        checks.insert(name, value);
+    };
+    check("docker".to_owned(), runtime.docker.clone());
+    for (name, present) in &runtime.runtimes {
+        let result = if runtime.docker.is_err() {
+            Err("docker is unreachable".to_owned())
+        } else if *present {
+            Ok("registered".to_owned())
+        } else {
+            Err(format!("runtime {name} is not registered in dockerd (run scripts/setup.sh)"))
+        };
+        check(format!("runtime:{name}"), result);
+    }
+    check(
+        "postgres".to_owned(),
+        postgres
+            .map(|()| "ok".to_owned())
+            .map_err(|err| crate::app::policy::error_chain(&err)),
+    );
+    check(
+        "policy".to_owned(),
+        match app.policy.error() {
+            None => Ok(app.policy.revision().to_owned()),
+            Some(error) => Err(error.to_owned()),
+        },
+    );
+    check(
+        "sandbox_init".to_owned(),
+        if app.init_binary.is_file() {
+            Ok(app.init_binary.display().to_string())
+        } else {
+            Err(format!("{} is missing (make build)", app.init_binary.display()))
+        },
+    );
+    let missing: Vec<&String> = checks
+        .iter()
+        .filter(|(_, value)| value["ok"] == json!(false))
+        .map(|(name, _)| name)
+        .collect();
+    let status = if missing.is_empty() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "status": if missing.is_empty() { "ready" } else { "unavailable" },
+        "missing": missing,
+        "checks": checks,
+    });
+    (status, Json(body))
+}

@@ -1,0 +1,528 @@
+//! The execution use case: decide -> audit (commit) -> run -> complete. This is the only path
+//! to a sandbox, so no handler can run code without a committed decision.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use sqlx::types::Json;
+
+use policy_engine::{
+    Decision, Environment, FileInput, HostPort, Limits, PolicyInput, Principal, Reason,
+    RequestInput, RequestedLimits,
+};
+
+use super::{App, AppError};
+use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
+use crate::config::Ceilings;
+use crate::runtime::{JobFile, JobSpec, RunOutcome, RuntimeError, SandboxSpec};
+
+/// Largest accepted program text.
+pub const MAX_CODE_BYTES: usize = 1024 * 1024;
+const MAX_FILES: usize = 256;
+const MAX_PATH_BYTES: usize = 255;
+const COMPLETE_ATTEMPTS: u32 = 5;
+const WORKSPACE: &str = "/workspace";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecutionRequest {
+    pub language: String,
+    pub code: String,
+    #[serde(default)]
+    pub files: Vec<FileUpload>,
+    #[serde(default)]
+    pub network: Vec<HostPort>,
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    #[serde(default)]
+    pub limits: RequestedLimits,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default = "default_wait")]
+    pub wait: bool,
+}
+
+fn default_wait() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileUpload {
+    pub path: String,
+    pub content_b64: String,
+}
+
+/// What became of a create request.
+#[derive(Debug)]
+pub enum Created {
+    /// Ran to an end (any status): the final record.
+    Finished(ExecutionRow),
+    /// Runs in the background (`wait: false`).
+    Accepted(ExecutionRow),
+    Denied(ExecutionRow),
+}
+
+/// An allowed decision, made concrete by the gateway: the floor it enforces whatever the policy
+/// says (configured backend, configured image, limits under the ceilings).
+#[derive(Debug, Clone)]
+struct Runnable {
+    backend: String,
+    runtime: String,
+    image: String,
+    limits: Limits,
+}
+
+impl App {
+    pub async fn create_execution(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        request: ExecutionRequest,
+    ) -> Result<Created, AppError> {
+        let files = decode_files(&request.files)?;
+        if request.code.len() > MAX_CODE_BYTES {
+            return Err(AppError::Invalid(format!(
+                "code is {} bytes; the limit is {MAX_CODE_BYTES}",
+                request.code.len()
+            )));
+        }
+        let input = self.policy_input(caller, &request, &files);
+        let mut decision = self.policy.decide(&input);
+        let runnable = self.enforce_floor(&request.language, &mut decision);
+
+        let row = new_row(caller, &request, &input, &decision, runnable.as_ref(), self);
+        let event = NewEvent {
+            kind: "execution.decision",
+            execution_id: Some(row.id.clone()),
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            decision_id: Some(row.decision_id.clone()),
+            allow: Some(decision.allow),
+            reasons: json!(decision.reasons),
+            input: json!(input),
+            decision: json!(decision),
+            policy_revision: Some(row.policy_revision.clone()),
+        };
+        // Fail closed: without a committed decision nothing runs.
+        self.audit.record_execution_decision(&row, &event).await?;
+        tracing::info!(execution_id = %row.id, allow = decision.allow, "decision recorded");
+
+        let Some(runnable) = runnable else {
+            return Ok(Created::Denied(row));
+        };
+        let spec = self.sandbox_spec(&row.id, &request, files, runnable);
+        let app = Arc::clone(self);
+        let queued = row.clone();
+        let task = self.tasks.spawn(async move { app.run_and_complete(queued, spec).await });
+        if !request.wait {
+            return Ok(Created::Accepted(row));
+        }
+        task.await
+            .map(Created::Finished)
+            .map_err(|err| AppError::Internal(format!("execution task failed: {err}")))
+    }
+
+    pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
+        match self.audit.get_execution(id).await? {
+            // Another tenant's execution is indistinguishable from a missing one.
+            Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
+            _ => Err(AppError::NotFound),
+        }
+    }
+
+    fn policy_input(
+        &self,
+        caller: &ApiKey,
+        request: &ExecutionRequest,
+        files: &[(String, Vec<u8>)],
+    ) -> PolicyInput {
+        PolicyInput {
+            principal: Principal {
+                key_id: caller.id.clone(),
+                tenant: caller.tenant.clone(),
+                role: caller.role.clone(),
+            },
+            request: RequestInput {
+                language: request.language.clone(),
+                code_sha256: hex::encode(Sha256::digest(request.code.as_bytes())),
+                code_bytes: request.code.len() as u64,
+                files: files
+                    .iter()
+                    .map(|(path, content)| FileInput {
+                        path: path.clone(),
+                        bytes: content.len() as u64,
+                    })
+                    .collect(),
+                network: request.network.clone(),
+                mounts: request.mounts.clone(),
+                limits: request.limits.clone(),
+                labels: request.labels.clone(),
+            },
+            environment: Environment {
+                backends: self.config.backends.keys().cloned().collect(),
+                datasets: self.config.datasets.keys().cloned().collect(),
+                now: crate::ids::now_micros().to_rfc3339(),
+            },
+        }
+    }
+
+    /// Turns an allow into something runnable, or into a deny with the gateway's reason. The
+    /// floor holds whatever the policy returned; the recorded decision shows the clamped limits.
+    fn enforce_floor(&self, language: &str, decision: &mut Decision) -> Option<Runnable> {
+        if !decision.allow {
+            return None;
+        }
+        match self.runnable(language, decision) {
+            Ok(runnable) => {
+                decision.limits = Some(runnable.limits.clone());
+                Some(runnable)
+            }
+            Err(reason) => {
+                decision.allow = false;
+                decision.reasons.push(reason);
+                None
+            }
+        }
+    }
+
+    fn runnable(&self, language: &str, decision: &Decision) -> Result<Runnable, Reason> {
+        let refuse = |code: &str, message: String| {
+            Err(Reason {
+                code: code.to_owned(),
+                message,
+            })
+        };
+        if decision.require_approval {
+            return refuse(
+                "approval.unavailable",
+                "the policy asks for human review, which this gateway does not offer yet".into(),
+            );
+        }
+        if decision.network.as_ref().is_some_and(|grant| !grant.allow.is_empty()) {
+            return refuse(
+                "network.unavailable",
+                "the policy grants network access, which this gateway does not offer yet".into(),
+            );
+        }
+        if !decision.mounts.is_empty() {
+            return refuse(
+                "mount.unavailable",
+                "the policy grants dataset mounts, which this gateway does not offer yet".into(),
+            );
+        }
+        let (Some(backend), Some(limits)) = (&decision.backend, &decision.limits) else {
+            return refuse(
+                "policy.error",
+                "an allow decision must name a backend and set limits".into(),
+            );
+        };
+        let Some(runtime) = self.config.backends.get(backend) else {
+            return refuse(
+                "backend.unavailable",
+                format!("backend {backend:?} is not configured in this gateway"),
+            );
+        };
+        let Some(image) = self.config.images.get(language) else {
+            return refuse(
+                "language.unavailable",
+                format!("no sandbox image is configured for language {language:?}"),
+            );
+        };
+        let mut limits = limits.clone();
+        clamp(&mut limits, &self.config.ceilings);
+        Ok(Runnable {
+            backend: backend.clone(),
+            runtime: runtime.runtime.clone(),
+            image: image.clone(),
+            limits,
+        })
+    }
+
+    fn sandbox_spec(
+        &self,
+        id: &str,
+        request: &ExecutionRequest,
+        files: Vec<(String, Vec<u8>)>,
+        runnable: Runnable,
+    ) -> SandboxSpec {
+        let (argv, program) = command_for(&request.language);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut job_files = vec![JobFile {
+            path: program.to_owned(),
+            content_b64: b64.encode(request.code.as_bytes()),
+            mode: 0o644,
+        }];
+        job_files.extend(files.into_iter().map(|(path, content)| JobFile {
+            path: format!("{WORKSPACE}/{path}"),
+            content_b64: b64.encode(content),
+            mode: 0o644,
+        }));
+        SandboxSpec {
+            execution_id: id.to_owned(),
+            instance: self.instance.clone(),
+            image: runnable.image,
+            runtime: runnable.runtime,
+            init_binary: self.init_binary.clone(),
+            limits: runnable.limits,
+            job: JobSpec {
+                argv,
+                cwd: WORKSPACE.to_owned(),
+                env: sandbox_env(),
+                files: job_files,
+            },
+        }
+    }
+
+    async fn run_and_complete(&self, row: ExecutionRow, spec: SandboxSpec) -> ExecutionRow {
+        let id = row.id.clone();
+        let done = match self.slots.acquire().await {
+            Ok(_permit) => {
+                if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
+                    tracing::warn!(execution_id = %id, error = %err, "could not mark running");
+                }
+                let outcome = self.runtime.run(spec).await;
+                completion(outcome, &id)
+            }
+            Err(_) => completion(
+                Err(RuntimeError::Unavailable("the gateway is shutting down".to_owned())),
+                &id,
+            ),
+        };
+        self.complete_with_retry(row, done).await
+    }
+
+    /// Completion is retried; if the store stays down the caller still gets the truth, and the
+    /// row stays `running` for the reconciler.
+    async fn complete_with_retry(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
+        for attempt in 1..=COMPLETE_ATTEMPTS {
+            match self.audit.complete_execution(&row.id, &done).await {
+                Ok(stored) => return stored,
+                Err(err) => {
+                    tracing::warn!(execution_id = %row.id, attempt, error = %err, "completing execution failed");
+                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                }
+            }
+        }
+        tracing::error!(execution_id = %row.id, "execution result not stored");
+        ExecutionRow {
+            status: done.status.to_owned(),
+            exit_code: done.exit_code,
+            duration_ms: Some(done.duration_ms),
+            stdout: Some(done.stdout),
+            stderr: Some(done.stderr),
+            stdout_truncated: done.stdout_truncated,
+            stderr_truncated: done.stderr_truncated,
+            error: done.error,
+            ..row
+        }
+    }
+}
+
+fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion {
+    match outcome {
+        Ok(run) => {
+            let status = if run.timed_out {
+                "timeout"
+            } else if run.oom_killed {
+                "oom"
+            } else if run.exit_code == Some(0) {
+                "succeeded"
+            } else {
+                "failed"
+            };
+            Completion {
+                status,
+                exit_code: run.exit_code.and_then(|code| i32::try_from(code).ok()),
+                duration_ms: i64::try_from(run.duration.as_millis()).unwrap_or(i64::MAX),
+                stdout: run.stdout.text(),
+                stderr: run.stderr.text(),
+                stdout_truncated: run.stdout.truncated,
+                stderr_truncated: run.stderr.truncated,
+                error: None,
+            }
+        }
+        Err(err) => {
+            tracing::error!(execution_id = %id, error = %err, "sandbox failed");
+            Completion {
+                status: "error",
+                exit_code: None,
+                duration_ms: 0,
+                stdout: String::new(),
+                stderr: String::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                error: Some(err.to_string()),
+            }
+        }
+    }
+}
+
+fn new_row(
+    caller: &ApiKey,
+    request: &ExecutionRequest,
+    input: &PolicyInput,
+    decision: &Decision,
+    runnable: Option<&Runnable>,
+    app: &App,
+) -> ExecutionRow {
+    let now = crate::ids::now_micros();
+    ExecutionRow {
+        id: crate::ids::new("ex"),
+        tenant: caller.tenant.clone(),
+        key_id: caller.id.clone(),
+        language: request.language.clone(),
+        code_sha256: input.request.code_sha256.clone(),
+        code_bytes: i64::try_from(request.code.len()).unwrap_or(i64::MAX),
+        labels: Json(json!(request.labels)),
+        status: if runnable.is_some() { "queued" } else { "denied" }.to_owned(),
+        decision_id: crate::ids::new("dc"),
+        allow: decision.allow,
+        reasons: Json(decision.reasons.clone()),
+        backend: runnable.map(|r| r.backend.clone()),
+        runtime: runnable.map(|r| r.runtime.clone()),
+        image: runnable.map(|r| r.image.clone()),
+        limits: runnable.map(|r| Json(r.limits.clone())),
+        policy_revision: app.policy.revision().to_owned(),
+        created_at: now,
+        started_at: None,
+        finished_at: runnable.is_none().then_some(now),
+        exit_code: None,
+        duration_ms: None,
+        stdout: None,
+        stderr: None,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        outputs: Json(json!([])),
+        error: None,
+    }
+}
+
+/// Lowers every limit to its ceiling.
+fn clamp(limits: &mut Limits, ceilings: &Ceilings) {
+    limits.timeout_ms = limits.timeout_ms.clamp(1, ceilings.timeout_ms);
+    limits.memory_mb = limits.memory_mb.clamp(16, ceilings.memory_mb);
+    limits.cpus = limits.cpus.clamp(0.01, ceilings.cpus);
+    // gVisor itself needs a few dozen threads; fewer than 64 pids and nothing starts.
+    limits.pids = limits.pids.clamp(64, ceilings.pids.max(64));
+    limits.disk_mb = limits.disk_mb.clamp(1, ceilings.disk_mb);
+    limits.output_bytes = limits.output_bytes.min(ceilings.output_bytes);
+}
+
+/// The interpreter and where the program text goes.
+fn command_for(language: &str) -> (Vec<String>, &'static str) {
+    let (interpreter, program) = match language {
+        "python" => ("python3", "/tmp/sandgate/main.py"),
+        "bash" => ("bash", "/tmp/sandgate/main.sh"),
+        // Anything else the policy allowed and an image exists for: run the file as given.
+        _ => ("/tmp/sandgate/main", "/tmp/sandgate/main"),
+    };
+    let argv = if interpreter == program {
+        vec![program.to_owned()]
+    } else {
+        vec![interpreter.to_owned(), program.to_owned()]
+    };
+    (argv, program)
+}
+
+/// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
+fn sandbox_env() -> BTreeMap<String, String> {
+    [
+        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLBACKEND", "Agg"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+/// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
+fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+    if files.len() > MAX_FILES {
+        return Err(AppError::Invalid(format!(
+            "{} files; the limit is {MAX_FILES}",
+            files.len()
+        )));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    files
+        .iter()
+        .map(|file| {
+            check_path(&file.path)?;
+            let content = b64.decode(&file.content_b64).map_err(|err| {
+                AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+            })?;
+            Ok((file.path.clone(), content))
+        })
+        .collect()
+}
+
+fn check_path(path: &str) -> Result<(), AppError> {
+    let bad = |why: &str| Err(AppError::Invalid(format!("file {path:?}: {why}")));
+    if path.is_empty() || path.len() > MAX_PATH_BYTES {
+        return bad("path must be 1 to 255 bytes");
+    }
+    if path.starts_with('/') {
+        return bad("path must be relative to /workspace");
+    }
+    if path.chars().any(char::is_control) {
+        return bad("path must not contain control characters");
+    }
+    if path.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+        return bad("path must not contain empty, '.' or '..' components");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            timeout_ms: 999_999,
+            memory_mb: 99_999,
+            cpus: 64.0,
+            pids: 1,
+            disk_mb: 99_999,
+            output_bytes: u64::MAX,
+        }
+    }
+
+    #[test]
+    fn limits_are_clamped_to_ceilings_and_floor() {
+        let mut l = limits();
+        let ceilings = Ceilings::default();
+        clamp(&mut l, &ceilings);
+        assert_eq!(l.timeout_ms, ceilings.timeout_ms);
+        assert_eq!(l.memory_mb, ceilings.memory_mb);
+        assert_eq!(l.cpus, ceilings.cpus);
+        assert_eq!(l.pids, 64);
+        assert_eq!(l.disk_mb, ceilings.disk_mb);
+        assert_eq!(l.output_bytes, ceilings.output_bytes);
+    }
+
+    #[test]
+    fn file_paths_are_checked() {
+        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b", "a\nb"] {
+            assert!(check_path(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["data.csv", "src/main.py", "a.b/c"] {
+            assert!(check_path(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn commands_per_language() {
+        assert_eq!(command_for("python").0, ["python3", "/tmp/sandgate/main.py"]);
+        assert_eq!(command_for("bash").0, ["bash", "/tmp/sandgate/main.sh"]);
+    }
+}

@@ -1,0 +1,77 @@
+//! Use cases: what the gateway does, independent of HTTP. Handlers call these; these call the
+//! policy engine, the audit store and the runtime, in that order.
+
+pub mod executions;
+pub mod policy;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::audit::{AuditError, AuditStore};
+use crate::config::Config;
+use crate::runtime::SandboxRuntime;
+pub use policy::PolicyState;
+
+/// Shared state of one gateway process.
+pub struct App {
+    pub config: Config,
+    pub policy: PolicyState,
+    pub audit: AuditStore,
+    pub runtime: Arc<dyn SandboxRuntime>,
+    /// Running-sandbox slots (`max_concurrent`).
+    pub slots: Semaphore,
+    /// Every execution runs in a task here, so a dropped HTTP request cannot abandon a sandbox.
+    pub tasks: TaskTracker,
+    pub shutdown: CancellationToken,
+    /// Names this process on the containers it creates.
+    pub instance: String,
+    pub init_binary: PathBuf,
+}
+
+impl std::fmt::Debug for App {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("App")
+            .field("instance", &self.instance)
+            .field("policy_revision", &self.policy.revision())
+            .finish_non_exhaustive()
+    }
+}
+
+impl App {
+    pub fn new(
+        config: Config,
+        policy: PolicyState,
+        audit: AuditStore,
+        runtime: Arc<dyn SandboxRuntime>,
+        shutdown: CancellationToken,
+    ) -> App {
+        App {
+            slots: Semaphore::new(config.max_concurrent),
+            init_binary: config.sandbox_init_path(),
+            instance: crate::ids::new("gw"),
+            policy,
+            audit,
+            runtime,
+            tasks: TaskTracker::new(),
+            shutdown,
+            config,
+        }
+    }
+}
+
+/// Errors of the use cases, mapped to HTTP by `api::error`.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("not found")]
+    NotFound,
+    #[error("the audit store is unavailable")]
+    Unavailable(#[from] AuditError),
+    #[error("internal error: {0}")]
+    Internal(String),
+}

@@ -1,0 +1,274 @@
+//! The audit store (PostgreSQL through sqlx): API keys, policy revisions, executions and the
+//! hash-chained `audit_events`. The only module that writes SQL.
+
+pub mod chain;
+
+use chrono::{DateTime, Utc};
+use rand::RngCore;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+use sqlx::types::Json;
+use sqlx::PgPool;
+
+pub use chain::NewEvent;
+use policy_engine::{Limits, Reason};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuditError {
+    /// The store could not be reached or refused the write: callers must not act.
+    #[error("audit store unavailable")]
+    Unavailable(#[source] sqlx::Error),
+}
+
+impl From<sqlx::Error> for AuditError {
+    fn from(err: sqlx::Error) -> Self {
+        AuditError::Unavailable(err)
+    }
+}
+
+pub const ROLES: &[&str] = &["agent", "reviewer", "auditor", "admin"];
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ApiKey {
+    pub id: String,
+    pub role: String,
+    pub tenant: String,
+}
+
+/// A freshly created key: `secret` is shown once and never stored.
+#[derive(Debug)]
+pub struct NewKey {
+    pub id: String,
+    pub secret: String,
+}
+
+/// One row of `executions`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ExecutionRow {
+    pub id: String,
+    pub tenant: String,
+    pub key_id: String,
+    pub language: String,
+    pub code_sha256: String,
+    pub code_bytes: i64,
+    pub labels: Json<Value>,
+    pub status: String,
+    pub decision_id: String,
+    pub allow: bool,
+    pub reasons: Json<Vec<Reason>>,
+    pub backend: Option<String>,
+    pub runtime: Option<String>,
+    pub image: Option<String>,
+    pub limits: Option<Json<Limits>>,
+    pub policy_revision: String,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub exit_code: Option<i32>,
+    pub duration_ms: Option<i64>,
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub outputs: Json<Value>,
+    pub error: Option<String>,
+}
+
+/// How an execution ended, written once the sandbox is gone.
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub status: &'static str,
+    pub exit_code: Option<i32>,
+    pub duration_ms: i64,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct AuditStore {
+    pool: PgPool,
+}
+
+impl AuditStore {
+    pub fn new(pool: PgPool) -> AuditStore {
+        AuditStore { pool }
+    }
+
+    pub async fn ping(&self) -> Result<(), AuditError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn record_policy_revision(
+        &self,
+        revision: &str,
+        files: &[String],
+        loaded_by: &str,
+    ) -> Result<(), AuditError> {
+        sqlx::query(
+            "INSERT INTO policy_revisions (revision, files, loaded_by) VALUES ($1, $2, $3) \
+             ON CONFLICT (revision) DO NOTHING",
+        )
+        .bind(revision)
+        .bind(Json(files))
+        .bind(loaded_by)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Creates a key; only the SHA-256 of the returned secret is stored.
+    pub async fn create_key(&self, role: &str, tenant: &str) -> Result<NewKey, AuditError> {
+        let mut id_bytes = [0u8; 8];
+        let mut secret_bytes = [0u8; 32];
+        rand::rngs::OsRng.fill_bytes(&mut id_bytes);
+        rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
+        let id = format!("key_{}", hex::encode(id_bytes));
+        let secret = format!("sgk_{}_{}", hex::encode(id_bytes), hex::encode(secret_bytes));
+        sqlx::query("INSERT INTO api_keys (id, key_hash, role, tenant) VALUES ($1, $2, $3, $4)")
+            .bind(&id)
+            .bind(key_hash(&secret))
+            .bind(role)
+            .bind(tenant)
+            .execute(&self.pool)
+            .await?;
+        Ok(NewKey { id, secret })
+    }
+
+    /// The live key whose secret this is, if any.
+    pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
+        let key = sqlx::query_as(
+            "SELECT id, role, tenant FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+        )
+        .bind(key_hash(secret))
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(key)
+    }
+
+    /// Appends one event on its own (decisions that have no execution row).
+    pub async fn record_event(&self, event: &NewEvent) -> Result<String, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let id = chain::append(&mut tx, event).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    /// Commits the execution row and its decision event together. Nothing may run before this
+    /// returns `Ok`.
+    pub async fn record_execution_decision(
+        &self,
+        row: &ExecutionRow,
+        event: &NewEvent,
+    ) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO executions (id, tenant, key_id, language, code_sha256, code_bytes, \
+             labels, status, decision_id, allow, reasons, backend, runtime, image, limits, \
+             policy_revision, created_at, finished_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18)",
+        )
+        .bind(&row.id)
+        .bind(&row.tenant)
+        .bind(&row.key_id)
+        .bind(&row.language)
+        .bind(&row.code_sha256)
+        .bind(row.code_bytes)
+        .bind(&row.labels)
+        .bind(&row.status)
+        .bind(&row.decision_id)
+        .bind(row.allow)
+        .bind(&row.reasons)
+        .bind(&row.backend)
+        .bind(&row.runtime)
+        .bind(&row.image)
+        .bind(&row.limits)
+        .bind(&row.policy_revision)
+        .bind(row.created_at)
+        .bind(row.finished_at)
+        .execute(&mut *tx)
+        .await?;
+        chain::append(&mut tx, event).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn mark_running(&self, id: &str, at: DateTime<Utc>) -> Result<(), AuditError> {
+        sqlx::query("UPDATE executions SET status = 'running', started_at = $2 WHERE id = $1")
+            .bind(id)
+            .bind(at)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn complete_execution(
+        &self,
+        id: &str,
+        done: &Completion,
+    ) -> Result<ExecutionRow, AuditError> {
+        let row = sqlx::query_as(
+            "UPDATE executions SET status = $2, exit_code = $3, duration_ms = $4, stdout = $5, \
+             stderr = $6, stdout_truncated = $7, stderr_truncated = $8, error = $9, \
+             finished_at = now() WHERE id = $1 RETURNING *",
+        )
+        .bind(id)
+        .bind(done.status)
+        .bind(done.exit_code)
+        .bind(done.duration_ms)
+        .bind(&done.stdout)
+        .bind(&done.stderr)
+        .bind(done.stdout_truncated)
+        .bind(done.stderr_truncated)
+        .bind(&done.error)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row)
+    }
+
+    pub async fn get_execution(&self, id: &str) -> Result<Option<ExecutionRow>, AuditError> {
+        let row = sqlx::query_as("SELECT * FROM executions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row)
+    }
+
+    pub async fn events_for_execution(&self, id: &str) -> Result<Vec<EventRow>, AuditError> {
+        let rows = sqlx::query_as(
+            "SELECT seq, id, kind, allow, reasons, policy_revision, hash FROM audit_events \
+             WHERE execution_id = $1 ORDER BY seq",
+        )
+        .bind(id)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRow {
+    pub seq: i64,
+    pub id: String,
+    pub kind: String,
+    pub allow: Option<bool>,
+    pub reasons: Json<Value>,
+    pub policy_revision: Option<String>,
+    pub hash: String,
+}
+
+pub fn key_hash(secret: &str) -> String {
+    hex::encode(Sha256::digest(secret.as_bytes()))
+}
+
+/// The key id a presented secret claims (`sgk_<id>_<secret>`), for audit rows about failures.
+/// Never trusted for anything else.
+pub fn claimed_key_id(secret: &str) -> Option<String> {
+    let rest = secret.strip_prefix("sgk_")?;
+    let (id, _) = rest.split_once('_')?;
+    (id.len() == 16 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| format!("key_{id}"))
+}

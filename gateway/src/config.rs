@@ -1,0 +1,247 @@
+//! Gateway configuration: a YAML file whose every key is optional, overridden key by key
+//! from `SANDGATE_<KEY>` environment variables. Unknown keys are rejected.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("invalid config: {message}")]
+    Invalid { message: String },
+}
+
+/// Hard upper bounds on what any decision may grant. Policy may lower them, never raise them.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Ceilings {
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub disk_mb: u64,
+    pub output_bytes: u64,
+}
+
+impl Default for Ceilings {
+    fn default() -> Self {
+        Ceilings {
+            timeout_ms: 60_000,
+            memory_mb: 2048,
+            cpus: 2.0,
+            pids: 512,
+            disk_mb: 1024,
+            output_bytes: 10 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    /// The Docker runtime name registered in dockerd (`runsc`, `runc`).
+    pub runtime: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Dataset {
+    pub path: PathBuf,
+    #[serde(default)]
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub listen: SocketAddr,
+    /// Absent: the embedded default (a private PostgreSQL under `data_dir`).
+    pub database_url: Option<String>,
+    pub data_dir: PathBuf,
+    pub policy_dir: PathBuf,
+    /// Language -> image.
+    pub images: BTreeMap<String, String>,
+    /// Backend name (as named by policy) -> Docker runtime.
+    pub backends: BTreeMap<String, Backend>,
+    pub datasets: BTreeMap<String, Dataset>,
+    pub ceilings: Ceilings,
+    pub max_concurrent: usize,
+    /// The static `sandbox-init` binary; default: `sandbox-init` next to the `sandgate` executable.
+    pub sandbox_init: Option<PathBuf>,
+    /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
+    /// `/usr/lib/postgresql/*/bin`.
+    pub postgres_bin_dir: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            database_url: None,
+            data_dir: PathBuf::from(".sandgate"),
+            policy_dir: PathBuf::from("policies"),
+            images: BTreeMap::from([
+                ("python".to_owned(), "sandgate/python".to_owned()),
+                ("bash".to_owned(), "sandgate/bash".to_owned()),
+            ]),
+            backends: BTreeMap::from([(
+                "gvisor".to_owned(),
+                Backend {
+                    runtime: "runsc".to_owned(),
+                },
+            )]),
+            datasets: BTreeMap::new(),
+            ceilings: Ceilings::default(),
+            max_concurrent: 8,
+            sandbox_init: None,
+            postgres_bin_dir: None,
+        }
+    }
+}
+
+/// Keys that can be set from the environment, and whether the value is taken verbatim (text)
+/// or parsed as YAML (numbers, maps).
+const ENV_KEYS: &[(&str, EnvValue)] = &[
+    ("listen", EnvValue::Text),
+    ("database_url", EnvValue::Text),
+    ("data_dir", EnvValue::Text),
+    ("policy_dir", EnvValue::Text),
+    ("images", EnvValue::Yaml),
+    ("backends", EnvValue::Yaml),
+    ("datasets", EnvValue::Yaml),
+    ("ceilings", EnvValue::Yaml),
+    ("max_concurrent", EnvValue::Yaml),
+    ("sandbox_init", EnvValue::Text),
+    ("postgres_bin_dir", EnvValue::Text),
+];
+
+#[derive(Clone, Copy)]
+enum EnvValue {
+    Text,
+    Yaml,
+}
+
+impl Config {
+    /// Reads the optional file, then applies `SANDGATE_<KEY>` overrides from `env`.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let text = match file {
+            Some(path) => std::fs::read_to_string(path).map_err(|err| ConfigError::Read {
+                path: path.to_owned(),
+                err,
+            })?,
+            None => String::new(),
+        };
+        Config::from_yaml_and_env(&text, env)
+    }
+
+    pub fn from_yaml_and_env(
+        text: &str,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid { message };
+        let mut doc: serde_yaml_ng::Value = if text.trim().is_empty() {
+            serde_yaml_ng::Value::Mapping(Default::default())
+        } else {
+            serde_yaml_ng::from_str(text).map_err(|err| invalid(err.to_string()))?
+        };
+        let map = doc
+            .as_mapping_mut()
+            .ok_or_else(|| invalid("the config file must be a YAML mapping".to_owned()))?;
+        for (key, kind) in ENV_KEYS {
+            let var = format!("SANDGATE_{}", key.to_ascii_uppercase());
+            let Some(raw) = env(&var) else { continue };
+            let value = match kind {
+                EnvValue::Text => serde_yaml_ng::Value::String(raw),
+                EnvValue::Yaml => serde_yaml_ng::from_str(&raw)
+                    .map_err(|err| invalid(format!("{var}: {err}")))?,
+            };
+            map.insert(serde_yaml_ng::Value::String((*key).to_owned()), value);
+        }
+        let config: Config =
+            serde_yaml_ng::from_value(doc).map_err(|err| invalid(err.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |message: String| Err(ConfigError::Invalid { message });
+        if self.max_concurrent == 0 {
+            return invalid("max_concurrent must be at least 1".to_owned());
+        }
+        if self.backends.is_empty() {
+            return invalid("at least one backend must be configured".to_owned());
+        }
+        let c = &self.ceilings;
+        if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 64 {
+            return invalid(
+                "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 64 are required"
+                    .to_owned(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The `sandbox-init` binary to mount into every sandbox.
+    pub fn sandbox_init_path(&self) -> PathBuf {
+        if let Some(path) = &self.sandbox_init {
+            return path.clone();
+        }
+        std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-init")))
+            .unwrap_or_else(|| PathBuf::from("sandbox-init"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let config = Config::from_yaml_and_env("", no_env).unwrap();
+        assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Config::from_yaml_and_env("listen: 127.0.0.1:1\nlisen: x\n", no_env).unwrap_err();
+        assert!(err.to_string().contains("lisen"), "{err}");
+    }
+
+    #[test]
+    fn env_overrides_file() {
+        let env = |key: &str| match key {
+            "SANDGATE_LISTEN" => Some("127.0.0.1:9999".to_owned()),
+            "SANDGATE_MAX_CONCURRENT" => Some("3".to_owned()),
+            "SANDGATE_DATABASE_URL" => Some("postgres://u@h/db".to_owned()),
+            _ => None,
+        };
+        let config = Config::from_yaml_and_env("listen: 127.0.0.1:1\nmax_concurrent: 2\n", env)
+            .unwrap();
+        assert_eq!(config.listen.port(), 9999);
+        assert_eq!(config.max_concurrent, 3);
+        assert_eq!(config.database_url.as_deref(), Some("postgres://u@h/db"));
+    }
+
+    #[test]
+    fn ceilings_are_validated() {
+        let err = Config::from_yaml_and_env("ceilings: {pids: 10}\n", no_env).unwrap_err();
+        assert!(err.to_string().contains("pids"), "{err}");
+    }
+}

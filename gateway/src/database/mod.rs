@@ -1,0 +1,131 @@
+//! Where the audit store lives: the configured PostgreSQL server, or the embedded default.
+//! Opening the database also runs the migrations.
+
+pub mod embedded;
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection, PgPool};
+
+use crate::config::Config;
+pub use embedded::EmbeddedPostgres;
+
+/// Name of the database sandgate creates inside the embedded cluster.
+const EMBEDDED_DATABASE: &str = "sandgate";
+/// How long a request waits for a pooled connection before the store counts as unavailable.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DatabaseError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("embedded PostgreSQL: {message}")]
+    Embedded { message: String },
+    #[error("invalid database_url")]
+    Url(#[source] sqlx::Error),
+    #[error("cannot connect to PostgreSQL")]
+    Connect(#[source] sqlx::Error),
+    #[error("database migrations failed")]
+    Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("embedded PostgreSQL task failed: {0}")]
+    Task(String),
+}
+
+/// An open audit database and, for the embedded default, the server process behind it.
+#[derive(Debug)]
+pub struct Database {
+    pub pool: PgPool,
+    embedded: Option<EmbeddedPostgres>,
+}
+
+impl Database {
+    /// Connects (starting the embedded server if no URL is configured) and migrates.
+    pub async fn open(config: &Config) -> Result<Database, DatabaseError> {
+        let (options, embedded) = match &config.database_url {
+            Some(url) => (PgConnectOptions::from_str(url).map_err(DatabaseError::Url)?, None),
+            None => {
+                let data_dir = config.data_dir.clone();
+                let bin_dir = config.postgres_bin_dir.clone();
+                let pg = tokio::task::spawn_blocking(move || {
+                    EmbeddedPostgres::start(&data_dir, bin_dir.as_deref())
+                })
+                .await
+                .map_err(|err| DatabaseError::Task(err.to_string()))??;
+                create_database_if_missing(&pg, EMBEDDED_DATABASE).await?;
+                (pg.connect_options(EMBEDDED_DATABASE), Some(pg))
+            }
+        };
+        let db = Database {
+            pool: pool(options).await?,
+            embedded,
+        };
+        migrate(&db.pool).await?;
+        Ok(db)
+    }
+
+    pub fn embedded(&self) -> Option<&EmbeddedPostgres> {
+        self.embedded.as_ref()
+    }
+
+    /// Closes the pool and stops the embedded server if this process started it.
+    pub async fn close(self) {
+        self.pool.close().await;
+        if let Some(pg) = self.embedded {
+            let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
+            match stopped {
+                Ok(Ok(())) => tracing::info!("embedded PostgreSQL stopped"),
+                Ok(Err(err)) => tracing::error!(error = %err, "stopping embedded PostgreSQL failed"),
+                Err(err) => tracing::error!(error = %err, "stopping embedded PostgreSQL failed"),
+            }
+        }
+    }
+}
+
+pub async fn pool(options: PgConnectOptions) -> Result<PgPool, DatabaseError> {
+    let options = options.application_name("sandgate");
+    PgPoolOptions::new()
+        .max_connections(16)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
+        .await
+        .map_err(DatabaseError::Connect)
+}
+
+pub async fn migrate(pool: &PgPool) -> Result<(), DatabaseError> {
+    sqlx::migrate!("../migrations")
+        .run(pool)
+        .await
+        .map_err(DatabaseError::Migrate)
+}
+
+/// Creates `name` in the embedded cluster unless it exists.
+pub async fn create_database_if_missing(
+    pg: &EmbeddedPostgres,
+    name: &str,
+) -> Result<(), DatabaseError> {
+    let mut conn = sqlx::PgConnection::connect_with(&pg.connect_options("postgres"))
+        .await
+        .map_err(DatabaseError::Connect)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(name)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(DatabaseError::Connect)?;
+    if !exists {
+        let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+        sqlx::query(&format!("CREATE DATABASE {quoted}"))
+            .execute(&mut conn)
+            .await
+            .map_err(DatabaseError::Connect)?;
+    }
+    conn.close().await.map_err(DatabaseError::Connect)?;
+    Ok(())
+}

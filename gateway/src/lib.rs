@@ -1,0 +1,109 @@
+//! sandgate's gateway: the HTTP API, the use cases, the audit store and the container runtime.
+//!
+//! It is the process that decides (through `policy-engine`), records (PostgreSQL, before
+//! anything runs) and runs (gVisor containers through dockerd). It is not a policy language
+//! (that is Rego in `policies/`), not a container runtime (that is runsc) and not a client
+//! library. See ARCHITECTURE.md for the map.
+
+pub mod api;
+pub mod app;
+pub mod audit;
+pub mod config;
+pub mod database;
+pub mod ids;
+pub mod runtime;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use app::{App, PolicyState};
+use audit::{AuditError, AuditStore, NewKey};
+use config::Config;
+use database::{Database, DatabaseError};
+use runtime::docker::DockerRuntime;
+use runtime::SandboxRuntime;
+
+/// Extra time, beyond the longest allowed execution, that shutdown waits for running sandboxes.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(15);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot listen on {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("audit database")]
+    Database(#[from] DatabaseError),
+    #[error("audit store")]
+    Audit(#[from] AuditError),
+    #[error("HTTP server failed")]
+    Http(#[source] std::io::Error),
+}
+
+/// Runs the gateway on `config.listen` until `shutdown` is cancelled.
+pub async fn serve(config: Config, shutdown: CancellationToken) -> Result<(), ServeError> {
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|err| ServeError::Bind {
+            addr: config.listen,
+            err,
+        })?;
+    serve_on(listener, config, Arc::new(DockerRuntime::new()), shutdown).await
+}
+
+/// Runs the gateway on an already bound listener with the given runtime (tests bind port 0).
+pub async fn serve_on(
+    listener: TcpListener,
+    config: Config,
+    runtime: Arc<dyn SandboxRuntime>,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let policy = PolicyState::load(&config.policy_dir);
+    let db = Database::open(&config).await?;
+    let result = run(listener, config, policy, &db, runtime, shutdown).await;
+    db.close().await;
+    result
+}
+
+async fn run(
+    listener: TcpListener,
+    config: Config,
+    policy: PolicyState,
+    db: &Database,
+    runtime: Arc<dyn SandboxRuntime>,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let audit = AuditStore::new(db.pool.clone());
+    audit
+        .record_policy_revision(policy.revision(), policy.files(), "startup")
+        .await?;
+    let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
+    let app = Arc::new(App::new(config, policy, audit, runtime, shutdown.clone()));
+    let addr = listener.local_addr().map_err(ServeError::Http)?;
+    tracing::info!(%addr, policy_revision = app.policy.revision(), instance = %app.instance, "sandgate listening");
+
+    let server = axum::serve(listener, api::router(Arc::clone(&app)))
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let served = server.await.map_err(ServeError::Http);
+
+    tracing::info!("shutting down: waiting for running executions");
+    app.tasks.close();
+    if tokio::time::timeout(grace, app.tasks.wait()).await.is_err() {
+        tracing::error!("executions still running after the shutdown grace period");
+    }
+    served
+}
+
+/// `sandgate keys create`: a new key in the configured database; returns the secret.
+pub async fn create_key(config: &Config, role: &str, tenant: &str) -> Result<NewKey, ServeError> {
+    let db = Database::open(config).await?;
+    let key = AuditStore::new(db.pool.clone()).create_key(role, tenant).await;
+    db.close().await;
+    Ok(key?)
+}

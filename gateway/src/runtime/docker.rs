@@ -1,0 +1,330 @@
+//! The Docker implementation of [`SandboxRuntime`], through bollard. Every call has a timeout;
+//! every container carries the execution label and is removed afterwards, whatever happened.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount, MountType, ResourcesUlimits,
+};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+    RemoveContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, StreamExt};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::OnceCell;
+
+use super::{
+    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec,
+    EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
+};
+
+/// Bound on every Docker API call that is not waiting for the program itself.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
+/// After the program's deadline: how long to wait for the killed container to report its end.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+const REMOVE_ATTEMPTS: u32 = 3;
+const MIB: i64 = 1024 * 1024;
+/// Open files per sandbox process.
+const NOFILE: i64 = 1024;
+const SANDBOX_USER: &str = "65534:65534";
+
+#[derive(Debug, Default)]
+pub struct DockerRuntime {
+    client: OnceCell<Docker>,
+}
+
+impl DockerRuntime {
+    pub fn new() -> DockerRuntime {
+        DockerRuntime::default()
+    }
+
+    /// The client, connected and version-negotiated on first use (dockerd 20.10 refuses the
+    /// newer API version bollard asks for by default).
+    async fn client(&self) -> Result<&Docker, RuntimeError> {
+        self.client
+            .get_or_try_init(|| async {
+                let docker = Docker::connect_with_local_defaults()
+                    .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
+                let docker = bounded("negotiate Docker API version", docker.negotiate_version())
+                    .await?;
+                Ok(docker.with_timeout(API_TIMEOUT))
+            })
+            .await
+    }
+
+    async fn run_sandbox(&self, spec: SandboxSpec) -> Result<RunOutcome, RuntimeError> {
+        if !spec.init_binary.is_file() {
+            return Err(RuntimeError::MissingInit {
+                path: spec.init_binary.clone(),
+            });
+        }
+        let docker = self.client().await?;
+        let name = format!("sandgate-{}", spec.execution_id);
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        bounded(
+            "create container",
+            docker.create_container(Some(options), container_body(&spec)),
+        )
+        .await?;
+        let outcome = attach_start_wait(docker, &name, &spec).await;
+        remove(docker, &name).await;
+        outcome
+    }
+}
+
+impl SandboxRuntime for DockerRuntime {
+    fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>> {
+        self.run_sandbox(spec).boxed()
+    }
+
+    fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth> {
+        async move {
+            let mut health = RuntimeHealth {
+                docker: Err("not checked".to_owned()),
+                runtimes: runtimes.iter().map(|name| (name.clone(), false)).collect(),
+            };
+            let docker = match self.client().await {
+                Ok(docker) => docker,
+                Err(err) => {
+                    health.docker = Err(err.to_string());
+                    return health;
+                }
+            };
+            match bounded("docker info", docker.info()).await {
+                Ok(info) => {
+                    health.docker = Ok(info.server_version.unwrap_or_default());
+                    let registered = info.runtimes.unwrap_or_default();
+                    for (name, present) in health.runtimes.iter_mut() {
+                        *present = registered.contains_key(name);
+                    }
+                }
+                Err(err) => health.docker = Err(err.to_string()),
+            }
+            health
+        }
+        .boxed()
+    }
+}
+
+/// The container, with the isolation floor of DESIGN section 5. No policy input reaches here
+/// except the limits, already bounded by the configured ceilings.
+fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
+    let limits = &spec.limits;
+    let tmpfs = |mb: u64| format!("rw,nosuid,nodev,size={mb}m,mode=1777");
+    let host_config = HostConfig {
+        runtime: Some(spec.runtime.clone()),
+        network_mode: Some("none".to_owned()),
+        readonly_rootfs: Some(true),
+        cap_drop: Some(vec!["ALL".to_owned()]),
+        security_opt: Some(vec!["no-new-privileges".to_owned()]),
+        memory: Some(mb_to_bytes(limits.memory_mb)),
+        memory_swap: Some(mb_to_bytes(limits.memory_mb)),
+        nano_cpus: Some((limits.cpus * 1e9) as i64),
+        pids_limit: Some(i64::try_from(limits.pids).unwrap_or(i64::MAX)),
+        ulimits: Some(vec![ResourcesUlimits {
+            name: Some("nofile".to_owned()),
+            soft: Some(NOFILE),
+            hard: Some(NOFILE),
+        }]),
+        tmpfs: Some(HashMap::from([
+            ("/workspace".to_owned(), tmpfs(limits.disk_mb)),
+            ("/tmp".to_owned(), tmpfs(limits.disk_mb)),
+            ("/output".to_owned(), tmpfs(limits.disk_mb)),
+        ])),
+        mounts: Some(vec![Mount {
+            target: Some(INIT_PATH.to_owned()),
+            source: Some(spec.init_binary.to_string_lossy().into_owned()),
+            typ: Some(MountType::BIND),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
+        log_config: Some(HostConfigLogConfig {
+            typ: Some("none".to_owned()),
+            config: None,
+        }),
+        auto_remove: Some(false),
+        privileged: Some(false),
+        ipc_mode: Some("private".to_owned()),
+        ..Default::default()
+    };
+    ContainerCreateBody {
+        image: Some(spec.image.clone()),
+        entrypoint: Some(vec![INIT_PATH.to_owned()]),
+        cmd: Some(vec![]),
+        user: Some(SANDBOX_USER.to_owned()),
+        working_dir: Some(spec.job.cwd.clone()),
+        hostname: Some("sandbox".to_owned()),
+        env: Some(
+            spec.job
+                .env
+                .iter()
+                .map(|(key, value)| format!("{key}={value}"))
+                .collect(),
+        ),
+        labels: Some(HashMap::from([
+            (EXECUTION_LABEL.to_owned(), spec.execution_id.clone()),
+            (INSTANCE_LABEL.to_owned(), spec.instance.clone()),
+        ])),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        open_stdin: Some(true),
+        stdin_once: Some(true),
+        tty: Some(false),
+        stop_timeout: Some(1),
+        host_config: Some(host_config),
+        ..Default::default()
+    }
+}
+
+/// Attaches (before starting, so no output is lost), starts, hands `sandbox-init` its job on
+/// stdin, and collects capped output until the container exits or the deadline passes.
+async fn attach_start_wait(
+    docker: &Docker,
+    name: &str,
+    spec: &SandboxSpec,
+) -> Result<RunOutcome, RuntimeError> {
+    let attach = AttachContainerOptionsBuilder::new()
+        .stdin(true)
+        .stdout(true)
+        .stderr(true)
+        .stream(true)
+        .build();
+    let attached = bounded("attach container", docker.attach_container(name, Some(attach))).await?;
+    let mut input = attached.input;
+    let mut output = attached.output;
+    let job = serde_json::to_vec(&spec.job).map_err(|err| RuntimeError::Docker {
+        operation: "encode job",
+        message: err.to_string(),
+    })?;
+
+    let started_at = crate::ids::now_micros();
+    let started = Instant::now();
+    bounded("start container", docker.start_container(name, None)).await?;
+
+    let cap = usize::try_from(spec.limits.output_bytes).unwrap_or(usize::MAX);
+    let mut stdout = CappedOutput::default();
+    let mut stderr = CappedOutput::default();
+    let run = async {
+        // A program that never reads stdin must not stall the hand-over: errors here show up
+        // as the program's own failure.
+        let handed_over = async {
+            input.write_all(&job).await?;
+            input.write_all(b"\n").await?;
+            input.shutdown().await
+        };
+        if let Err(err) = handed_over.await {
+            tracing::warn!(error = %err, "writing the job to sandbox-init failed");
+        }
+        while let Some(frame) = output.next().await {
+            match frame {
+                Ok(LogOutput::StdOut { message }) => stdout.push(&message, cap),
+                Ok(LogOutput::StdErr { message }) => stderr.push(&message, cap),
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading sandbox output failed");
+                    break;
+                }
+            }
+        }
+        wait_exit(docker, name).await
+    };
+    let (exit_code, timed_out) = match tokio::time::timeout(spec.timeout(), run).await {
+        Ok(exit) => (exit?, false),
+        Err(_) => {
+            kill(docker, name).await;
+            (None, true)
+        }
+    };
+    let duration = started.elapsed();
+    let state = bounded("inspect container", docker.inspect_container(name, None))
+        .await?
+        .state
+        .unwrap_or_default();
+    Ok(RunOutcome {
+        exit_code: if timed_out { None } else { exit_code.or(state.exit_code) },
+        timed_out,
+        oom_killed: state.oom_killed.unwrap_or(false),
+        stdout,
+        stderr,
+        started_at,
+        duration,
+    })
+}
+
+/// The container's exit code once it has stopped.
+async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>, RuntimeError> {
+    match docker.wait_container(name, None).next().await {
+        Some(Ok(response)) => Ok(Some(response.status_code)),
+        // bollard reports a non-zero exit as an error carrying the code.
+        Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(Some(code)),
+        Some(Err(err)) => Err(docker_error("wait container", err)),
+        None => Ok(None),
+    }
+}
+
+async fn kill(docker: &Docker, name: &str) {
+    let options = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
+    if let Err(err) = bounded("kill container", docker.kill_container(name, Some(options))).await {
+        tracing::warn!(container = name, error = %err, "kill failed");
+    }
+    if tokio::time::timeout(KILL_GRACE, wait_exit(docker, name)).await.is_err() {
+        tracing::warn!(container = name, "container did not stop after SIGKILL");
+    }
+}
+
+/// Force-removes the container, retrying; what still fails is left to the reaper, logged.
+async fn remove(docker: &Docker, name: &str) {
+    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    for attempt in 1..=REMOVE_ATTEMPTS {
+        match bounded("remove container", docker.remove_container(name, Some(options.clone())))
+            .await
+        {
+            Ok(()) => return,
+            Err(RuntimeError::Docker { message, .. }) if message.contains("No such container") => {
+                return
+            }
+            Err(err) => {
+                tracing::warn!(container = name, attempt, error = %err, "remove failed");
+                tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
+            }
+        }
+    }
+    tracing::error!(container = name, "container left behind for the reaper");
+}
+
+async fn bounded<T>(
+    operation: &'static str,
+    call: impl Future<Output = Result<T, BollardError>>,
+) -> Result<T, RuntimeError> {
+    match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(result) => result.map_err(|err| docker_error(operation, err)),
+        Err(_) => Err(RuntimeError::Timeout {
+            operation,
+            seconds: API_TIMEOUT.as_secs(),
+        }),
+    }
+}
+
+fn docker_error(operation: &'static str, err: BollardError) -> RuntimeError {
+    match err {
+        BollardError::DockerResponseServerError { message, .. } => {
+            RuntimeError::Docker { operation, message }
+        }
+        other => RuntimeError::Docker {
+            operation,
+            message: other.to_string(),
+        },
+    }
+}
+
+fn mb_to_bytes(mb: u64) -> i64 {
+    i64::try_from(mb).unwrap_or(i64::MAX / MIB).saturating_mul(MIB)
+}

@@ -1,0 +1,137 @@
+//! The container runtime seam: what the gateway needs from a sandbox, and nothing about Docker.
+//! `docker.rs` is the only file that imports bollard.
+
+pub mod docker;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::future::BoxFuture;
+use serde::Serialize;
+
+use policy_engine::Limits;
+
+/// Label carried by every sandbox container; its value is the execution id.
+pub const EXECUTION_LABEL: &str = "sandgate.execution";
+/// Label naming the gateway instance that created the container.
+pub const INSTANCE_LABEL: &str = "sandgate.instance";
+/// Where the `sandbox-init` binary is mounted, read-only, inside every sandbox.
+pub const INIT_PATH: &str = "/sandgate/init";
+
+/// What `sandbox-init` reads from its stdin: one JSON line.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobSpec {
+    pub argv: Vec<String>,
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+    pub files: Vec<JobFile>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobFile {
+    pub path: String,
+    pub content_b64: String,
+    pub mode: u32,
+}
+
+/// Everything needed to run one sandbox.
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub execution_id: String,
+    pub instance: String,
+    pub image: String,
+    /// Docker runtime name (`runsc`).
+    pub runtime: String,
+    pub init_binary: PathBuf,
+    pub limits: Limits,
+    pub job: JobSpec,
+}
+
+impl SandboxSpec {
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.limits.timeout_ms)
+    }
+}
+
+/// Output captured up to a byte cap; the rest is read and dropped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CappedOutput {
+    pub bytes: Vec<u8>,
+    pub truncated: bool,
+}
+
+impl CappedOutput {
+    pub fn push(&mut self, chunk: &[u8], cap: usize) {
+        let room = cap.saturating_sub(self.bytes.len());
+        if chunk.len() > room {
+            self.truncated = true;
+        }
+        self.bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.bytes).into_owned()
+    }
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone)]
+pub struct RunOutcome {
+    pub exit_code: Option<i64>,
+    pub timed_out: bool,
+    pub oom_killed: bool,
+    pub stdout: CappedOutput,
+    pub stderr: CappedOutput,
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("container runtime unavailable: {0}")]
+    Unavailable(String),
+    #[error("{operation} timed out after {seconds} s")]
+    Timeout { operation: &'static str, seconds: u64 },
+    #[error("{operation} failed: {message}")]
+    Docker {
+        operation: &'static str,
+        message: String,
+    },
+    #[error("sandbox-init binary {path} is missing; build it with `make build`")]
+    MissingInit { path: PathBuf },
+}
+
+/// Readiness of the runtime, for `/readyz`.
+#[derive(Debug, Clone, Serialize)]
+pub struct RuntimeHealth {
+    pub docker: Result<String, String>,
+    pub runtimes: BTreeMap<String, bool>,
+}
+
+/// The one seam where a fake is allowed (fast tests of orchestration); security properties are
+/// only ever shown through the Docker implementation.
+pub trait SandboxRuntime: Send + Sync + 'static {
+    /// Creates, starts, waits for and always removes one sandbox.
+    fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>>;
+    /// Checks the daemon and which of `runtimes` it has registered.
+    fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capped_output_keeps_prefix_and_flags_truncation() {
+        let mut out = CappedOutput::default();
+        out.push(b"hello ", 8);
+        assert!(!out.truncated);
+        out.push(b"world", 8);
+        assert_eq!(out.bytes, b"hello wo");
+        assert!(out.truncated);
+        out.push(b"more", 8);
+        assert_eq!(out.bytes, b"hello wo");
+    }
+}

@@ -1,0 +1,174 @@
+//! The two documents exchanged with the policy: the input sandgate sends and the decision it obeys.
+//!
+//! Field names and shapes are the contract of DESIGN.md section 4.3; `policies/` is written against
+//! them. Decision types reject unknown fields, so a typo in a policy (`limit` for `limits`) is a
+//! `policy.error` deny rather than a silently ignored grant.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the policy may look at for one execution request (`input` in Rego).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyInput {
+    pub principal: Principal,
+    pub request: RequestInput,
+    pub environment: Environment,
+}
+
+/// The authenticated API key that sent the request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Principal {
+    pub key_id: String,
+    pub tenant: String,
+    pub role: String,
+}
+
+/// What the request asks for. Code and file contents are never sent to the policy, only their sizes
+/// and the code's hash.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestInput {
+    pub language: String,
+    pub code_sha256: String,
+    pub code_bytes: u64,
+    pub files: Vec<FileInput>,
+    pub network: Vec<HostPort>,
+    /// As sent by the client, e.g. `dataset:census`.
+    pub mounts: Vec<String>,
+    pub limits: RequestedLimits,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One input file of the request.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct FileInput {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// One network destination the request asks to reach.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+/// Limits the client asked for; absent fields are left out of the policy input entirely.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RequestedLimits {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<u64>,
+}
+
+/// Facts about this gateway that the policy may need.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Environment {
+    /// Isolation backends this gateway can start (names from its config, e.g. `gvisor`).
+    pub backends: Vec<String>,
+    /// Datasets this gateway can mount (names from its config).
+    pub datasets: Vec<String>,
+    /// Decision time, RFC 3339.
+    pub now: String,
+}
+
+/// The policy's answer, deserialized strictly.
+///
+/// `allow: false` always denies. `allow: true` must name a `backend` and `limits`, otherwise the
+/// engine turns the decision into a `policy.error` deny (see [`crate::PolicyEngine::decide`]).
+/// `allow: true` with `require_approval: true` means the rest of the decision is what will run once a
+/// reviewer approves it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Decision {
+    pub allow: bool,
+    #[serde(default)]
+    pub require_approval: bool,
+    #[serde(default)]
+    pub reasons: Vec<Reason>,
+    #[serde(default)]
+    pub backend: Option<String>,
+    /// `None`: the sandbox gets no egress at all.
+    #[serde(default)]
+    pub network: Option<NetworkGrant>,
+    #[serde(default)]
+    pub mounts: Vec<MountGrant>,
+    #[serde(default)]
+    pub limits: Option<Limits>,
+}
+
+/// Reason code used for every deny the engine itself produces (load, evaluation or shape errors).
+pub const POLICY_ERROR_CODE: &str = "policy.error";
+
+impl Decision {
+    /// A deny carrying a single `policy.error` reason: what every engine failure turns into.
+    pub fn deny_with_error(message: impl Into<String>) -> Decision {
+        Decision {
+            allow: false,
+            require_approval: false,
+            reasons: vec![Reason {
+                code: POLICY_ERROR_CODE.to_string(),
+                message: message.into(),
+            }],
+            backend: None,
+            network: None,
+            mounts: Vec::new(),
+            limits: None,
+        }
+    }
+}
+
+/// Why the policy decided as it did; `code` is a bounded, dotted identifier (`tenant.unknown`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reason {
+    pub code: String,
+    pub message: String,
+}
+
+/// The egress the sandbox may use through sandgate's proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkGrant {
+    pub allow: Vec<HostRule>,
+    pub max_connections: u32,
+    pub max_bytes: u64,
+}
+
+/// One allowed host (exact, or `*.example.com` for subdomains) and its ports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostRule {
+    pub host: String,
+    pub ports: Vec<u16>,
+}
+
+/// One dataset mounted into the sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MountGrant {
+    pub dataset: String,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// The resource limits the sandbox runs with. All fields are required.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Limits {
+    pub timeout_ms: u64,
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub disk_mb: u64,
+    pub output_bytes: u64,
+}

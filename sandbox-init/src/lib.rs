@@ -1,0 +1,183 @@
+//! `sandbox-init`: PID 1 inside every sandgate sandbox.
+//!
+//! The gateway bind-mounts this static binary read-only at `/sandgate/init` and makes it the
+//! container's entrypoint, with no arguments. It:
+//!
+//! 1. reads **one line** from stdin (at most [`spec::MAX_SPEC_LINE`] bytes before the newline;
+//!    the newline may be omitted at end of input): a JSON job spec,
+//!    ```json
+//!    {"argv":["python3","/tmp/sandgate/main.py"],
+//!     "cwd":"/workspace",
+//!     "files":[{"path":"/tmp/sandgate/main.py","content_b64":"...","mode":420}]}
+//!    ```
+//!    Unknown fields are refused at both levels. `argv` is required and non-empty; `cwd`
+//!    defaults to `/workspace`; `files` defaults to none; `mode` defaults to `0o644` and may
+//!    not exceed `0o777`; `content_b64` is standard base64 with padding;
+//! 2. validates all of it before acting: file paths must be canonical absolute paths strictly
+//!    under `/workspace/`, `/tmp/` or `/output/` ([`spec::validate_file_path`]); `cwd` any
+//!    canonical absolute path;
+//! 3. creates the files in order, parents as `0755`, never following a symlink and never
+//!    replacing anything ([`files`]), then changes into `cwd`;
+//! 4. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
+//!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
+//!    in its own process group, with a clean signal mask (through a re-exec of itself in
+//!    [`exec`] mode, see [`process`] for why);
+//! 5. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
+//!    that exits (orphans included) and, once the program exits, SIGKILLs what is left of its
+//!    process group and exits with the program's status, or 128 + signal number if a signal
+//!    killed it. Processes that left the group die with the container when PID 1 exits.
+//!
+//! # Exit codes of the init itself
+//!
+//! On failure it writes one line `sandgate-init: <error>` to stderr and exits with:
+//!
+//! | code | meaning |
+//! |------|---------|
+//! | [`EXIT_NOT_FOUND`] (127) | `argv[0]` not found (`ENOENT`, also a missing `#!` interpreter) |
+//! | [`EXIT_NOT_EXECUTABLE`] (126) | `argv[0]` found but not executable (`EACCES`, `ENOEXEC`) |
+//! | [`EXIT_INIT_ERROR`] (125) | any other init error: no or bad spec, bad file, bad `cwd`, spawn failure, lost status, unexpected arguments |
+//!
+//! These collide with the codes a program may itself exit with; the stderr line is what tells
+//! them apart. Anything the init prints starts with `sandgate-init: `; it prints nothing on
+//! stdout, ever.
+//!
+//! # Command line
+//!
+//! No arguments: the init, as above. `exec -- PROGRAM [ARG...]`: the internal exec trampoline
+//! ([`exec`]). Anything else: exit 125.
+//!
+//! # What it is not
+//!
+//! Not a security boundary: gVisor, the read-only root, the dropped capabilities and the
+//! gateway's limits are. It trusts the gateway's spec only as far as validated here, and it
+//! never reads stdin again after the first line. No tokio, no `unsafe`, no allocation-heavy
+//! work once the program runs (the spec and file contents are freed before the spawn).
+//! Later it will also relay `127.0.0.1:3128` to `/run/sandgate/egress.sock`: that belongs in
+//! its own module, started by [`run`] after [`process::Supervisor::new`] (so its threads
+//! inherit the blocked signal mask) and before the spawn.
+
+pub mod exec;
+pub mod files;
+pub mod process;
+pub mod spec;
+
+use std::ffi::OsString;
+use std::io::BufRead;
+use std::path::PathBuf;
+
+use thiserror::Error;
+
+use crate::exec::ExecError;
+use crate::files::FileError;
+use crate::process::{SuperviseError, Supervisor};
+use crate::spec::SpecError;
+
+/// `argv[0]` was not found.
+pub const EXIT_NOT_FOUND: u8 = 127;
+/// `argv[0]` was found but could not be executed.
+pub const EXIT_NOT_EXECUTABLE: u8 = 126;
+/// Any other failure of the init (bad spec, bad file, ...).
+pub const EXIT_INIT_ERROR: u8 = 125;
+/// First argument that selects the exec trampoline.
+pub const EXEC_MODE: &str = "exec";
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// No arguments: be PID 1 for the job on stdin.
+    Init,
+    /// `exec -- PROGRAM [ARG...]`: the trampoline.
+    Exec(Vec<OsString>),
+}
+
+/// Parses the arguments after `argv[0]`.
+pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, InitError> {
+    let mut args = args.into_iter();
+    match args.next() {
+        None => Ok(Mode::Init),
+        Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
+            Ok(Mode::Exec(args.collect()))
+        }
+        Some(_) => Err(InitError::Args),
+    }
+}
+
+/// Everything that makes the init fail instead of reporting the program's own status.
+#[derive(Debug, Error)]
+pub enum InitError {
+    #[error(transparent)]
+    Spec(SpecError),
+    #[error(transparent)]
+    Files(FileError),
+    #[error("changing to cwd {}: {err}", .cwd.display())]
+    Cwd { cwd: PathBuf, err: std::io::Error },
+    #[error(transparent)]
+    Supervise(SuperviseError),
+    #[error(transparent)]
+    Exec(ExecError),
+    #[error("unexpected arguments: run with none (or `exec -- PROGRAM [ARG...]`)")]
+    Args,
+}
+
+impl InitError {
+    /// The documented exit code for this failure.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            InitError::Exec(err) => err.exit_code(),
+            _ => EXIT_INIT_ERROR,
+        }
+    }
+}
+
+/// Does everything described in the crate docs; returns the exit code for the init (the
+/// program's) or the error to report.
+pub fn run(stdin: impl BufRead) -> Result<u8, InitError> {
+    let line = spec::read_spec_line(stdin, spec::MAX_SPEC_LINE).map_err(InitError::Spec)?;
+    let job = spec::parse_job(&line).map_err(InitError::Spec)?;
+    drop(line);
+    files::write_files(&job.files).map_err(InitError::Files)?;
+    let spec::Job { argv, cwd, files } = job;
+    drop(files);
+    // The init itself moves into cwd, so a relative argv[0] ("./run.sh") resolves the same way
+    // for the check and for the exec, and a missing cwd is an init error, not a 127.
+    std::env::set_current_dir(&cwd).map_err(|err| InitError::Cwd { cwd, err })?;
+
+    let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
+    let child = supervisor.spawn(&argv).map_err(InitError::Supervise)?;
+    let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
+    Ok(outcome.exit_code())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn no_arguments_is_the_init() {
+        assert_eq!(parse_args(args(&[])).unwrap(), Mode::Init);
+    }
+
+    #[test]
+    fn exec_mode_takes_everything_after_the_dashes() {
+        assert_eq!(
+            parse_args(args(&["exec", "--", "sh", "-c", "--"])).unwrap(),
+            Mode::Exec(args(&["sh", "-c", "--"]))
+        );
+        assert_eq!(
+            parse_args(args(&["exec", "--"])).unwrap(),
+            Mode::Exec(Vec::new())
+        );
+    }
+
+    #[test]
+    fn anything_else_is_refused() {
+        for list in [&["exec"][..], &["exec", "sh"], &["--help"], &["-", "--"]] {
+            let err = parse_args(args(list)).unwrap_err();
+            assert_eq!(err.exit_code(), EXIT_INIT_ERROR, "{list:?}");
+        }
+    }
+}
