@@ -182,14 +182,16 @@ import_rootfs() {
 build_image() {
     local name=$1 recipe=$2 mirror=$3
     shift 3
-    local rootfs="$WORK/$name"
+    local rootfs="$WORK/$name" start=$SECONDS
     log "sandgate/$name: debootstrap $SUITE ($(packages_for "$name"))"
     timeout 1800 debootstrap --variant=minbase --include="$(packages_for "$name")" \
         "$SUITE" "$rootfs" "$mirror"
     install_extra_cas "$rootfs" "$@"
     prepare_rootfs "$rootfs"
-    log "sandgate/$name: importing $(du -sh "$rootfs" | cut -f1)"
+    log "sandgate/$name: importing $(du -sh "$rootfs" | cut -f1) (debootstrap took $((SECONDS - start))s)"
+    start=$SECONDS
     import_rootfs "$name" "$recipe" "$rootfs"
+    log "sandgate/$name: imported in $((SECONDS - start))s"
 }
 
 # kill_tree PID: stop a build job and everything it started (debootstrap, tar, docker).
@@ -217,7 +219,9 @@ cleanup() {
         printf 'images: error: mounts remain under %s; unmount them and remove it by hand\n' "$WORK" >&2
         return 0
     fi
+    local start=$SECONDS
     rm -rf --one-file-system "$WORK"
+    log "removed $WORK in $((SECONDS - start))s"
 }
 
 main() {
@@ -240,6 +244,12 @@ main() {
         command -v "$tool" >/dev/null || die "$tool not found: run scripts/setup.sh first"
     done
     timeout 10 docker info >/dev/null 2>&1 || die "dockerd does not answer: run scripts/setup.sh first"
+    mkdir -p "$WORK_PARENT"
+    exec 9>"$WORK_PARENT/sandgate-images.lock"
+    if ! flock -n 9; then
+        log "another images/build.sh is running; waiting for it"
+        flock 9
+    fi
 
     local mirror bundles=() ca_digest
     mirror=$(detect_mirror)
@@ -258,7 +268,6 @@ main() {
     done
     ((${#todo[@]} > 0)) || return 0
 
-    mkdir -p "$WORK_PARENT"
     WORK=$(mktemp -d "$WORK_PARENT/sandgate-images.XXXXXX")
     trap cleanup EXIT
     trap 'exit 130' INT TERM

@@ -13,8 +13,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 . "$ROOT/scripts/lib.sh"
 SG_LOG_PREFIX=setup
 
-# gcc and libc6-dev: cargo needs a linker, and the static sandbox-init needs libc.a.
-# shellcheck: `make lint` checks the scripts.
+# gcc and libc6-dev: cargo needs a linker, and the static sandbox-init needs libc.a;
+# `make lint` runs shellcheck over the scripts.
 readonly PACKAGES=(
     docker.io runsc postgresql debootstrap
     ca-certificates curl iproute2 jq procps
@@ -28,6 +28,7 @@ readonly DOCKERD_LOG=/var/log/sandgate-dockerd.log
 readonly APT_LOG=/var/log/sandgate-apt.log
 readonly DOCKERD_WAIT_SECS=30
 readonly POLICY_RC=/usr/sbin/policy-rc.d
+readonly LOCK_FILE=/var/tmp/sandgate-setup.lock
 
 install_packages() {
     local missing=() pkg
@@ -106,7 +107,8 @@ start_dockerd() {
         log "starting dockerd (log: $DOCKERD_LOG)"
         # Own session, no inherited stdio: dockerd must outlive this script and must not hold
         # open the pipe of whoever runs it (make, CI), or they would wait forever.
-        setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null &
+        # Close the lock descriptor too, or dockerd would hold the setup lock forever.
+        setsid nohup dockerd >>"$DOCKERD_LOG" 2>&1 </dev/null 8>&- &
     fi
     local waited
     for ((waited = 0; waited < DOCKERD_WAIT_SECS; waited++)); do
@@ -186,6 +188,11 @@ check_postgres() {
 main() {
     require_root
     local start=$SECONDS
+    exec 8>"$LOCK_FILE"
+    if ! flock -n 8; then
+        log "another setup is running; waiting for it"
+        flock 8
+    fi
     install_packages
     register_runsc
     start_dockerd

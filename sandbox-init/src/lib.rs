@@ -12,7 +12,9 @@
 //!    ```
 //!    Unknown fields are refused at both levels. `argv` is required and non-empty; `cwd`
 //!    defaults to `/workspace`; `files` defaults to none; `mode` defaults to `0o644` and may
-//!    not exceed `0o777`; `content_b64` is standard base64 with padding;
+//!    not exceed `0o777`; `content_b64` is standard base64 with padding. An optional
+//!    `"env": {"NAME": "value", ...}` becomes the program's *whole* environment (absent: the
+//!    container's, which the init inherits); names non-empty without `=` or NUL;
 //! 2. validates all of it before acting: file paths must be canonical absolute paths strictly
 //!    under `/workspace/`, `/tmp/` or `/output/` ([`spec::validate_file_path`]); `cwd` any
 //!    canonical absolute path;
@@ -54,7 +56,8 @@
 //! work once the program runs (the spec and file contents are freed before the spawn).
 //! Later it will also relay `127.0.0.1:3128` to `/run/sandgate/egress.sock`: that belongs in
 //! its own module, started by [`run`] after [`process::Supervisor::new`] (so its threads
-//! inherit the blocked signal mask) and before the spawn.
+//! inherit the blocked signal mask) and before the spawn (so the listener is up before the
+//! program can dial it).
 
 pub mod exec;
 pub mod files;
@@ -132,18 +135,27 @@ impl InitError {
 /// Does everything described in the crate docs; returns the exit code for the init (the
 /// program's) or the error to report.
 pub fn run(stdin: impl BufRead) -> Result<u8, InitError> {
+    // First, so that a SIGTERM arriving while the spec is read stays pending (PID 1 would
+    // otherwise drop it) and reaches the program as soon as it runs.
+    let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
     let line = spec::read_spec_line(stdin, spec::MAX_SPEC_LINE).map_err(InitError::Spec)?;
     let job = spec::parse_job(&line).map_err(InitError::Spec)?;
     drop(line);
     files::write_files(&job.files).map_err(InitError::Files)?;
-    let spec::Job { argv, cwd, files } = job;
+    let spec::Job {
+        argv,
+        cwd,
+        env,
+        files,
+    } = job;
     drop(files);
-    // The init itself moves into cwd, so a relative argv[0] ("./run.sh") resolves the same way
-    // for the check and for the exec, and a missing cwd is an init error, not a 127.
+    // The init itself moves into cwd and the trampoline inherits it: a missing cwd is an init
+    // error (125), not a 127 from the exec, and a relative argv[0] ("./run.sh") is from cwd.
     std::env::set_current_dir(&cwd).map_err(|err| InitError::Cwd { cwd, err })?;
 
-    let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
-    let child = supervisor.spawn(&argv).map_err(InitError::Supervise)?;
+    let child = supervisor
+        .spawn(&argv, env.as_ref())
+        .map_err(InitError::Supervise)?;
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
     Ok(outcome.exit_code())
 }

@@ -3,6 +3,8 @@
 //! Everything here is pure (no file system, no processes) so that the trust boundary, notably
 //! file-name validation, can be tested exhaustively.
 
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 
@@ -25,22 +27,26 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Highest accepted file mode: permission bits only, no setuid, setgid or sticky bit.
 pub const MAX_FILE_MODE: u32 = 0o777;
 
-/// The wire form, exactly as the gateway sends it.
+/// The wire form, exactly as the gateway sends it. File contents borrow from the line (when
+/// they hold no JSON escape, which base64 never needs) so that a large spec is not held twice.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireJob {
+struct WireJob<'a> {
     argv: Vec<String>,
     #[serde(default)]
     cwd: Option<String>,
     #[serde(default)]
-    files: Vec<WireFile>,
+    env: Option<BTreeMap<String, String>>,
+    #[serde(default, borrow)]
+    files: Vec<WireFile<'a>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct WireFile {
+struct WireFile<'a> {
     path: String,
-    content_b64: String,
+    #[serde(borrow)]
+    content_b64: Cow<'a, str>,
     #[serde(default)]
     mode: Option<u32>,
 }
@@ -52,6 +58,8 @@ pub struct Job {
     pub argv: Vec<String>,
     /// Absolute, normalised working directory.
     pub cwd: PathBuf,
+    /// The program's whole environment; `None`: the init's own (the container's).
+    pub env: Option<BTreeMap<String, String>>,
     /// Files to create before the program starts, in spec order.
     pub files: Vec<JobFile>,
 }
@@ -81,6 +89,8 @@ pub enum SpecError {
     EmptyProgram,
     #[error("argv[{index}] contains a NUL byte")]
     NulInArg { index: usize },
+    #[error("env \"{name}\": names must be non-empty without '=' or NUL, values without NUL")]
+    Env { name: String },
     #[error("cwd \"{cwd}\": {reason}")]
     Cwd { cwd: String, reason: PathError },
     #[error("file path \"{path}\": {reason}")]
@@ -140,6 +150,9 @@ pub fn read_spec_line(reader: impl BufRead, limit: usize) -> Result<Vec<u8>, Spe
 pub fn parse_job(line: &[u8]) -> Result<Job, SpecError> {
     let wire: WireJob = serde_json::from_slice(line).map_err(SpecError::Json)?;
     validate_argv(&wire.argv)?;
+    if let Some(env) = &wire.env {
+        validate_env(env)?;
+    }
     let cwd = match wire.cwd {
         None => PathBuf::from(DEFAULT_CWD),
         Some(cwd) => validate_cwd(&cwd).map_err(|reason| SpecError::Cwd {
@@ -155,8 +168,19 @@ pub fn parse_job(line: &[u8]) -> Result<Job, SpecError> {
     Ok(Job {
         argv: wire.argv,
         cwd,
+        env: wire.env,
         files,
     })
+}
+
+/// Names must be non-empty without `=` or NUL; values without NUL (exec could not pass them).
+fn validate_env(env: &BTreeMap<String, String>) -> Result<(), SpecError> {
+    for (name, value) in env {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
+            return Err(SpecError::Env { name: shown(name) });
+        }
+    }
+    Ok(())
 }
 
 fn validate_argv(argv: &[String]) -> Result<(), SpecError> {
@@ -171,7 +195,7 @@ fn validate_argv(argv: &[String]) -> Result<(), SpecError> {
     }
 }
 
-fn decode_file(file: WireFile) -> Result<JobFile, SpecError> {
+fn decode_file(file: WireFile<'_>) -> Result<JobFile, SpecError> {
     let path = validate_file_path(&file.path).map_err(|reason| SpecError::FilePath {
         path: shown(&file.path),
         reason,
@@ -293,8 +317,44 @@ mod tests {
     }
 
     #[test]
+    fn escaped_content_is_accepted_too() {
+        // "aGk=" with an escaped '=' (some encoders escape more than JSON requires).
+        let job = parse_job(
+            br#"{"argv":["true"],"files":[{"path":"/tmp/a","content_b64":"aGk\u003d"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(job.files[0].content, b"hi");
+    }
+
+    #[test]
+    fn env_is_optional_and_checked() {
+        assert_eq!(parse_job(br#"{"argv":["true"]}"#).unwrap().env, None);
+        let job = parse_job(br#"{"argv":["true"],"env":{"PATH":"/bin","EMPTY":""}}"#).unwrap();
+        let env = job.env.unwrap();
+        assert_eq!(env["PATH"], "/bin");
+        assert_eq!(env["EMPTY"], "");
+        for line in [
+            &br#"{"argv":["true"],"env":{"":"x"}}"#[..],
+            br#"{"argv":["true"],"env":{"A=B":"x"}}"#,
+            br#"{"argv":["true"],"env":{"A\u0000":"x"}}"#,
+            br#"{"argv":["true"],"env":{"A":"x\u0000"}}"#,
+        ] {
+            assert!(
+                matches!(parse_job(line), Err(SpecError::Env { .. })),
+                "{}",
+                String::from_utf8_lossy(line)
+            );
+        }
+        let wrong_type = parse_job(br#"{"argv":["true"],"env":{"A":1}}"#);
+        assert!(
+            matches!(wrong_type, Err(SpecError::Json(_))),
+            "{wrong_type:?}"
+        );
+    }
+
+    #[test]
     fn unknown_fields_are_refused_at_both_levels() {
-        let top = parse_job(br#"{"argv":["true"],"env":{"A":"1"}}"#);
+        let top = parse_job(br#"{"argv":["true"],"environment":{"A":"1"}}"#);
         assert!(matches!(top, Err(SpecError::Json(_))), "{top:?}");
         let file = parse_job(
             br#"{"argv":["true"],"files":[{"path":"/tmp/a","content_b64":"","owner":0}]}"#,

@@ -19,17 +19,25 @@ use serde_json::json;
 
 const INIT: &str = env!("CARGO_BIN_EXE_sandbox-init");
 
-fn start(spec: &str) -> Child {
-    let mut child = Command::new(INIT)
+fn spawn_init() -> Child {
+    Command::new(INIT)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
+        .unwrap()
+}
+
+fn send_spec(init: &mut Child, spec: &str) {
+    let mut stdin = init.stdin.take().unwrap();
     stdin.write_all(spec.as_bytes()).unwrap();
     stdin.write_all(b"\n").unwrap();
-    child
+}
+
+fn start(spec: &str) -> Child {
+    let mut init = spawn_init();
+    send_spec(&mut init, spec);
+    init
 }
 
 fn run(spec: &str) -> Output {
@@ -266,4 +274,35 @@ fn a_signal_before_the_exec_is_not_lost() {
     assert!(started.elapsed() < Duration::from_secs(10));
     // 143 if the signal reached sh or the trampoline; 125 only if the init itself failed.
     assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+fn a_signal_while_the_spec_is_read_reaches_the_program() {
+    let dir = tmp();
+    let mut init = spawn_init();
+    std::thread::sleep(Duration::from_millis(200));
+    let pid = Pid::from_raw(i32::try_from(init.id()).unwrap());
+    kill(pid, Signal::SIGTERM).unwrap();
+    send_spec(&mut init, &script_spec(dir.path(), "sleep 30"));
+    let started = Instant::now();
+    let status = init.wait().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(status.code(), Some(143));
+}
+
+#[test]
+fn env_replaces_the_whole_environment_and_drives_the_path_lookup() {
+    let spec = json!({
+        "argv": ["env"],
+        "cwd": "/tmp",
+        "env": {"PATH": "/usr/bin:/bin", "ONLY": "1"},
+    });
+    let out = run(&spec.to_string());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let mut lines: Vec<String> = text(&out.stdout).lines().map(str::to_owned).collect();
+    lines.sort();
+    assert_eq!(lines, ["ONLY=1", "PATH=/usr/bin:/bin"]);
+
+    let spec = json!({"argv": ["sh", "-c", "true"], "cwd": "/tmp", "env": {"PATH": "/nowhere"}});
+    assert_eq!(run(&spec.to_string()).status.code(), Some(127));
 }

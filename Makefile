@@ -1,0 +1,79 @@
+# sandgate developer entry points; `make help` lists them.
+# setup, run and test need root on Debian 12 (they install packages and start dockerd).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+# cargo parallelises on its own; setup must finish before anything uses Docker.
+.NOTPARALLEL:
+
+# rustup puts cargo in ~/.cargo/bin, which non-login shells (CI, sudo) often lack.
+ifeq ($(shell command -v cargo 2>/dev/null),)
+  ifneq ($(wildcard $(HOME)/.cargo/env),)
+    export PATH := $(shell . "$(HOME)/.cargo/env" && printf '%s' "$$PATH")
+  endif
+endif
+
+TARGET_TRIPLE ?= x86_64-unknown-linux-gnu
+GATEWAY := target/release/sandgate
+# sandbox-init runs as PID 1 inside the images, which carry no Rust runtime: it must be static.
+INIT_STATIC := target/$(TARGET_TRIPLE)/release/sandbox-init
+# The gateway looks for sandbox-init next to its own executable by default.
+INIT_BESIDE_GATEWAY := target/release/sandbox-init
+SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh images/build.sh .ci/run
+
+.PHONY: help setup images build gateway init run test policy-test lint fmt fmt-check clippy \
+	shellcheck clean check-cargo
+
+help: ## list the targets
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+
+setup: ## install packages, start dockerd with runsc, build the sandbox images (root)
+	bash scripts/setup.sh
+
+images: ## rebuild the sandbox images if their recipe changed (root; FORCE=1 always)
+	bash images/build.sh $(if $(filter 1,$(FORCE)),--force)
+
+build: gateway init ## build target/release/sandgate and the static sandbox-init beside it
+	install -m 0755 $(INIT_STATIC) $(INIT_BESIDE_GATEWAY)
+
+gateway: check-cargo ## build target/release/sandgate
+	cargo build --release --bin sandgate
+
+init: check-cargo ## build the static sandbox-init into target/<triple>/release
+	RUSTFLAGS="$${RUSTFLAGS:-} -C target-feature=+crt-static" \
+		cargo build --release -p sandbox-init --target $(TARGET_TRIPLE)
+	@ldd $(INIT_STATIC) 2>&1 | grep -qE 'not a dynamic executable|statically linked' \
+		|| { echo "make: $(INIT_STATIC) is not statically linked" >&2; exit 1; }
+
+run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
+	exec $(GATEWAY) serve
+
+test: setup lint init policy-test ## everything CI checks: lints, policy cases, all tests
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace
+
+policy-test: check-cargo ## run the YAML decision cases in policies/tests
+	cargo run -q --bin sandgate -- policy test policies
+
+lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
+
+fmt: check-cargo ## format the Rust code
+	cargo fmt --all
+
+fmt-check: check-cargo ## check formatting (cargo fmt --check)
+	cargo fmt --all --check
+
+clippy: check-cargo ## clippy on every target, warnings denied
+	cargo clippy --workspace --all-targets -- -D warnings
+
+shellcheck: ## shellcheck the shell scripts
+	@command -v shellcheck >/dev/null \
+		|| { echo "make: shellcheck not found: run 'make setup' or apt-get install shellcheck" >&2; exit 1; }
+	shellcheck -x $(SHELL_SCRIPTS)
+
+clean: ## remove build output (keeps .sandgate: it holds the audit database)
+	cargo clean
+
+check-cargo:
+	@command -v cargo >/dev/null \
+		|| { echo "make: cargo not found on PATH or via $(HOME)/.cargo/env: install Rust with rustup" >&2; exit 1; }

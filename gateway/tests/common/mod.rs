@@ -1,0 +1,273 @@
+//! Shared harness for the gateway's integration tests: a real PostgreSQL (one private cluster
+//! per test run, a fresh database per test), the real Docker daemon with runsc, and the gateway
+//! served in-process on a loopback port. Missing pieces fail the test with set-up instructions.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use gateway::audit::AuditStore;
+use gateway::config::Config;
+use gateway::database::EmbeddedPostgres;
+use gateway::runtime::docker::DockerRuntime;
+
+const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
+
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_owned()
+}
+
+/// The static sandbox-init binary the sandboxes need.
+pub fn sandbox_init() -> PathBuf {
+    let path = std::env::var_os("SANDGATE_SANDBOX_INIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            workspace_root().join("target/x86_64-unknown-linux-gnu/release/sandbox-init")
+        });
+    assert!(
+        path.is_file(),
+        "sandbox-init not found at {}: build it with `make build`; {SETUP}",
+        path.display()
+    );
+    path
+}
+
+/// Checks dockerd, the runsc runtime and the sandbox images once per test binary.
+pub fn require_docker() {
+    static CHECKED: OnceLock<()> = OnceLock::new();
+    CHECKED.get_or_init(|| {
+        let info = Command::new("docker")
+            .args(["info", "--format", "{{json .Runtimes}}"])
+            .output()
+            .unwrap_or_else(|err| panic!("docker CLI not runnable ({err}); {SETUP}"));
+        assert!(
+            info.status.success(),
+            "dockerd is not reachable: {}; {SETUP}",
+            String::from_utf8_lossy(&info.stderr)
+        );
+        assert!(
+            String::from_utf8_lossy(&info.stdout).contains("\"runsc\""),
+            "the runsc runtime is not registered in dockerd; {SETUP}"
+        );
+        for image in ["sandgate/python", "sandgate/bash"] {
+            let found = Command::new("docker")
+                .args(["image", "inspect", "--format", "{{.Id}}", image])
+                .output()
+                .expect("docker image inspect");
+            assert!(found.status.success(), "image {image} is missing; {SETUP}");
+        }
+    });
+}
+
+/// One private PostgreSQL cluster for the whole test run (under target/), started on demand.
+fn cluster() -> &'static EmbeddedPostgres {
+    static CLUSTER: OnceLock<EmbeddedPostgres> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let dir = workspace_root().join("target/test-pg");
+        EmbeddedPostgres::start(&dir, None)
+            .unwrap_or_else(|err| panic!("cannot start the test PostgreSQL: {err}; {SETUP}"))
+    })
+}
+
+/// A new, empty database for one test; returns its URL.
+pub async fn fresh_database() -> String {
+    let pg = cluster();
+    let name = format!("t_{}", uuid::Uuid::new_v4().simple());
+    gateway::database::create_database_if_missing(pg, &name)
+        .await
+        .expect("create test database");
+    let socket_dir = pg.pgdata().parent().unwrap().join("run");
+    format!("postgres://postgres@localhost/{name}?host={}&port=5432", socket_dir.display())
+}
+
+pub fn test_config(database_url: Option<String>, data_dir: &Path) -> Config {
+    let mut config = Config {
+        database_url,
+        data_dir: data_dir.to_owned(),
+        policy_dir: workspace_root().join("policies"),
+        sandbox_init: Some(sandbox_init()),
+        ..Config::default()
+    };
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config
+}
+
+/// A gateway served in-process on a loopback port.
+pub struct TestGateway {
+    pub url: String,
+    pub http: reqwest::Client,
+    pub shutdown: CancellationToken,
+    pub server: JoinHandle<Result<(), gateway::ServeError>>,
+    pub database_url: Option<String>,
+    pub data_dir: tempfile::TempDir,
+}
+
+impl TestGateway {
+    /// A gateway on its own fresh database.
+    pub async fn start() -> TestGateway {
+        let url = fresh_database().await;
+        TestGateway::start_with(Some(url), |_| {}).await
+    }
+
+    pub async fn start_with(database_url: Option<String>, tweak: impl FnOnce(&mut Config)) -> TestGateway {
+        require_docker();
+        let data_dir = tempfile::tempdir().expect("tempdir");
+        // The embedded cluster runs as `postgres`, which must be able to enter the data dir.
+        std::fs::set_permissions(data_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let mut config = test_config(database_url.clone(), data_dir.path());
+        tweak(&mut config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(gateway::serve_on(
+            listener,
+            config,
+            Arc::new(DockerRuntime::new()),
+            shutdown.clone(),
+        ));
+        let gw = TestGateway {
+            url: format!("http://{addr}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
+            shutdown,
+            server,
+            database_url,
+            data_dir,
+        };
+        gw.wait_healthy().await;
+        gw
+    }
+
+    async fn wait_healthy(&self) {
+        for _ in 0..600 {
+            if self.server.is_finished() {
+                panic!("the gateway exited during start-up (see the log above)");
+            }
+            if let Ok(response) = self.http.get(format!("{}/healthz", self.url)).send().await {
+                if response.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the gateway did not become healthy within 30 s");
+    }
+
+    /// A pool on the gateway's database (for keys and audit assertions).
+    pub async fn pool(&self) -> PgPool {
+        let url = self.database_url.as_deref().expect("gateway has a database URL");
+        let options: PgConnectOptions = url.parse().unwrap();
+        PgPool::connect_with(options).await.unwrap()
+    }
+
+    pub async fn key(&self, role: &str, tenant: &str) -> String {
+        let pool = self.pool().await;
+        let key = AuditStore::new(pool.clone()).create_key(role, tenant).await.unwrap();
+        pool.close().await;
+        key.secret
+    }
+
+    pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .bearer_auth(key)
+            .json(body)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    pub async fn get(&self, key: &str, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    /// Runs `code` and returns (HTTP status, body).
+    pub async fn execute(&self, key: &str, language: &str, code: &str, extra: Value) -> (u16, Value) {
+        let mut body = json!({"language": language, "code": code, "wait": true});
+        if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+            body.extend(extra.clone());
+        }
+        self.post(key, "/v1/executions", &body).await
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(Duration::from_secs(90), self.server)
+            .await
+            .expect("gateway shut down in time")
+            .expect("gateway task");
+        result.expect("gateway exited cleanly");
+    }
+}
+
+/// Containers (running or not) labelled with this execution id.
+pub fn containers_of(execution_id: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("label=sandgate.execution={execution_id}"),
+        ])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Container-create events carrying `label` between `since` (unix seconds) and now: proves no
+/// container was created, even one removed again at once.
+pub fn containers_created_since(since: i64, label: &str) -> Vec<String> {
+    let until = chrono::Utc::now().timestamp() + 1;
+    let output = Command::new("docker")
+        .args([
+            "events",
+            "--since",
+            &since.to_string(),
+            "--until",
+            &until.to_string(),
+            "--filter",
+            "type=container",
+            "--filter",
+            "event=create",
+            "--filter",
+            &format!("label={label}"),
+            "--format",
+            "{{.Actor.ID}}",
+        ])
+        .output()
+        .expect("docker events");
+    assert!(output.status.success(), "docker events failed");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}

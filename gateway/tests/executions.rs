@@ -1,0 +1,310 @@
+//! End to end through the HTTP API: real PostgreSQL, real dockerd, real runsc.
+
+mod common;
+
+use std::time::Instant;
+
+use serde_json::json;
+
+use common::{containers_created_since, containers_of, TestGateway};
+
+#[tokio::test(flavor = "multi_thread")]
+async fn python_and_bash_run_in_gvisor_and_read_back() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+
+    let (status, body) = gw.execute(&key, "python", "print(6*7)", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(body["exit_code"], 0);
+    assert_eq!(body["stdout"], "42\n");
+    assert!(body["duration_ms"].as_i64().unwrap() > 0, "{body}");
+    let decision = &body["decision"];
+    assert_eq!(decision["allow"], true);
+    assert_eq!(decision["backend"], "gvisor");
+    assert!(decision["id"].as_str().unwrap().starts_with("dc_"));
+    assert!(decision["policy_revision"].as_str().unwrap().starts_with("sha256:"));
+    assert!(decision["reasons"].is_array());
+    let id = body["id"].as_str().unwrap();
+    assert!(containers_of(id).is_empty(), "container left behind");
+
+    let (status, again) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+    assert_eq!(status, 200);
+    assert_eq!(again, body, "GET returns the same record");
+
+    let (status, body) = gw
+        .execute(&key, "bash", "echo \"hello from $(basename $BASH)\"", json!({}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(body["stdout"], "hello from bash\n");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn failing_program_reports_exit_code_and_stderr() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let code = "import sys\nprint('about to fail')\nsys.stderr.write('boom\\n')\nsys.exit(3)";
+    let (status, body) = gw.execute(&key, "python", code, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "failed", "{body}");
+    assert_eq!(body["exit_code"], 3);
+    assert_eq!(body["stdout"], "about to fail\n");
+    assert_eq!(body["stderr"], "boom\n");
+
+    let (_, body) = gw
+        .execute(&key, "python", "raise ValueError('bad input')", json!({}))
+        .await;
+    assert_eq!(body["status"], "failed");
+    assert_eq!(body["exit_code"], 1);
+    assert!(body["stderr"].as_str().unwrap().contains("ValueError: bad input"), "{body}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn infinite_loop_times_out_and_leaves_no_container() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let started = Instant::now();
+    let (status, body) = gw
+        .execute(&key, "python", "while True: pass", json!({"limits": {"timeout_ms": 2000}}))
+        .await;
+    let elapsed = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "timeout", "{body}");
+    assert_eq!(body["exit_code"], json!(null));
+    assert_eq!(body["limits"]["timeout_ms"], 2000);
+    // Generous bound: the point is "a few seconds", not "until the 30 s tenant limit".
+    assert!(elapsed.as_secs() < 15, "took {elapsed:?}");
+    let id = body["id"].as_str().unwrap();
+    assert!(containers_of(id).is_empty(), "container left behind");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandbox_is_gvisor_read_only_unprivileged_and_clean() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let code = r#"
+import os, json
+facts = {}
+facts["kernel"] = open("/proc/version").read()
+try:
+    open("/etc/x", "w").write("x")
+    facts["etc_write"] = "succeeded"
+except OSError as err:
+    facts["etc_write"] = type(err).__name__
+facts["uid"] = os.getuid()
+facts["gid"] = os.getgid()
+facts["env"] = dict(os.environ)
+facts["cwd"] = os.getcwd()
+open("/workspace/ok.txt", "w").write("writable")
+open("/tmp/ok.txt", "w").write("writable")
+facts["interfaces"] = sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else None
+print(json.dumps(facts))
+"#;
+    let (status, body) = gw.execute(&key, "python", code, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    let facts: serde_json::Value = serde_json::from_str(body["stdout"].as_str().unwrap()).unwrap();
+    assert!(
+        facts["kernel"].as_str().unwrap().contains("gVisor")
+            || dmesg_is_gvisor(&gw, &key).await,
+        "not gVisor: {facts}"
+    );
+    assert_ne!(facts["etc_write"], "succeeded", "{facts}");
+    assert_ne!(facts["uid"], 0);
+    assert_ne!(facts["gid"], 0);
+    assert_eq!(facts["cwd"], "/workspace");
+    let env = facts["env"].as_object().unwrap();
+    let names: Vec<&String> = env.keys().collect();
+    let allowed = [
+        "PATH", "HOME", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "MPLBACKEND",
+    ];
+    for name in &names {
+        assert!(allowed.contains(&name.as_str()), "unexpected variable {name} in {env:?}");
+    }
+    gw.stop().await;
+}
+
+/// gVisor's `dmesg` starts with "Starting gVisor...".
+async fn dmesg_is_gvisor(gw: &TestGateway, key: &str) -> bool {
+    let (_, body) = gw.execute(key, "bash", "dmesg 2>&1 | head -3", json!({})).await;
+    body["stdout"].as_str().unwrap_or("").contains("gVisor")
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn policy_denials_are_403_with_reasons_and_run_nothing() {
+    let gw = TestGateway::start().await;
+    let since = chrono::Utc::now().timestamp() - 1;
+
+    let stranger = gw.key("agent", "nosuch").await;
+    let (status, body) = gw.execute(&stranger, "python", "print(1)", json!({})).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["code"], "policy_denied");
+    let reasons = body["error"]["reasons"].as_array().unwrap();
+    assert!(reasons.iter().any(|r| r["code"] == "tenant.unknown"), "{body}");
+    let unknown_tenant = body["error"]["execution_id"].as_str().unwrap().to_owned();
+
+    let key = gw.key("agent", "acme").await;
+    let (status, body) = gw.execute(&key, "cobol", "DISPLAY 'HI'.", json!({})).await;
+    assert_eq!(status, 403, "{body}");
+    let reasons = body["error"]["reasons"].as_array().unwrap();
+    assert!(reasons.iter().any(|r| r["code"] == "language.not_allowed"), "{body}");
+    let bad_language = body["error"]["execution_id"].as_str().unwrap().to_owned();
+
+    for id in [&unknown_tenant, &bad_language] {
+        let label = format!("sandgate.execution={id}");
+        assert!(containers_created_since(since, &label).is_empty(), "{id} created a container");
+        let (status, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+        if id == &bad_language {
+            assert_eq!(status, 200);
+            assert_eq!(record["status"], "denied");
+            assert_eq!(record["decision"]["allow"], false);
+        } else {
+            assert_eq!(status, 404, "another tenant's execution is not visible");
+        }
+    }
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn decisions_are_audited_before_and_after() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let (_, allowed) = gw.execute(&key, "bash", "true", json!({})).await;
+    let (_, denied) = gw.execute(&key, "cobol", "x", json!({})).await;
+    let allowed_id = allowed["id"].as_str().unwrap();
+    let denied_id = denied["error"]["execution_id"].as_str().unwrap();
+
+    let pool = gw.pool().await;
+    for (id, allow, status) in [(allowed_id, true, "succeeded"), (denied_id, false, "denied")] {
+        let (row_status, revision): (String, String) =
+            sqlx::query_as("SELECT status, policy_revision FROM executions WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert_eq!(row_status, status);
+        let events: Vec<(String, Option<bool>, Option<String>, serde_json::Value)> = sqlx::query_as(
+            "SELECT kind, allow, policy_revision, input FROM audit_events WHERE execution_id = $1",
+        )
+        .bind(id)
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(events.len(), 1, "one decision event per execution: {events:?}");
+        assert_eq!(events[0].0, "execution.decision");
+        assert_eq!(events[0].1, Some(allow));
+        assert_eq!(events[0].2.as_deref(), Some(revision.as_str()));
+        assert_eq!(events[0].3["principal"]["tenant"], "acme");
+        // The stored input names the code by hash; the code itself is not in the audit row.
+        assert!(events[0].3["request"]["code_sha256"].is_string());
+    }
+    // The chain links each event to the previous one.
+    let links: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT seq, prev_hash, hash FROM audit_events ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    for pair in links.windows(2) {
+        assert_eq!(pair[1].0, pair[0].0 + 1);
+        assert_eq!(pair[1].1, pair[0].2);
+    }
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn missing_or_wrong_keys_get_401_and_are_audited() {
+    let gw = TestGateway::start().await;
+    let body = json!({"language": "python", "code": "print(1)"});
+    let response = gw
+        .http
+        .post(format!("{}/v1/executions", gw.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 401);
+    let error: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(error["error"]["code"], "unauthenticated");
+    assert!(error["error"]["message"].is_string());
+
+    let forged = "sgk_0123456789abcdef_00000000000000000000000000000000";
+    let (status, error) = gw.post(forged, "/v1/executions", &body).await;
+    assert_eq!(status, 401);
+    assert_eq!(error["error"]["code"], "unauthenticated");
+
+    let pool = gw.pool().await;
+    let failures: Vec<(serde_json::Value,)> =
+        sqlx::query_as("SELECT input FROM audit_events WHERE kind = 'auth.failure' ORDER BY seq")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert_eq!(failures[1].0["claimed_key_id"], "key_0123456789abcdef");
+    let stored = serde_json::to_string(&failures).unwrap();
+    assert!(!stored.contains(forged), "the presented secret must not be stored");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_requests_use_the_error_shape() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let (status, body) = gw.post(&key, "/v1/executions", &json!({"language": "python"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_request");
+
+    let response = gw
+        .http
+        .post(format!("{}/v1/executions", gw.url))
+        .bearer_auth(&key)
+        .header("content-type", "application/json")
+        .body(r#"{"language":"python","code":"print(1)","code":"print(2)"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400, "duplicate keys are refused");
+
+    let huge = "x".repeat(gateway::api::MAX_BODY_BYTES + 1);
+    let (status, body) = gw
+        .post(&key, "/v1/executions", &json!({"language": "python", "code": huge}))
+        .await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["error"]["code"], "payload_too_large");
+
+    let (status, body) = gw.get(&key, "/v1/executions/ex_nope").await;
+    assert_eq!(status, 404);
+    assert_eq!(body["error"]["code"], "not_found");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn readyz_checks_every_dependency() {
+    let gw = TestGateway::start().await;
+    let response = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    let status = response.status().as_u16();
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    for check in ["docker", "runtime:runsc", "postgres", "policy", "sandbox_init"] {
+        assert_eq!(body["checks"][check]["ok"], true, "{check}: {body}");
+    }
+    gw.stop().await;
+
+    // A broken policy bundle: not ready, and says which part is missing.
+    let empty = tempfile::tempdir().unwrap();
+    let url = common::fresh_database().await;
+    let dir = empty.path().to_owned();
+    let gw = TestGateway::start_with(Some(url), move |config| config.policy_dir = dir).await;
+    let response = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    assert_eq!(response.status().as_u16(), 503);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["missing"], json!(["policy"]), "{body}");
+    let key = gw.key("agent", "acme").await;
+    let (status, body) = gw.execute(&key, "python", "print(1)", json!({})).await;
+    assert_eq!(status, 403, "{body}");
+    assert_eq!(body["error"]["reasons"][0]["code"], "policy.error");
+    gw.stop().await;
+}
