@@ -1,4 +1,7 @@
 #!/usr/bin/env bash
+# Scripts below are sent verbatim into the sandbox: their $ must not expand here.
+# shellcheck disable=SC2016
+#
 # sandbox-init as PID 1 inside real gVisor containers, started the way the gateway starts them
 # (read-only root, uid 65534, no capabilities, no network, log driver none, init bind-mounted
 # read-only). Needs dockerd with the `runsc` runtime and the image(s) named below.
@@ -14,10 +17,8 @@
 #
 # Without an argument it builds the static binary (CARGO_TARGET_DIR is honoured).
 # SANDGATE_IMAGE (default sandgate/bash) must have bash, grep, sleep and cat;
-# SANDGATE_PYTHON_IMAGE (default sandgate/python) is used for one case, skipped if absent.
+# SANDGATE_PYTHON_IMAGE (default sandgate/python) is used for two cases, skipped if absent.
 set -euo pipefail
-# Scripts below are sent verbatim into the sandbox: their $ must not expand here.
-# shellcheck disable=SC2016
 
 image=${SANDGATE_IMAGE:-sandgate/bash}
 python_image=${SANDGATE_PYTHON_IMAGE:-sandgate/python}
