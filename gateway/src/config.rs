@@ -183,9 +183,10 @@ impl Config {
             return invalid("at least one backend must be configured".to_owned());
         }
         let c = &self.ceilings;
-        if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 64 {
+        if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {
             return invalid(
-                "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 64 are required"
+                "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
+                 (gVisor's own threads count against the pids limit)"
                     .to_owned(),
             );
         }

@@ -117,7 +117,9 @@ impl SandboxRuntime for DockerRuntime {
 /// except the limits, already bounded by the configured ceilings.
 fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
     let limits = &spec.limits;
-    let tmpfs = |mb: u64| format!("rw,nosuid,nodev,size={mb}m,mode=1777");
+    // Programs may build and run binaries in /workspace and /tmp (test suites do); /output holds
+    // data only.
+    let tmpfs = |mb: u64, exec: &str| format!("rw,nosuid,nodev,{exec},size={mb}m,mode=1777");
     let host_config = HostConfig {
         runtime: Some(spec.runtime.clone()),
         network_mode: Some("none".to_owned()),
@@ -134,9 +136,9 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
             hard: Some(NOFILE),
         }]),
         tmpfs: Some(HashMap::from([
-            ("/workspace".to_owned(), tmpfs(limits.disk_mb)),
-            ("/tmp".to_owned(), tmpfs(limits.disk_mb)),
-            ("/output".to_owned(), tmpfs(limits.disk_mb)),
+            ("/workspace".to_owned(), tmpfs(limits.disk_mb, "exec")),
+            ("/tmp".to_owned(), tmpfs(limits.disk_mb, "exec")),
+            ("/output".to_owned(), tmpfs(limits.disk_mb, "noexec")),
         ])),
         mounts: Some(vec![Mount {
             target: Some(INIT_PATH.to_owned()),
