@@ -162,20 +162,21 @@ prepare_rootfs() {
     done
 }
 
-# import_rootfs NAME RECIPE ROOTFS: import as sandgate/NAME:latest, drop the image it replaces.
+# import_rootfs NAME RECIPE ROOTFS: import as sandgate/NAME:latest.
 import_rootfs() {
-    local name=$1 recipe=$2 rootfs=$3 ref="sandgate/$1:latest" old new
-    old=$(timeout 30 docker image inspect -f '{{.Id}}' "$ref" 2>/dev/null || true)
+    local name=$1 recipe=$2 rootfs=$3 ref="sandgate/$1:latest"
     tar --numeric-owner -C "$rootfs" -c . |
         timeout 900 docker import \
             --change "ENV $IMAGE_PATH" \
             --change "LABEL sandgate.image=$name sandgate.recipe=$recipe" \
             --change 'CMD ["/bin/bash"]' \
             - "$ref" >/dev/null
-    new=$(timeout 30 docker image inspect -f '{{.Id}}' "$ref")
-    if [[ -n $old && $old != "$new" ]]; then
-        timeout 120 docker rmi "$old" >/dev/null 2>&1 || log "kept the previous $ref ($old): still in use"
-    fi
+}
+
+# prune_replaced: delete the untagged images earlier builds replaced, unless a container uses them.
+prune_replaced() {
+    timeout 300 docker image prune --force --filter label=sandgate.image >/dev/null \
+        || log "could not prune replaced images (docker image prune --filter label=sandgate.image)"
 }
 
 # build_image NAME RECIPE MIRROR BUNDLE...: the whole build of one image (runs as a job).
@@ -234,7 +235,10 @@ main() {
             return 0
             ;;
         -*) die "unknown option $arg (try --help)" ;;
-        *) packages_for "$arg" >/dev/null && names+=("$arg") ;;
+        *)
+            packages_for "$arg" >/dev/null
+            [[ " ${names[*]} " == *" $arg "* ]] || names+=("$arg")
+            ;;
         esac
     done
     ((${#names[@]} > 0)) || names=("${ALL_IMAGES[@]}")
@@ -291,6 +295,7 @@ main() {
         fi
         unset "JOBS[$name]"
     done
+    prune_replaced
     ((${#failed[@]} == 0)) || die "could not build: ${failed[*]} (rerun with the log above in mind)"
 }
 

@@ -34,6 +34,9 @@ mod tests {
     fn canonicalises_case_and_trailing_dot() {
         assert_eq!(canonical_host("PyPI.org.").unwrap(), "pypi.org");
         assert_eq!(canonical_host(".").unwrap_err(), HostError::Empty);
-        assert_eq!(canonical_host("a\nb").unwrap_err(), HostError::ControlCharacter);
+        assert_eq!(
+            canonical_host("a\nb").unwrap_err(),
+            HostError::ControlCharacter
+        );
     }
 }

@@ -163,8 +163,9 @@ impl Config {
             let Some(raw) = env(&var) else { continue };
             let value = match kind {
                 EnvValue::Text => serde_yaml_ng::Value::String(raw),
-                EnvValue::Yaml => serde_yaml_ng::from_str(&raw)
-                    .map_err(|err| invalid(format!("{var}: {err}")))?,
+                EnvValue::Yaml => {
+                    serde_yaml_ng::from_str(&raw).map_err(|err| invalid(format!("{var}: {err}")))?
+                }
             };
             map.insert(serde_yaml_ng::Value::String((*key).to_owned()), value);
         }
@@ -233,8 +234,8 @@ mod tests {
             "SANDGATE_DATABASE_URL" => Some("postgres://u@h/db".to_owned()),
             _ => None,
         };
-        let config = Config::from_yaml_and_env("listen: 127.0.0.1:1\nmax_concurrent: 2\n", env)
-            .unwrap();
+        let config =
+            Config::from_yaml_and_env("listen: 127.0.0.1:1\nmax_concurrent: 2\n", env).unwrap();
         assert_eq!(config.listen.port(), 9999);
         assert_eq!(config.max_concurrent, 3);
         assert_eq!(config.database_url.as_deref(), Some("postgres://u@h/db"));

@@ -103,7 +103,9 @@ async fn run(
 /// `sandgate keys create`: a new key in the configured database; returns the secret.
 pub async fn create_key(config: &Config, role: &str, tenant: &str) -> Result<NewKey, ServeError> {
     let db = Database::open(config).await?;
-    let key = AuditStore::new(db.pool.clone()).create_key(role, tenant).await;
+    let key = AuditStore::new(db.pool.clone())
+        .create_key(role, tenant)
+        .await;
     db.close().await;
     Ok(key?)
 }

@@ -10,7 +10,11 @@ use tokio_util::sync::CancellationToken;
 use gateway::config::Config;
 
 #[derive(Parser)]
-#[command(name = "sandgate", version, about = "Runs untrusted code in gVisor sandboxes under Rego policy")]
+#[command(
+    name = "sandgate",
+    version,
+    about = "Runs untrusted code in gVisor sandboxes under Rego policy"
+)]
 struct Cli {
     /// Config file (YAML); every key can also be set as SANDGATE_<KEY>.
     #[arg(long, global = true, env = "SANDGATE_CONFIG")]
@@ -108,7 +112,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 command: KeysCommand::Create { role, tenant },
             } => {
                 let key = gateway::create_key(&config, role.as_str(), &tenant).await?;
-                println!("created {} key {} for tenant {tenant}", role.as_str(), key.id);
+                println!(
+                    "created {} key {} for tenant {tenant}",
+                    role.as_str(),
+                    key.id
+                );
                 println!("{}", key.secret);
             }
             Command::Policy {

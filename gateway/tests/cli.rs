@@ -1,6 +1,7 @@
 //! The real `sandgate` binary, as a user runs it: `serve` with the embedded default database,
 //! `keys create` against the same instance, one execution, and a clean shutdown that stops the
 //! private PostgreSQL.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
@@ -15,7 +16,10 @@ fn sandgate(data_dir: &std::path::Path, listen: &str) -> Command {
         .env_remove("SANDGATE_DATABASE_URL")
         .env("SANDGATE_DATA_DIR", data_dir)
         .env("SANDGATE_LISTEN", listen)
-        .env("SANDGATE_POLICY_DIR", common::workspace_root().join("policies"))
+        .env(
+            "SANDGATE_POLICY_DIR",
+            common::workspace_root().join("policies"),
+        )
         .env("SANDGATE_SANDBOX_INIT", common::sandbox_init());
     command
 }
@@ -24,8 +28,11 @@ fn sandgate(data_dir: &std::path::Path, listen: &str) -> Command {
 async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     common::require_docker();
     let data = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(data.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -59,7 +66,11 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
         .args(["keys", "create", "--role", "agent", "--tenant", "acme"])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     let stdout = String::from_utf8(output.stdout).unwrap();
     let key = stdout.lines().last().unwrap().trim().to_owned();
     assert!(key.starts_with("sgk_"), "{stdout}");
@@ -77,20 +88,29 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
 
     // Only the hash of the key is stored.
     let pg_data = data.path().join("pg/data");
-    assert!(pg_data.join("postmaster.pid").exists(), "embedded PostgreSQL is running");
+    assert!(
+        pg_data.join("postmaster.pid").exists(),
+        "embedded PostgreSQL is running"
+    );
     let dump = Command::new("grep")
         .args(["-r", "-l", &key])
         .arg(&pg_data)
         .output()
         .unwrap();
-    assert!(dump.stdout.is_empty(), "the key itself is stored in the database files");
+    assert!(
+        dump.stdout.is_empty(),
+        "the key itself is stored in the database files"
+    );
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
     )
     .unwrap();
-    let status = tokio::task::spawn_blocking(move || server.wait()).await.unwrap().unwrap();
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap()
+        .unwrap();
     assert!(status.success(), "sandgate serve exited with {status}");
     assert!(
         !pg_data.join("postmaster.pid").exists(),

@@ -1,4 +1,5 @@
 //! Every SQL query in `dashboards/*.json` runs against a migrated database with data in it.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
@@ -41,7 +42,10 @@ fn queries(panel: &Value, out: &mut Vec<(String, String)>) {
 }
 
 async fn seed(store: &AuditStore) {
-    store.record_policy_revision("sha256:test", &[], "test").await.unwrap();
+    store
+        .record_policy_revision("sha256:test", &[], "test")
+        .await
+        .unwrap();
     let now = gateway::ids::now_micros();
     for (id, allow, status) in [("ex_a", true, "succeeded"), ("ex_b", false, "denied")] {
         let row = ExecutionRow {
@@ -142,7 +146,11 @@ async fn every_dashboard_query_runs() {
                 .fetch_all(&pool)
                 .await
                 .unwrap_or_else(|err| panic!("{} / {title}: {err}\n{sql}", path.display()));
-            assert!(!rows.is_empty(), "{} / {title} returned no rows on seeded data", path.display());
+            assert!(
+                !rows.is_empty(),
+                "{} / {title} returned no rows on seeded data",
+                path.display()
+            );
             checked += 1;
         }
     }

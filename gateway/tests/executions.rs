@@ -1,4 +1,5 @@
 //! End to end through the HTTP API: real PostgreSQL, real dockerd, real runsc.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
@@ -23,7 +24,10 @@ async fn python_and_bash_run_in_gvisor_and_read_back() {
     assert_eq!(decision["allow"], true);
     assert_eq!(decision["backend"], "gvisor");
     assert!(decision["id"].as_str().unwrap().starts_with("dc_"));
-    assert!(decision["policy_revision"].as_str().unwrap().starts_with("sha256:"));
+    assert!(decision["policy_revision"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
     assert!(decision["reasons"].is_array());
     let id = body["id"].as_str().unwrap();
     assert!(containers_of(id).is_empty(), "container left behind");
@@ -33,7 +37,12 @@ async fn python_and_bash_run_in_gvisor_and_read_back() {
     assert_eq!(again, body, "GET returns the same record");
 
     let (status, body) = gw
-        .execute(&key, "bash", "echo \"hello from $(basename $BASH)\"", json!({}))
+        .execute(
+            &key,
+            "bash",
+            "echo \"hello from $(basename $BASH)\"",
+            json!({}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "succeeded", "{body}");
@@ -58,7 +67,13 @@ async fn failing_program_reports_exit_code_and_stderr() {
         .await;
     assert_eq!(body["status"], "failed");
     assert_eq!(body["exit_code"], 1);
-    assert!(body["stderr"].as_str().unwrap().contains("ValueError: bad input"), "{body}");
+    assert!(
+        body["stderr"]
+            .as_str()
+            .unwrap()
+            .contains("ValueError: bad input"),
+        "{body}"
+    );
     gw.stop().await;
 }
 
@@ -68,7 +83,12 @@ async fn infinite_loop_times_out_and_leaves_no_container() {
     let key = gw.key("agent", "acme").await;
     let started = Instant::now();
     let (status, body) = gw
-        .execute(&key, "python", "while True: pass", json!({"limits": {"timeout_ms": 2000}}))
+        .execute(
+            &key,
+            "python",
+            "while True: pass",
+            json!({"limits": {"timeout_ms": 2000}}),
+        )
         .await;
     let elapsed = started.elapsed();
     assert_eq!(status, 200, "{body}");
@@ -109,8 +129,7 @@ print(json.dumps(facts))
     assert_eq!(body["status"], "succeeded", "{body}");
     let facts: serde_json::Value = serde_json::from_str(body["stdout"].as_str().unwrap()).unwrap();
     assert!(
-        facts["kernel"].as_str().unwrap().contains("gVisor")
-            || dmesg_is_gvisor(&gw, &key).await,
+        facts["kernel"].as_str().unwrap().contains("gVisor") || dmesg_is_gvisor(&gw, &key).await,
         "not gVisor: {facts}"
     );
     assert_ne!(facts["etc_write"], "succeeded", "{facts}");
@@ -120,17 +139,27 @@ print(json.dumps(facts))
     let env = facts["env"].as_object().unwrap();
     let names: Vec<&String> = env.keys().collect();
     let allowed = [
-        "PATH", "HOME", "LANG", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "MPLBACKEND",
+        "PATH",
+        "HOME",
+        "LANG",
+        "PYTHONUNBUFFERED",
+        "PYTHONDONTWRITEBYTECODE",
+        "MPLBACKEND",
     ];
     for name in &names {
-        assert!(allowed.contains(&name.as_str()), "unexpected variable {name} in {env:?}");
+        assert!(
+            allowed.contains(&name.as_str()),
+            "unexpected variable {name} in {env:?}"
+        );
     }
     gw.stop().await;
 }
 
 /// gVisor's `dmesg` starts with "Starting gVisor...".
 async fn dmesg_is_gvisor(gw: &TestGateway, key: &str) -> bool {
-    let (_, body) = gw.execute(key, "bash", "dmesg 2>&1 | head -3", json!({})).await;
+    let (_, body) = gw
+        .execute(key, "bash", "dmesg 2>&1 | head -3", json!({}))
+        .await;
     body["stdout"].as_str().unwrap_or("").contains("gVisor")
 }
 
@@ -144,19 +173,28 @@ async fn policy_denials_are_403_with_reasons_and_run_nothing() {
     assert_eq!(status, 403, "{body}");
     assert_eq!(body["error"]["code"], "policy_denied");
     let reasons = body["error"]["reasons"].as_array().unwrap();
-    assert!(reasons.iter().any(|r| r["code"] == "tenant.unknown"), "{body}");
+    assert!(
+        reasons.iter().any(|r| r["code"] == "tenant.unknown"),
+        "{body}"
+    );
     let unknown_tenant = body["error"]["execution_id"].as_str().unwrap().to_owned();
 
     let key = gw.key("agent", "acme").await;
     let (status, body) = gw.execute(&key, "cobol", "DISPLAY 'HI'.", json!({})).await;
     assert_eq!(status, 403, "{body}");
     let reasons = body["error"]["reasons"].as_array().unwrap();
-    assert!(reasons.iter().any(|r| r["code"] == "language.not_allowed"), "{body}");
+    assert!(
+        reasons.iter().any(|r| r["code"] == "language.not_allowed"),
+        "{body}"
+    );
     let bad_language = body["error"]["execution_id"].as_str().unwrap().to_owned();
 
     for id in [&unknown_tenant, &bad_language] {
         let label = format!("sandgate.execution={id}");
-        assert!(containers_created_since(since, &label).is_empty(), "{id} created a container");
+        assert!(
+            containers_created_since(since, &label).is_empty(),
+            "{id} created a container"
+        );
         let (status, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
         if id == &bad_language {
             assert_eq!(status, 200);
@@ -179,7 +217,10 @@ async fn decisions_are_audited_before_and_after() {
     let denied_id = denied["error"]["execution_id"].as_str().unwrap();
 
     let pool = gw.pool().await;
-    for (id, allow, status) in [(allowed_id, true, "succeeded"), (denied_id, false, "denied")] {
+    for (id, allow, status) in [
+        (allowed_id, true, "succeeded"),
+        (denied_id, false, "denied"),
+    ] {
         let (row_status, revision): (String, String) =
             sqlx::query_as("SELECT status, policy_revision FROM executions WHERE id = $1")
                 .bind(id)
@@ -194,7 +235,11 @@ async fn decisions_are_audited_before_and_after() {
         .fetch_all(&pool)
         .await
         .unwrap();
-        assert_eq!(events.len(), 1, "one decision event per execution: {events:?}");
+        assert_eq!(
+            events.len(),
+            1,
+            "one decision event per execution: {events:?}"
+        );
         assert_eq!(events[0].0, "execution.decision");
         assert_eq!(events[0].1, Some(allow));
         assert_eq!(events[0].2.as_deref(), Some(revision.as_str()));
@@ -245,7 +290,10 @@ async fn missing_or_wrong_keys_get_401_and_are_audited() {
     assert_eq!(failures.len(), 2, "{failures:?}");
     assert_eq!(failures[1].0["claimed_key_id"], "key_0123456789abcdef");
     let stored = serde_json::to_string(&failures).unwrap();
-    assert!(!stored.contains(forged), "the presented secret must not be stored");
+    assert!(
+        !stored.contains(forged),
+        "the presented secret must not be stored"
+    );
     gw.stop().await;
 }
 
@@ -253,7 +301,9 @@ async fn missing_or_wrong_keys_get_401_and_are_audited() {
 async fn malformed_requests_use_the_error_shape() {
     let gw = TestGateway::start().await;
     let key = gw.key("agent", "acme").await;
-    let (status, body) = gw.post(&key, "/v1/executions", &json!({"language": "python"})).await;
+    let (status, body) = gw
+        .post(&key, "/v1/executions", &json!({"language": "python"}))
+        .await;
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["code"], "invalid_request");
 
@@ -266,11 +316,19 @@ async fn malformed_requests_use_the_error_shape() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 400, "duplicate keys are refused");
+    assert_eq!(
+        response.status().as_u16(),
+        400,
+        "duplicate keys are refused"
+    );
 
     let huge = "x".repeat(gateway::api::MAX_BODY_BYTES + 1);
     let (status, body) = gw
-        .post(&key, "/v1/executions", &json!({"language": "python", "code": huge}))
+        .post(
+            &key,
+            "/v1/executions",
+            &json!({"language": "python", "code": huge}),
+        )
         .await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["error"]["code"], "payload_too_large");
@@ -284,11 +342,22 @@ async fn malformed_requests_use_the_error_shape() {
 #[tokio::test(flavor = "multi_thread")]
 async fn readyz_checks_every_dependency() {
     let gw = TestGateway::start().await;
-    let response = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    let response = gw
+        .http
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
     let status = response.status().as_u16();
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(status, 200, "{body}");
-    for check in ["docker", "runtime:runsc", "postgres", "policy", "sandbox_init"] {
+    for check in [
+        "docker",
+        "runtime:runsc",
+        "postgres",
+        "policy",
+        "sandbox_init",
+    ] {
         assert_eq!(body["checks"][check]["ok"], true, "{check}: {body}");
     }
     gw.stop().await;
@@ -298,7 +367,12 @@ async fn readyz_checks_every_dependency() {
     let url = common::fresh_database().await;
     let dir = empty.path().to_owned();
     let gw = TestGateway::start_with(Some(url), move |config| config.policy_dir = dir).await;
-    let response = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    let response = gw
+        .http
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(response.status().as_u16(), 503);
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["missing"], json!(["policy"]), "{body}");

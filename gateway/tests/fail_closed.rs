@@ -1,6 +1,7 @@
 //! Fail closed: when the audit store cannot commit a decision, the API answers 503 and no
 //! container is created. These tests create no containers on the success path, so a
 //! create event for any sandgate container during them is a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
@@ -15,23 +16,38 @@ async fn postgres_stopped_gives_503_and_runs_nothing() {
     let gw = TestGateway::start_with(None, |_| {}).await;
     let config = test_config(None, gw.data_dir.path());
     let key = gateway::create_key(&config, "agent", "acme").await.unwrap();
-    let health = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    let health = gw
+        .http
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status().as_u16(), 200);
 
     // Stop the server under the gateway, as a crash would.
     let pg = EmbeddedPostgres::start(gw.data_dir.path(), None).unwrap();
-    assert!(!pg.owned(), "the gateway's cluster should have been running");
+    assert!(
+        !pg.owned(),
+        "the gateway's cluster should have been running"
+    );
     pg.stop_now("immediate").unwrap();
 
     let since = chrono::Utc::now().timestamp() - 1;
-    let (status, body) = gw.execute(&key.secret, "python", "print(1)", json!({})).await;
+    let (status, body) = gw
+        .execute(&key.secret, "python", "print(1)", json!({}))
+        .await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "unavailable");
     assert!(
         containers_created_since(since, "sandgate.execution").is_empty(),
         "a container was created although nothing could be audited"
     );
-    let ready = gw.http.get(format!("{}/readyz", gw.url)).send().await.unwrap();
+    let ready = gw
+        .http
+        .get(format!("{}/readyz", gw.url))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status().as_u16(), 503);
     let ready: serde_json::Value = ready.json().await.unwrap();
     assert_eq!(ready["missing"], json!(["postgres"]), "{ready}");

@@ -91,7 +91,9 @@ pub async fn create(
 ) -> Result<Response, ApiError> {
     caller.require_role(&["agent"])?;
     match app.create_execution(&caller.0, request).await? {
-        Created::Finished(row) => Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response()),
+        Created::Finished(row) => {
+            Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response())
+        }
         Created::Accepted(row) => {
             Ok((StatusCode::ACCEPTED, Json(ExecutionView::from(row))).into_response())
         }

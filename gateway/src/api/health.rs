@@ -37,7 +37,9 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         } else if *present {
             Ok("registered".to_owned())
         } else {
-            Err(format!("runtime {name} is not registered in dockerd (run scripts/setup.sh)"))
+            Err(format!(
+                "runtime {name} is not registered in dockerd (run scripts/setup.sh)"
+            ))
         };
         check(format!("runtime:{name}"), result);
     }
@@ -59,7 +61,10 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         if app.init_binary.is_file() {
             Ok(app.init_binary.display().to_string())
         } else {
-            Err(format!("{} is missing (make build)", app.init_binary.display()))
+            Err(format!(
+                "{} is missing (make build)",
+                app.init_binary.display()
+            ))
         },
     );
     let missing: Vec<&String> = checks

@@ -120,7 +120,9 @@ impl App {
         let spec = self.sandbox_spec(&row.id, &request, files, runnable);
         let app = Arc::clone(self);
         let queued = row.clone();
-        let task = self.tasks.spawn(async move { app.run_and_complete(queued, spec).await });
+        let task = self
+            .tasks
+            .spawn(async move { app.run_and_complete(queued, spec).await });
         if !request.wait {
             return Ok(Created::Accepted(row));
         }
@@ -205,7 +207,11 @@ impl App {
                 "the policy asks for human review, which this gateway does not offer yet".into(),
             );
         }
-        if decision.network.as_ref().is_some_and(|grant| !grant.allow.is_empty()) {
+        if decision
+            .network
+            .as_ref()
+            .is_some_and(|grant| !grant.allow.is_empty())
+        {
             return refuse(
                 "network.unavailable",
                 "the policy grants network access, which this gateway does not offer yet".into(),
@@ -292,7 +298,9 @@ impl App {
                 completion(outcome, &id)
             }
             Err(_) => completion(
-                Err(RuntimeError::Unavailable("the gateway is shutting down".to_owned())),
+                Err(RuntimeError::Unavailable(
+                    "the gateway is shutting down".to_owned(),
+                )),
                 &id,
             ),
         };
@@ -382,7 +390,12 @@ fn new_row(
         code_sha256: input.request.code_sha256.clone(),
         code_bytes: i64::try_from(request.code.len()).unwrap_or(i64::MAX),
         labels: Json(json!(request.labels)),
-        status: if runnable.is_some() { "queued" } else { "denied" }.to_owned(),
+        status: if runnable.is_some() {
+            "queued"
+        } else {
+            "denied"
+        }
+        .to_owned(),
         decision_id: crate::ids::new("dc"),
         allow: decision.allow,
         reasons: Json(decision.reasons.clone()),
@@ -436,7 +449,10 @@ fn command_for(language: &str) -> (Vec<String>, &'static str) {
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
 fn sandbox_env() -> BTreeMap<String, String> {
     [
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
         ("HOME", "/tmp"),
         ("LANG", "C.UTF-8"),
         ("PYTHONUNBUFFERED", "1"),
@@ -480,7 +496,10 @@ fn check_path(path: &str) -> Result<(), AppError> {
     if path.chars().any(char::is_control) {
         return bad("path must not contain control characters");
     }
-    if path.split('/').any(|part| part.is_empty() || part == "." || part == "..") {
+    if path
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
         return bad("path must not contain empty, '.' or '..' components");
     }
     Ok(())
@@ -516,7 +535,16 @@ mod tests {
 
     #[test]
     fn file_paths_are_checked() {
-        for bad in ["", "/etc/passwd", "../x", "a/../b", "a//b", "./a", "a\0b", "a\nb"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a\0b",
+            "a\nb",
+        ] {
             assert!(check_path(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["data.csv", "src/main.py", "a.b/c"] {
@@ -526,7 +554,10 @@ mod tests {
 
     #[test]
     fn commands_per_language() {
-        assert_eq!(command_for("python").0, ["python3", "/tmp/sandgate/main.py"]);
+        assert_eq!(
+            command_for("python").0,
+            ["python3", "/tmp/sandgate/main.py"]
+        );
         assert_eq!(command_for("bash").0, ["bash", "/tmp/sandgate/main.sh"]);
     }
 }

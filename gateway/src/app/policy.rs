@@ -10,14 +10,14 @@ pub const NO_REVISION: &str = "none";
 
 #[derive(Debug)]
 pub enum PolicyState {
-    Loaded(PolicyEngine),
+    Loaded(Box<PolicyEngine>),
     Failed { error: String },
 }
 
 impl PolicyState {
     pub fn load(dir: &Path) -> PolicyState {
         match PolicyEngine::load(dir) {
-            Ok(engine) => PolicyState::Loaded(engine),
+            Ok(engine) => PolicyState::Loaded(Box::new(engine)),
             Err(err) => {
                 let error = error_chain(&err);
                 tracing::error!(policy_dir = %dir.display(), error = %error, "policy bundle failed to load; denying everything");

@@ -127,7 +127,11 @@ impl AuditStore {
         rand::rngs::OsRng.fill_bytes(&mut id_bytes);
         rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
         let id = format!("key_{}", hex::encode(id_bytes));
-        let secret = format!("sgk_{}_{}", hex::encode(id_bytes), hex::encode(secret_bytes));
+        let secret = format!(
+            "sgk_{}_{}",
+            hex::encode(id_bytes),
+            hex::encode(secret_bytes)
+        );
         sqlx::query("INSERT INTO api_keys (id, key_hash, role, tenant) VALUES ($1, $2, $3, $4)")
             .bind(&id)
             .bind(key_hash(&secret))

@@ -36,7 +36,10 @@ pub struct EmbeddedPostgres {
 impl EmbeddedPostgres {
     /// Initialises the cluster if needed and starts it unless it is already running (then it is
     /// shared, not owned). Blocking: call from `spawn_blocking`.
-    pub fn start(data_dir: &Path, bin_dir: Option<&Path>) -> Result<EmbeddedPostgres, DatabaseError> {
+    pub fn start(
+        data_dir: &Path,
+        bin_dir: Option<&Path>,
+    ) -> Result<EmbeddedPostgres, DatabaseError> {
         let bin_dir = match bin_dir {
             Some(dir) => dir.to_owned(),
             None => find_bin_dir()?,
@@ -120,9 +123,8 @@ impl EmbeddedPostgres {
             std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
                 .map_err(|err| io_error(dir, err))?;
             if let Some((uid, gid)) = self.run_as {
-                nix::unistd::chown(dir, Some(uid), Some(gid)).map_err(|err| {
-                    io_error(dir, std::io::Error::from_raw_os_error(err as i32))
-                })?;
+                nix::unistd::chown(dir, Some(uid), Some(gid))
+                    .map_err(|err| io_error(dir, std::io::Error::from_raw_os_error(err as i32)))?;
             }
         }
         Ok(())
@@ -147,7 +149,8 @@ impl EmbeddedPostgres {
     }
 
     fn is_running(&self) -> Result<bool, DatabaseError> {
-        let output = self.command("pg_ctl")
+        let output = self
+            .command("pg_ctl")
             .args(["status", "-D"])
             .arg(&self.pgdata)
             .output()
@@ -187,7 +190,10 @@ impl EmbeddedPostgres {
 
     fn command(&self, program: &str) -> Command {
         let mut command = Command::new(self.bin_dir.join(program));
-        command.env_clear().env("LANG", "C").env("PATH", "/usr/bin:/bin");
+        command
+            .env_clear()
+            .env("LANG", "C")
+            .env("PATH", "/usr/bin:/bin");
         if let Some((uid, gid)) = self.run_as {
             command.uid(uid.as_raw()).gid(gid.as_raw());
             // A working directory the unprivileged user can enter.
@@ -246,12 +252,16 @@ fn find_bin_dir() -> Result<PathBuf, DatabaseError> {
         })
         .collect();
     candidates.sort();
-    candidates.pop().map(|(_, bin)| bin).ok_or_else(|| DatabaseError::Embedded {
-        message: "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin; install them with \
+    candidates
+        .pop()
+        .map(|(_, bin)| bin)
+        .ok_or_else(|| DatabaseError::Embedded {
+            message:
+                "no PostgreSQL server binaries in /usr/lib/postgresql/*/bin; install them with \
                   `apt-get install postgresql` (scripts/setup.sh does), set postgres_bin_dir, \
                   or set SANDGATE_DATABASE_URL"
-            .to_owned(),
-    })
+                    .to_owned(),
+        })
 }
 
 fn absolute(path: &Path) -> Result<PathBuf, DatabaseError> {

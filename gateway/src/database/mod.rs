@@ -49,7 +49,10 @@ impl Database {
     /// Connects (starting the embedded server if no URL is configured) and migrates.
     pub async fn open(config: &Config) -> Result<Database, DatabaseError> {
         let (options, embedded) = match &config.database_url {
-            Some(url) => (PgConnectOptions::from_str(url).map_err(DatabaseError::Url)?, None),
+            Some(url) => (
+                PgConnectOptions::from_str(url).map_err(DatabaseError::Url)?,
+                None,
+            ),
             None => {
                 let data_dir = config.data_dir.clone();
                 let bin_dir = config.postgres_bin_dir.clone();
@@ -81,7 +84,9 @@ impl Database {
             let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
             match stopped {
                 Ok(Ok(())) => tracing::info!("embedded PostgreSQL stopped"),
-                Ok(Err(err)) => tracing::error!(error = %err, "stopping embedded PostgreSQL failed"),
+                Ok(Err(err)) => {
+                    tracing::error!(error = %err, "stopping embedded PostgreSQL failed")
+                }
                 Err(err) => tracing::error!(error = %err, "stopping embedded PostgreSQL failed"),
             }
         }

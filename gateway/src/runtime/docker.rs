@@ -52,8 +52,8 @@ impl DockerRuntime {
             .get_or_try_init(|| async {
                 let docker = Docker::connect_with_local_defaults()
                     .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
-                let docker = bounded("negotiate Docker API version", docker.negotiate_version())
-                    .await?;
+                let docker =
+                    bounded("negotiate Docker API version", docker.negotiate_version()).await?;
                 Ok(docker.with_timeout(API_TIMEOUT))
             })
             .await
@@ -199,7 +199,11 @@ async fn attach_start_wait(
         .stderr(true)
         .stream(true)
         .build();
-    let attached = bounded("attach container", docker.attach_container(name, Some(attach))).await?;
+    let attached = bounded(
+        "attach container",
+        docker.attach_container(name, Some(attach)),
+    )
+    .await?;
     let mut input = attached.input;
     let mut output = attached.output;
     let job = serde_json::to_vec(&spec.job).map_err(|err| RuntimeError::Docker {
@@ -251,7 +255,11 @@ async fn attach_start_wait(
         .state
         .unwrap_or_default();
     Ok(RunOutcome {
-        exit_code: if timed_out { None } else { exit_code.or(state.exit_code) },
+        exit_code: if timed_out {
+            None
+        } else {
+            exit_code.or(state.exit_code)
+        },
         timed_out,
         oom_killed: state.oom_killed.unwrap_or(false),
         stdout,
@@ -277,17 +285,26 @@ async fn kill(docker: &Docker, name: &str) {
     if let Err(err) = bounded("kill container", docker.kill_container(name, Some(options))).await {
         tracing::warn!(container = name, error = %err, "kill failed");
     }
-    if tokio::time::timeout(KILL_GRACE, wait_exit(docker, name)).await.is_err() {
+    if tokio::time::timeout(KILL_GRACE, wait_exit(docker, name))
+        .await
+        .is_err()
+    {
         tracing::warn!(container = name, "container did not stop after SIGKILL");
     }
 }
 
 /// Force-removes the container, retrying; what still fails is left to the reaper, logged.
 async fn remove(docker: &Docker, name: &str) {
-    let options = RemoveContainerOptionsBuilder::new().force(true).v(true).build();
+    let options = RemoveContainerOptionsBuilder::new()
+        .force(true)
+        .v(true)
+        .build();
     for attempt in 1..=REMOVE_ATTEMPTS {
-        match bounded("remove container", docker.remove_container(name, Some(options.clone())))
-            .await
+        match bounded(
+            "remove container",
+            docker.remove_container(name, Some(options.clone())),
+        )
+        .await
         {
             Ok(()) => return,
             Err(RuntimeError::Docker { message, .. }) if message.contains("No such container") => {
@@ -328,5 +345,7 @@ fn docker_error(operation: &'static str, err: BollardError) -> RuntimeError {
 }
 
 fn mb_to_bytes(mb: u64) -> i64 {
-    i64::try_from(mb).unwrap_or(i64::MAX / MIB).saturating_mul(MIB)
+    i64::try_from(mb)
+        .unwrap_or(i64::MAX / MIB)
+        .saturating_mul(MIB)
 }

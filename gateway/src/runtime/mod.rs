@@ -68,7 +68,8 @@ impl CappedOutput {
         if chunk.len() > room {
             self.truncated = true;
         }
-        self.bytes.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        self.bytes
+            .extend_from_slice(&chunk[..chunk.len().min(room)]);
     }
 
     pub fn text(&self) -> String {
@@ -93,7 +94,10 @@ pub enum RuntimeError {
     #[error("container runtime unavailable: {0}")]
     Unavailable(String),
     #[error("{operation} timed out after {seconds} s")]
-    Timeout { operation: &'static str, seconds: u64 },
+    Timeout {
+        operation: &'static str,
+        seconds: u64,
+    },
     #[error("{operation} failed: {message}")]
     Docker {
         operation: &'static str,

@@ -1,7 +1,7 @@
 //! Shared harness for the gateway's integration tests: a real PostgreSQL (one private cluster
 //! per test run, a fresh database per test), the real Docker daemon with runsc, and the gateway
 //! served in-process on a loopback port. Missing pieces fail the test with set-up instructions.
-#![allow(dead_code)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // shared by several test binaries; panics are failure reports
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -88,7 +88,10 @@ pub async fn fresh_database() -> String {
         .await
         .expect("create test database");
     let socket_dir = pg.pgdata().parent().unwrap().join("run");
-    format!("postgres://postgres@localhost/{name}?host={}&port=5432", socket_dir.display())
+    format!(
+        "postgres://postgres@localhost/{name}?host={}&port=5432",
+        socket_dir.display()
+    )
 }
 
 pub fn test_config(database_url: Option<String>, data_dir: &Path) -> Config {
@@ -120,12 +123,18 @@ impl TestGateway {
         TestGateway::start_with(Some(url), |_| {}).await
     }
 
-    pub async fn start_with(database_url: Option<String>, tweak: impl FnOnce(&mut Config)) -> TestGateway {
+    pub async fn start_with(
+        database_url: Option<String>,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestGateway {
         require_docker();
         let data_dir = tempfile::tempdir().expect("tempdir");
         // The embedded cluster runs as `postgres`, which must be able to enter the data dir.
-        std::fs::set_permissions(data_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))
-            .unwrap();
+        std::fs::set_permissions(
+            data_dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let mut config = test_config(database_url.clone(), data_dir.path());
         tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -169,14 +178,20 @@ impl TestGateway {
 
     /// A pool on the gateway's database (for keys and audit assertions).
     pub async fn pool(&self) -> PgPool {
-        let url = self.database_url.as_deref().expect("gateway has a database URL");
+        let url = self
+            .database_url
+            .as_deref()
+            .expect("gateway has a database URL");
         let options: PgConnectOptions = url.parse().unwrap();
         PgPool::connect_with(options).await.unwrap()
     }
 
     pub async fn key(&self, role: &str, tenant: &str) -> String {
         let pool = self.pool().await;
-        let key = AuditStore::new(pool.clone()).create_key(role, tenant).await.unwrap();
+        let key = AuditStore::new(pool.clone())
+            .create_key(role, tenant)
+            .await
+            .unwrap();
         pool.close().await;
         key.secret
     }
@@ -207,7 +222,13 @@ impl TestGateway {
     }
 
     /// Runs `code` and returns (HTTP status, body).
-    pub async fn execute(&self, key: &str, language: &str, code: &str, extra: Value) -> (u16, Value) {
+    pub async fn execute(
+        &self,
+        key: &str,
+        language: &str,
+        code: &str,
+        extra: Value,
+    ) -> (u16, Value) {
         let mut body = json!({"language": language, "code": code, "wait": true});
         if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
             body.extend(extra.clone());
