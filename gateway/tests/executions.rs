@@ -382,3 +382,30 @@ async fn readyz_checks_every_dependency() {
     assert_eq!(body["error"]["reasons"][0]["code"], "policy.error");
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn wait_false_returns_202_and_completes_in_the_background() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let (status, body) = gw
+        .execute(&key, "bash", "sleep 1; echo done", json!({"wait": false}))
+        .await;
+    assert_eq!(status, 202, "{body}");
+    assert!(
+        ["queued", "running"].contains(&body["status"].as_str().unwrap()),
+        "{body}"
+    );
+    let id = body["id"].as_str().unwrap();
+    let mut last = body.clone();
+    for _ in 0..300 {
+        let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+        last = record;
+        if last["status"] == "succeeded" {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(last["status"], "succeeded", "{last}");
+    assert_eq!(last["stdout"], "done\n");
+    gw.stop().await;
+}

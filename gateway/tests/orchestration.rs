@@ -1,0 +1,196 @@
+//! Orchestration logic with a fake container runtime (the one seam where a fake is allowed) and
+//! a real PostgreSQL. No isolation property is shown here; `executions.rs` does that for real.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use gateway::audit::AuditStore;
+use gateway::runtime::{
+    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec,
+};
+
+/// A runtime that records what it was asked to run and answers from a script.
+#[derive(Default)]
+struct FakeRuntime {
+    runs: AtomicUsize,
+    specs: Mutex<Vec<SandboxSpec>>,
+    fail: bool,
+}
+
+impl SandboxRuntime for FakeRuntime {
+    fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>> {
+        async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            self.specs.lock().unwrap().push(spec);
+            if self.fail {
+                return Err(RuntimeError::Docker {
+                    operation: "create container",
+                    message: "secret daemon detail".to_owned(),
+                });
+            }
+            Ok(RunOutcome {
+                exit_code: Some(0),
+                timed_out: false,
+                oom_killed: false,
+                stdout: CappedOutput {
+                    bytes: b"fake\n".to_vec(),
+                    truncated: false,
+                },
+                stderr: CappedOutput::default(),
+                started_at: gateway::ids::now_micros(),
+                duration: Duration::from_millis(5),
+            })
+        }
+        .boxed()
+    }
+
+    fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth> {
+        async move {
+            RuntimeHealth {
+                docker: Ok("fake".to_owned()),
+                runtimes: runtimes.iter().map(|r| (r.clone(), true)).collect(),
+            }
+        }
+        .boxed()
+    }
+}
+
+struct Harness {
+    url: String,
+    key: String,
+    shutdown: CancellationToken,
+    http: reqwest::Client,
+}
+
+async fn start(
+    runtime: Arc<FakeRuntime>,
+    tweak: impl FnOnce(&mut gateway::config::Config),
+) -> Harness {
+    let db = common::fresh_database().await;
+    let data = tempfile::tempdir().unwrap();
+    let mut config = common::test_config(Some(db.clone()), data.path());
+    // The fake never reads the binary; any existing file will do.
+    config.sandbox_init = Some(std::env::current_exe().unwrap());
+    tweak(&mut config);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    tokio::spawn(gateway::serve_on(
+        listener,
+        config,
+        runtime,
+        shutdown.clone(),
+    ));
+    let http = reqwest::Client::new();
+    for _ in 0..200 {
+        if http.get(format!("{url}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    let key = AuditStore::new(pool)
+        .create_key("agent", "acme")
+        .await
+        .unwrap()
+        .secret;
+    Harness {
+        url,
+        key,
+        shutdown,
+        http,
+    }
+}
+
+impl Harness {
+    async fn execute(&self, body: serde_json::Value) -> (u16, serde_json::Value) {
+        let response = self
+            .http
+            .post(format!("{}/v1/executions", self.url))
+            .bearer_auth(&self.key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.json().await.unwrap())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn limits_are_clamped_to_ceilings_and_the_floor_is_applied() {
+    let runtime = Arc::new(FakeRuntime::default());
+    let h = start(runtime.clone(), |config| {
+        config.ceilings.timeout_ms = 1500;
+        config.ceilings.memory_mb = 100;
+    })
+    .await;
+    let (status, body) = h
+        .execute(json!({"language": "python", "code": "print(1)", "files": [
+            {"path": "data/in.csv", "content_b64": "YSxiCjEsMgo="}
+        ]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded");
+    assert_eq!(body["limits"]["timeout_ms"], 1500, "{body}");
+    assert_eq!(body["limits"]["memory_mb"], 100, "{body}");
+    let specs = runtime.specs.lock().unwrap();
+    let spec = &specs[0];
+    assert_eq!(spec.runtime, "runsc");
+    assert_eq!(spec.image, "sandgate/python");
+    assert_eq!(spec.limits.timeout_ms, 1500);
+    assert!(spec.limits.pids >= gateway::app::executions::MIN_PIDS);
+    assert_eq!(spec.job.argv, ["python3", "/tmp/sandgate/main.py"]);
+    let paths: Vec<&str> = spec.job.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["/tmp/sandgate/main.py", "/workspace/data/in.csv"]);
+    let env: Vec<&String> = spec.job.env.keys().collect();
+    assert!(
+        env.iter()
+            .all(|k| !k.contains("SANDGATE") && !k.contains("DATABASE")),
+        "{env:?}"
+    );
+    h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runtime_failure_is_status_error_without_daemon_text() {
+    let runtime = Arc::new(FakeRuntime {
+        fail: true,
+        ..FakeRuntime::default()
+    });
+    let h = start(runtime.clone(), |_| {}).await;
+    let (status, body) = h.execute(json!({"language": "bash", "code": "true"})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "error", "{body}");
+    assert!(!body.to_string().contains("secret daemon detail"), "{body}");
+    h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn invalid_file_names_are_refused_before_any_decision() {
+    let runtime = Arc::new(FakeRuntime::default());
+    let h = start(runtime.clone(), |_| {}).await;
+    for path in ["../etc/passwd", "/etc/passwd", "a/../../b", "x\u{0}y", ""] {
+        let (status, body) = h
+            .execute(json!({"language": "python", "code": "1", "files": [
+                {"path": path, "content_b64": ""}
+            ]}))
+            .await;
+        assert_eq!(status, 400, "{path:?}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_request");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains("file"),
+            "{body}"
+        );
+    }
+    assert_eq!(runtime.runs.load(Ordering::SeqCst), 0);
+    h.shutdown.cancel();
+}
