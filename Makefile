@@ -22,7 +22,7 @@ INIT_STATIC := target/$(TARGET_TRIPLE)/release/sandbox-init
 INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh images/build.sh .ci/run
 
-.PHONY: help setup images build gateway init run test policy-test lint fmt fmt-check clippy \
+.PHONY: help setup images build gateway init run test lint fmt fmt-check clippy \
 	shellcheck clean check-cargo
 
 help: ## list the targets
@@ -49,11 +49,8 @@ init: check-cargo ## build the static sandbox-init into target/<triple>/release
 run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
 	exec $(GATEWAY) serve
 
-test: setup lint init policy-test ## everything CI checks: lints, policy cases, all tests
+test: setup lint init ## everything CI checks: lints, all unit and end-to-end tests (policy tests included)
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace
-
-policy-test: check-cargo ## run the YAML decision cases in policies/tests
-	cargo run -q --bin sandgate -- policy test policies
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
 

@@ -90,11 +90,11 @@ fn walk(
             }
             continue;
         }
-        // Follows a symbolic link to a file; a link to a directory is not descended into.
-        if !fs::metadata(&path).map_err(read_err(&path))?.is_file() {
+        let Some(kind) = classify(&rel) else {
             continue;
-        }
-        if let Some(kind) = classify(&rel) {
+        };
+        // Follows a symbolic link to a file; a link to a directory is not descended into.
+        if fs::metadata(&path).map_err(read_err(&path))?.is_file() {
             found.push((rel, path, kind));
         }
     }
@@ -117,8 +117,7 @@ fn in_data_dir(rel: &str) -> bool {
 }
 
 /// `sha256:<hex>` over the manifest `<relative path> NUL <sha256 hex of contents> LF`, one line per
-/// file in sorted path order. An auditor can recompute it with coreutils:
-/// `for f in $(files); do printf '%s\0%s\n' "$f" "$(sha256sum < "$f" | cut -c1-64)"; done | sha256sum`.
+/// file in sorted path order. `policies/README.md` shows how to recompute it with coreutils.
 pub(crate) fn revision(files: &[BundleFile]) -> String {
     let mut manifest = Sha256::new();
     for file in files {
@@ -139,8 +138,12 @@ pub(crate) fn merge_data(files: &[BundleFile]) -> Result<serde_json::Value, Poli
             path: file.path.clone(),
             message,
         };
-        let parsed: serde_json::Value =
+        // Parsed as YAML values first: unlike `serde_json::Value`, they refuse duplicate keys
+        // instead of silently keeping the last one.
+        let parsed: serde_yaml_ng::Value =
             serde_yaml_ng::from_str(&file.contents).map_err(|err| data_err(err.to_string()))?;
+        let parsed = serde_json::to_value(parsed)
+            .map_err(|err| data_err(format!("not JSON-like: {err}")))?;
         let mapping = match parsed {
             // A file holding only comments is an empty mapping.
             serde_json::Value::Null => serde_json::Map::new(),

@@ -1,5 +1,9 @@
 //! The bundle shipped in `policies/`, exercised through the public API: the YAML decision cases in
 //! `policies/tests/` (policy tests are data), plus what the gateway relies on by name.
+#![allow(
+    clippy::unwrap_used,
+    reason = "helpers panic like the tests using them; clippy.toml's allow-unwrap-in-tests covers only #[test] functions"
+)]
 
 use std::path::{Path, PathBuf};
 
@@ -30,15 +34,23 @@ struct Case {
     expect: serde_json::Map<String, Value>,
 }
 
-/// Mappings merge key by key; anything else in `patch` replaces what is in `base`.
+/// JSON merge patch (RFC 7386): mappings merge key by key, `null` removes a key, anything else in
+/// `patch` replaces what is in `base`.
 fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(base), Value::Object(patch)) => {
-            for (key, value) in patch {
-                merge(base.entry(key.clone()).or_insert(Value::Null), value);
-            }
+    let Value::Object(patch) = patch else {
+        *base = patch.clone();
+        return;
+    };
+    if !base.is_object() {
+        *base = Value::Object(serde_json::Map::new());
+    }
+    let Value::Object(base) = base else { return };
+    for (key, value) in patch {
+        if value.is_null() {
+            base.remove(key);
+        } else {
+            merge(base.entry(key.clone()).or_insert(Value::Null), value);
         }
-        (base, patch) => *base = patch.clone(),
     }
 }
 
@@ -81,13 +93,21 @@ fn yaml_decision_cases_pass() {
                 .iter()
                 .filter(|(field, expected)| !same(expected, &decision[field.as_str()]))
                 .map(|(field, expected)| {
-                    format!("  {field}: expected {expected}, got {}", decision[field.as_str()])
+                    format!(
+                        "  {field}: expected {expected}, got {}",
+                        decision[field.as_str()]
+                    )
                 })
                 .collect();
             if wrong.is_empty() {
                 passed += 1;
             } else {
-                failures.push(format!("{}: {}\n{}", file.display(), case.name, wrong.join("\n")));
+                failures.push(format!(
+                    "{}: {}\n{}",
+                    file.display(),
+                    case.name,
+                    wrong.join("\n")
+                ));
             }
         }
     }
