@@ -4,23 +4,30 @@
 #
 # Input (built by the gateway; README.md shows a complete example):
 #   input.principal    who asks: key_id, tenant, role
-#   input.request      what they ask for: language, code_sha256, code_bytes, files, network,
-#                      mounts, limits (only those the client set), labels
+#   input.request      what they ask for: language, code_sha256, code_bytes, files, network
+#                      ([{host, port}]), mounts (["dataset:<name>"]), limits (only those the
+#                      client set), labels
 #   input.environment  what this gateway can offer: backends, datasets, now
 #
 # Data: data.tenants, from data/tenants.yaml.
 #
 # How a request is decided:
 #   1. Each `deny contains ...` rule below is one reason to refuse, with a stable `code` (used in
-#      metrics, audit queries and by clients) and a human `message`.
-#   2. No reason at all: the request is allowed, on the tenant's backend, with the tenant's limits
-#      lowered to whatever the client asked for when that is less.
-#   3. One or more reasons: the request is denied and every reason is reported.
+#      metrics, audit queries and by clients) and a human `message`. One or more reasons: the
+#      request is denied and every reason is reported, sorted by code.
+#   2. No reason to deny, but the request asks for a network destination the tenant's allowlist
+#      does not cover, and the tenant sends those to review: the request waits for a human
+#      reviewer (`allow: true, require_approval: true`, reason `network.review_required`). What the
+#      reviewer approves is the rest of the decision, which grants the requested destinations.
+#   3. Otherwise the request is allowed as is.
+#   An allowed (or reviewed) request runs on the tenant's backend, with the tenant's limits
+#   lowered to whatever the client asked for when that is less, the datasets it asked for
+#   mounted read-only, and exactly the network destinations it asked for: never more.
 #   4. Anything else (say, a tenant in data/tenants.yaml without `limits`) leaves `decision`
 #      undefined or malformed, and sandgate denies with `policy.error`. Mistakes fail closed.
 #
 # The output must keep exactly the fields of DESIGN.md section 4.3; an unknown field is also a
-# `policy.error` deny.
+# `policy.error` deny, and so is a network grant holding `*`, `*.com`, upper case or port 0.
 #
 # Two rules for whoever edits this file:
 #   - A deny rule must fire whenever its condition holds, so its message may only use values that
@@ -30,6 +37,13 @@
 #     under 50 µs): prefer plain comparisons, and put the cheap, usually-false condition first.
 
 package sandgate.execution
+
+# ---------------------------------------------------------------------------------------------
+# Who is asking.
+# ---------------------------------------------------------------------------------------------
+
+# The calling key's tenant, from data/tenants.yaml; undefined when the tenant is not listed.
+tenant := data.tenants[input.principal.tenant]
 
 # ---------------------------------------------------------------------------------------------
 # Reasons to deny.
@@ -49,10 +63,8 @@ input_complete if {
 	input.request.mounts
 	input.request.limits
 	input.environment.backends
+	input.environment.datasets
 }
-
-# The calling key's tenant, from data/tenants.yaml; undefined when the tenant is not listed.
-tenant := data.tenants[input.principal.tenant]
 
 # tenant.unknown: the API key's tenant is not listed in data/tenants.yaml.
 deny contains {"code": "tenant.unknown", "message": msg} if {
@@ -62,8 +74,8 @@ deny contains {"code": "tenant.unknown", "message": msg} if {
 
 # language.not_allowed: the tenant's `languages` do not include the requested language.
 deny contains {"code": "language.not_allowed", "message": msg} if {
-	tenant
 	not input.request.language in tenant.languages
+	tenant
 	msg := sprintf(
 		"language %q is not allowed for tenant %q (allowed: %s)",
 		[input.request.language, input.principal.tenant, concat(", ", object.get(tenant, "languages", []))],
@@ -73,26 +85,12 @@ deny contains {"code": "language.not_allowed", "message": msg} if {
 # backend.unavailable: the tenant's backend is not one this gateway offers (its config lists
 # them), so the code has nowhere it may run. There is no fallback to another backend.
 deny contains {"code": "backend.unavailable", "message": msg} if {
-	tenant
 	not tenant.backend in input.environment.backends
+	tenant
 	msg := sprintf(
 		"backend %q of tenant %q is not available on this gateway (available: %s)",
 		[object.get(tenant, "backend", ""), input.principal.tenant, concat(", ", input.environment.backends)],
 	)
-}
-
-# network.not_allowed: sandboxes get no network access yet (the egress proxy is not in place), so
-# asking for any destination denies the whole request rather than running it cut off.
-deny contains {"code": "network.not_allowed", "message": msg} if {
-	input.request.network != []
-	destinations := [sprintf("%v:%v", [d.host, d.port]) | some d in input.request.network]
-	msg := sprintf("network access is not available yet (requested: %s)", [concat(", ", destinations)])
-}
-
-# mount.not_allowed: dataset mounts are not available yet, so asking for any denies the request.
-deny contains {"code": "mount.not_allowed", "message": msg} if {
-	input.request.mounts != []
-	msg := sprintf("dataset mounts are not available yet (requested: %v)", [input.request.mounts])
 }
 
 # limit.invalid: a requested limit must be greater than zero. Zero is a client bug, not a way to
@@ -103,9 +101,118 @@ deny contains {"code": "limit.invalid", "message": msg} if {
 	msg := sprintf("requested limit %v must be greater than zero, got %v", [name, value])
 }
 
+# network.invalid_destination: a requested destination must be one concrete, canonical host name
+# (lower case, no wildcard, no trailing dot) and a port from 1 to 65535. Wildcards belong in the
+# tenant's allowlist, never in a request: a reviewer is never asked to approve `*.com`.
+deny contains {"code": "network.invalid_destination", "message": msg} if {
+	some d in input.request.network
+	not valid_destination(d)
+	msg := sprintf("requested destination %v:%v is not a lower-case host name and a port 1-65535", [d.host, d.port])
+}
+
+valid_destination(d) if {
+	regex.match(`^[a-z0-9_-]+(\.[a-z0-9_-]+)*$`, d.host)
+	d.port >= 1
+	d.port <= 65535
+}
+
+# network.not_allowed: the request asks for destinations the tenant's allowlist does not cover,
+# and the tenant does not send those to review (forge and classroom have no network at all).
+deny contains {"code": "network.not_allowed", "message": msg} if {
+	unlisted != set()
+	tenant
+	not tenant.network.review_unlisted_hosts
+	msg := sprintf(
+		"tenant %q may not reach %s (not in its allowlist, and it does not send other destinations to review)",
+		[input.principal.tenant, concat(", ", unlisted)],
+	)
+}
+
+# mount.invalid: a mount must be written `dataset:<name>`.
+deny contains {"code": "mount.invalid", "message": msg} if {
+	some mount in input.request.mounts
+	not dataset_name(mount)
+	msg := sprintf("mount %q is not of the form dataset:<name>", [mount])
+}
+
+# mount.not_allowed: the tenant's `datasets` do not include a requested dataset.
+deny contains {"code": "mount.not_allowed", "message": msg} if {
+	some name in requested_datasets
+	not name in object.get(tenant, "datasets", [])
+	tenant
+	msg := sprintf("tenant %q may not mount dataset %q", [input.principal.tenant, name])
+}
+
+# mount.unavailable: the tenant may use the dataset, but this gateway does not offer it.
+deny contains {"code": "mount.unavailable", "message": msg} if {
+	some name in requested_datasets
+	not name in input.environment.datasets
+	name in object.get(tenant, "datasets", [])
+	msg := sprintf("dataset %q is not available on this gateway (available: %v)", [name, input.environment.datasets])
+}
+
 # ---------------------------------------------------------------------------------------------
-# What an allowed request gets.
+# Network: what the request asks for against the tenant's allowlist.
 # ---------------------------------------------------------------------------------------------
+
+# Requested destinations (as `host:port` text) that no entry of the tenant's `network.allow`
+# covers. An entry covers a destination when its host pattern matches the host and its ports
+# include the port. A tenant without `network` covers nothing.
+unlisted contains sprintf("%s:%d", [d.host, d.port]) if {
+	some d in input.request.network
+	valid_destination(d)
+	not covered(d)
+}
+
+covered(d) if {
+	some rule in tenant.network.allow
+	d.port in rule.ports
+	host_matches(rule.host, d.host)
+}
+
+# A pattern matches a host when it is the host itself, or when it is `*.<name>` and the host ends
+# in `.<name>`: `*.example.com` matches `a.example.com` and `a.b.example.com`, not `example.com`
+# and not `badexample.com` (the match is on a label boundary).
+host_matches(pattern, host) if pattern == host
+
+host_matches(pattern, host) if {
+	startswith(pattern, "*.")
+	endswith(host, trim_prefix(pattern, "*"))
+}
+
+# The grant holds exactly the requested destinations (each host once, with the ports asked for
+# it), plus the tenant's connection and volume caps. It is only part of a decision that allows
+# (with or without review), so every destination in it is either covered by the allowlist or is
+# what the reviewer approves.
+grant := {
+	"allow": [{"host": host, "ports": sort({d.port | some d in input.request.network; d.host == host})} |
+		some host in {d.host | some d in input.request.network}
+	],
+	"max_connections": tenant.network.max_connections,
+	"max_bytes": tenant.network.max_bytes,
+}
+
+# ---------------------------------------------------------------------------------------------
+# Mounts and limits.
+# ---------------------------------------------------------------------------------------------
+
+# `dataset:census` -> `census`; undefined for any other form (and for an empty name).
+dataset_name(mount) := name if {
+	startswith(mount, "dataset:")
+	name := trim_prefix(mount, "dataset:")
+	name != ""
+}
+
+requested_datasets contains name if {
+	some mount in input.request.mounts
+	name := dataset_name(mount)
+}
+
+# Each dataset asked for (once, even if asked twice), read-only at /data/<name>. Only reached when
+# nothing is denied, so each is one the tenant may use and this gateway offers.
+mounts := [{"dataset": name, "target": concat("", ["/data/", name]), "read_only": true} |
+	some name in requested_datasets
+]
 
 # The limits the sandbox runs with: the tenant's limits, except where the client asked for a
 # lower value, which then replaces the tenant's. A request can lower a limit, never raise it,
@@ -116,19 +223,17 @@ effective_limits := object.union(tenant.limits, {name: requested |
 })
 
 # ---------------------------------------------------------------------------------------------
-# The decision. Exactly one of the two definitions applies.
+# The decision. Exactly one of the three definitions applies.
 # ---------------------------------------------------------------------------------------------
 
-# No reason to deny: run on the tenant's backend with the effective limits. No network, no mounts.
-decision := {
-	"allow": true,
-	"require_approval": false,
-	"reasons": [],
-	"backend": tenant.backend,
-	"mounts": [],
-	"limits": effective_limits,
-} if {
-	count(deny) == 0
+# What runs when the request is allowed (now or after review). `network` is present only when
+# the request asked for some destination: no request, no grant.
+run := {"backend": tenant.backend, "mounts": mounts, "limits": effective_limits} if {
+	input.request.network == []
+}
+
+run := {"backend": tenant.backend, "mounts": mounts, "limits": effective_limits, "network": grant} if {
+	input.request.network != []
 }
 
 # At least one reason to deny: refuse and report every reason (sorted by code).
@@ -137,5 +242,24 @@ decision := {
 	"require_approval": false,
 	"reasons": sort(deny),
 } if {
-	count(deny) > 0
+	deny != set()
+}
+
+# No reason to deny, every destination covered: run now.
+decision := object.union(run, {"allow": true, "require_approval": false, "reasons": []}) if {
+	deny == set()
+	unlisted == set()
+}
+
+# No reason to deny, but destinations outside the allowlist of a tenant that reviews them: hold
+# the request for a reviewer, who sees what it asks for in the reason.
+decision := object.union(run, {"allow": true, "require_approval": true, "reasons": [{
+	"code": "network.review_required",
+	"message": sprintf(
+		"%s not in the allowlist of tenant %q: a reviewer must approve",
+		[concat(", ", unlisted), input.principal.tenant],
+	),
+}]}) if {
+	deny == set()
+	unlisted != set()
 }

@@ -183,6 +183,11 @@ impl Config {
         if self.backends.is_empty() {
             return invalid("at least one backend must be configured".to_owned());
         }
+        for (name, dataset) in &self.datasets {
+            if !dataset.path.is_absolute() {
+                return invalid(format!("datasets.{name}.path must be an absolute path"));
+            }
+        }
         let c = &self.ceilings;
         if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {
             return invalid(

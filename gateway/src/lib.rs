@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod commands;
 pub mod config;
 pub mod database;
 pub mod ids;
@@ -20,8 +21,8 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use app::{App, PolicyState};
-use audit::{AuditError, AuditStore, NewKey};
+use app::{App, PolicyHandle};
+use audit::{AuditError, AuditStore};
 use config::Config;
 use database::{Database, DatabaseError};
 use runtime::docker::DockerRuntime;
@@ -64,7 +65,7 @@ pub async fn serve_on(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let policy = PolicyState::load(&config.policy_dir);
+    let policy = PolicyHandle::load(&config.policy_dir).await;
     let db = Database::open(&config).await?;
     let result = run(listener, config, policy, &db, runtime, shutdown).await;
     db.close().await;
@@ -74,20 +75,22 @@ pub async fn serve_on(
 async fn run(
     listener: TcpListener,
     config: Config,
-    policy: PolicyState,
+    policy: PolicyHandle,
     db: &Database,
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let audit = AuditStore::new(db.pool.clone());
+    let active = policy.current();
     audit
-        .record_policy_revision(policy.revision(), policy.files(), "startup")
+        .record_policy_revision(active.state.revision(), active.state.files(), "startup")
         .await?;
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
     let app = Arc::new(App::new(config, policy, audit, runtime, shutdown.clone()));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    tracing::info!(%addr, policy_revision = app.policy.revision(), instance = %app.instance, "sandgate listening");
+    tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
+    app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
     let server = axum::serve(listener, api::router(Arc::clone(&app)))
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = server.await.map_err(ServeError::Http);
@@ -100,12 +103,21 @@ async fn run(
     served
 }
 
-/// `sandgate keys create`: a new key in the configured database; returns the secret.
-pub async fn create_key(config: &Config, role: &str, tenant: &str) -> Result<NewKey, ServeError> {
-    let db = Database::open(config).await?;
-    let key = AuditStore::new(db.pool.clone())
-        .create_key(role, tenant)
-        .await;
-    db.close().await;
-    Ok(key?)
+/// SIGHUP reloads the policy directory, like `POST /v1/policy/reload`.
+async fn reload_on_sighup(app: Arc<App>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        tracing::error!("cannot install the SIGHUP handler; reload over the API instead");
+        return;
+    };
+    loop {
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = hangups.recv() => {
+                if let Err(err) = app.policy.reload(&app.audit, "sighup").await {
+                    tracing::error!(error = %err, "policy reload on SIGHUP failed");
+                }
+            }
+        }
+    }
 }

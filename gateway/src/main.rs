@@ -52,6 +52,15 @@ enum KeysCommand {
 
 #[derive(Subcommand)]
 enum PolicyCommand {
+    /// Run the YAML decision cases in DIR/tests; print failures, line coverage and
+    /// "N passed, N failed". Exits non-zero on a failure or coverage under the minimum.
+    Test {
+        /// Policy directory (default: the configured policy_dir).
+        dir: Option<PathBuf>,
+        /// Minimum line coverage, in percent, over all .rego files.
+        #[arg(long, default_value_t = 0.0)]
+        min_coverage: f64,
+    },
     /// Print the decision for one input (JSON or YAML file), without running anything.
     Eval {
         #[arg(long)]
@@ -59,6 +68,21 @@ enum PolicyCommand {
         /// Policy directory (default: the configured policy_dir).
         #[arg(long)]
         policy_dir: Option<PathBuf>,
+        /// Entry point: `execution` (sandgate.execution) or `egress` (sandgate.egress).
+        #[arg(long, default_value = "execution")]
+        entry_point: String,
+    },
+    /// Re-decide past execution decisions with a candidate bundle and print what would change.
+    Replay {
+        /// How far back: 7d, 24h, 30m, 90s.
+        #[arg(long, default_value = "7d")]
+        since: String,
+        /// Candidate policy directory (default: the configured policy_dir).
+        #[arg(long)]
+        policy_dir: Option<PathBuf>,
+        /// How many changed cases to print.
+        #[arg(long, default_value_t = 20)]
+        first: usize,
     },
 }
 
@@ -111,7 +135,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Keys {
                 command: KeysCommand::Create { role, tenant },
             } => {
-                let key = gateway::create_key(&config, role.as_str(), &tenant).await?;
+                let key = gateway::commands::create_key(&config, role.as_str(), &tenant).await?;
                 println!(
                     "created {} key {} for tenant {tenant}",
                     role.as_str(),
@@ -119,22 +143,59 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 );
                 println!("{}", key.secret);
             }
-            Command::Policy {
-                command: PolicyCommand::Eval { input, policy_dir },
-            } => {
-                let dir = policy_dir.unwrap_or(config.policy_dir);
-                let engine = policy_engine::PolicyEngine::load(&dir)
-                    .with_context(|| format!("loading the policy bundle in {}", dir.display()))?;
-                let text = std::fs::read_to_string(&input)
-                    .with_context(|| format!("reading {}", input.display()))?;
-                let value: serde_json::Value = serde_yaml_ng::from_str(&text)
-                    .with_context(|| format!("parsing {}", input.display()))?;
-                let decision = engine.decide_json(&value);
-                println!("{}", serde_json::to_string_pretty(&decision)?);
-            }
+            Command::Policy { command } => policy(command, &config).await?,
         }
         Ok(())
     })
+}
+
+async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
+    match command {
+        PolicyCommand::Test { dir, min_coverage } => {
+            let dir = dir.unwrap_or_else(|| config.policy_dir.clone());
+            let outcome = gateway::commands::policy_test(&dir)?;
+            print!("{}", outcome.report.render());
+            if !outcome.ok(min_coverage) {
+                anyhow::bail!(
+                    "{} failed, line coverage {:.1}% (minimum {min_coverage}%)",
+                    outcome.report.failed(),
+                    outcome.coverage
+                );
+            }
+        }
+        PolicyCommand::Eval {
+            input,
+            policy_dir,
+            entry_point,
+        } => {
+            let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
+            let engine = gateway::commands::load(&dir)?;
+            let text = std::fs::read_to_string(&input)
+                .with_context(|| format!("reading {}", input.display()))?;
+            let value: serde_json::Value = serde_yaml_ng::from_str(&text)
+                .with_context(|| format!("parsing {}", input.display()))?;
+            let decision = match entry_point.as_str() {
+                "execution" => serde_json::to_value(engine.decide_json(&value))?,
+                "egress" => {
+                    let input: policy_engine::EgressInput = serde_json::from_value(value)
+                        .with_context(|| format!("{} is not an egress input", input.display()))?;
+                    serde_json::to_value(engine.decide_egress(&input))?
+                }
+                other => anyhow::bail!("unknown entry point {other:?}: execution or egress"),
+            };
+            println!("{}", serde_json::to_string_pretty(&decision)?);
+        }
+        PolicyCommand::Replay {
+            since,
+            policy_dir,
+            first,
+        } => {
+            let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
+            let (revision, report) = gateway::commands::policy_replay(config, &dir, &since).await?;
+            print!("{}", report.render(&revision, first));
+        }
+    }
+    Ok(())
 }
 
 /// SIGTERM or SIGINT starts a graceful shutdown.

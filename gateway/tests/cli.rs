@@ -86,6 +86,42 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     let body: serde_json::Value = response.json().await.unwrap();
     assert_eq!(body["stdout"], "42\n", "{body}");
 
+    // SIGHUP reloads the policy directory.
+    let output = sandgate(data.path(), &listen)
+        .args(["keys", "create", "--role", "admin", "--tenant", "ops"])
+        .output()
+        .unwrap();
+    let admin = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_owned();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.id() as i32),
+        nix::sys::signal::Signal::SIGHUP,
+    )
+    .unwrap();
+    let mut loaded_by = serde_json::Value::Null;
+    for _ in 0..100 {
+        let policy: serde_json::Value = http
+            .get(format!("{base}/v1/policy"))
+            .bearer_auth(&admin)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        loaded_by = policy["loaded_by"].clone();
+        if loaded_by == "sighup" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(loaded_by, "sighup", "SIGHUP did not reload the policy");
+
     // Only the hash of the key is stored.
     let pg_data = data.path().join("pg/data");
     assert!(

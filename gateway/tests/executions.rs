@@ -166,7 +166,7 @@ async fn dmesg_is_gvisor(gw: &TestGateway, key: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn policy_denials_are_403_with_reasons_and_run_nothing() {
     let gw = TestGateway::start().await;
-    let since = chrono::Utc::now().timestamp() - 1;
+    let since = common::docker_now();
 
     let stranger = gw.key("agent", "nosuch").await;
     let (status, body) = gw.execute(&stranger, "python", "print(1)", json!({})).await;
@@ -192,7 +192,7 @@ async fn policy_denials_are_403_with_reasons_and_run_nothing() {
     for id in [&unknown_tenant, &bad_language] {
         let label = format!("sandgate.execution={id}");
         assert!(
-            containers_created_since(since, &label).is_empty(),
+            containers_created_since(&since, &label).is_empty(),
             "{id} created a container"
         );
         let (status, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
@@ -407,5 +407,71 @@ async fn wait_false_returns_202_and_completes_in_the_background() {
     }
     assert_eq!(last["status"], "succeeded", "{last}");
     assert_eq!(last["stdout"], "done\n");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn datasets_are_mounted_read_only() {
+    let dataset = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dataset.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let csv = dataset.path().join("people.csv");
+    std::fs::write(&csv, "name,age\nada,36\ngrace,45\n").unwrap();
+    let before = std::fs::read(&csv).unwrap();
+    let url = common::fresh_database().await;
+    let path = dataset.path().to_owned();
+    let gw = TestGateway::start_with(Some(url), move |config| {
+        config.datasets.insert(
+            "census".to_owned(),
+            gateway::config::Dataset {
+                path,
+                description: "test extract".to_owned(),
+            },
+        );
+    })
+    .await;
+    let key = gw.key("agent", "acme").await;
+    let code = r#"
+import csv, os
+rows = list(csv.DictReader(open("/data/census/people.csv")))
+print(sum(int(r["age"]) for r in rows))
+for attempt in ("/data/census/people.csv", "/data/census/new.csv"):
+    try:
+        open(attempt, "a").write("mallory,1\n")
+        print("wrote", attempt)
+    except OSError as err:
+        print("refused", type(err).__name__)
+os.makedirs("/output", exist_ok=True)
+open("/output/total.txt", "w").write("81")
+"#;
+    let (status, body) = gw
+        .execute(&key, "python", code, json!({"mounts": ["dataset:census"]}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    let stdout = body["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with("81\n"), "{stdout}");
+    assert!(!stdout.contains("wrote"), "{stdout}");
+    assert_eq!(stdout.matches("refused").count(), 2, "{stdout}");
+    assert_eq!(
+        std::fs::read(&csv).unwrap(),
+        before,
+        "the host copy changed"
+    );
+    assert!(!dataset.path().join("new.csv").exists());
+
+    // A dataset the gateway does not have is refused, and nothing runs.
+    let (status, body) = gw
+        .execute(
+            &key,
+            "python",
+            "print(1)",
+            json!({"mounts": ["dataset:secret"]}),
+        )
+        .await;
+    assert_eq!(status, 403, "{body}");
     gw.stop().await;
 }

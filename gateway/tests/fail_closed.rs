@@ -15,7 +15,9 @@ async fn postgres_stopped_gives_503_and_runs_nothing() {
     // The embedded default: no database URL, a private cluster under the data dir.
     let gw = TestGateway::start_with(None, |_| {}).await;
     let config = test_config(None, gw.data_dir.path());
-    let key = gateway::create_key(&config, "agent", "acme").await.unwrap();
+    let key = gateway::commands::create_key(&config, "agent", "acme")
+        .await
+        .unwrap();
     let health = gw
         .http
         .get(format!("{}/readyz", gw.url))
@@ -25,6 +27,7 @@ async fn postgres_stopped_gives_503_and_runs_nothing() {
     assert_eq!(health.status().as_u16(), 200);
 
     // Stop the server under the gateway, as a crash would.
+    let label = format!("sandgate.instance={}", gw.instance().await);
     let pg = EmbeddedPostgres::start(gw.data_dir.path(), None).unwrap();
     assert!(
         !pg.owned(),
@@ -32,14 +35,14 @@ async fn postgres_stopped_gives_503_and_runs_nothing() {
     );
     pg.stop_now("immediate").unwrap();
 
-    let since = chrono::Utc::now().timestamp() - 1;
+    let since = common::docker_now();
     let (status, body) = gw
         .execute(&key.secret, "python", "print(1)", json!({}))
         .await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "unavailable");
     assert!(
-        containers_created_since(since, "sandgate.execution").is_empty(),
+        containers_created_since(&since, &label).is_empty(),
         "a container was created although nothing could be audited"
     );
     let ready = gw
@@ -69,7 +72,8 @@ async fn refused_audit_write_gives_503_and_runs_nothing() {
     .await
     .unwrap();
 
-    let since = chrono::Utc::now().timestamp() - 1;
+    let label = format!("sandgate.instance={}", gw.instance().await);
+    let since = common::docker_now();
     let (status, body) = gw.execute(&key, "python", "print(1)", json!({})).await;
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["error"]["code"], "unavailable");
@@ -78,7 +82,7 @@ async fn refused_audit_write_gives_503_and_runs_nothing() {
         "database text must not reach the client: {body}"
     );
     assert!(
-        containers_created_since(since, "sandgate.execution").is_empty(),
+        containers_created_since(&since, &label).is_empty(),
         "a container was created although its decision was not committed"
     );
     // The execution row rolled back with its event: nothing half-recorded.

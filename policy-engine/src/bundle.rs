@@ -129,7 +129,8 @@ pub(crate) fn revision(files: &[BundleFile]) -> String {
     format!("sha256:{}", hex::encode(manifest.finalize()))
 }
 
-/// Parses every data file and merges their top-level mappings into one `data` document.
+/// Parses every data file, checks its host patterns (`crate::hosts`) and merges their top-level
+/// mappings into one `data` document.
 pub(crate) fn merge_data(files: &[BundleFile]) -> Result<serde_json::Value, PolicyError> {
     let mut merged = serde_json::Map::new();
     let mut defined_in: BTreeMap<String, &str> = BTreeMap::new();
@@ -150,6 +151,7 @@ pub(crate) fn merge_data(files: &[BundleFile]) -> Result<serde_json::Value, Poli
             serde_json::Value::Object(mapping) => mapping,
             _ => return Err(data_err("the top level must be a mapping".to_string())),
         };
+        crate::hosts::validate_data(&mapping).map_err(data_err)?;
         for (key, value) in mapping {
             if let Some(other) = defined_in.get(&key) {
                 return Err(data_err(format!(

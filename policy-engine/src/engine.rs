@@ -1,19 +1,26 @@
-//! [`PolicyEngine`]: a compiled bundle that answers `decide(&PolicyInput) -> Decision`.
+//! [`PolicyEngine`]: a compiled bundle that answers `decide(&PolicyInput) -> Decision` for each
+//! execution and `decide_egress(&EgressInput) -> EgressDecision` for each proxied connection.
 
 use std::num::NonZeroU32;
 use std::path::Path;
 use std::time::Duration;
 
 use regorus::utils::limits::ExecutionTimerConfig;
-use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::bundle::{self, BundleFile, FileKind};
-use crate::{Decision, PolicyError, PolicyInput};
+use crate::{hosts, Decision, EgressDecision, EgressInput, PolicyError, PolicyInput};
 
 /// The rule sandgate queries for every execution request.
 pub const DECISION_RULE: &str = "data.sandgate.execution.decision";
 /// Package and rule name of [`DECISION_RULE`], as checked at load time.
 const DECISION_PACKAGE: [&str; 2] = ["sandgate", "execution"];
+/// The rule the egress proxy queries for every connection attempt. A bundle need not define it;
+/// without it every connection is denied with `policy.error`.
+pub const EGRESS_RULE: &str = "data.sandgate.egress.decision";
+const EGRESS_PACKAGE: [&str; 2] = ["sandgate", "egress"];
+/// Both entry points name their rule `decision`.
 const DECISION_NAME: &str = "decision";
 
 /// Wall-clock budget of one evaluation. regorus checks it cooperatively between evaluation steps,
@@ -28,17 +35,27 @@ const TIME_CHECK_INTERVAL: NonZeroU32 = match NonZeroU32::new(32) {
 
 /// A loaded, compiled policy bundle. Immutable: a reload builds a new one and swaps it in.
 ///
-/// `Send + Sync`; [`PolicyEngine::decide`] takes `&self` and may run on many threads at once.
-/// Each call clones the prepared regorus engine, which shares the compiled policy and the data
-/// document behind `Arc`s, so the clone copies only empty evaluation state.
+/// `Send + Sync`; [`PolicyEngine::decide`] and [`PolicyEngine::decide_egress`] take `&self` and may
+/// run on many threads at once. Each call clones the prepared regorus engine, which shares the
+/// compiled policy and the data document behind `Arc`s, so the clone copies only empty evaluation
+/// state and no lock is taken.
+///
+/// Both entry points are compiled once, at load, into the same prepared engine: regorus analyses,
+/// schedules and hoists every rule of the bundle in one pass, and an evaluation names the rule it
+/// wants, so a second engine per entry point would only double the memory.
 pub struct PolicyEngine {
     prepared: regorus::Engine,
+    has_egress: bool,
     revision: String,
     files: Vec<String>,
 }
 
 impl PolicyEngine {
-    /// Loads, parses and compiles the bundle in `dir` (layout: `policies/README.md`).
+    /// Loads, parses, validates and compiles the bundle in `dir` (layout: `policies/README.md`).
+    ///
+    /// Fails when the bundle has no policy, a file cannot be read or parsed, the data is invalid
+    /// (including a host pattern that a network grant may not hold, see [`crate::hosts`]), the
+    /// modules do not compile, or no module defines [`DECISION_RULE`]. [`EGRESS_RULE`] is optional.
     pub fn load(dir: &Path) -> Result<PolicyEngine, PolicyError> {
         let files = bundle::read_bundle(dir)?;
         if !files.iter().any(|file| file.kind == FileKind::Rego) {
@@ -57,13 +74,24 @@ impl PolicyEngine {
         engine
             .add_data(data)
             .map_err(|err| data_err(format!("{err:#}")))?;
-        check_decision_rule(&engine)?;
-        // Analyses and schedules the modules once; clones made in `decide` start prepared.
+        if !declares_rule(&engine, &DECISION_PACKAGE)? {
+            return Err(PolicyError::MissingRule {
+                rule: DECISION_RULE,
+            });
+        }
+        let has_egress = declares_rule(&engine, &EGRESS_PACKAGE)?;
+        // Analyses and schedules the modules once; clones made per decision start prepared.
         engine
             .compile_with_entrypoint(&DECISION_RULE.into())
             .map_err(compile_err)?;
+        if has_egress {
+            engine
+                .compile_with_entrypoint(&EGRESS_RULE.into())
+                .map_err(compile_err)?;
+        }
         Ok(PolicyEngine {
             prepared: engine,
+            has_egress,
             revision: bundle::revision(&files),
             files: files.into_iter().map(|file| file.rel).collect(),
         })
@@ -79,56 +107,107 @@ impl PolicyEngine {
         &self.files
     }
 
+    /// Whether the bundle defines [`EGRESS_RULE`].
+    pub fn has_egress(&self) -> bool {
+        self.has_egress
+    }
+
     /// Decides one execution request. Never fails: every problem becomes a deny with reason code
     /// `policy.error`, namely
     /// - an evaluation error, including exceeding [`EVAL_TIME_LIMIT`];
     /// - `decision` being undefined for this input;
     /// - a decision that does not deserialize strictly into [`Decision`] (unknown field, missing
     ///   `allow`, wrong type);
-    /// - `allow: true` without a `backend` or without `limits`: an allow must say how to run.
+    /// - `allow: true` without a `backend` or without `limits`: an allow must say how to run;
+    /// - a network grant with an invalid host pattern (`*`, `*.com`, a misplaced wildcard, upper
+    ///   case, empty) or a host without ports or with port 0, whether or not the decision allows.
     pub fn decide(&self, input: &PolicyInput) -> Decision {
-        match serde_json::to_value(input) {
-            Ok(input) => self.decide_json(&input),
-            Err(err) => self.deny(format!("cannot encode the policy input: {err}")),
+        match to_regorus(input) {
+            Ok(input) => self.decide_on(&mut self.prepared.clone(), input),
+            Err(message) => self.deny(message),
         }
     }
 
     /// Same as [`PolicyEngine::decide`] for an input that is not (or not known to be) a
     /// [`PolicyInput`], e.g. one read from a file by `sandgate policy eval`.
     pub fn decide_json(&self, input: &serde_json::Value) -> Decision {
-        match regorus::Value::deserialize(input) {
-            Ok(input) => self.decide_value(input),
-            Err(err) => self.deny(format!("cannot encode the policy input: {err}")),
-        }
-    }
-
-    fn decide_value(&self, input: regorus::Value) -> Decision {
-        match self.evaluate(input) {
-            Ok(decision) => decision,
+        match to_regorus(input) {
+            Ok(input) => self.decide_on(&mut self.prepared.clone(), input),
             Err(message) => self.deny(message),
         }
     }
 
-    fn evaluate(&self, input: regorus::Value) -> Result<Decision, String> {
-        let mut engine = self.prepared.clone();
-        engine.set_input(input);
-        let result = engine.eval_rule(DECISION_RULE.to_string());
-        log_prints(&mut engine);
-        let value = result.map_err(|err| format!("evaluation failed: {err:#}"))?;
-        if value == regorus::Value::Undefined {
-            return Err("decision undefined".to_string());
+    /// Decides one connection attempt of an execution through the egress proxy. Never fails: an
+    /// evaluation error, a time limit, an undefined or malformed decision, and a bundle without
+    /// [`EGRESS_RULE`] are each a deny with reason code `policy.error`.
+    ///
+    /// The policy compares `input.connection.host` as a string: the caller canonicalises it first
+    /// (lower case, no trailing dot, IDNA, dotted-quad IPv4; see DESIGN.md section 6).
+    pub fn decide_egress(&self, input: &EgressInput) -> EgressDecision {
+        match to_regorus(input) {
+            Ok(input) => self.decide_egress_on(&mut self.prepared.clone(), input),
+            Err(message) => self.deny_egress(message),
         }
-        let json = serde_json::to_string(&value)
-            .map_err(|err| format!("cannot read the decision: {err}"))?;
-        let decision: Decision =
-            serde_json::from_str(&json).map_err(|err| format!("malformed decision: {err}"))?;
-        check_allow_is_complete(&decision)?;
-        Ok(decision)
+    }
+
+    /// Same as [`PolicyEngine::decide_egress`] for a raw input (`sandgate policy eval`, dry runs).
+    pub fn decide_egress_json(&self, input: &serde_json::Value) -> EgressDecision {
+        match to_regorus(input) {
+            Ok(input) => self.decide_egress_on(&mut self.prepared.clone(), input),
+            Err(message) => self.deny_egress(message),
+        }
+    }
+
+    /// A fresh evaluation engine for this bundle; with `coverage`, it records which lines run
+    /// (`crate::cases` accumulates coverage over many decisions on one such engine).
+    pub(crate) fn session(&self, coverage: bool) -> regorus::Engine {
+        let mut engine = self.prepared.clone();
+        engine.set_enable_coverage(coverage);
+        engine
+    }
+
+    /// Relative path and text of every `.rego` module of the bundle.
+    pub(crate) fn rego_sources(&self) -> Vec<(String, String)> {
+        self.prepared
+            .get_policies()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|source| (source.file().clone(), source.contents().clone()))
+            .collect()
+    }
+
+    /// [`PolicyEngine::decide`] on a given evaluation engine.
+    pub(crate) fn decide_on(&self, engine: &mut regorus::Engine, input: regorus::Value) -> Decision {
+        let decision = evaluate(engine, DECISION_RULE, input).and_then(|value| {
+            let decision: Decision = from_regorus(&value)?;
+            check_decision(&decision)?;
+            Ok(decision)
+        });
+        decision.unwrap_or_else(|message| self.deny(message))
+    }
+
+    /// [`PolicyEngine::decide_egress`] on a given evaluation engine.
+    pub(crate) fn decide_egress_on(
+        &self,
+        engine: &mut regorus::Engine,
+        input: regorus::Value,
+    ) -> EgressDecision {
+        if !self.has_egress {
+            return self.deny_egress(format!("policy bundle does not define {EGRESS_RULE}"));
+        }
+        evaluate(engine, EGRESS_RULE, input)
+            .and_then(|value| from_regorus(&value))
+            .unwrap_or_else(|message| self.deny_egress(message))
     }
 
     fn deny(&self, message: String) -> Decision {
-        tracing::warn!(revision = %self.revision, error = %message, "policy error, denying");
+        tracing::warn!(revision = %self.revision, rule = DECISION_RULE, error = %message, "policy error, denying");
         Decision::deny_with_error(message)
+    }
+
+    fn deny_egress(&self, message: String) -> EgressDecision {
+        tracing::warn!(revision = %self.revision, rule = EGRESS_RULE, error = %message, "policy error, denying");
+        EgressDecision::deny_with_error(message)
     }
 }
 
@@ -176,31 +255,62 @@ fn compile_err(err: impl std::fmt::Display) -> PolicyError {
     }
 }
 
-/// Fails unless some module of package `sandgate.execution` declares `decision`.
-fn check_decision_rule(engine: &regorus::Engine) -> Result<(), PolicyError> {
+/// Whether some module of `package` declares a rule `decision`.
+fn declares_rule(engine: &regorus::Engine, package: &[&str; 2]) -> Result<bool, PolicyError> {
     let packages = engine
         .get_policy_package_components()
         .map_err(compile_err)?;
-    for package in packages.iter().filter(|p| p.components == DECISION_PACKAGE) {
+    for package in packages.iter().filter(|p| p.components == package) {
         // Modules are labelled with their relative path, which is unique within the bundle.
         if engine
             .has_declared_rule_rooted_at(&package.source_file, DECISION_NAME)
             .map_err(compile_err)?
         {
-            return Ok(());
+            return Ok(true);
         }
     }
-    Err(PolicyError::MissingRule {
-        rule: DECISION_RULE,
-    })
+    Ok(false)
 }
 
-fn check_allow_is_complete(decision: &Decision) -> Result<(), String> {
+fn to_regorus(input: &impl Serialize) -> Result<regorus::Value, String> {
+    let json = serde_json::to_value(input)
+        .map_err(|err| format!("cannot encode the policy input: {err}"))?;
+    regorus::Value::deserialize(&json).map_err(|err| format!("cannot encode the policy input: {err}"))
+}
+
+/// Evaluates `rule` for `input`; an undefined result is an error like any other.
+fn evaluate(
+    engine: &mut regorus::Engine,
+    rule: &str,
+    input: regorus::Value,
+) -> Result<regorus::Value, String> {
+    engine.set_input(input);
+    let result = engine.eval_rule(rule.to_string());
+    log_prints(engine);
+    let value = result.map_err(|err| format!("evaluation failed: {err:#}"))?;
+    if value == regorus::Value::Undefined {
+        return Err("decision undefined".to_string());
+    }
+    Ok(value)
+}
+
+/// Reads a decision strictly (the typed decisions deny unknown fields).
+fn from_regorus<T: DeserializeOwned>(value: &regorus::Value) -> Result<T, String> {
+    let json =
+        serde_json::to_string(value).map_err(|err| format!("cannot read the decision: {err}"))?;
+    serde_json::from_str(&json).map_err(|err| format!("malformed decision: {err}"))
+}
+
+/// What the typed shape cannot say: an allow says how to run, and any grant is well-formed.
+fn check_decision(decision: &Decision) -> Result<(), String> {
     if decision.allow && decision.backend.is_none() {
         return Err("decision allows but names no backend".to_string());
     }
     if decision.allow && decision.limits.is_none() {
         return Err("decision allows but sets no limits".to_string());
+    }
+    if let Some(grant) = &decision.network {
+        hosts::validate_grant(grant)?;
     }
     Ok(())
 }

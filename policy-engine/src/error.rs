@@ -1,8 +1,10 @@
-//! Errors from loading a policy bundle. Evaluation never returns an error: it denies instead.
+//! Errors from loading a policy bundle or its test cases. Evaluation never returns an error: it
+//! denies instead.
 
 use std::path::PathBuf;
 
-/// Why a policy bundle could not be loaded. The caller keeps its last good bundle.
+/// Why a policy bundle (or its test cases) could not be loaded. The caller keeps its last good
+/// bundle.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
     /// A file or directory of the bundle could not be read (or is not UTF-8).
@@ -27,4 +29,10 @@ pub enum PolicyError {
     /// The bundle compiles but does not define the rule sandgate queries.
     #[error("policy bundle does not define {rule}")]
     MissingRule { rule: &'static str },
+    /// The cases directory holds no `*.yaml` / `*.yml` case file.
+    #[error("no case files (*.yaml) in {}", dir.display())]
+    NoCases { dir: PathBuf },
+    /// A case file is malformed: bad YAML, an unknown key or `expect` field, a duplicate name.
+    #[error("invalid case file {}: {message}", path.display())]
+    Cases { path: PathBuf, message: String },
 }

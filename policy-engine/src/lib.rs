@@ -13,13 +13,17 @@
 //! CPU-bound call, safe to make from many tasks at once.
 
 mod bundle;
+pub mod cases;
 mod engine;
 mod error;
+mod hosts;
 mod types;
 
-pub use engine::{PolicyEngine, DECISION_RULE, EVAL_TIME_LIMIT};
+pub use engine::{PolicyEngine, DECISION_RULE, EGRESS_RULE, EVAL_TIME_LIMIT};
 pub use error::PolicyError;
+pub use hosts::validate_host_pattern;
 pub use types::{
-    Decision, Environment, FileInput, HostPort, HostRule, Limits, MountGrant, NetworkGrant,
-    PolicyInput, Principal, Reason, RequestInput, RequestedLimits, POLICY_ERROR_CODE,
+    Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
+    HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
+    RequestInput, RequestedLimits, POLICY_ERROR_CODE,
 };

@@ -1,4 +1,6 @@
-//! The two documents exchanged with the policy: the input sandgate sends and the decision it obeys.
+//! The documents exchanged with the policy, for both entry points: the input sandgate sends and the
+//! decision it obeys (execution: [`PolicyInput`] -> [`Decision`]; egress: [`EgressInput`] ->
+//! [`EgressDecision`]).
 //!
 //! Field names and shapes are the contract of DESIGN.md section 4.3; `policies/` is written against
 //! them. Decision types reject unknown fields, so a typo in a policy (`limit` for `limits`) is a
@@ -144,7 +146,8 @@ pub struct NetworkGrant {
     pub max_bytes: u64,
 }
 
-/// One allowed host (exact, or `*.example.com` for subdomains) and its ports.
+/// One allowed host (exact, or `*.example.com` for subdomains) and its ports. The engine refuses a
+/// decision whose patterns or ports are invalid (see [`crate::validate_host_pattern`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HostRule {
@@ -171,4 +174,58 @@ pub struct Limits {
     pub pids: u64,
     pub disk_mb: u64,
     pub output_bytes: u64,
+}
+
+/// Everything the egress policy may look at for one connection attempt through the proxy (`input`
+/// of `data.sandgate.egress.decision`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EgressInput {
+    pub execution: EgressExecution,
+    pub connection: Connection,
+}
+
+/// The execution a connection belongs to, known from the socket it arrived on (never from anything
+/// the sandbox sends).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EgressExecution {
+    pub id: String,
+    pub tenant: String,
+    /// The network grant of the execution's decision, as it was approved.
+    pub grant: NetworkGrant,
+}
+
+/// One connection attempt, as the proxy read it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Connection {
+    /// Canonical host name: lower case, no trailing dot, IDNA (punycode) form, IPv4 literals in
+    /// dotted-quad form. The policy compares it as a string; canonicalising is the proxy's job.
+    pub host: String,
+    pub port: u16,
+    /// `https` for a `CONNECT` tunnel, `http` for an absolute-form plain HTTP request.
+    pub scheme: String,
+    /// Plain HTTP only: the request method; absent (not `null`) for tunnels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
+    /// Plain HTTP only: the request path; absent (not `null`) for tunnels.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+}
+
+/// The egress policy's answer for one connection, deserialized strictly. `allow: false` closes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressDecision {
+    pub allow: bool,
+    #[serde(default)]
+    pub reasons: Vec<Reason>,
+}
+
+impl EgressDecision {
+    /// A deny carrying a single `policy.error` reason: what every engine failure turns into.
+    pub fn deny_with_error(message: impl Into<String>) -> EgressDecision {
+        EgressDecision {
+            allow: false,
+            reasons: Decision::deny_with_error(message).reasons,
+        }
+    }
 }

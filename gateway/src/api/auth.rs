@@ -44,7 +44,7 @@ impl FromRequestParts<Arc<App>> for Caller {
                 Ok(Some(key)) => return Ok(Caller(key)),
                 Ok(None) => "unknown_key",
                 Err(err) => {
-                    tracing::error!(error = %crate::app::policy::error_chain(&err), "key lookup failed");
+                    tracing::error!(error = %crate::app::error_chain(&err), "key lookup failed");
                     return Err(ApiError::unavailable());
                 }
             },
@@ -66,7 +66,7 @@ impl FromRequestParts<Arc<App>> for Caller {
             policy_revision: None,
         };
         if let Err(err) = app.audit.record_event(&event).await {
-            tracing::error!(error = %crate::app::policy::error_chain(&err), "auditing an authentication failure failed");
+            tracing::error!(error = %crate::app::error_chain(&err), "auditing an authentication failure failed");
             return Err(ApiError::unavailable());
         }
         Err(ApiError::new(

@@ -97,7 +97,7 @@ impl From<AppError> for ApiError {
             AppError::Invalid(message) => ApiError::new(ErrorCode::InvalidRequest, message),
             AppError::NotFound => ApiError::new(ErrorCode::NotFound, "no such resource"),
             AppError::Unavailable(err) => {
-                tracing::error!(error = %crate::app::policy::error_chain(&err), "audit store unavailable");
+                tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()
             }
             AppError::Internal(message) => {

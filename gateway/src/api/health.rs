@@ -47,12 +47,12 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         "postgres".to_owned(),
         postgres
             .map(|()| "ok".to_owned())
-            .map_err(|err| crate::app::policy::error_chain(&err)),
+            .map_err(|err| crate::app::error_chain(&err)),
     );
     check(
         "policy".to_owned(),
-        match app.policy.error() {
-            None => Ok(app.policy.revision().to_owned()),
+        match app.policy.current().state.error() {
+            None => Ok(app.policy.current().state.revision().to_owned()),
             Some(error) => Err(error.to_owned()),
         },
     );
@@ -81,6 +81,8 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         "status": if missing.is_empty() { "ready" } else { "unavailable" },
         "missing": missing,
         "checks": checks,
+        // Labels this gateway's containers (`sandgate.instance`), for operators and the reaper.
+        "instance": app.instance,
     });
     (status, Json(body))
 }

@@ -6,6 +6,7 @@ pub mod error;
 pub mod executions;
 pub mod health;
 pub mod json;
+pub mod policy;
 
 use std::sync::Arc;
 
@@ -29,6 +30,9 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/readyz", get(health::readyz))
         .route("/v1/executions", post(executions::create))
         .route("/v1/executions/{id}", get(executions::get))
+        .route("/v1/policy", get(policy::show))
+        .route("/v1/policy/evaluate", post(policy::evaluate))
+        .route("/v1/policy/reload", post(policy::reload))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(request_span))

@@ -12,14 +12,14 @@ use sha2::{Digest, Sha256};
 use sqlx::types::Json;
 
 use policy_engine::{
-    Decision, Environment, FileInput, HostPort, Limits, PolicyInput, Principal, Reason,
+    Decision, Environment, FileInput, HostPort, Limits, MountGrant, PolicyInput, Principal, Reason,
     RequestInput, RequestedLimits,
 };
 
 use super::{App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
-use crate::runtime::{JobFile, JobSpec, RunOutcome, RuntimeError, SandboxSpec};
+use crate::runtime::{JobFile, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec};
 
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
@@ -78,6 +78,7 @@ struct Runnable {
     runtime: String,
     image: String,
     limits: Limits,
+    mounts: Vec<ReadOnlyMount>,
 }
 
 impl App {
@@ -94,10 +95,22 @@ impl App {
             )));
         }
         let input = self.policy_input(caller, &request, &files);
-        let mut decision = self.policy.decide(&input);
+        let policy = self.policy.current();
+        let revision = policy.state.revision();
+        // The audit row keeps what the policy said (replay compares against it); the
+        // execution row and the event's allow/reasons say what the gateway then did.
+        let said = policy.state.decide(&input);
+        let mut decision = said.clone();
         let runnable = self.enforce_floor(&request.language, &mut decision);
 
-        let row = new_row(caller, &request, &input, &decision, runnable.as_ref(), self);
+        let row = new_row(
+            caller,
+            &request,
+            &input,
+            &decision,
+            runnable.as_ref(),
+            revision,
+        );
         let event = NewEvent {
             kind: "execution.decision",
             execution_id: Some(row.id.clone()),
@@ -107,7 +120,7 @@ impl App {
             allow: Some(decision.allow),
             reasons: json!(decision.reasons),
             input: json!(input),
-            decision: json!(decision),
+            decision: json!(said),
             policy_revision: Some(row.policy_revision.clone()),
         };
         // Fail closed: without a committed decision nothing runs.
@@ -217,12 +230,6 @@ impl App {
                 "the policy grants network access, which this gateway does not offer yet".into(),
             );
         }
-        if !decision.mounts.is_empty() {
-            return refuse(
-                "mount.unavailable",
-                "the policy grants dataset mounts, which this gateway does not offer yet".into(),
-            );
-        }
         let (Some(backend), Some(limits)) = (&decision.backend, &decision.limits) else {
             return refuse(
                 "policy.error",
@@ -243,11 +250,59 @@ impl App {
         };
         let mut limits = limits.clone();
         clamp(&mut limits, &self.config.ceilings);
+        let mounts = decision
+            .mounts
+            .iter()
+            .map(|grant| self.dataset_mount(grant))
+            .collect::<Result<_, _>>()?;
         Ok(Runnable {
             backend: backend.clone(),
             runtime: runtime.runtime.clone(),
             image: image.clone(),
             limits,
+            mounts,
+        })
+    }
+
+    /// A granted dataset as a read-only mount: the dataset must be configured, the target a
+    /// plain absolute path under `/data/`. Writable mounts are never granted.
+    fn dataset_mount(&self, grant: &MountGrant) -> Result<ReadOnlyMount, Reason> {
+        let refuse = |code: &str, message: String| Reason {
+            code: code.to_owned(),
+            message,
+        };
+        let Some(dataset) = self.config.datasets.get(&grant.dataset) else {
+            return Err(refuse(
+                "mount.unavailable",
+                format!(
+                    "dataset {:?} is not configured in this gateway",
+                    grant.dataset
+                ),
+            ));
+        };
+        if !grant.read_only {
+            return Err(refuse(
+                "mount.read_only",
+                format!("dataset {:?} can only be mounted read-only", grant.dataset),
+            ));
+        }
+        let target = &grant.target;
+        let plain = target.strip_prefix("/data/").is_some_and(|rest| {
+            !rest.is_empty()
+                && rest
+                    .split('/')
+                    .all(|part| !part.is_empty() && part != "." && part != "..")
+                && !rest.chars().any(char::is_control)
+        });
+        if !plain {
+            return Err(refuse(
+                "policy.error",
+                format!("mount target {target:?} must be a plain path under /data/"),
+            ));
+        }
+        Ok(ReadOnlyMount {
+            source: dataset.path.clone(),
+            target: target.clone(),
         })
     }
 
@@ -278,6 +333,7 @@ impl App {
             runtime: runnable.runtime,
             init_binary: self.init_binary.clone(),
             limits: runnable.limits,
+            mounts: runnable.mounts,
             job: JobSpec {
                 argv,
                 cwd: WORKSPACE.to_owned(),
@@ -379,7 +435,7 @@ fn new_row(
     input: &PolicyInput,
     decision: &Decision,
     runnable: Option<&Runnable>,
-    app: &App,
+    policy_revision: &str,
 ) -> ExecutionRow {
     let now = crate::ids::now_micros();
     ExecutionRow {
@@ -403,7 +459,7 @@ fn new_row(
         runtime: runnable.map(|r| r.runtime.clone()),
         image: runnable.map(|r| r.image.clone()),
         limits: runnable.map(|r| Json(r.limits.clone())),
-        policy_revision: app.policy.revision().to_owned(),
+        policy_revision: policy_revision.to_owned(),
         created_at: now,
         started_at: None,
         finished_at: runnable.is_none().then_some(now),

@@ -3,6 +3,7 @@
 
 pub mod executions;
 pub mod policy;
+pub mod replay;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,12 +15,12 @@ use tokio_util::task::TaskTracker;
 use crate::audit::{AuditError, AuditStore};
 use crate::config::Config;
 use crate::runtime::SandboxRuntime;
-pub use policy::PolicyState;
+pub use policy::{PolicyHandle, PolicyState};
 
 /// Shared state of one gateway process.
 pub struct App {
     pub config: Config,
-    pub policy: PolicyState,
+    pub policy: PolicyHandle,
     pub audit: AuditStore,
     pub runtime: Arc<dyn SandboxRuntime>,
     /// Running-sandbox slots (`max_concurrent`).
@@ -36,7 +37,7 @@ impl std::fmt::Debug for App {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("App")
             .field("instance", &self.instance)
-            .field("policy_revision", &self.policy.revision())
+            .field("policy_dir", &self.policy.dir())
             .finish_non_exhaustive()
     }
 }
@@ -44,7 +45,7 @@ impl std::fmt::Debug for App {
 impl App {
     pub fn new(
         config: Config,
-        policy: PolicyState,
+        policy: PolicyHandle,
         audit: AuditStore,
         runtime: Arc<dyn SandboxRuntime>,
         shutdown: CancellationToken,
@@ -74,4 +75,16 @@ pub enum AppError {
     Unavailable(#[from] AuditError),
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// An error and its sources on one line.
+pub fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }

@@ -242,6 +242,21 @@ impl AuditStore {
         Ok(row)
     }
 
+    /// Execution decisions recorded since `since`, oldest first.
+    pub async fn execution_decisions_since(
+        &self,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<StoredDecision>, AuditError> {
+        let rows = sqlx::query_as(
+            "SELECT execution_id, at, input, decision FROM audit_events \
+             WHERE kind = 'execution.decision' AND at >= $1 ORDER BY seq",
+        )
+        .bind(since)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
     pub async fn events_for_execution(&self, id: &str) -> Result<Vec<EventRow>, AuditError> {
         let rows = sqlx::query_as(
             "SELECT seq, id, kind, allow, reasons, policy_revision, hash FROM audit_events \
@@ -252,6 +267,15 @@ impl AuditStore {
         .await?;
         Ok(rows)
     }
+}
+
+/// A past execution decision: what was asked and what the policy said.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct StoredDecision {
+    pub execution_id: Option<String>,
+    pub at: DateTime<Utc>,
+    pub input: Value,
+    pub decision: Value,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -140,13 +140,7 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
             ("/tmp".to_owned(), tmpfs(limits.disk_mb, "exec")),
             ("/output".to_owned(), tmpfs(limits.disk_mb, "noexec")),
         ])),
-        mounts: Some(vec![Mount {
-            target: Some(INIT_PATH.to_owned()),
-            source: Some(spec.init_binary.to_string_lossy().into_owned()),
-            typ: Some(MountType::BIND),
-            read_only: Some(true),
-            ..Default::default()
-        }]),
+        mounts: Some(mounts(spec)),
         log_config: Some(HostConfigLogConfig {
             typ: Some("none".to_owned()),
             config: None,
@@ -184,6 +178,20 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
         host_config: Some(host_config),
         ..Default::default()
     }
+}
+
+/// The init binary and the datasets: host paths, all read-only. Nothing else of the host.
+fn mounts(spec: &SandboxSpec) -> Vec<Mount> {
+    let read_only = |source: &std::path::Path, target: &str| Mount {
+        target: Some(target.to_owned()),
+        source: Some(source.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(true),
+        ..Default::default()
+    };
+    std::iter::once(read_only(&spec.init_binary, INIT_PATH))
+        .chain(spec.mounts.iter().map(|m| read_only(&m.source, &m.target)))
+        .collect()
 }
 
 /// Attaches (before starting, so no output is lost), starts, hands `sandbox-init` its job on

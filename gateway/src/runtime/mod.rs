@@ -36,6 +36,13 @@ pub struct JobFile {
     pub mode: u32,
 }
 
+/// A host directory mounted read-only into the sandbox (a dataset).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadOnlyMount {
+    pub source: PathBuf,
+    pub target: String,
+}
+
 /// Everything needed to run one sandbox.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -46,6 +53,7 @@ pub struct SandboxSpec {
     pub runtime: String,
     pub init_binary: PathBuf,
     pub limits: Limits,
+    pub mounts: Vec<ReadOnlyMount>,
     pub job: JobSpec,
 }
 

@@ -161,6 +161,20 @@ impl TestGateway {
         gw
     }
 
+    /// The `sandgate.instance` label value of this gateway's containers.
+    pub async fn instance(&self) -> String {
+        let ready: Value = self
+            .http
+            .get(format!("{}/readyz", self.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        ready["instance"].as_str().unwrap().to_owned()
+    }
+
     async fn wait_healthy(&self) {
         for _ in 0..600 {
             if self.server.is_finished() {
@@ -264,15 +278,21 @@ pub fn containers_of(execution_id: &str) -> Vec<String> {
         .collect()
 }
 
-/// Container-create events carrying `label` between `since` (unix seconds) and now: proves no
-/// container was created, even one removed again at once.
-pub fn containers_created_since(since: i64, label: &str) -> Vec<String> {
+/// Now, in the form `docker events --since` takes (unix seconds with a fraction).
+pub fn docker_now() -> String {
+    let now = chrono::Utc::now();
+    format!("{}.{:09}", now.timestamp(), now.timestamp_subsec_nanos())
+}
+
+/// Container-create events carrying `label` between `since` ([`docker_now`]) and now: proves
+/// no container was created, even one removed again at once.
+pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
     let until = chrono::Utc::now().timestamp() + 1;
     let output = Command::new("docker")
         .args([
             "events",
             "--since",
-            &since.to_string(),
+            since,
             "--until",
             &until.to_string(),
             "--filter",

@@ -1,0 +1,125 @@
+//! `/v1/policy`: what is active, dry-run evaluation, and reload.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use policy_engine::{EgressInput, Reason};
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorCode};
+use super::json::ApiJson;
+use crate::app::policy::ReloadError;
+use crate::app::App;
+use crate::audit::NewEvent;
+
+pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin", "reviewer", "auditor"])?;
+    let active = app.policy.current();
+    Ok(Json(json!({
+        "revision": active.state.revision(),
+        "files": active.state.files(),
+        "loaded_by": active.loaded_by,
+        "loaded_at": active.loaded_at,
+        "error": active.state.error(),
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvaluateRequest {
+    input: Value,
+    #[serde(default)]
+    entry_point: EntryPoint,
+}
+
+#[derive(Debug, Default, Clone, Copy, Deserialize, serde::Serialize, PartialEq)]
+#[serde(rename_all = "snake_case")]
+enum EntryPoint {
+    #[default]
+    Execution,
+    Egress,
+}
+
+/// The decision for one input with the active bundle; nothing runs. Recorded like any decision.
+pub async fn evaluate(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(request): ApiJson<EvaluateRequest>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin", "reviewer"])?;
+    let active = app.policy.current();
+    let (decision, allow, reasons): (Value, bool, Vec<Reason>) = match request.entry_point {
+        EntryPoint::Execution => {
+            let decision = match &active.state {
+                crate::app::PolicyState::Loaded(engine) => engine.decide_json(&request.input),
+                crate::app::PolicyState::Failed { .. } => {
+                    // Same answer as a real request would get.
+                    let input = serde_json::from_value(request.input.clone()).map_err(|err| {
+                        ApiError::new(ErrorCode::InvalidRequest, format!("input: {err}"))
+                    })?;
+                    active.state.decide(&input)
+                }
+            };
+            (json!(decision), decision.allow, decision.reasons)
+        }
+        EntryPoint::Egress => {
+            let input: EgressInput = serde_json::from_value(request.input.clone())
+                .map_err(|err| ApiError::new(ErrorCode::InvalidRequest, format!("input: {err}")))?;
+            let decision = active.state.decide_egress(&input);
+            (json!(decision), decision.allow, decision.reasons)
+        }
+    };
+    let event = NewEvent {
+        kind: "policy.evaluate",
+        execution_id: None,
+        key_id: Some(caller.0.id.clone()),
+        tenant: Some(caller.0.tenant.clone()),
+        decision_id: None,
+        allow: Some(allow),
+        reasons: json!(reasons),
+        input: json!({"entry_point": request.entry_point, "input": request.input}),
+        decision: decision.clone(),
+        policy_revision: Some(active.state.revision().to_owned()),
+    };
+    app.audit
+        .record_event(&event)
+        .await
+        .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
+    Ok(Json(json!({
+        "revision": active.state.revision(),
+        "entry_point": request.entry_point,
+        "decision": decision,
+        "reasons": reasons,
+    })))
+}
+
+pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin"])?;
+    match app.policy.reload(&app.audit, &caller.0.id).await {
+        Ok(accepted) => Ok(Json(json!({
+            "accepted": true,
+            "revision": accepted.revision,
+            "previous": accepted.previous,
+            "changed": accepted.revision != accepted.previous,
+        }))),
+        Err(ReloadError::Rejected {
+            message,
+            active_revision,
+        }) => Err(ApiError {
+            code: ErrorCode::Conflict,
+            message: format!(
+                "the candidate bundle was rejected; revision {active_revision} stays active"
+            ),
+            reasons: Some(vec![Reason {
+                code: "policy.rejected".to_owned(),
+                message,
+            }]),
+            execution_id: None,
+        }),
+        Err(ReloadError::App(err)) => Err(err.into()),
+    }
+}

@@ -1,0 +1,76 @@
+//! The subcommands other than `serve`, as library functions so tests reach them. Each returns
+//! what `main` prints; errors carry their context.
+
+use std::path::Path;
+
+use anyhow::Context;
+
+use policy_engine::{cases, PolicyEngine};
+
+use crate::app::replay::{self, ReplayReport};
+use crate::audit::{AuditStore, NewKey};
+use crate::config::Config;
+use crate::database::Database;
+
+/// `sandgate keys create`: a new key in the configured database.
+pub async fn create_key(config: &Config, role: &str, tenant: &str) -> anyhow::Result<NewKey> {
+    let db = Database::open(config).await?;
+    let key = AuditStore::new(db.pool.clone())
+        .create_key(role, tenant)
+        .await;
+    db.close().await;
+    key.context("storing the key")
+}
+
+/// What `sandgate policy test` found.
+#[derive(Debug)]
+pub struct PolicyTestOutcome {
+    pub report: cases::CaseReport,
+    pub coverage: f64,
+}
+
+impl PolicyTestOutcome {
+    pub fn ok(&self, min_coverage: f64) -> bool {
+        self.report.failed() == 0 && self.coverage >= min_coverage
+    }
+}
+
+/// `sandgate policy test [DIR]`: the bundle's YAML cases, with line coverage.
+pub fn policy_test(dir: &Path) -> anyhow::Result<PolicyTestOutcome> {
+    let engine = load(dir)?;
+    let report = cases::run_cases(&engine, &dir.join("tests"))
+        .with_context(|| format!("running the cases in {}", dir.join("tests").display()))?;
+    let coverage = report.coverage_percent();
+    Ok(PolicyTestOutcome { report, coverage })
+}
+
+/// `sandgate policy replay`: re-decides the execution decisions of the last `since` with the
+/// bundle in `candidate_dir`. Returns the candidate's revision and the report.
+pub async fn policy_replay(
+    config: &Config,
+    candidate_dir: &Path,
+    since: &str,
+) -> anyhow::Result<(String, ReplayReport)> {
+    let window = replay::parse_duration(since).map_err(anyhow::Error::msg)?;
+    let candidate = load(candidate_dir)?;
+    let since = crate::ids::now_micros()
+        - chrono::Duration::from_std(window).context("--since is too long")?;
+    let db = Database::open(config).await?;
+    let stored = AuditStore::new(db.pool.clone())
+        .execution_decisions_since(since)
+        .await;
+    db.close().await;
+    let stored = stored.context("reading past decisions")?;
+    let report = tokio::task::spawn_blocking(move || {
+        let report = replay::replay(&candidate, &stored);
+        (candidate.revision().to_owned(), report)
+    })
+    .await
+    .context("replay task")?;
+    Ok(report)
+}
+
+pub fn load(dir: &Path) -> anyhow::Result<PolicyEngine> {
+    PolicyEngine::load(dir)
+        .with_context(|| format!("loading the policy bundle in {}", dir.display()))
+}
