@@ -45,6 +45,12 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("HTTP server failed")]
     Http(#[source] std::io::Error),
+    #[error("data directory {path}")]
+    DataDir {
+        path: std::path::PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
 }
 
 /// Runs the gateway on `config.listen` until `shutdown` is cancelled.
@@ -66,7 +72,7 @@ pub async fn serve_on(
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
     let policy = PolicyHandle::load(&config.policy_dir).await;
-    let db = Database::open(&config).await?;
+    let db = Database::open_for_server(&config).await?;
     let result = run(listener, config, policy, &db, runtime, shutdown).await;
     db.close().await;
     result
@@ -86,7 +92,19 @@ async fn run(
         .record_policy_revision(active.state.revision(), active.state.files(), "startup")
         .await?;
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
-    let app = Arc::new(App::new(config, policy, audit, runtime, shutdown.clone()));
+    let instance = instance_id(&config.data_dir).map_err(|err| ServeError::DataDir {
+        path: config.data_dir.clone(),
+        err,
+    })?;
+    let app = Arc::new(App::new(
+        config,
+        policy,
+        audit,
+        runtime,
+        shutdown.clone(),
+        instance,
+    ));
+    app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
     tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
@@ -101,6 +119,21 @@ async fn run(
         tracing::error!("executions still running after the shutdown grace period");
     }
     served
+}
+
+/// This gateway's stable identity, kept in `<data_dir>/instance`: containers and records carry
+/// it, so that after a restart the reaper knows which ones it left behind.
+fn instance_id(data_dir: &std::path::Path) -> std::io::Result<String> {
+    let path = data_dir.join("instance");
+    match std::fs::read_to_string(&path) {
+        Ok(id) if id.trim().starts_with("gw_") => Ok(id.trim().to_owned()),
+        Ok(_) | Err(_) => {
+            std::fs::create_dir_all(data_dir)?;
+            let id = ids::new("gw");
+            std::fs::write(&path, format!("{id}\n"))?;
+            Ok(id)
+        }
+    }
 }
 
 /// SIGHUP reloads the policy directory, like `POST /v1/policy/reload`.

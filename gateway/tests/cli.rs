@@ -153,3 +153,128 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
         "embedded PostgreSQL still running after shutdown"
     );
 }
+
+async fn wait_healthy(http: &reqwest::Client, base: &str, server: &mut std::process::Child) {
+    for _ in 0..600 {
+        if let Ok(Some(status)) = server.try_wait() {
+            panic!("sandgate serve exited: {status}");
+        }
+        if let Ok(response) = http.get(format!("{base}/healthz")).send().await {
+            if response.status().is_success() {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("sandgate serve did not come up");
+}
+
+/// kill -9 of the gateway mid-execution, then a restart: no container is left behind and the
+/// record says what happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_record() {
+    common::require_docker();
+    let data = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        data.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    let mut server = sandgate(data.path(), &listen)
+        .arg("serve")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(&http, &base, &mut server).await;
+    let output = sandgate(data.path(), &listen)
+        .args(["keys", "create", "--role", "agent", "--tenant", "acme"])
+        .output()
+        .unwrap();
+    let key = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .last()
+        .unwrap()
+        .trim()
+        .to_owned();
+
+    let created: serde_json::Value = http
+        .post(format!("{base}/v1/executions"))
+        .bearer_auth(&key)
+        .json(&json!({"language": "bash", "code": "sleep 25", "wait": false}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    let mut started = false;
+    for _ in 0..200 {
+        if !common::containers_of(&id).is_empty() {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started, "the sandbox never started");
+
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert!(
+        !common::containers_of(&id).is_empty(),
+        "the container outlives the killed gateway"
+    );
+
+    let mut server = sandgate(data.path(), &listen)
+        .arg("serve")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(&http, &base, &mut server).await;
+    let mut record = serde_json::Value::Null;
+    for _ in 0..200 {
+        record = http
+            .get(format!("{base}/v1/executions/{id}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if record["status"] == "error" && common::containers_of(&id).is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(record["status"], "error", "{record}");
+    assert!(record["finished_at"].is_string(), "{record}");
+    assert!(
+        common::containers_of(&id).is_empty(),
+        "container left behind"
+    );
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    assert!(
+        !data.path().join("pg/data/postmaster.pid").exists(),
+        "the restarted gateway adopted and stopped the embedded PostgreSQL"
+    );
+}

@@ -76,6 +76,7 @@ async fn seed(store: &AuditStore) {
             stderr_truncated: false,
             outputs: Json(json!([])),
             error: None,
+            instance: None,
         };
         let event = NewEvent {
             kind: "execution.decision",

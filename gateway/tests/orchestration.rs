@@ -15,14 +15,16 @@ use tokio_util::sync::CancellationToken;
 
 use gateway::audit::AuditStore;
 use gateway::runtime::{
-    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec,
+    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo, SandboxRuntime, SandboxSpec,
 };
 
-/// A runtime that records what it was asked to run and answers from a script.
+/// A runtime that records what it was asked to run and answers from a script. Its containers
+/// exist only as entries in `containers` (left-overs a test plants for the reaper).
 #[derive(Default)]
 struct FakeRuntime {
     runs: AtomicUsize,
     specs: Mutex<Vec<SandboxSpec>>,
+    containers: Mutex<Vec<SandboxInfo>>,
     fail: bool,
 }
 
@@ -49,6 +51,21 @@ impl SandboxRuntime for FakeRuntime {
                 started_at: gateway::ids::now_micros(),
                 duration: Duration::from_millis(5),
             })
+        }
+        .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>> {
+        async move { Ok(self.containers.lock().unwrap().clone()) }.boxed()
+    }
+
+    fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        async move {
+            self.containers
+                .lock()
+                .unwrap()
+                .retain(|c| c.container_id != container_id);
+            Ok(())
         }
         .boxed()
     }
@@ -193,4 +210,114 @@ async fn invalid_file_names_are_refused_before_any_decision() {
     }
     assert_eq!(runtime.runs.load(Ordering::SeqCst), 0);
     h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn reaper_removes_orphans_and_closes_their_records_at_start() {
+    let db = common::fresh_database().await;
+    let pool = sqlx::PgPool::connect(&db).await.unwrap();
+    gateway::database::migrate(&pool).await.unwrap();
+    let store = AuditStore::new(pool.clone());
+    store
+        .record_policy_revision("sha256:old", &[], "test")
+        .await
+        .unwrap();
+    let instance = "gw_fixedfortest";
+    let now = gateway::ids::now_micros();
+    let row = gateway::audit::ExecutionRow {
+        id: "ex_orphan".into(),
+        tenant: "acme".into(),
+        key_id: "key_1".into(),
+        language: "python".into(),
+        code_sha256: "00".into(),
+        code_bytes: 1,
+        labels: sqlx::types::Json(json!({})),
+        status: "running".into(),
+        decision_id: "dc_orphan".into(),
+        allow: true,
+        reasons: sqlx::types::Json(vec![]),
+        backend: Some("gvisor".into()),
+        runtime: Some("runsc".into()),
+        image: None,
+        limits: None,
+        policy_revision: "sha256:old".into(),
+        created_at: now,
+        started_at: Some(now),
+        finished_at: None,
+        exit_code: None,
+        duration_ms: None,
+        stdout: None,
+        stderr: None,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        outputs: sqlx::types::Json(json!([])),
+        error: None,
+        instance: Some(instance.into()),
+    };
+    let event = gateway::audit::NewEvent {
+        kind: "execution.decision",
+        execution_id: Some("ex_orphan".into()),
+        key_id: None,
+        tenant: Some("acme".into()),
+        decision_id: None,
+        allow: Some(true),
+        reasons: json!([]),
+        input: json!({}),
+        decision: json!({}),
+        policy_revision: None,
+    };
+    store.record_execution_decision(&row, &event).await.unwrap();
+
+    let runtime = Arc::new(FakeRuntime::default());
+    runtime.containers.lock().unwrap().extend([
+        SandboxInfo {
+            container_id: "c-orphan".into(),
+            execution_id: "ex_orphan".into(),
+            instance: Some(instance.into()),
+        },
+        SandboxInfo {
+            container_id: "c-someone-else".into(),
+            execution_id: "ex_other".into(),
+            instance: Some("gw_another_gateway".into()),
+        },
+    ]);
+    let data = tempfile::tempdir().unwrap();
+    std::fs::write(data.path().join("instance"), format!("{instance}\n")).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = common::test_config(Some(db.clone()), data.path());
+    config.sandbox_init = Some(std::env::current_exe().unwrap());
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(gateway::serve_on(
+        listener,
+        config,
+        runtime.clone(),
+        shutdown.clone(),
+    ));
+
+    let mut status = String::new();
+    for _ in 0..200 {
+        status = sqlx::query_scalar("SELECT status FROM executions WHERE id = 'ex_orphan'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        if status == "error" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(status, "error");
+    let remaining: Vec<String> = runtime
+        .containers
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|c| c.container_id.clone())
+        .collect();
+    assert_eq!(
+        remaining,
+        ["c-someone-else"],
+        "only this instance's orphan is reaped"
+    );
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
 }

@@ -16,6 +16,7 @@ use policy_engine::{
     RequestInput, RequestedLimits,
 };
 
+use super::reaper::LiveGuard;
 use super::{App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
@@ -109,8 +110,10 @@ impl App {
             &input,
             &decision,
             runnable.as_ref(),
-            revision,
+            (revision, &self.instance),
         );
+        // Tracked before the commit, so the reaper never closes it while it is in flight.
+        let live = self.live.track(&row.id);
         let event = NewEvent {
             kind: "execution.decision",
             execution_id: Some(row.id.clone()),
@@ -135,7 +138,7 @@ impl App {
         let queued = row.clone();
         let task = self
             .tasks
-            .spawn(async move { app.run_and_complete(queued, spec).await });
+            .spawn(async move { app.run_and_complete(queued, spec, live).await });
         if !request.wait {
             return Ok(Created::Accepted(row));
         }
@@ -343,10 +346,16 @@ impl App {
         }
     }
 
-    async fn run_and_complete(&self, row: ExecutionRow, spec: SandboxSpec) -> ExecutionRow {
+    async fn run_and_complete(
+        &self,
+        row: ExecutionRow,
+        spec: SandboxSpec,
+        live: LiveGuard,
+    ) -> ExecutionRow {
         let id = row.id.clone();
         let done = match self.slots.acquire().await {
             Ok(_permit) => {
+                live.started(spec.timeout());
                 if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
                     tracing::warn!(execution_id = %id, error = %err, "could not mark running");
                 }
@@ -435,7 +444,7 @@ fn new_row(
     input: &PolicyInput,
     decision: &Decision,
     runnable: Option<&Runnable>,
-    policy_revision: &str,
+    (policy_revision, instance): (&str, &str),
 ) -> ExecutionRow {
     let now = crate::ids::now_micros();
     ExecutionRow {
@@ -471,6 +480,7 @@ fn new_row(
         stderr_truncated: false,
         outputs: Json(json!([])),
         error: None,
+        instance: Some(instance.to_owned()),
     }
 }
 

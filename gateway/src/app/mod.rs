@@ -3,6 +3,7 @@
 
 pub mod executions;
 pub mod policy;
+pub mod reaper;
 pub mod replay;
 
 use std::path::PathBuf;
@@ -28,8 +29,10 @@ pub struct App {
     /// Every execution runs in a task here, so a dropped HTTP request cannot abandon a sandbox.
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
-    /// Names this process on the containers it creates.
+    /// Names this gateway (stable across restarts) on the containers and rows it creates.
     pub instance: String,
+    /// Executions in flight in this process, for the reaper.
+    pub live: Arc<reaper::LiveSet>,
     pub init_binary: PathBuf,
 }
 
@@ -49,11 +52,13 @@ impl App {
         audit: AuditStore,
         runtime: Arc<dyn SandboxRuntime>,
         shutdown: CancellationToken,
+        instance: String,
     ) -> App {
         App {
             slots: Semaphore::new(config.max_concurrent),
             init_binary: config.sandbox_init_path(),
-            instance: crate::ids::new("gw"),
+            instance,
+            live: Arc::default(),
             policy,
             audit,
             runtime,

@@ -72,6 +72,8 @@ pub struct ExecutionRow {
     pub stderr_truncated: bool,
     pub outputs: Json<Value>,
     pub error: Option<String>,
+    /// The gateway instance that ran it.
+    pub instance: Option<String>,
 }
 
 /// How an execution ended, written once the sandbox is gone.
@@ -172,9 +174,9 @@ impl AuditStore {
         sqlx::query(
             "INSERT INTO executions (id, tenant, key_id, language, code_sha256, code_bytes, \
              labels, status, decision_id, allow, reasons, backend, runtime, image, limits, \
-             policy_revision, created_at, finished_at) \
+             policy_revision, created_at, finished_at, instance) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18)",
+             $18, $19)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -194,6 +196,7 @@ impl AuditStore {
         .bind(&row.policy_revision)
         .bind(row.created_at)
         .bind(row.finished_at)
+        .bind(&row.instance)
         .execute(&mut *tx)
         .await?;
         chain::append(&mut tx, event).await?;
@@ -255,6 +258,27 @@ impl AuditStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
+    }
+
+    /// Marks `error` the executions of `instance` left open (queued or running) that are not in
+    /// `live`. Returns how many.
+    pub async fn close_abandoned(
+        &self,
+        instance: &str,
+        live: &[String],
+        why: &str,
+    ) -> Result<u64, AuditError> {
+        let done = sqlx::query(
+            "UPDATE executions SET status = 'error', error = $3, finished_at = now() \
+             WHERE instance = $1 AND finished_at IS NULL AND status IN ('queued', 'running') \
+             AND NOT (id = ANY($2))",
+        )
+        .bind(instance)
+        .bind(live)
+        .bind(why)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     pub async fn events_for_execution(&self, id: &str) -> Result<Vec<EventRow>, AuditError> {

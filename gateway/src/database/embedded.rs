@@ -93,6 +93,11 @@ impl EmbeddedPostgres {
         self.owned
     }
 
+    /// Makes this process responsible for stopping the server.
+    pub fn adopt(&mut self) {
+        self.owned = true;
+    }
+
     /// Stops the server if this process started it. Blocking.
     pub fn stop(&self) -> Result<(), DatabaseError> {
         if !self.owned {

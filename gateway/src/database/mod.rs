@@ -46,7 +46,18 @@ pub struct Database {
 }
 
 impl Database {
-    /// Connects (starting the embedded server if no URL is configured) and migrates.
+    /// For `sandgate serve`: like [`Database::open`], and an embedded server found running (left
+    /// by a gateway that was killed) is adopted: this process stops it on shutdown.
+    pub async fn open_for_server(config: &Config) -> Result<Database, DatabaseError> {
+        let mut db = Database::open(config).await?;
+        if let Some(pg) = db.embedded.as_mut() {
+            pg.adopt();
+        }
+        Ok(db)
+    }
+
+    /// Connects (starting the embedded server if no URL is configured) and migrates. An
+    /// embedded server that was already running is left running on close.
     pub async fn open(config: &Config) -> Result<Database, DatabaseError> {
         let (options, embedded) = match &config.database_url {
             Some(url) => (

@@ -12,7 +12,6 @@ use bollard::models::{
 };
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
-    RemoveContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::future::BoxFuture;
@@ -21,15 +20,14 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 
 use super::{
-    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxRuntime, SandboxSpec,
-    EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
+    cleanup, CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo, SandboxRuntime,
+    SandboxSpec, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
 };
 
 /// Bound on every Docker API call that is not waiting for the program itself.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the program's deadline: how long to wait for the killed container to report its end.
 const KILL_GRACE: Duration = Duration::from_secs(10);
-const REMOVE_ATTEMPTS: u32 = 3;
 const MIB: i64 = 1024 * 1024;
 /// Open files per sandbox process.
 const NOFILE: i64 = 1024;
@@ -74,7 +72,9 @@ impl DockerRuntime {
         )
         .await?;
         let outcome = attach_start_wait(docker, &name, &spec).await;
-        remove(docker, &name).await;
+        if let Err(err) = cleanup::remove(docker, &name).await {
+            tracing::error!(container = %name, error = %err, "container left behind for the reaper");
+        }
         outcome
     }
 }
@@ -110,6 +110,14 @@ impl SandboxRuntime for DockerRuntime {
             health
         }
         .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>> {
+        async move { cleanup::list(self.client().await?).await }.boxed()
+    }
+
+    fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        async move { cleanup::remove(self.client().await?, container_id).await }.boxed()
     }
 }
 
@@ -301,33 +309,7 @@ async fn kill(docker: &Docker, name: &str) {
     }
 }
 
-/// Force-removes the container, retrying; what still fails is left to the reaper, logged.
-async fn remove(docker: &Docker, name: &str) {
-    let options = RemoveContainerOptionsBuilder::new()
-        .force(true)
-        .v(true)
-        .build();
-    for attempt in 1..=REMOVE_ATTEMPTS {
-        match bounded(
-            "remove container",
-            docker.remove_container(name, Some(options.clone())),
-        )
-        .await
-        {
-            Ok(()) => return,
-            Err(RuntimeError::Docker { message, .. }) if message.contains("No such container") => {
-                return
-            }
-            Err(err) => {
-                tracing::warn!(container = name, attempt, error = %err, "remove failed");
-                tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;
-            }
-        }
-    }
-    tracing::error!(container = name, "container left behind for the reaper");
-}
-
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     operation: &'static str,
     call: impl Future<Output = Result<T, BollardError>>,
 ) -> Result<T, RuntimeError> {

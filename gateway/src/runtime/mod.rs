@@ -1,6 +1,7 @@
 //! The container runtime seam: what the gateway needs from a sandbox, and nothing about Docker.
 //! `docker.rs` is the only file that imports bollard.
 
+pub mod cleanup;
 pub mod docker;
 
 use std::collections::BTreeMap;
@@ -122,6 +123,14 @@ pub struct RuntimeHealth {
     pub runtimes: BTreeMap<String, bool>,
 }
 
+/// A sandbox container as listed by the runtime.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxInfo {
+    pub container_id: String,
+    pub execution_id: String,
+    pub instance: Option<String>,
+}
+
 /// The one seam where a fake is allowed (fast tests of orchestration); security properties are
 /// only ever shown through the Docker implementation.
 pub trait SandboxRuntime: Send + Sync + 'static {
@@ -129,6 +138,10 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>>;
     /// Checks the daemon and which of `runtimes` it has registered.
     fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth>;
+    /// Every sandbox container, whoever created it.
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>>;
+    /// Kills and removes one container, however wedged.
+    fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
 }
 
 #[cfg(test)]
