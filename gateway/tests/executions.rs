@@ -475,3 +475,70 @@ open("/output/total.txt", "w").write("81")
     assert_eq!(status, 403, "{body}");
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cancel_stops_the_sandbox_within_a_second() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let (status, body) = gw
+        .execute(
+            &key,
+            "bash",
+            "echo started; sleep 30",
+            json!({"wait": false}),
+        )
+        .await;
+    assert_eq!(status, 202, "{body}");
+    let id = body["id"].as_str().unwrap().to_owned();
+    for _ in 0..200 {
+        if !containers_of(&id).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let started = Instant::now();
+    let (status, record) = gw
+        .post(&key, &format!("/v1/executions/{id}/cancel"), &json!({}))
+        .await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["status"], "cancelled", "{record}");
+    // Measured, loosely bounded: the point is "about a second", not "the 30 s sleep".
+    assert!(took.as_secs() < 10, "cancel took {took:?}");
+    assert!(containers_of(&id).is_empty(), "container left behind");
+    let (status, again) = gw
+        .post(&key, &format!("/v1/executions/{id}/cancel"), &json!({}))
+        .await;
+    assert_eq!(status, 409, "{again}");
+    assert_eq!(again["error"]["code"], "conflict");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn memory_bomb_ends_as_oom_and_output_flood_is_capped() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let bomb = "chunks = []\nwhile True:\n    chunks.append(bytearray(64 * 1024 * 1024))";
+    let (status, body) = gw
+        .execute(&key, "python", bomb, json!({"limits": {"memory_mb": 128}}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "oom", "{body}");
+
+    let flood = "yes sandgate | head -c 50000000; echo done >&2";
+    let (status, body) = gw
+        .execute(
+            &key,
+            "bash",
+            flood,
+            json!({"limits": {"output_bytes": 65536}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    assert_eq!(body["stdout"].as_str().unwrap().len(), 65536);
+    assert_eq!(body["stdout_truncated"], true);
+    assert_eq!(body["stderr"], "done\n");
+    assert_eq!(body["stderr_truncated"], false);
+    gw.stop().await;
+}

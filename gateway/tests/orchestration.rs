@@ -42,6 +42,7 @@ impl SandboxRuntime for FakeRuntime {
             Ok(RunOutcome {
                 exit_code: Some(0),
                 timed_out: false,
+                cancelled: false,
                 oom_killed: false,
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),

@@ -96,6 +96,7 @@ impl From<AppError> for ApiError {
         match err {
             AppError::Invalid(message) => ApiError::new(ErrorCode::InvalidRequest, message),
             AppError::NotFound => ApiError::new(ErrorCode::NotFound, "no such resource"),
+            AppError::Conflict(message) => ApiError::new(ErrorCode::Conflict, message),
             AppError::Unavailable(err) => {
                 tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()

@@ -101,6 +101,16 @@ pub async fn create(
     }
 }
 
+pub async fn cancel(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ExecutionView>, ApiError> {
+    caller.require_role(&["agent", "admin"])?;
+    let row = app.cancel_execution(&caller.0, &id).await?;
+    Ok(Json(ExecutionView::from(row)))
+}
+
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,

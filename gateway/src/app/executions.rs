@@ -10,6 +10,7 @@ use serde::Deserialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
+use tokio_util::sync::CancellationToken;
 
 use policy_engine::{
     Decision, Environment, FileInput, HostPort, Limits, MountGrant, PolicyInput, Principal, Reason,
@@ -27,6 +28,8 @@ pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 const MAX_FILES: usize = 256;
 const MAX_PATH_BYTES: usize = 255;
 const COMPLETE_ATTEMPTS: u32 = 5;
+/// How long (in 100 ms steps) a cancel request waits for the record to close.
+const CANCEL_WAIT_STEPS: u32 = 100;
 const WORKSPACE: &str = "/workspace";
 /// Fewest pids a sandbox gets, whatever the policy says (see `clamp`).
 pub const MIN_PIDS: u64 = 256;
@@ -133,7 +136,8 @@ impl App {
         let Some(runnable) = runnable else {
             return Ok(Created::Denied(row));
         };
-        let spec = self.sandbox_spec(&row.id, &request, files, runnable);
+        let mut spec = self.sandbox_spec(&row.id, &request, files, runnable);
+        spec.cancel = live.cancel_token();
         let app = Arc::clone(self);
         let queued = row.clone();
         let task = self
@@ -153,6 +157,48 @@ impl App {
             Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
             _ => Err(AppError::NotFound),
         }
+    }
+
+    /// Stops a running execution (its sandbox is killed at once) and returns the final record.
+    /// Cancelling one that has finished is a conflict.
+    pub async fn cancel_execution(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+    ) -> Result<ExecutionRow, AppError> {
+        let row = self.get_execution(caller, id).await?;
+        if row.finished_at.is_some() {
+            return Err(AppError::Conflict(format!(
+                "execution {id} has already finished ({})",
+                row.status
+            )));
+        }
+        let event = NewEvent {
+            kind: "execution.cancel",
+            execution_id: Some(id.to_owned()),
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            decision_id: None,
+            allow: Some(true),
+            reasons: json!([]),
+            input: json!({"requested_by": caller.id}),
+            decision: json!({"cancel": true}),
+            policy_revision: None,
+        };
+        self.audit.record_event(&event).await?;
+        if !self.live.cancel(id) {
+            return Err(AppError::Conflict(format!(
+                "execution {id} is not running on this gateway"
+            )));
+        }
+        for _ in 0..CANCEL_WAIT_STEPS {
+            let row = self.get_execution(caller, id).await?;
+            if row.finished_at.is_some() {
+                return Ok(row);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        self.get_execution(caller, id).await
     }
 
     fn policy_input(
@@ -337,6 +383,7 @@ impl App {
             init_binary: self.init_binary.clone(),
             limits: runnable.limits,
             mounts: runnable.mounts,
+            cancel: CancellationToken::new(),
             job: JobSpec {
                 argv,
                 cwd: WORKSPACE.to_owned(),
@@ -402,7 +449,9 @@ impl App {
 fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion {
     match outcome {
         Ok(run) => {
-            let status = if run.timed_out {
+            let status = if run.cancelled {
+                "cancelled"
+            } else if run.timed_out {
                 "timeout"
             } else if run.oom_killed {
                 "oom"

@@ -76,6 +76,8 @@ pub enum AppError {
     Invalid(String),
     #[error("not found")]
     NotFound,
+    #[error("{0}")]
+    Conflict(String),
     #[error("the audit store is unavailable")]
     Unavailable(#[from] AuditError),
     #[error("internal error: {0}")]

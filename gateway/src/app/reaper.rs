@@ -9,6 +9,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use tokio_util::sync::CancellationToken;
+
 use super::App;
 
 /// Time between two sweeps.
@@ -18,28 +20,55 @@ const GRACE: Duration = Duration::from_secs(30);
 const ABANDONED: &str =
     "the gateway stopped tracking this execution (restart or crash); its sandbox was removed";
 
-/// Executions this process is running: id -> deadline once its sandbox has started.
+/// One execution in flight: its deadline once its sandbox has started, and how to cancel it.
+#[derive(Debug, Clone)]
+struct Live {
+    deadline: Option<Instant>,
+    cancel: CancellationToken,
+}
+
+/// Executions this process is running.
 #[derive(Debug, Default)]
 pub struct LiveSet {
-    inner: Mutex<HashMap<String, Option<Instant>>>,
+    inner: Mutex<HashMap<String, Live>>,
 }
 
 impl LiveSet {
     /// Tracks `id` until the returned guard is dropped.
     pub fn track(self: &Arc<Self>, id: &str) -> LiveGuard {
-        self.lock().insert(id.to_owned(), None);
+        let cancel = CancellationToken::new();
+        let live = Live {
+            deadline: None,
+            cancel: cancel.clone(),
+        };
+        self.lock().insert(id.to_owned(), live);
         LiveGuard {
             set: Arc::clone(self),
             id: id.to_owned(),
+            cancel,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Option<Instant>>> {
+    /// Cancels a live execution; false if it is not running here.
+    pub fn cancel(&self, id: &str) -> bool {
+        match self.lock().get(id) {
+            Some(live) => {
+                live.cancel.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn snapshot(&self) -> HashMap<String, Option<Instant>> {
-        self.lock().clone()
+    fn deadlines(&self) -> HashMap<String, Option<Instant>> {
+        self.lock()
+            .iter()
+            .map(|(id, live)| (id.clone(), live.deadline))
+            .collect()
     }
 }
 
@@ -48,13 +77,18 @@ impl LiveSet {
 pub struct LiveGuard {
     set: Arc<LiveSet>,
     id: String,
+    cancel: CancellationToken,
 }
 
 impl LiveGuard {
     pub fn started(&self, timeout: Duration) {
-        self.set
-            .lock()
-            .insert(self.id.clone(), Some(Instant::now() + timeout));
+        if let Some(live) = self.set.lock().get_mut(&self.id) {
+            live.deadline = Some(Instant::now() + timeout);
+        }
+    }
+
+    pub fn cancel_token(&self) -> CancellationToken {
+        self.cancel.clone()
     }
 }
 
@@ -90,7 +124,7 @@ pub struct SweepReport {
 
 pub async fn sweep(app: &App) -> SweepReport {
     let mut report = SweepReport::default();
-    let live = app.live.snapshot();
+    let live = app.live.deadlines();
     match app.runtime.list().await {
         Ok(sandboxes) => {
             for sandbox in sandboxes {

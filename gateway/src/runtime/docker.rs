@@ -258,11 +258,17 @@ async fn attach_start_wait(
         }
         wait_exit(docker, name).await
     };
-    let (exit_code, timed_out) = match tokio::time::timeout(spec.timeout(), run).await {
-        Ok(exit) => (exit?, false),
-        Err(_) => {
+    let (exit_code, timed_out, cancelled) = tokio::select! {
+        finished = tokio::time::timeout(spec.timeout(), run) => match finished {
+            Ok(exit) => (exit?, false, false),
+            Err(_) => {
+                kill(docker, name).await;
+                (None, true, false)
+            }
+        },
+        () = spec.cancel.cancelled() => {
             kill(docker, name).await;
-            (None, true)
+            (None, false, true)
         }
     };
     let duration = started.elapsed();
@@ -271,12 +277,13 @@ async fn attach_start_wait(
         .state
         .unwrap_or_default();
     Ok(RunOutcome {
-        exit_code: if timed_out {
+        exit_code: if timed_out || cancelled {
             None
         } else {
             exit_code.or(state.exit_code)
         },
         timed_out,
+        cancelled,
         oom_killed: state.oom_killed.unwrap_or(false),
         stdout,
         stderr,

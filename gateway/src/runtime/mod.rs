@@ -11,6 +11,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
 use serde::Serialize;
+use tokio_util::sync::CancellationToken;
 
 use policy_engine::Limits;
 
@@ -56,6 +57,8 @@ pub struct SandboxSpec {
     pub limits: Limits,
     pub mounts: Vec<ReadOnlyMount>,
     pub job: JobSpec,
+    /// Fires when the execution is cancelled: the sandbox is killed at once.
+    pub cancel: CancellationToken,
 }
 
 impl SandboxSpec {
@@ -91,6 +94,8 @@ impl CappedOutput {
 pub struct RunOutcome {
     pub exit_code: Option<i64>,
     pub timed_out: bool,
+    /// Stopped on request (`POST /v1/executions/{id}/cancel`).
+    pub cancelled: bool,
     pub oom_killed: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
