@@ -74,6 +74,8 @@ pub struct Config {
     pub datasets: BTreeMap<String, Dataset>,
     pub ceilings: Ceilings,
     pub max_concurrent: usize,
+    /// Executions that may wait for a slot (all tenants together); beyond: 429.
+    pub max_queued: usize,
     /// The static `sandbox-init` binary; default: `sandbox-init` next to the `sandgate` executable.
     pub sandbox_init: Option<PathBuf>,
     /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
@@ -101,6 +103,7 @@ impl Default for Config {
             datasets: BTreeMap::new(),
             ceilings: Ceilings::default(),
             max_concurrent: 8,
+            max_queued: 64,
             sandbox_init: None,
             postgres_bin_dir: None,
         }
@@ -119,6 +122,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("datasets", EnvValue::Yaml),
     ("ceilings", EnvValue::Yaml),
     ("max_concurrent", EnvValue::Yaml),
+    ("max_queued", EnvValue::Yaml),
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
 ];

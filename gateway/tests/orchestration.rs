@@ -26,6 +26,8 @@ struct FakeRuntime {
     specs: Mutex<Vec<SandboxSpec>>,
     containers: Mutex<Vec<SandboxInfo>>,
     fail: bool,
+    /// When set, each run waits for a permit: the test decides when sandboxes finish.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl SandboxRuntime for FakeRuntime {
@@ -33,6 +35,9 @@ impl SandboxRuntime for FakeRuntime {
         async move {
             self.runs.fetch_add(1, Ordering::SeqCst);
             self.specs.lock().unwrap().push(spec);
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.unwrap().forget();
+            }
             if self.fail {
                 return Err(RuntimeError::Docker {
                     operation: "create container",
@@ -84,6 +89,7 @@ impl SandboxRuntime for FakeRuntime {
 
 struct Harness {
     url: String,
+    db: String,
     key: String,
     shutdown: CancellationToken,
     http: reqwest::Client,
@@ -123,6 +129,7 @@ async fn start(
         .secret;
     Harness {
         url,
+        db,
         key,
         shutdown,
         http,
@@ -321,4 +328,42 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
     );
     shutdown.cancel();
     server.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_full_queue_answers_429_and_nothing_is_recorded_for_it() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let runtime = Arc::new(FakeRuntime {
+        gate: Some(gate.clone()),
+        ..FakeRuntime::default()
+    });
+    let h = start(runtime.clone(), |config| {
+        config.max_concurrent = 1;
+        config.max_queued = 1;
+    })
+    .await;
+    let body = json!({"language": "python", "code": "print(1)", "wait": false});
+    let (first, _) = h.execute(body.clone()).await;
+    let (second, queued) = h.execute(body.clone()).await;
+    let (third, refused) = h.execute(body.clone()).await;
+    assert_eq!((first, second), (202, 202));
+    assert_eq!(queued["status"], "queued");
+    assert_eq!(third, 429, "{refused}");
+    assert_eq!(refused["error"]["code"], "rate_limited");
+    let pool = sqlx::PgPool::connect(&h.db).await.unwrap();
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 2, "the refused request left no record");
+    // Let both finish; the queued one runs once the first is done.
+    gate.add_permits(2);
+    for _ in 0..100 {
+        if runtime.runs.load(Ordering::SeqCst) == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(runtime.runs.load(Ordering::SeqCst), 2);
+    h.shutdown.cancel();
 }

@@ -97,6 +97,10 @@ impl From<AppError> for ApiError {
             AppError::Invalid(message) => ApiError::new(ErrorCode::InvalidRequest, message),
             AppError::NotFound => ApiError::new(ErrorCode::NotFound, "no such resource"),
             AppError::Conflict(message) => ApiError::new(ErrorCode::Conflict, message),
+            AppError::RateLimited(message) => ApiError::new(
+                ErrorCode::RateLimited,
+                format!("{message}; try again later"),
+            ),
             AppError::Unavailable(err) => {
                 tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()

@@ -18,6 +18,7 @@ use policy_engine::{
 };
 
 use super::reaper::LiveGuard;
+use super::scheduler::Ticket;
 use super::{App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
@@ -129,11 +130,20 @@ impl App {
             decision: json!(said),
             policy_revision: Some(row.policy_revision.clone()),
         };
+        // A place in the queue before anything is recorded: a full queue refuses (429) cleanly.
+        let ticket = match &runnable {
+            Some(_) => Some(
+                self.scheduler
+                    .admit(&caller.tenant)
+                    .map_err(|full| AppError::RateLimited(full.to_string()))?,
+            ),
+            None => None,
+        };
         // Fail closed: without a committed decision nothing runs.
         self.audit.record_execution_decision(&row, &event).await?;
         tracing::info!(execution_id = %row.id, allow = decision.allow, "decision recorded");
 
-        let Some(runnable) = runnable else {
+        let (Some(runnable), Some(ticket)) = (runnable, ticket) else {
             return Ok(Created::Denied(row));
         };
         let mut spec = self.sandbox_spec(&row.id, &request, files, runnable);
@@ -142,7 +152,7 @@ impl App {
         let queued = row.clone();
         let task = self
             .tasks
-            .spawn(async move { app.run_and_complete(queued, spec, live).await });
+            .spawn(async move { app.run_and_complete(queued, spec, live, ticket).await });
         if !request.wait {
             return Ok(Created::Accepted(row));
         }
@@ -398,10 +408,11 @@ impl App {
         row: ExecutionRow,
         spec: SandboxSpec,
         live: LiveGuard,
+        ticket: Ticket,
     ) -> ExecutionRow {
         let id = row.id.clone();
-        let done = match self.slots.acquire().await {
-            Ok(_permit) => {
+        let done = match ticket.slot().await {
+            Some(_slot) => {
                 live.started(spec.timeout());
                 if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
                     tracing::warn!(execution_id = %id, error = %err, "could not mark running");
@@ -409,7 +420,7 @@ impl App {
                 let outcome = self.runtime.run(spec).await;
                 completion(outcome, &id)
             }
-            Err(_) => completion(
+            None => completion(
                 Err(RuntimeError::Unavailable(
                     "the gateway is shutting down".to_owned(),
                 )),

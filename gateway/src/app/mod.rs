@@ -5,11 +5,11 @@ pub mod executions;
 pub mod policy;
 pub mod reaper;
 pub mod replay;
+pub mod scheduler;
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -24,8 +24,8 @@ pub struct App {
     pub policy: PolicyHandle,
     pub audit: AuditStore,
     pub runtime: Arc<dyn SandboxRuntime>,
-    /// Running-sandbox slots (`max_concurrent`).
-    pub slots: Semaphore,
+    /// Running-sandbox slots (`max_concurrent`), per-tenant fair queues (`max_queued`).
+    pub scheduler: Arc<scheduler::Scheduler>,
     /// Every execution runs in a task here, so a dropped HTTP request cannot abandon a sandbox.
     pub tasks: TaskTracker,
     pub shutdown: CancellationToken,
@@ -55,7 +55,7 @@ impl App {
         instance: String,
     ) -> App {
         App {
-            slots: Semaphore::new(config.max_concurrent),
+            scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
             init_binary: config.sandbox_init_path(),
             instance,
             live: Arc::default(),
@@ -78,6 +78,8 @@ pub enum AppError {
     NotFound,
     #[error("{0}")]
     Conflict(String),
+    #[error("{0}")]
+    RateLimited(String),
     #[error("the audit store is unavailable")]
     Unavailable(#[from] AuditError),
     #[error("internal error: {0}")]
