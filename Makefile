@@ -22,8 +22,8 @@ INIT_STATIC := target/$(TARGET_TRIPLE)/release/sandbox-init
 INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh images/build.sh .ci/run
 
-.PHONY: help setup images build gateway init run test lint fmt fmt-check clippy \
-	shellcheck clean check-cargo
+.PHONY: help setup images build gateway init run test policy-test bench lint fmt fmt-check \
+	clippy shellcheck clean check-cargo
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -49,8 +49,14 @@ init: check-cargo ## build the static sandbox-init into target/<triple>/release
 run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
 	exec $(GATEWAY) serve
 
-test: setup lint init ## everything CI checks: lints, all unit and end-to-end tests (policy tests included)
+test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace
+
+policy-test: check-cargo ## the policy bundle's YAML cases (policies/tests), failing under 90% line coverage
+	cargo run -q --bin sandgate -- policy test policies --min-coverage 90
+
+bench: check-cargo ## measure decision latency: shipped policy vs a trivial one, p50/p99 (DESIGN 8)
+	cargo bench -p policy-engine --bench decide
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
 

@@ -8,8 +8,9 @@
 #   input.execution   the execution the connection belongs to, known from the socket it came on:
 #                     id, tenant, grant (the `network` its execution decision granted:
 #                     {allow: [{host, ports}], max_connections, max_bytes})
-#   input.connection  what the sandbox asks to reach: host, port, scheme (`https` for CONNECT,
-#                     `http` for plain HTTP), and for plain HTTP only: method, path
+#   input.connection  what the sandbox asks to reach: host, port, scheme (`https`: CONNECT to a
+#                     TLS port; `connect`: CONNECT to another port; `http`: plain HTTP), and for
+#                     plain HTTP only: method, path
 #
 # `input.connection.host` is canonical before it gets here (lower case, no trailing dot, IDNA,
 # dotted-quad IPv4), so comparing strings is enough. Grant patterns were checked when the

@@ -1,42 +1,52 @@
-//! sandgate's egress proxy: a filtering HTTP/1.1 forward proxy served on per-execution Unix
-//! sockets inside the gateway process.
+//! `egress-proxy`: sandgate's filtering HTTP/1.1 forward proxy, the only way out of a sandbox.
 //!
-//! Not built yet: until it lands, no execution is granted network access (the gateway denies
-//! any decision that grants it), so sandboxes have no way out at all. What is here is the
-//! host canonicalisation the proxy's decisions will start from.
+//! The gateway builds one [`EgressProxy`] and, for each execution whose decision grants network,
+//! calls [`EgressProxy::serve_execution`] on a fresh Unix socket that is bind-mounted into the
+//! sandbox. The socket a connection arrives on is the execution's identity: nothing the sandbox
+//! sends (no header, no target) selects or changes it. Every connection is one attempt:
+//! - `CONNECT host:port` tunnels and absolute-form plain HTTP requests (one per connection);
+//! - the host is canonicalised ([`canonical_host`]), then the [`EgressPolicy`] decides on the
+//!   canonical name and port **before** any resolution, so a denied name is never looked up;
+//! - an allowed name is resolved once by the [`Resolve`] implementation, every address is
+//!   checked against the address table ([`classify`], DESIGN 6), and exactly the checked address
+//!   is dialled;
+//! - on TLS ports ([`ProxyConfig::tls_ports`]) the ClientHello's SNI must name the CONNECT host
+//!   before anything is dialled (so a CONNECT to an IP literal on a TLS port, which carries no
+//!   SNI, is refused);
+//! - every attempt, allowed or denied, is recorded through the [`ConnectionRecorder`], durably,
+//!   before anything is dialled; a recorder failure refuses the attempt (503);
+//! - per-execution limits: concurrent connections, total bytes, idle and header-read timeouts;
+//! - denials are answered with a status and `sandgate-egress: <code>: <message>` ([`ReasonCode`]).
+//!
+//! It is **not** a policy engine (what is allowed is Rego in `policies/`, reached through
+//! [`EgressPolicy`]), not an audit store (the gateway's [`ConnectionRecorder`] writes Postgres),
+//! not a TLS terminator (it never decrypts, so it cannot see inside HTTPS: domain fronting
+//! behind an allowed SNI is a known residual risk) and not a general proxy: no HTTP/2, no
+//! keep-alive, no caching, no redirects followed, no credentials injected. It does not depend on
+//! the gateway.
 
-/// Why a host name was refused before any policy decision.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HostError {
-    #[error("host is empty")]
-    Empty,
-    #[error("host contains control characters or whitespace")]
-    ControlCharacter,
-}
+mod addr;
+mod admit;
+mod body;
+mod config;
+mod conn;
+mod head;
+mod host;
+mod listener;
+mod reason;
+mod relay;
+mod resolve;
+mod seams;
+mod tls;
 
-/// Lower-cases a host and drops one trailing dot; refuses empty hosts and control characters.
-pub fn canonical_host(host: &str) -> Result<String, HostError> {
-    if host.chars().any(|c| c.is_control() || c.is_whitespace()) {
-        return Err(HostError::ControlCharacter);
-    }
-    let host = host.strip_suffix('.').unwrap_or(host);
-    if host.is_empty() {
-        return Err(HostError::Empty);
-    }
-    Ok(host.to_ascii_lowercase())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn canonicalises_case_and_trailing_dot() {
-        assert_eq!(canonical_host("PyPI.org.").unwrap(), "pypi.org");
-        assert_eq!(canonical_host(".").unwrap_err(), HostError::Empty);
-        assert_eq!(
-            canonical_host("a\nb").unwrap_err(),
-            HostError::ControlCharacter
-        );
-    }
-}
+pub use addr::{classify, AddressClass, AddressDenied, AddressPolicy, GrantedRange};
+pub use config::{local_interface_addresses, ExecutionGrant, ExecutionLimits, ProxyConfig};
+pub use host::{canonical_host, Host, HostError};
+pub use listener::{EgressProxy, ExecutionListener, ProxyError};
+pub use reason::{ReasonCode, ReasonSource};
+pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
+pub use seams::{
+    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, RecordError, Resolve,
+    ResolveError, Scheme,
+};
+pub use tls::{parse_client_hello, ClientHello, HelloError};

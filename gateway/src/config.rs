@@ -72,6 +72,9 @@ pub struct Config {
     /// Backend name (as named by policy) -> Docker runtime.
     pub backends: BTreeMap<String, Backend>,
     pub datasets: BTreeMap<String, Dataset>,
+    /// Names the egress proxy resolves to fixed addresses before asking DNS (split-horizon
+    /// set-ups, tests). The addresses still go through the proxy's address checks.
+    pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
     pub ceilings: Ceilings,
     pub max_concurrent: usize,
     /// Executions that may wait for a slot (all tenants together); beyond: 429.
@@ -101,6 +104,7 @@ impl Default for Config {
                 },
             )]),
             datasets: BTreeMap::new(),
+            egress_hosts: BTreeMap::new(),
             ceilings: Ceilings::default(),
             max_concurrent: 8,
             max_queued: 64,
@@ -120,6 +124,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("images", EnvValue::Yaml),
     ("backends", EnvValue::Yaml),
     ("datasets", EnvValue::Yaml),
+    ("egress_hosts", EnvValue::Yaml),
     ("ceilings", EnvValue::Yaml),
     ("max_concurrent", EnvValue::Yaml),
     ("max_queued", EnvValue::Yaml),

@@ -11,6 +11,7 @@ pub mod audit;
 pub mod commands;
 pub mod config;
 pub mod database;
+pub mod egress;
 pub mod ids;
 pub mod runtime;
 
@@ -71,7 +72,7 @@ pub async fn serve_on(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let policy = PolicyHandle::load(&config.policy_dir).await;
+    let policy = Arc::new(PolicyHandle::load(&config.policy_dir).await);
     let db = Database::open_for_server(&config).await?;
     let result = run(listener, config, policy, &db, runtime, shutdown).await;
     db.close().await;
@@ -81,7 +82,7 @@ pub async fn serve_on(
 async fn run(
     listener: TcpListener,
     config: Config,
-    policy: PolicyHandle,
+    policy: Arc<PolicyHandle>,
     db: &Database,
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
@@ -96,6 +97,7 @@ async fn run(
         path: config.data_dir.clone(),
         err,
     })?;
+    let egress = egress_proxy_for(&config, &policy, &audit, &listener);
     let app = Arc::new(App::new(
         config,
         policy,
@@ -103,6 +105,7 @@ async fn run(
         runtime,
         shutdown.clone(),
         instance,
+        egress,
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
@@ -119,6 +122,27 @@ async fn run(
         tracing::error!("executions still running after the shutdown grace period");
     }
     served
+}
+
+/// The egress proxy, denying the gateway's own addresses. Without it (no usable resolver
+/// configuration) the gateway still runs, and denies every grant of network.
+fn egress_proxy_for(
+    config: &Config,
+    policy: &Arc<PolicyHandle>,
+    audit: &AuditStore,
+    listener: &TcpListener,
+) -> Option<egress_proxy::EgressProxy> {
+    let mut own = egress_proxy::local_interface_addresses().unwrap_or_default();
+    if let Ok(addr) = listener.local_addr() {
+        own.push(addr.ip());
+    }
+    match egress::proxy(Arc::clone(policy), audit.clone(), &config.egress_hosts, own) {
+        Ok(proxy) => Some(proxy),
+        Err(err) => {
+            tracing::error!(error = %app::error_chain(&err), "egress proxy unavailable; network grants will be denied");
+            None
+        }
+    }
 }
 
 /// This gateway's stable identity, kept in `<data_dir>/instance`: containers and records carry

@@ -43,10 +43,15 @@ fn main() {
 
     let plain = execution_input(false);
     let full = execution_input(true);
+    let mut denied = execution_input(true);
+    denied.principal.tenant = "forge".into();
     let egress = egress_input();
     assert!(shipped.decide(&plain).allow && shipped.decide(&plain).network.is_none());
     let full_decision = shipped.decide(&full);
-    assert!(full_decision.allow && full_decision.network.is_some() && !full_decision.mounts.is_empty());
+    assert!(
+        full_decision.allow && full_decision.network.is_some() && !full_decision.mounts.is_empty()
+    );
+    assert!(!shipped.decide(&denied).allow);
     assert!(trivial.decide(&plain).allow);
     assert!(shipped.decide_egress(&egress).allow);
 
@@ -57,15 +62,25 @@ fn main() {
             &mut || drop(black_box(trivial.decide(black_box(&plain)))),
             &mut || drop(black_box(shipped.decide(black_box(&plain)))),
             &mut || drop(black_box(shipped.decide(black_box(&full)))),
+            &mut || drop(black_box(shipped.decide(black_box(&denied)))),
             &mut || drop(black_box(shipped.decide_egress(black_box(&egress)))),
         ],
     );
-    let [trivial_s, plain_s, full_s, egress_s] = series.as_slice() else {
-        unreachable!("four series measured")
+    let [trivial_s, plain_s, full_s, denied_s, egress_s] = series.as_slice() else {
+        unreachable!("five series measured")
     };
     report("trivial policy, decide()", trivial_s, None);
     report("shipped, decide() acme python", plain_s, Some(trivial_s));
-    report("shipped, decide() + pypi.org:443 + census", full_s, Some(trivial_s));
+    report(
+        "shipped, decide() + pypi.org:443 + census",
+        full_s,
+        Some(trivial_s),
+    );
+    report(
+        "shipped, decide() forge asks the same: deny",
+        denied_s,
+        Some(trivial_s),
+    );
     report("shipped, decide_egress() pypi.org:443", egress_s, None);
 
     // Two threads deciding at once on one engine: with no global lock, each thread's latency stays
@@ -160,7 +175,10 @@ fn measure_interleaved(iterations: usize, calls: &mut [&mut dyn FnMut()]) -> Vec
             call();
         }
     }
-    let mut samples: Vec<Vec<f64>> = calls.iter().map(|_| Vec::with_capacity(iterations)).collect();
+    let mut samples: Vec<Vec<f64>> = calls
+        .iter()
+        .map(|_| Vec::with_capacity(iterations))
+        .collect();
     while samples[0].len() < iterations {
         let block = BLOCK.min(iterations - samples[0].len());
         for (call, samples) in calls.iter_mut().zip(samples.iter_mut()) {
@@ -182,7 +200,7 @@ fn measure_interleaved(iterations: usize, calls: &mut [&mut dyn FnMut()]) -> Vec
 
 fn report(name: &str, series: &Series, baseline: Option<&Series>) {
     let (p50, p99) = (series.percentile(50), series.percentile(99));
-    print!("{name:<44} p50 {p50:>6.1} µs  p99 {p99:>6.1} µs");
+    print!("{name:<46} p50 {p50:>6.1} µs  p99 {p99:>6.1} µs");
     if let Some(baseline) = baseline {
         print!(
             "  ({:.2}x / {:.2}x trivial)",
@@ -199,7 +217,12 @@ struct Throughput {
     p99: f64,
 }
 
-fn throughput(engine: &PolicyEngine, input: &PolicyInput, threads: usize, iterations: usize) -> Throughput {
+fn throughput(
+    engine: &PolicyEngine,
+    input: &PolicyInput,
+    threads: usize,
+    iterations: usize,
+) -> Throughput {
     let started = Instant::now();
     let mut latencies: Vec<f64> = std::thread::scope(|scope| {
         let workers: Vec<_> = (0..threads)

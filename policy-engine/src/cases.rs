@@ -39,6 +39,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
+use crate::engine::to_regorus;
 use crate::{PolicyEngine, PolicyError};
 
 /// Fields of an execution decision that `expect` may name.
@@ -90,7 +91,10 @@ pub struct CaseReport {
 
 impl CaseReport {
     pub fn passed(&self) -> usize {
-        self.outcomes.iter().filter(|outcome| outcome.passed).count()
+        self.outcomes
+            .iter()
+            .filter(|outcome| outcome.passed)
+            .count()
     }
 
     pub fn failed(&self) -> usize {
@@ -110,7 +114,8 @@ impl CaseReport {
     }
 
     /// Human-readable report: each failure with its diff, then line coverage per file (with the
-    /// lines not covered), then a final line `N passed, N failed`.
+    /// lines not covered), then a final line `N passed, N failed` (newline-terminated, like every
+    /// line).
     pub fn render(&self) -> String {
         let mut out = String::new();
         for outcome in self.outcomes.iter().filter(|outcome| !outcome.passed) {
@@ -143,8 +148,13 @@ impl CaseReport {
             }
             out.push('\n');
         }
-        let _ = writeln!(out, "  {:width$}  {:5.1}%", "total", self.coverage_percent());
-        let _ = write!(out, "{} passed, {} failed", self.passed(), self.failed());
+        let _ = writeln!(
+            out,
+            "  {:width$}  {:5.1}%",
+            "total",
+            self.coverage_percent()
+        );
+        let _ = writeln!(out, "{} passed, {} failed", self.passed(), self.failed());
         out
     }
 }
@@ -224,7 +234,7 @@ pub fn run_cases(engine: &PolicyEngine, cases_dir: &Path) -> Result<CaseReport, 
             dir: cases_dir.to_path_buf(),
         });
     }
-    let mut session = engine.session(true);
+    let mut session = engine.coverage_session();
     let mut outcomes = Vec::new();
     for path in &paths {
         let file = read_case_file(path)?;
@@ -282,7 +292,8 @@ fn read_case_file(path: &Path) -> Result<CaseFile, PolicyError> {
     // Through YAML values first: unlike `serde_json::Value`, they refuse duplicate keys.
     let yaml: serde_yaml_ng::Value =
         serde_yaml_ng::from_str(&text).map_err(|err| cases_err(err.to_string()))?;
-    let json = serde_json::to_value(yaml).map_err(|err| cases_err(format!("not JSON-like: {err}")))?;
+    let json =
+        serde_json::to_value(yaml).map_err(|err| cases_err(format!("not JSON-like: {err}")))?;
     let file: CaseFile = serde_json::from_value(json).map_err(|err| cases_err(err.to_string()))?;
     let mut names = BTreeSet::new();
     for case in &file.cases {
@@ -297,7 +308,8 @@ fn read_case_file(path: &Path) -> Result<CaseFile, PolicyError> {
             return Err(cases_err(format!("case {:?} expects nothing", case.name)));
         }
         for key in case.expect.keys() {
-            let known = fields.contains(&key.as_str()) || key == REASON_CODES || key == REASONS_INCLUDE;
+            let known =
+                fields.contains(&key.as_str()) || key == REASON_CODES || key == REASONS_INCLUDE;
             if !known {
                 return Err(cases_err(format!(
                     "case {:?}: unknown expect field `{key}` (expected one of {}, {REASON_CODES}, {REASONS_INCLUDE})",
@@ -317,14 +329,10 @@ fn decide(
     entry: Entry,
     input: &Value,
 ) -> Value {
-    let input = match regorus::Value::deserialize(input) {
-        Ok(input) => input,
-        // Every JSON value converts; kept total rather than trusted.
-        Err(err) => regorus::Value::from(format!("unconvertible input: {err}")),
-    };
+    let input = to_regorus(input);
     let decision = match entry {
-        Entry::Execution => serde_json::to_value(engine.decide_on(session, input)),
-        Entry::Egress => serde_json::to_value(engine.decide_egress_on(session, input)),
+        Entry::Execution => serde_json::to_value(engine.decide_value(input, Some(session))),
+        Entry::Egress => serde_json::to_value(engine.decide_egress_value(input, Some(session))),
     };
     decision.unwrap_or_else(|err| Value::String(format!("unserializable decision: {err}")))
 }
@@ -371,7 +379,12 @@ fn diff_expect(expect: &Map<String, Value>, actual: &Value) -> String {
                     push_diff(&mut diff, REASONS_INCLUDE, expected, &actual_codes);
                 }
             }
-            _ => diff_value(&mut diff, key, expected, actual.get(key).unwrap_or(&Value::Null)),
+            _ => diff_value(
+                &mut diff,
+                key,
+                expected,
+                actual.get(key).unwrap_or(&Value::Null),
+            ),
         }
     }
     diff
@@ -413,7 +426,10 @@ fn diff_value(diff: &mut String, path: &str, expected: &Value, actual: &Value) {
 }
 
 fn push_diff(diff: &mut String, path: &str, expected: &Value, actual: &Value) {
-    let _ = writeln!(diff, "  {path}:\n    expected: {expected}\n    actual:   {actual}");
+    let _ = writeln!(
+        diff,
+        "  {path}:\n    expected: {expected}\n    actual:   {actual}"
+    );
 }
 
 /// Exact equality, except that numbers compare by value.
@@ -461,7 +477,8 @@ fn coverage(engine: &PolicyEngine, session: &regorus::Engine) -> Vec<FileCoverag
     files
 }
 
-/// Lines of a Rego file that hold code (neither blank, a comment, `package` nor `import`).
+/// Lines of a Rego file that hold code, as regorus counts them: not blank, not a comment, not
+/// `package` or `import`, not only closing brackets.
 fn code_lines(text: &str) -> Vec<u32> {
     (1u32..)
         .zip(text.lines())
@@ -470,7 +487,8 @@ fn code_lines(text: &str) -> Vec<u32> {
             !(line.is_empty()
                 || line.starts_with('#')
                 || line.starts_with("package ")
-                || line.starts_with("import "))
+                || line.starts_with("import ")
+                || line.chars().all(|c| matches!(c, '}' | ']' | ')' | ',')))
         })
         .map(|(number, _)| number)
         .collect()
@@ -484,7 +502,10 @@ mod tests {
     #[test]
     fn merge_patch_follows_rfc_7386() {
         let mut base = json!({"a": {"b": 1, "c": 2}, "d": [1, 2], "e": 1});
-        merge_patch(&mut base, &json!({"a": {"b": null, "x": 3}, "d": [3], "e": null}));
+        merge_patch(
+            &mut base,
+            &json!({"a": {"b": null, "x": 3}, "d": [3], "e": null}),
+        );
         assert_eq!(base, json!({"a": {"c": 2, "x": 3}, "d": [3]}));
     }
 
@@ -544,8 +565,11 @@ mod tests {
         };
         let text = report.render();
         assert!(text.starts_with("FAIL t.yaml: bad\n  allow:\n"), "{text}");
-        assert!(text.contains("p.rego   60.0%  (3/5 lines)  not covered: 5-6"), "{text}");
-        assert!(text.ends_with("\n1 passed, 1 failed"), "{text}");
+        assert!(
+            text.contains("p.rego   60.0%  (3/5 lines)  not covered: 5-6"),
+            "{text}"
+        );
+        assert!(text.ends_with("\n1 passed, 1 failed\n"), "{text}");
         assert_eq!(report.coverage_percent(), 60.0);
     }
 }

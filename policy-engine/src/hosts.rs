@@ -171,7 +171,9 @@ fn validate_host_rule(host: &Value, ports: Option<&Value>, path: &str) -> Result
 
 fn validate_host_list(hosts: &Value, path: &str) -> Result<(), String> {
     let Value::Array(hosts) = hosts else {
-        return Err(format!("{path}: a `hosts` entry must be a list of host patterns"));
+        return Err(format!(
+            "{path}: a `hosts` entry must be a list of host patterns"
+        ));
     };
     for (index, host) in hosts.iter().enumerate() {
         let Value::String(host) = host else {
@@ -268,9 +270,18 @@ mod tests {
                 serde_json::json!({"t": {"allow": [{"host": 3}]}}),
                 "t.allow[0].host: a host must be a string",
             ),
-            (serde_json::json!({"t": {"hosts": ["*.com"]}}), "t.hosts[0]: host pattern \"*.com\""),
-            (serde_json::json!({"hosts": "a.example"}), "hosts: a `hosts` entry"),
-            (serde_json::json!({"host": "Upper.example"}), "host: host pattern"),
+            (
+                serde_json::json!({"t": {"hosts": ["*.com"]}}),
+                "t.hosts[0]: host pattern \"*.com\"",
+            ),
+            (
+                serde_json::json!({"hosts": "a.example"}),
+                "hosts: a `hosts` entry",
+            ),
+            (
+                serde_json::json!({"host": "Upper.example"}),
+                "host: host pattern",
+            ),
         ] {
             let err = validate_data(bad.as_object().unwrap()).unwrap_err();
             assert!(err.contains(needle), "{bad}: {err}");

@@ -1,16 +1,25 @@
 //! `policy-engine`: sandgate's typed wrapper over [regorus](https://github.com/microsoft/regorus).
 //!
-//! It loads a policy bundle (`policies/`: Rego files plus YAML data), compiles it once, and answers
-//! one question per execution request: [`PolicyEngine::decide`] turns a [`PolicyInput`] into a
-//! [`Decision`] read from the rule `data.sandgate.execution.decision`. Decisions are deserialized
-//! strictly, and every failure (evaluation error, time limit, undefined or malformed decision) is a
+//! It loads a policy bundle (`policies/`: Rego files plus YAML data), validates and compiles it
+//! once, and answers two questions:
+//! - per execution request, [`PolicyEngine::decide`] turns a [`PolicyInput`] into a [`Decision`]
+//!   read from `data.sandgate.execution.decision` (allow / deny / require approval, backend,
+//!   network grant, mounts, limits);
+//! - per connection through the egress proxy, [`PolicyEngine::decide_egress`] turns an
+//!   [`EgressInput`] into an [`EgressDecision`] read from `data.sandgate.egress.decision`.
+//!
+//! Decisions are deserialized strictly, network grants are checked ([`validate_host_pattern`]),
+//! and every failure (evaluation error, time limit, undefined or malformed decision, bad grant) is a
 //! deny with reason code `policy.error`: this crate never fails open and never returns an error from
-//! `decide`.
+//! a decision. Host patterns in the bundle's data are checked at load, so a bad allowlist fails the
+//! load instead. [`cases`] runs the bundle's YAML decision cases with line coverage
+//! (`sandgate policy test`).
 //!
 //! It is **not** where policy lives: what is allowed is written in Rego under `policies/`, never in
 //! Rust. It does no HTTP, Docker, SQL or auditing, holds no reload logic (a reload builds a new
-//! [`PolicyEngine`] and the caller swaps it in), and has no async code: `decide` is a short,
-//! CPU-bound call, safe to make from many tasks at once.
+//! [`PolicyEngine`] and the caller swaps it in), and has no async code: a decision is a short,
+//! CPU-bound call, safe to make from many tasks at once. `policies/README.md` is the contract for
+//! policy authors; `benches/decide.rs` (`make bench`) measures decision latency.
 
 mod bundle;
 pub mod cases;

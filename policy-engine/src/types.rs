@@ -201,7 +201,8 @@ pub struct Connection {
     /// dotted-quad form. The policy compares it as a string; canonicalising is the proxy's job.
     pub host: String,
     pub port: u16,
-    /// `https` for a `CONNECT` tunnel, `http` for an absolute-form plain HTTP request.
+    /// How the sandbox asks to reach the host: `https` (`CONNECT` to a TLS port, SNI checked),
+    /// `connect` (`CONNECT` to any other port) or `http` (absolute-form plain HTTP request).
     pub scheme: String,
     /// Plain HTTP only: the request method; absent (not `null`) for tunnels.
     #[serde(default, skip_serializing_if = "Option::is_none")]

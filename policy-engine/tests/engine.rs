@@ -1,12 +1,13 @@
 //! `PolicyEngine` against small bundles written for each test: loading, the input/decision
-//! mapping, fail-closed evaluation, revisions, concurrency and latency.
+//! mapping, fail-closed evaluation, revisions and concurrency. Latency is measured by
+//! `benches/decide.rs` (`make bench`).
 #![allow(
     clippy::unwrap_used,
     reason = "helpers panic like the tests using them; clippy.toml's allow-unwrap-in-tests covers only #[test] functions"
 )]
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use policy_engine::{
     Decision, Environment, HostPort, Limits, PolicyEngine, PolicyError, PolicyInput, Principal,
@@ -222,7 +223,7 @@ fn runaway_evaluation_hits_the_time_limit_and_denies() {
     let elapsed = started.elapsed();
     assert_policy_error(&decision, "time limit");
     assert!(elapsed >= EVAL_TIME_LIMIT, "{elapsed:?}");
-    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    assert!(elapsed < EVAL_TIME_LIMIT * 4, "took {elapsed:?}");
 }
 
 #[test]
@@ -519,8 +520,7 @@ fn engine_is_shareable_across_threads() {
     nosuch.principal.tenant = "nosuch".into();
     let expected = [engine.decide(&acme), engine.decide(&nosuch)];
     assert!(expected[0].allow && !expected[1].allow);
-    // Few iterations: in a debug build on a loaded machine, many more would risk a spurious
-    // time-limit deny (a 50 ms wall-clock budget against ~0.5 ms per decision).
+    // Few iterations: a debug build decides in about a millisecond.
     std::thread::scope(|scope| {
         for thread in 0..4 {
             let (engine, acme, nosuch, expected) = (&engine, &acme, &nosuch, &expected);
@@ -533,42 +533,4 @@ fn engine_is_shareable_across_threads() {
             });
         }
     });
-}
-
-/// Prints µs per decision for the shipped policy and for a trivial one (DESIGN 8 compares the two).
-/// Meaningful in release: `cargo test --release -p policy-engine --test engine latency -- --nocapture`.
-#[test]
-fn latency() {
-    let shipped =
-        PolicyEngine::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies")).unwrap();
-    let trivial = engine_deciding(&format!(
-        r#"{{"allow": true, "backend": "gvisor", "limits": {LIMITS}}}"#
-    ));
-    let mut acme = input();
-    acme.request.network.clear();
-    for (name, engine) in [("shipped", &shipped), ("trivial", &trivial)] {
-        assert!(engine.decide(&acme).allow);
-        let (p50, p99) = measure(|| {
-            std::hint::black_box(engine.decide(std::hint::black_box(&acme)));
-        });
-        println!("decide() {name}: p50 {p50:.1} µs, p99 {p99:.1} µs");
-    }
-}
-
-fn measure(mut f: impl FnMut()) -> (f64, f64) {
-    for _ in 0..200 {
-        f();
-    }
-    let mut samples: Vec<f64> = (0..2000)
-        .map(|_| {
-            let started = Instant::now();
-            f();
-            started.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    samples.sort_by(f64::total_cmp);
-    (
-        samples[samples.len() / 2],
-        samples[samples.len() * 99 / 100],
-    )
 }

@@ -31,7 +31,7 @@ fn yaml_decision_cases_pass_with_coverage() {
     // Both entry points are covered, file by file.
     let files: Vec<&str> = report.coverage.iter().map(|f| f.file.as_str()).collect();
     assert_eq!(files, ["egress.rego", "execution.rego"]);
-    assert!(rendered.ends_with(&format!("{} passed, 0 failed", report.passed())));
+    assert!(rendered.ends_with(&format!("\n{} passed, 0 failed\n", report.passed())));
 }
 
 fn typed_input(tenant: &str, language: &str) -> PolicyInput {
@@ -67,7 +67,8 @@ fn tenants_the_gateway_tests_rely_on() {
     }
 
     let unknown = engine.decide(&typed_input("nosuch", "python"));
-    assert!(!unknown.allow);
+    assert!(!unknown.allow, "{unknown:?}");
+    assert_eq!(unknown.reasons.len(), 1, "{unknown:?}");
     assert_eq!(unknown.reasons[0].code, "tenant.unknown");
 
     let no_bash = engine.decide(&typed_input("classroom", "bash"));

@@ -14,17 +14,24 @@
 //!    defaults to `/workspace`; `files` defaults to none; `mode` defaults to `0o644` and may
 //!    not exceed `0o777`; `content_b64` is standard base64 with padding. An optional
 //!    `"env": {"NAME": "value", ...}` becomes the program's *whole* environment (absent: the
-//!    container's, which the init inherits); names non-empty without `=` or NUL;
+//!    container's, which the init inherits); names non-empty without `=` or NUL. An optional
+//!    `"proxy": {"listen": "127.0.0.1:3128", "socket": "/run/sandgate/egress.sock"}` (both
+//!    fields required) starts the proxy bridge ([`bridge`]); absent or `null`: no bridge;
 //! 2. validates all of it before acting: file paths must be canonical absolute paths strictly
 //!    under `/workspace/`, `/tmp/` or `/output/` ([`spec::validate_file_path`]); `cwd` any
-//!    canonical absolute path;
+//!    canonical absolute path; `proxy.listen` an IP address and non-zero port on loopback
+//!    (`127.0.0.0/8`, `[::1]`; [`spec::validate_listen`]); `proxy.socket` a canonical absolute
+//!    path that fits a Unix socket address ([`spec::validate_socket_path`]);
 //! 3. creates the files in order, parents as `0755`, never following a symlink and never
 //!    replacing anything ([`files`]), then changes into `cwd`;
-//! 4. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
+//! 4. with `proxy`, binds `listen` (failing that is an init error) and from then on relays
+//!    every connection to it to a new connection to `socket`, from background threads that
+//!    never print to stdout and never delay the init's exit ([`bridge`]);
+//! 5. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
 //!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
 //!    in its own process group, with a clean signal mask (through a re-exec of itself in
 //!    [`exec`] mode, see [`process`] for why);
-//! 5. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
+//! 6. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
 //!    that exits (orphans included) and, once the program exits, SIGKILLs what is left of its
 //!    process group and exits with the program's status, or 128 + signal number if a signal
 //!    killed it. Processes that left the group die with the container when PID 1 exits.
@@ -37,11 +44,13 @@
 //! |------|---------|
 //! | [`EXIT_NOT_FOUND`] (127) | `argv[0]` not found (`ENOENT`, also a missing `#!` interpreter) |
 //! | [`EXIT_NOT_EXECUTABLE`] (126) | `argv[0]` found but not executable (`EACCES`, `ENOEXEC`) |
-//! | [`EXIT_INIT_ERROR`] (125) | any other init error: no or bad spec, bad file, bad `cwd`, spawn failure, lost status, unexpected arguments |
+//! | [`EXIT_INIT_ERROR`] (125) | any other init error: no or bad spec, bad file, bad `cwd`, proxy `listen` not bindable, spawn failure, lost status, unexpected arguments |
 //!
 //! These collide with the codes a program may itself exit with; the stderr line is what tells
 //! them apart. Anything the init prints starts with `sandgate-init: `; it prints nothing on
-//! stdout, ever.
+//! stdout, ever. Once the program runs, the only other lines it may print are the bridge's,
+//! at most one per kind of failure (`sandgate-init: proxy bridge: ...`), which do not change
+//! the exit status.
 //!
 //! # Command line
 //!
@@ -53,12 +62,14 @@
 //! Not a security boundary: gVisor, the read-only root, the dropped capabilities and the
 //! gateway's limits are. It trusts the gateway's spec only as far as validated here, and it
 //! never reads stdin again after the first line. No tokio, no `unsafe`, no allocation-heavy
-//! work once the program runs (the spec and file contents are freed before the spawn).
-//! Later it will also relay `127.0.0.1:3128` to `/run/sandgate/egress.sock`: that belongs in
-//! its own module, started by [`run`] after [`process::Supervisor::new`] (so its threads
-//! inherit the blocked signal mask) and before the spawn (so the listener is up before the
-//! program can dial it).
+//! work once the program runs (the spec and file contents are freed before the spawn; the
+//! bridge allocates a bounded buffer per connection). Not a filter either: the bridge relays
+//! bytes it does not read, and every decision about them is the egress proxy's. The bridge is
+//! started after [`process::Supervisor::new`] (so its threads inherit the blocked signal mask
+//! and the signals still reach the init's loop) and before the spawn (so the listener is up
+//! before the program can dial it).
 
+pub mod bridge;
 pub mod exec;
 pub mod files;
 pub mod process;
@@ -70,6 +81,7 @@ use std::path::PathBuf;
 
 use thiserror::Error;
 
+use crate::bridge::BridgeError;
 use crate::exec::ExecError;
 use crate::files::FileError;
 use crate::process::{SuperviseError, Supervisor};
@@ -115,6 +127,8 @@ pub enum InitError {
     #[error("changing to cwd {}: {err}", .cwd.display())]
     Cwd { cwd: PathBuf, err: std::io::Error },
     #[error(transparent)]
+    Bridge(BridgeError),
+    #[error(transparent)]
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
@@ -147,11 +161,15 @@ pub fn run(stdin: impl BufRead) -> Result<u8, InitError> {
         cwd,
         env,
         files,
+        proxy,
     } = job;
     drop(files);
     // The init itself moves into cwd and the trampoline inherits it: a missing cwd is an init
     // error (125), not a 127 from the exec, and a relative argv[0] ("./run.sh") is from cwd.
     std::env::set_current_dir(&cwd).map_err(|err| InitError::Cwd { cwd, err })?;
+    if let Some(proxy) = &proxy {
+        bridge::start(proxy).map_err(InitError::Bridge)?;
+    }
 
     let child = supervisor
         .spawn(&argv, env.as_ref())

@@ -10,7 +10,8 @@
 //! ([`Supervisor::run`]). A blocked signal is never dropped, even for PID 1: it stays pending
 //! until `sigwait` takes it, so nothing is lost between the spawn and the first wait (a fast
 //! child's `SIGCHLD` included). The mask is set first thing, on the only thread; threads
-//! started later (the future proxy bridge) inherit it, so such signals still reach the loop.
+//! started later (the proxy bridge's, [`crate::bridge`]) inherit it, so such signals still
+//! reach the loop.
 //!
 //! The catch: a blocked mask is inherited through `fork` and `exec`, and std's `Command` does
 //! not reset it (checked: std 1.95 only resets `SIGPIPE`), while resetting it in the child

@@ -13,11 +13,18 @@
 # - docker's --tmpfs is noexec unless told `exec`: /workspace has it here, /tmp does not, and
 #   a case checks each.
 #
+# The proxy bridge cases serve a Unix socket from the host (python3 needed there) in a
+# directory mounted at /run/sandgate, as the gateway mounts the egress socket's. Under runsc
+# `--network none` still gives the sandbox `lo` (127.0.0.1 and ::1), which the bridge listens
+# on; the socket is reachable only because runsc runs with `--host-uds=open`, and only if uid
+# 65534 may search its directory and write to it (else: EACCES, reported by the bridge).
+#
 #   sandbox-init/tests/runsc-smoke.sh [path/to/static/sandbox-init]
 #
 # Without an argument it builds the static binary (CARGO_TARGET_DIR is honoured).
 # SANDGATE_IMAGE (default sandgate/bash) must have bash, grep, sleep and cat;
-# SANDGATE_PYTHON_IMAGE (default sandgate/python) is used for two cases, skipped if absent.
+# SANDGATE_PYTHON_IMAGE (default sandgate/python) is used for the python and most bridge
+# cases, skipped if absent.
 set -euo pipefail
 
 image=${SANDGATE_IMAGE:-sandgate/bash}
@@ -34,9 +41,12 @@ else
 fi
 
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+server=
+trap '[[ -n $server ]] && kill "$server"; rm -rf "$work"' EXIT
 passed=0
 failed=0
+# Extra `docker run` options for the next cases (the bridge's socket mount).
+sandbox_opts=()
 
 # sandbox NAME [docker run options...] -- IMAGE: runs one container, spec on stdin.
 sandbox() {
@@ -46,9 +56,9 @@ sandbox() {
     --read-only --user 65534 --cap-drop ALL --security-opt no-new-privileges \
     --pids-limit 256 --memory 256m --memory-swap 256m \
     --tmpfs /workspace:size=64m,mode=1777,exec --tmpfs /tmp:size=64m,mode=1777 \
-    --tmpfs /output:size=64m,mode=1777 --log-driver none \
+    --tmpfs /output:size=64m,mode=1777 --log-driver none --ulimit nofile=1024:1024 \
     -e PATH=/usr/local/bin:/usr/bin:/bin -e HOME=/tmp -e LANG=C.UTF-8 \
-    -v "$init:/sandgate/init:ro" --entrypoint /sandgate/init "$@"
+    -v "$init:/sandgate/init:ro" "${sandbox_opts[@]}" --entrypoint /sandgate/init "$@"
 }
 
 b64() { printf '%s' "$1" | base64 -w0; }
@@ -168,6 +178,153 @@ if docker image inspect "$python_image" >/dev/null 2>&1; then
 else
   echo "skip python cases (no image $python_image)"
 fi
+
+# The proxy bridge. Host side: a Unix socket server whose answer depends on what it gets
+# first. "HOLD...": never answers nor closes; "PING...": echoes each chunk; "BYE": answers
+# "bye" and closes at once; an HTTP request
+# head: 200 with its request line as the body; anything else: "echo:" + all it got once the
+# client has half-closed.
+egress=$work/egress
+mkdir -m 755 "$egress"
+python3 - "$egress/egress.sock" <<'EOF' &
+import socket, sys, threading, time
+def serve(conn):
+    data = conn.recv(65536)
+    if data.startswith(b"HOLD"):
+        time.sleep(3600)
+    elif data.startswith(b"BYE"):
+        conn.sendall(b"bye")
+    elif data.startswith(b"PING"):
+        while data:
+            conn.sendall(data)
+            data = conn.recv(65536)
+    else:
+        while data and b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        if b"\r\n\r\n" in data:
+            line = data.split(b"\r\n", 1)[0]
+            head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n"
+            conn.sendall(head % len(line) + line)
+        else:
+            conn.sendall(b"echo:" + data)
+    conn.close()
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(sys.argv[1])
+listener.listen(512)
+while True:
+    threading.Thread(target=serve, args=(listener.accept()[0],), daemon=True).start()
+EOF
+server=$!
+for _ in $(seq 50); do [[ -S $egress/egress.sock ]] && break; sleep 0.1; done
+chmod 666 "$egress/egress.sock"
+sandbox_opts=(-v "$egress:/run/sandgate")
+proxy='"proxy":{"listen":"127.0.0.1:3128","socket":"/run/sandgate/egress.sock"}'
+# py_spec SCRIPT [PROXY]: python3 runs SCRIPT with the proxy variables set, behind the bridge.
+py_spec() {
+  printf '{"argv":["python3","/tmp/sandgate/main.py"],"files":[{"path":"/tmp/sandgate/main.py","content_b64":"%s"}],"env":{"PATH":"/usr/local/bin:/usr/bin:/bin","HTTP_PROXY":"http://127.0.0.1:3128","http_proxy":"http://127.0.0.1:3128"},%s}' \
+    "$(b64 "$1")" "${2:-$proxy}"
+}
+bash_spec() { # bash_spec SCRIPT: as script_spec, behind the bridge
+  printf '{"argv":["bash","/tmp/sandgate/main.sh"],"files":[{"path":"/tmp/sandgate/main.sh","content_b64":"%s"}],%s}' \
+    "$(b64 "$1")" "$proxy"
+}
+check bridge-bash-dev-tcp 0 "HTTP/1.1 200 OK" "" "$(bash_spec 'exec 3<>/dev/tcp/127.0.0.1/3128
+printf "GET http://example.invalid/ HTTP/1.1\r\nHost: example.invalid\r\n\r\n" >&3
+head -1 <&3 | tr -d "\r"')"
+if docker image inspect "$python_image" >/dev/null 2>&1; then
+  check bridge-half-close 0 "b'echo:hello'" "" "$(py_spec 'import socket
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"hello")
+s.shutdown(socket.SHUT_WR)
+print(s.recv(100))')" "$python_image"
+  check bridge-bulk 0 "True" "" "$(py_spec 'import socket, threading
+s = socket.create_connection(("127.0.0.1", 3128), timeout=30)
+sent = bytes(range(256)) * (64 << 10)
+def send():
+    s.sendall(sent)
+    s.shutdown(socket.SHUT_WR)
+threading.Thread(target=send).start()
+got = bytearray()
+while chunk := s.recv(1 << 16):
+    got += chunk
+print(got == b"echo:" + sent)')" "$python_image"
+  # The proxy hangs up while the program keeps its end open: the relay must wait, not spin
+  # (poll reports the hang-up on every call).
+  check bridge-idle-after-hang-up 0 "b'bye' idle" "" "$(py_spec 'import os, socket, time
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"BYE")
+data = b""
+while chunk := s.recv(100):
+    data += chunk
+def cpu_of_init():
+    fields = open("/proc/1/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+before = cpu_of_init()
+time.sleep(1.5)
+used = cpu_of_init() - before
+print(data, "idle" if used < 0.3 else f"busy for {used}s")')" "$python_image"
+  check bridge-ipv6-loopback 0 "b'PING6'" "" "$(py_spec 'import socket
+s = socket.create_connection(("::1", 3128), timeout=10)
+s.sendall(b"PING6")
+print(s.recv(100))' '"proxy":{"listen":"[::1]:3128","socket":"/run/sandgate/egress.sock"}')" \
+    "$python_image"
+  # The standard proxy variable: urllib sends the absolute-form request line through it.
+  check bridge-proxy-env 0 "GET http://example.invalid/path?q=1 HTTP/1.1" "" "$(py_spec 'import urllib.request
+print(urllib.request.urlopen("http://example.invalid/path?q=1", timeout=10).read().decode())')" \
+    "$python_image"
+  check bridge-socket-missing 7 $'closed\nclosed' \
+    'sandgate-init: proxy bridge: connecting to /run/sandgate/absent.sock: No such file or directory' \
+    "$(py_spec 'import socket, sys
+for _ in range(2):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+    try:
+        s.sendall(b"GET http://example.invalid/ HTTP/1.1\r\n\r\n")
+        print("closed" if s.recv(100) == b"" else "data")
+    except (ConnectionResetError, BrokenPipeError):
+        print("closed")
+sys.exit(7)' '"proxy":{"listen":"127.0.0.1:3128","socket":"/run/sandgate/absent.sock"}')" \
+    "$python_image"
+  # Relays still open when the program exits (one the server never answers, one blocked
+  # writing to it): the init exits with the program's status all the same.
+  check bridge-exit-while-relaying 5 "held" "" "$(py_spec 'import socket, sys
+hold = socket.create_connection(("127.0.0.1", 3128))
+hold.sendall(b"HOLD")
+full = socket.create_connection(("127.0.0.1", 3128))
+full.sendall(b"HOLD")
+full.setblocking(False)
+try:
+    while True:
+        full.send(b"x" * 65536)
+except BlockingIOError:
+    pass
+print("held")
+sys.exit(5)')" "$python_image"
+  # 256 relays at once within the gateway's 1024 descriptors; the 257th is closed at once.
+  check bridge-bound 0 $'held True\nnext False\nagain True' \
+    "sandgate-init: proxy bridge: 256 connections open already; closing new ones until some end" \
+    "$(py_spec 'import socket, time
+def dial():
+    return socket.create_connection(("127.0.0.1", 3128), timeout=10)
+def echoed(s):
+    try:
+        s.sendall(b"PING")
+        return s.recv(4) == b"PING"
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+held = [dial() for _ in range(256)]
+print("held", all(echoed(s) for s in held))
+print("next", echoed(dial()))
+held.pop().close()
+for _ in range(200):
+    if echoed(dial()):
+        print("again True")
+        break
+    time.sleep(0.05)')" "$python_image"
+fi
+sandbox_opts=()
 
 echo "$passed passed, $failed failed"
 [[ $failed == 0 ]]

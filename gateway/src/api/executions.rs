@@ -111,6 +111,21 @@ pub async fn cancel(
     Ok(Json(ExecutionView::from(row)))
 }
 
+/// Every egress attempt of the execution, allowed or denied, in order.
+pub async fn connections(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let row = app.get_execution(&caller.0, &id).await?;
+    let connections = app
+        .audit
+        .connections(&row.id)
+        .await
+        .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
+    Ok(Json(serde_json::json!({ "connections": connections })))
+}
+
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,

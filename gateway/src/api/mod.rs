@@ -31,6 +31,10 @@ pub fn router(app: Arc<App>) -> Router {
         .route("/v1/executions", post(executions::create))
         .route("/v1/executions/{id}", get(executions::get))
         .route("/v1/executions/{id}/cancel", post(executions::cancel))
+        .route(
+            "/v1/executions/{id}/connections",
+            get(executions::connections),
+        )
         .route("/v1/policy", get(policy::show))
         .route("/v1/policy/evaluate", post(policy::evaluate))
         .route("/v1/policy/reload", post(policy::reload))

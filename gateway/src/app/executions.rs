@@ -13,16 +13,19 @@ use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
 use policy_engine::{
-    Decision, Environment, FileInput, HostPort, Limits, MountGrant, PolicyInput, Principal, Reason,
-    RequestInput, RequestedLimits,
+    Decision, Environment, FileInput, HostPort, Limits, MountGrant, NetworkGrant, PolicyInput,
+    Principal, Reason, RequestInput, RequestedLimits,
 };
 
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
-use super::{App, AppError};
+use super::{error_chain, App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
-use crate::runtime::{JobFile, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec};
+use crate::egress::{self, ExecutionEgress};
+use crate::runtime::{
+    JobFile, JobProxy, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec,
+};
 
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
@@ -65,6 +68,16 @@ pub struct FileUpload {
     pub content_b64: String,
 }
 
+/// An allowed execution waiting for its slot.
+#[derive(Debug)]
+struct Pending {
+    row: ExecutionRow,
+    spec: SandboxSpec,
+    network: Option<NetworkGrant>,
+    live: LiveGuard,
+    ticket: Ticket,
+}
+
 /// What became of a create request.
 #[derive(Debug)]
 pub enum Created {
@@ -84,6 +97,8 @@ struct Runnable {
     image: String,
     limits: Limits,
     mounts: Vec<ReadOnlyMount>,
+    /// The grant the egress proxy serves; `None`: no socket at all.
+    network: Option<NetworkGrant>,
 }
 
 impl App {
@@ -146,13 +161,20 @@ impl App {
         let (Some(runnable), Some(ticket)) = (runnable, ticket) else {
             return Ok(Created::Denied(row));
         };
+        let network = runnable.network.clone();
         let mut spec = self.sandbox_spec(&row.id, &request, files, runnable);
         spec.cancel = live.cancel_token();
+        let pending = Pending {
+            row: row.clone(),
+            spec,
+            network,
+            live,
+            ticket,
+        };
         let app = Arc::clone(self);
-        let queued = row.clone();
         let task = self
             .tasks
-            .spawn(async move { app.run_and_complete(queued, spec, live, ticket).await });
+            .spawn(async move { app.run_and_complete(pending).await });
         if !request.wait {
             return Ok(Created::Accepted(row));
         }
@@ -279,14 +301,16 @@ impl App {
                 "the policy asks for human review, which this gateway does not offer yet".into(),
             );
         }
-        if decision
+        let network = decision
             .network
             .as_ref()
-            .is_some_and(|grant| !grant.allow.is_empty())
-        {
+            .filter(|grant| !grant.allow.is_empty())
+            .cloned();
+        if network.is_some() && self.egress.is_none() {
             return refuse(
                 "network.unavailable",
-                "the policy grants network access, which this gateway does not offer yet".into(),
+                "the policy grants network access but this gateway's egress proxy is not running"
+                    .into(),
             );
         }
         let (Some(backend), Some(limits)) = (&decision.backend, &decision.limits) else {
@@ -320,6 +344,7 @@ impl App {
             image: image.clone(),
             limits,
             mounts,
+            network,
         })
     }
 
@@ -393,23 +418,26 @@ impl App {
             init_binary: self.init_binary.clone(),
             limits: runnable.limits,
             mounts: runnable.mounts,
+            egress_dir: None,
             cancel: CancellationToken::new(),
             job: JobSpec {
                 argv,
                 cwd: WORKSPACE.to_owned(),
                 env: sandbox_env(),
                 files: job_files,
+                proxy: None,
             },
         }
     }
 
-    async fn run_and_complete(
-        &self,
-        row: ExecutionRow,
-        spec: SandboxSpec,
-        live: LiveGuard,
-        ticket: Ticket,
-    ) -> ExecutionRow {
+    async fn run_and_complete(&self, pending: Pending) -> ExecutionRow {
+        let Pending {
+            row,
+            spec,
+            network,
+            live,
+            ticket,
+        } = pending;
         let id = row.id.clone();
         let done = match ticket.slot().await {
             Some(_slot) => {
@@ -417,7 +445,7 @@ impl App {
                 if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
                     tracing::warn!(execution_id = %id, error = %err, "could not mark running");
                 }
-                let outcome = self.runtime.run(spec).await;
+                let outcome = self.run_with_egress(spec, &row.tenant, network).await;
                 completion(outcome, &id)
             }
             None => completion(
@@ -428,6 +456,39 @@ impl App {
             ),
         };
         self.complete_with_retry(row, done).await
+    }
+
+    /// Runs the sandbox; with a network grant, behind its own egress socket for exactly as
+    /// long as the sandbox lives.
+    async fn run_with_egress(
+        &self,
+        mut spec: SandboxSpec,
+        tenant: &str,
+        network: Option<NetworkGrant>,
+    ) -> Result<RunOutcome, RuntimeError> {
+        let (Some(grant), Some(proxy)) = (network, self.egress.as_ref()) else {
+            return self.runtime.run(spec).await;
+        };
+        let egress = ExecutionEgress::start(
+            proxy,
+            &self.egress_root,
+            &spec.execution_id,
+            tenant,
+            &grant,
+            self.shutdown.child_token(),
+        )
+        .map_err(|err| RuntimeError::Unavailable(error_chain(&err)))?;
+        spec.egress_dir = Some(egress.dir.clone());
+        spec.job.proxy = Some(JobProxy {
+            listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
+            socket: egress::SANDBOX_SOCKET.to_owned(),
+        });
+        spec.job
+            .env
+            .extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        let outcome = self.runtime.run(spec).await;
+        egress.finish().await;
+        outcome
     }
 
     /// Completion is retried; if the store stays down the caller still gets the truth, and the

@@ -21,7 +21,7 @@ pub use policy::{PolicyHandle, PolicyState};
 /// Shared state of one gateway process.
 pub struct App {
     pub config: Config,
-    pub policy: PolicyHandle,
+    pub policy: Arc<PolicyHandle>,
     pub audit: AuditStore,
     pub runtime: Arc<dyn SandboxRuntime>,
     /// Running-sandbox slots (`max_concurrent`), per-tenant fair queues (`max_queued`).
@@ -31,6 +31,10 @@ pub struct App {
     pub shutdown: CancellationToken,
     /// Names this gateway (stable across restarts) on the containers and rows it creates.
     pub instance: String,
+    /// The egress proxy; `None` if it could not be set up (then no grant of network is run).
+    pub egress: Option<egress_proxy::EgressProxy>,
+    /// Where per-execution egress socket directories are created.
+    pub egress_root: PathBuf,
     /// Executions in flight in this process, for the reaper.
     pub live: Arc<reaper::LiveSet>,
     pub init_binary: PathBuf,
@@ -48,13 +52,17 @@ impl std::fmt::Debug for App {
 impl App {
     pub fn new(
         config: Config,
-        policy: PolicyHandle,
+        policy: Arc<PolicyHandle>,
         audit: AuditStore,
         runtime: Arc<dyn SandboxRuntime>,
         shutdown: CancellationToken,
         instance: String,
+        egress: Option<egress_proxy::EgressProxy>,
     ) -> App {
         App {
+            egress,
+            egress_root: std::path::absolute(config.data_dir.join("egress"))
+                .unwrap_or_else(|_| config.data_dir.join("egress")),
             scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
             init_binary: config.sandbox_init_path(),
             instance,

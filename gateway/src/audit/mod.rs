@@ -2,6 +2,7 @@
 //! hash-chained `audit_events`. The only module that writes SQL.
 
 pub mod chain;
+pub mod egress;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;

@@ -197,8 +197,16 @@ fn mounts(spec: &SandboxSpec) -> Vec<Mount> {
         read_only: Some(true),
         ..Default::default()
     };
+    let egress = spec.egress_dir.as_ref().map(|dir| Mount {
+        target: Some(crate::egress::SANDBOX_SOCKET_DIR.to_owned()),
+        source: Some(dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(false),
+        ..Default::default()
+    });
     std::iter::once(read_only(&spec.init_binary, INIT_PATH))
         .chain(spec.mounts.iter().map(|m| read_only(&m.source, &m.target)))
+        .chain(egress)
         .collect()
 }
 

@@ -29,6 +29,15 @@ pub struct JobSpec {
     pub cwd: String,
     pub env: BTreeMap<String, String>,
     pub files: Vec<JobFile>,
+    /// The in-sandbox bridge to the egress socket; absent without a network grant.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<JobProxy>,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct JobProxy {
+    pub listen: String,
+    pub socket: String,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -56,6 +65,9 @@ pub struct SandboxSpec {
     pub init_binary: PathBuf,
     pub limits: Limits,
     pub mounts: Vec<ReadOnlyMount>,
+    /// The execution's egress socket directory, mounted at `/run/sandgate`: the one host path
+    /// a sandbox may reach that is not read-only data.
+    pub egress_dir: Option<PathBuf>,
     pub job: JobSpec,
     /// Fires when the execution is cancelled: the sandbox is killed at once.
     pub cancel: CancellationToken,

@@ -1,0 +1,105 @@
+//! Proxy-wide settings and the per-execution grant a listener serves.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use policy_engine::NetworkGrant;
+
+/// Settings shared by every execution's listener.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Ports whose `CONNECT` tunnels must start with a ClientHello whose SNI names the host.
+    pub tls_ports: Vec<u16>,
+    /// The gateway's own addresses (interfaces, published ports' hosts): always denied, like
+    /// loopback. [`local_interface_addresses`] lists this machine's.
+    pub denied_addresses: Vec<IpAddr>,
+    /// Largest request head, in bytes.
+    pub max_head_bytes: usize,
+    /// Bound on one name resolution.
+    pub dns_timeout: Duration,
+    /// Bound on `ConnectionRecorder::open`; past it the attempt is refused (503).
+    pub record_timeout: Duration,
+    /// How long `ExecutionListener::close` waits for its connections to finish recording.
+    pub close_grace: Duration,
+}
+
+impl Default for ProxyConfig {
+    fn default() -> ProxyConfig {
+        ProxyConfig {
+            tls_ports: vec![443],
+            denied_addresses: Vec::new(),
+            max_head_bytes: 16 * 1024,
+            dns_timeout: Duration::from_secs(5),
+            record_timeout: Duration::from_secs(5),
+            close_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Limits one execution's connections live under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionLimits {
+    /// Connections open at once; one more is answered 429.
+    pub max_connections: u32,
+    /// Bytes up plus down, across all connections of the execution.
+    pub max_bytes: u64,
+    /// A connection with no byte in either direction for this long is closed.
+    pub idle_timeout: Duration,
+    /// Time to send the request head, and (TLS ports) the ClientHello.
+    pub header_read_timeout: Duration,
+    /// Time for the upstream to accept the connection.
+    pub connect_timeout: Duration,
+}
+
+impl ExecutionLimits {
+    /// The grant's counts with the default timeouts (idle 60 s, header 10 s, connect 10 s).
+    pub fn from_grant(grant: &NetworkGrant) -> ExecutionLimits {
+        ExecutionLimits {
+            max_connections: grant.max_connections,
+            max_bytes: grant.max_bytes,
+            idle_timeout: Duration::from_secs(60),
+            header_read_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What one execution's listener serves: who it is, what its decision granted, its limits.
+#[derive(Debug, Clone)]
+pub struct ExecutionGrant {
+    pub execution_id: String,
+    pub tenant: String,
+    pub grant: NetworkGrant,
+    pub limits: ExecutionLimits,
+}
+
+/// This machine's interface addresses (every family, every interface, loopback included): what
+/// a gateway puts in [`ProxyConfig::denied_addresses`] so a sandbox cannot reach its host's
+/// services through a non-loopback address.
+pub fn local_interface_addresses() -> std::io::Result<Vec<IpAddr>> {
+    let mut found = Vec::new();
+    for interface in nix::ifaddrs::getifaddrs().map_err(std::io::Error::from)? {
+        let Some(address) = interface.address else {
+            continue;
+        };
+        if let Some(v4) = address.as_sockaddr_in() {
+            found.push(IpAddr::V4(v4.ip()));
+        } else if let Some(v6) = address.as_sockaddr_in6() {
+            found.push(IpAddr::V6(v6.ip()));
+        }
+    }
+    found.sort_unstable();
+    found.dedup();
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_addresses_include_loopback() {
+        let found = local_interface_addresses().unwrap();
+        assert!(found.contains(&"127.0.0.1".parse().unwrap()), "{found:?}");
+    }
+}

@@ -1,0 +1,276 @@
+//! The bounded set of reason codes the proxy records and answers with (STYLE 4): each says where
+//! it came from (client, upstream, policy or internal) and which HTTP status a denial carries.
+
+use std::fmt;
+
+/// Where a reason came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReasonSource {
+    /// The sandbox sent something the proxy refuses, or broke a limit.
+    Client,
+    /// Resolving or reaching the destination failed.
+    Upstream,
+    /// The egress policy or the address table decided.
+    Policy,
+    /// The proxy itself (audit store, shutdown).
+    Internal,
+}
+
+/// Why an attempt was allowed or denied, or why a connection closed. `code()` is what audit
+/// rows, denial bodies and logs carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReasonCode {
+    /// The attempt passed every check (an attempt's reason when allowed).
+    Allowed,
+    /// The connection ran to its end (a close reason).
+    Completed,
+
+    /// No rule of the grant matches the host (`egress.host_not_granted` from the policy).
+    HostNotGranted,
+    /// The host is granted on other ports (`egress.port_not_granted` from the policy).
+    PortNotGranted,
+    /// The policy denied with a code of its own (kept in the attempt's `policy_reasons`).
+    PolicyDenied,
+    /// The policy could not decide (`policy.error`): load, evaluation or shape error.
+    PolicyError,
+    /// A resolved or literal address is in a denied range or is the gateway's own.
+    AddressDenied,
+
+    /// The request head is malformed, too large or not a form the proxy serves.
+    BadRequest,
+    /// The target host is not a valid host in any spelling the proxy accepts.
+    HostInvalid,
+    /// A plain HTTP request's `Host` header is missing, repeated or names another host.
+    HostMismatch,
+    /// A plain HTTP request whose body framing could be read two ways.
+    Smuggling,
+    /// The request head, or the ClientHello, did not arrive in time.
+    ClientTimeout,
+    /// The ClientHello's SNI names another host.
+    SniMismatch,
+    /// The ClientHello has no SNI, or the client closed before sending one.
+    SniMissing,
+    /// The first bytes of the tunnel are not a ClientHello with one readable host name.
+    SniUnreadable,
+    /// The execution already has as many connections open as it may.
+    TooManyConnections,
+    /// The execution's byte budget (up and down, all connections) is spent.
+    ByteLimit,
+    /// Neither side sent anything for the idle timeout.
+    IdleTimeout,
+    /// The connection to the sandbox failed while relaying.
+    ClientFailed,
+
+    /// The name did not resolve (or resolved to nothing).
+    DnsFailed,
+    /// The resolver did not answer in time.
+    DnsTimeout,
+    /// The upstream refused or reset the connection.
+    UpstreamFailed,
+    /// The upstream did not accept the connection in time.
+    UpstreamTimeout,
+
+    /// The audit recorder could not record the attempt: nothing was dialled.
+    AuditUnavailable,
+    /// The execution's listener was closed while the connection was open.
+    Shutdown,
+}
+
+impl ReasonCode {
+    /// Every code, for documentation and tests.
+    pub const ALL: [ReasonCode; 25] = [
+        ReasonCode::Allowed,
+        ReasonCode::Completed,
+        ReasonCode::HostNotGranted,
+        ReasonCode::PortNotGranted,
+        ReasonCode::PolicyDenied,
+        ReasonCode::PolicyError,
+        ReasonCode::AddressDenied,
+        ReasonCode::BadRequest,
+        ReasonCode::HostInvalid,
+        ReasonCode::HostMismatch,
+        ReasonCode::Smuggling,
+        ReasonCode::ClientTimeout,
+        ReasonCode::SniMismatch,
+        ReasonCode::SniMissing,
+        ReasonCode::SniUnreadable,
+        ReasonCode::TooManyConnections,
+        ReasonCode::ByteLimit,
+        ReasonCode::IdleTimeout,
+        ReasonCode::ClientFailed,
+        ReasonCode::DnsFailed,
+        ReasonCode::DnsTimeout,
+        ReasonCode::UpstreamFailed,
+        ReasonCode::UpstreamTimeout,
+        ReasonCode::AuditUnavailable,
+        ReasonCode::Shutdown,
+    ];
+
+    /// The dotted code written to audit rows and denial bodies.
+    pub fn code(self) -> &'static str {
+        use ReasonCode::*;
+        match self {
+            Allowed => "egress.allowed",
+            Completed => "egress.completed",
+            HostNotGranted => "egress.host_not_granted",
+            PortNotGranted => "egress.port_not_granted",
+            PolicyDenied => "egress.policy_denied",
+            PolicyError => "policy.error",
+            AddressDenied => "egress.address_denied",
+            BadRequest => "egress.bad_request",
+            HostInvalid => "egress.host_invalid",
+            HostMismatch => "egress.host_mismatch",
+            Smuggling => "egress.smuggling",
+            ClientTimeout => "egress.client_timeout",
+            SniMismatch => "egress.sni_mismatch",
+            SniMissing => "egress.sni_missing",
+            SniUnreadable => "egress.sni_unreadable",
+            TooManyConnections => "egress.too_many_connections",
+            ByteLimit => "egress.byte_limit",
+            IdleTimeout => "egress.idle_timeout",
+            ClientFailed => "egress.client_failed",
+            DnsFailed => "egress.dns_failed",
+            DnsTimeout => "egress.dns_timeout",
+            UpstreamFailed => "egress.upstream_failed",
+            UpstreamTimeout => "egress.upstream_timeout",
+            AuditUnavailable => "egress.audit_unavailable",
+            Shutdown => "egress.shutdown",
+        }
+    }
+
+    /// Where the reason came from; `None` for the two outcomes that are not failures.
+    pub fn source(self) -> Option<ReasonSource> {
+        use ReasonCode::*;
+        Some(match self {
+            Allowed | Completed => return None,
+            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied => {
+                ReasonSource::Policy
+            }
+            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
+            | SniMissing | SniUnreadable | TooManyConnections | ByteLimit | IdleTimeout
+            | ClientFailed => ReasonSource::Client,
+            DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout => ReasonSource::Upstream,
+            AuditUnavailable | Shutdown => ReasonSource::Internal,
+        })
+    }
+
+    /// The status a denial with this reason answers with (when an HTTP answer is still possible).
+    pub fn status(self) -> u16 {
+        use ReasonCode::*;
+        match self {
+            Allowed | Completed => 200,
+            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied
+            | SniMismatch | SniMissing | SniUnreadable | ByteLimit => 403,
+            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed => 400,
+            ClientTimeout => 408,
+            TooManyConnections => 429,
+            DnsFailed | UpstreamFailed => 502,
+            DnsTimeout | UpstreamTimeout | IdleTimeout => 504,
+            AuditUnavailable | Shutdown => 503,
+        }
+    }
+
+    /// Maps a policy reason code onto the bounded set (unknown codes are `PolicyDenied`).
+    pub fn from_policy(code: &str) -> ReasonCode {
+        match code {
+            "egress.host_not_granted" => ReasonCode::HostNotGranted,
+            "egress.port_not_granted" => ReasonCode::PortNotGranted,
+            policy_engine::POLICY_ERROR_CODE => ReasonCode::PolicyError,
+            _ => ReasonCode::PolicyDenied,
+        }
+    }
+}
+
+impl fmt::Display for ReasonCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.code())
+    }
+}
+
+/// The text for a status line.
+pub(crate) fn status_text(status: u16) -> &'static str {
+    match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        408 => "Request Timeout",
+        429 => "Too Many Requests",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        _ => "Error",
+    }
+}
+
+/// Most characters of a message in a denial body.
+const MAX_MESSAGE: usize = 300;
+
+/// Makes a message safe for a one-line body and an audit row: no control characters, bounded.
+pub(crate) fn one_line(message: &str) -> String {
+    let mut out: String = message
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(MAX_MESSAGE)
+        .collect();
+    if message.chars().count() > MAX_MESSAGE {
+        out.push_str("...");
+    }
+    out
+}
+
+/// The uniform denial answer: status line, a few headers, and
+/// `sandgate-egress: <code>: <message>` as the body.
+pub(crate) fn denial_response(reason: ReasonCode, message: &str) -> Vec<u8> {
+    let status = reason.status();
+    let body = format!(
+        "sandgate-egress: {}: {}\n",
+        reason.code(),
+        one_line(message)
+    );
+    format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
+         Content-Length: {}\r\nX-Sandgate-Reason: {}\r\nConnection: close\r\n\r\n{body}",
+        status_text(status),
+        body.len(),
+        reason.code(),
+    )
+    .into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_dotted() {
+        let mut codes: Vec<&str> = ReasonCode::ALL.iter().map(|r| r.code()).collect();
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), 25);
+        for code in codes {
+            assert!(
+                code.starts_with("egress.") || code == "policy.error",
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn denial_bodies_are_one_line() {
+        let response = denial_response(ReasonCode::HostNotGranted, "a\r\nX-Injected: 1");
+        let text = String::from_utf8(response).unwrap();
+        assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{text}");
+        assert!(
+            text.ends_with("\r\n\r\nsandgate-egress: egress.host_not_granted: a  X-Injected: 1\n"),
+            "{text}"
+        );
+        assert_eq!(
+            ReasonCode::from_policy("policy.error"),
+            ReasonCode::PolicyError
+        );
+        assert_eq!(
+            ReasonCode::from_policy("tenant.suspended"),
+            ReasonCode::PolicyDenied
+        );
+        assert!(one_line(&"x".repeat(1000)).len() < 310);
+    }
+}

@@ -1,0 +1,228 @@
+//! The gateway's side of the egress proxy: the proxy's three seams (policy, resolver, audit
+//! recorder) implemented with the active policy bundle, the system resolver and Postgres, and
+//! the per-execution set-up (a fresh socket directory, served, mounted, removed afterwards).
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tokio_util::sync::CancellationToken;
+
+use egress_proxy::{
+    Attempt, Closed, ConnectionId, ConnectionRecorder, DnsResolver, EgressPolicy, EgressProxy,
+    ExecutionGrant, ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, Resolve,
+    ResolveError,
+};
+use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
+
+use crate::app::policy::PolicyHandle;
+use crate::audit::egress::{ConnectionClose, ConnectionOpen};
+use crate::audit::AuditStore;
+
+/// Inside the sandbox: the directory holding the egress socket, and the bridge's address.
+pub const SANDBOX_SOCKET_DIR: &str = "/run/sandgate";
+pub const SANDBOX_SOCKET: &str = "/run/sandgate/egress.sock";
+pub const SANDBOX_PROXY_LISTEN: &str = "127.0.0.1:3128";
+const CLOSE_ATTEMPTS: u32 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("egress socket directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("egress listener")]
+    Listen(#[source] egress_proxy::ProxyError),
+    #[error("egress resolver")]
+    Resolver(#[source] egress_proxy::ResolverSetupError),
+}
+
+/// Builds the proxy the gateway serves every execution's socket with.
+pub fn proxy(
+    policy: Arc<PolicyHandle>,
+    audit: AuditStore,
+    static_hosts: &BTreeMap<String, Vec<IpAddr>>,
+    own_addresses: Vec<IpAddr>,
+) -> Result<EgressProxy, EgressError> {
+    let config = ProxyConfig {
+        denied_addresses: own_addresses,
+        ..ProxyConfig::default()
+    };
+    let resolver = LayeredResolver {
+        fixed: static_hosts.clone(),
+        system: DnsResolver::system(config.dns_timeout).map_err(EgressError::Resolver)?,
+    };
+    Ok(EgressProxy::new(
+        config,
+        Arc::new(ActivePolicy(Arc::clone(&policy))),
+        Arc::new(resolver),
+        Arc::new(Recorder { audit, policy }),
+    ))
+}
+
+/// One execution's egress: its socket directory (mounted at `/run/sandgate`) and listener.
+#[derive(Debug)]
+pub struct ExecutionEgress {
+    pub dir: PathBuf,
+    listener: Option<ExecutionListener>,
+}
+
+impl ExecutionEgress {
+    /// Creates `<root>/<execution id>/egress.sock` and serves it with `grant`.
+    pub fn start(
+        proxy: &EgressProxy,
+        root: &Path,
+        execution_id: &str,
+        tenant: &str,
+        grant: &NetworkGrant,
+        shutdown: CancellationToken,
+    ) -> Result<ExecutionEgress, EgressError> {
+        let dir = root.join(execution_id);
+        let dir_error = |err| EgressError::Dir {
+            path: dir.clone(),
+            err,
+        };
+        std::fs::create_dir_all(&dir).map_err(dir_error)?;
+        // The sandbox user (65534) must reach the socket inside; nothing else lives here.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .map_err(dir_error)?;
+        let grant = ExecutionGrant {
+            execution_id: execution_id.to_owned(),
+            tenant: tenant.to_owned(),
+            grant: grant.clone(),
+            limits: ExecutionLimits::from_grant(grant),
+        };
+        let listener = proxy
+            .serve_execution(&dir.join("egress.sock"), grant, shutdown)
+            .map_err(EgressError::Listen)?;
+        Ok(ExecutionEgress {
+            dir,
+            listener: Some(listener),
+        })
+    }
+
+    /// Stops the listener (its connections record their close) and removes the directory.
+    pub async fn finish(mut self) {
+        if let Some(listener) = self.listener.take() {
+            listener.close().await;
+        }
+        if let Err(err) = std::fs::remove_dir_all(&self.dir) {
+            tracing::warn!(dir = %self.dir.display(), error = %err, "removing the egress directory failed");
+        }
+    }
+}
+
+/// The sandbox environment that sends standard tools through the bridge.
+pub fn proxy_env() -> impl Iterator<Item = (&'static str, String)> {
+    let url = format!("http://{SANDBOX_PROXY_LISTEN}");
+    [
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .into_iter()
+    .map(move |name| (name, url.clone()))
+    .chain([("NO_PROXY", String::new()), ("no_proxy", String::new())])
+}
+
+/// Decides with whatever bundle is active when the connection arrives.
+struct ActivePolicy(Arc<PolicyHandle>);
+
+impl EgressPolicy for ActivePolicy {
+    fn decide(&self, input: &EgressInput) -> EgressDecision {
+        self.0.current().state.decide_egress(input)
+    }
+}
+
+/// Names configured in `egress_hosts` first (tests, split-horizon set-ups), then the system.
+struct LayeredResolver {
+    fixed: BTreeMap<String, Vec<IpAddr>>,
+    system: DnsResolver,
+}
+
+impl Resolve for LayeredResolver {
+    fn resolve<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Vec<IpAddr>, ResolveError>> {
+        match self.fixed.get(name) {
+            Some(addresses) => {
+                let addresses = addresses.clone();
+                async move { Ok(addresses) }.boxed()
+            }
+            None => self.system.resolve(name),
+        }
+    }
+}
+
+/// Records attempts in `egress_connections` and the audit chain.
+struct Recorder {
+    audit: AuditStore,
+    policy: Arc<PolicyHandle>,
+}
+
+impl ConnectionRecorder for Recorder {
+    fn open<'a>(
+        &'a self,
+        attempt: &'a Attempt,
+    ) -> BoxFuture<'a, Result<ConnectionId, RecordError>> {
+        async move {
+            let open = ConnectionOpen {
+                execution_id: attempt.execution_id.clone(),
+                tenant: attempt.tenant.clone(),
+                host: attempt.host.clone(),
+                port: i32::from(attempt.port),
+                scheme: attempt.scheme.map_or("invalid", |s| s.as_str()).to_owned(),
+                sni: attempt.sni.clone(),
+                method: attempt.method.clone(),
+                path: attempt.path.clone(),
+                resolved_addr: attempt.address.map(|a| a.to_string()),
+                allow: attempt.allow,
+                reason: attempt.reason.to_string(),
+                message: attempt.message.clone(),
+                policy_reasons: serde_json::json!(attempt.policy_reasons),
+                policy_revision: self.policy.current().state.revision().to_owned(),
+                opened_at: attempt
+                    .started_at
+                    .duration_since(UNIX_EPOCH)
+                    .ok()
+                    .and_then(|d| chrono::DateTime::from_timestamp_micros(d.as_micros() as i64))
+                    .unwrap_or_else(crate::ids::now_micros),
+            };
+            self.audit
+                .open_connection(&open)
+                .await
+                .map(ConnectionId)
+                .map_err(|err| RecordError(crate::app::error_chain(&err)))
+        }
+        .boxed()
+    }
+
+    fn close<'a>(&'a self, id: ConnectionId, closed: &'a Closed) -> BoxFuture<'a, ()> {
+        async move {
+            let close = ConnectionClose {
+                bytes_up: i64::try_from(closed.bytes_up).unwrap_or(i64::MAX),
+                bytes_down: i64::try_from(closed.bytes_down).unwrap_or(i64::MAX),
+                duration_ms: i64::try_from(closed.duration.as_millis()).unwrap_or(i64::MAX),
+                close_reason: closed.reason.to_string(),
+                error: closed.error.clone(),
+            };
+            for attempt in 1..=CLOSE_ATTEMPTS {
+                match self.audit.close_connection(&id.0, &close).await {
+                    Ok(()) => return,
+                    Err(err) => {
+                        tracing::warn!(connection = %id.0, attempt, error = %err, "recording a connection close failed");
+                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                    }
+                }
+            }
+        }
+        .boxed()
+    }
+}

@@ -1,0 +1,258 @@
+//! Egress end to end: code inside a real runsc sandbox reaches the network only through the
+//! gateway's proxy (via sandbox-init's bridge and the per-execution socket), with every attempt
+//! decided by policy and recorded. The upstream lives in a network namespace of this machine
+//! (scripts/netns.sh), never anywhere else.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
+
+mod common;
+
+use std::net::IpAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use common::{fresh_database, workspace_root, TestGateway};
+
+const UPSTREAM: &str = "198.51.100.2";
+
+/// A static HTTP server inside the test namespace, killed on drop.
+struct Upstream {
+    child: Child,
+    port: u16,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn upstream() -> Upstream {
+    let status = Command::new("bash")
+        .arg(workspace_root().join("scripts/netns.sh"))
+        .arg("up")
+        .status()
+        .expect("scripts/netns.sh");
+    assert!(
+        status.success(),
+        "scripts/netns.sh up failed: run the tests as root with iproute2"
+    );
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("hello.txt"), "hello through the proxy\n").unwrap();
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "sgtest",
+            "python3",
+            "-m",
+            "http.server",
+            "--bind",
+            UPSTREAM,
+        ])
+        .arg(port.to_string())
+        .current_dir(root.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        let ready = Command::new("ip")
+            .args(["netns", "exec", "sgtest", "python3", "-c"])
+            .arg(format!(
+                "import socket; socket.create_connection(('{UPSTREAM}', {port}), timeout=1)"
+            ))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        if ready.success() {
+            return Upstream {
+                child,
+                port,
+                _root: root,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the upstream in the test namespace did not start");
+}
+
+/// The shipped bundle plus a tenant `nettest` allowed the test hosts on `port`.
+fn bundle_with_test_tenant(port: u16) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(workspace_root().join("policies/."))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let tenants = dir.path().join("data/tenants.yaml");
+    let mut data: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&tenants).unwrap()).unwrap();
+    let mut tenant = data["tenants"]["acme"].clone();
+    let allow: Vec<Value> = ["files.test", "private.test", "loop.test"]
+        .iter()
+        .map(|host| json!({"host": host, "ports": [port]}))
+        .collect();
+    tenant["network"]["allow"] = serde_yaml_ng::to_value(allow).unwrap();
+    tenant["network"]["review_unlisted_hosts"] = serde_yaml_ng::Value::Bool(false);
+    data["tenants"]["nettest"] = tenant;
+    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandbox_reaches_only_what_the_grant_allows_and_every_attempt_is_recorded() {
+    let upstream = upstream();
+    let port = upstream.port;
+    let policies = bundle_with_test_tenant(port);
+    let url = fresh_database().await;
+    let dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(url), move |config| {
+        config.policy_dir = dir;
+        let ip = |s: &str| vec![s.parse::<IpAddr>().unwrap()];
+        config
+            .egress_hosts
+            .insert("files.test".into(), ip(UPSTREAM));
+        config
+            .egress_hosts
+            .insert("private.test".into(), ip("10.0.0.5"));
+        config
+            .egress_hosts
+            .insert("loop.test".into(), ip("127.0.0.1"));
+    })
+    .await;
+    let key = gw.key("agent", "nettest").await;
+    let code = format!(
+        r#"
+import json, os, socket, time, urllib.request, urllib.error
+out = {{"env_proxy": os.environ.get("HTTP_PROXY")}}
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return [r.status, r.read().decode()]
+    except urllib.error.HTTPError as e:
+        return [e.code, e.read().decode()]
+    except Exception as e:
+        return ["error", repr(e)]
+out["allowed"] = fetch("http://files.test:{port}/hello.txt")
+out["not_granted"] = fetch("http://evil.example:{port}/")
+out["metadata"] = fetch("http://169.254.169.254/latest/meta-data/")
+out["metadata_decimal"] = fetch("http://2852039166/")
+out["private"] = fetch("http://private.test:{port}/")
+out["loopback"] = fetch("http://loop.test:{port}/")
+started = time.time()
+try:
+    socket.create_connection(("{UPSTREAM}", {port}), timeout=5)
+    out["direct"] = "connected"
+except OSError as e:
+    out["direct"] = type(e).__name__
+out["direct_seconds"] = time.time() - started
+try:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM).sendto(b"x", ("{UPSTREAM}", 53))
+    out["udp"] = "sent"
+except OSError as e:
+    out["udp"] = type(e).__name__
+print(json.dumps(out))
+"#
+    );
+    let network = json!([
+        {"host": "files.test", "port": port},
+        {"host": "private.test", "port": port},
+        {"host": "loop.test", "port": port},
+    ]);
+    let (status, body) = gw
+        .execute(&key, "python", &code, json!({"network": network}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    let out: Value = serde_json::from_str(body["stdout"].as_str().unwrap())
+        .unwrap_or_else(|err| panic!("{err}: {body}"));
+    assert_eq!(out["env_proxy"], "http://127.0.0.1:3128");
+    assert_eq!(
+        out["allowed"],
+        json!([200, "hello through the proxy\n"]),
+        "{out}"
+    );
+    for (case, code) in [
+        ("not_granted", "egress.host_not_granted"),
+        ("metadata", ""),
+        ("metadata_decimal", ""),
+        ("private", "egress.address_denied"),
+        ("loopback", "egress.address_denied"),
+    ] {
+        let answer = &out[case];
+        assert_eq!(answer[0], 403, "{case}: {out}");
+        let text = answer[1].as_str().unwrap();
+        assert!(text.starts_with("sandgate-egress: "), "{case}: {text}");
+        assert!(text.contains(code), "{case}: {text}");
+    }
+    assert_ne!(out["direct"], "connected", "{out}");
+    assert!(
+        out["direct_seconds"].as_f64().unwrap() < 1.0,
+        "direct socket did not fail fast: {out}"
+    );
+    assert_ne!(out["udp"], "sent", "{out}");
+
+    // Every attempt through the proxy left exactly one row; the allowed one counted its bytes.
+    let id = body["id"].as_str().unwrap();
+    let (status, rows) = gw
+        .get(&key, &format!("/v1/executions/{id}/connections"))
+        .await;
+    assert_eq!(status, 200, "{rows}");
+    let rows = rows["connections"].as_array().unwrap().clone();
+    assert_eq!(rows.len(), 6, "{rows:#?}");
+    let allowed: Vec<&Value> = rows.iter().filter(|r| r["allow"] == true).collect();
+    assert_eq!(allowed.len(), 1, "{rows:#?}");
+    assert_eq!(allowed[0]["host"], "files.test");
+    assert_eq!(allowed[0]["resolved_addr"], format!("{UPSTREAM}:{port}"));
+    assert!(allowed[0]["bytes_down"].as_i64().unwrap() > 20, "{rows:#?}");
+    assert!(allowed[0]["bytes_up"].as_i64().unwrap() > 20, "{rows:#?}");
+    assert!(allowed[0]["closed_at"].is_string(), "{rows:#?}");
+    for row in rows.iter().filter(|r| r["allow"] == false) {
+        assert!(
+            row["reason"].as_str().unwrap().starts_with("egress."),
+            "{row}"
+        );
+        assert!(
+            row["resolved_addr"].is_null() || row["host"] != "evil.example",
+            "{row}"
+        );
+    }
+    let pool = gw.pool().await;
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'egress.connection' AND execution_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(events, 6, "one audit event per attempt");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn executions_without_a_grant_get_no_socket_at_all() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let code = r#"
+import os, socket
+print(os.path.exists("/run/sandgate/egress.sock"), "HTTP_PROXY" in os.environ)
+try:
+    socket.create_connection(("127.0.0.1", 3128), timeout=2)
+    print("bridge")
+except OSError as e:
+    print("no bridge")
+"#;
+    let (status, body) = gw.execute(&key, "python", code, json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["stdout"], "False False\nno bridge\n", "{body}");
+    gw.stop().await;
+}
