@@ -272,6 +272,38 @@ sys.exit(5)
 }
 
 #[test]
+fn the_programs_last_bytes_reach_a_proxy_that_half_closed_first() {
+    let dir = tmp();
+    let socket = socket_in(&dir);
+    let listener = UnixListener::bind(&socket).unwrap();
+    let server = thread::spawn(move || {
+        let (mut conn, _) = listener.accept().unwrap();
+        conn.write_all(b"half").unwrap();
+        conn.shutdown(Shutdown::Write).unwrap();
+        // So that the program's FIN arrives before all its bytes are relayed.
+        thread::sleep(Duration::from_millis(500));
+        let mut got = Vec::new();
+        conn.read_to_end(&mut got).unwrap();
+        got.len()
+    });
+    // Reads to the proxy's EOF, then sends and closes: the bytes come with the program's FIN.
+    let script = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+got = b""
+while chunk := s.recv(100):
+    got += chunk
+s.sendall(b"x" * 100000)
+s.close()
+print(got)
+"#;
+    let out = run(&spec(script, free_port(), &socket, json!({})));
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "b'half'\n");
+    assert_eq!(server.join().unwrap(), 100_000);
+}
+
+#[test]
 fn a_relay_whose_proxy_hung_up_waits_without_spinning() {
     let dir = tmp();
     let socket = socket_in(&dir);

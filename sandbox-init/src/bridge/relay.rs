@@ -8,10 +8,14 @@
 //! and for writing when the other direction's buffer holds bytes.
 //!
 //! `poll` reports a hang-up or an error even when nothing was asked for, on every call, so a
-//! socket that has hung up is left out of the poll set while nothing is wanted from it (else
-//! the loop would spin): a hang-up means a read would return EOF and a write would fail, so
-//! nothing is lost by asking only when there is something to read or write. An error closes
-//! the connection at once.
+//! socket that has reported one is left out of the poll set while nothing is wanted from it
+//! (else the loop would spin). Nothing is lost: after a hang-up a read returns what is left
+//! then EOF and a write fails, and a pending error comes out of the next read or write, so it
+//! is enough to try them when there is something to read or write. Neither closes the
+//! connection by itself: gVisor reports `POLLHUP | POLLERR` on a TCP socket whose peer has
+//! sent its FIN after ours (checked), with bytes still to read before that FIN; a real error
+//! closes the connection when a read or write returns it. Linux reports a hang-up on a Unix
+//! socket whose peer has closed; gVisor, for the host's socket behind `--host-uds`, does not.
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
@@ -40,6 +44,7 @@ pub(super) struct Connection {
     up: Pipe,
     /// Proxy to program.
     down: Pipe,
+    /// `poll` reported a hang-up or an error on the socket (it will, on every call).
     tcp_hung_up: bool,
     unix_hung_up: bool,
     _slot: Slot,
@@ -257,7 +262,7 @@ impl Relay {
 
     /// Pumps the connections `poll` reported on; closes those finished or failed.
     fn serve(&mut self, events: &[Events]) {
-        let fatal = PollFlags::POLLERR | PollFlags::POLLNVAL;
+        let hung_up = PollFlags::POLLHUP | PollFlags::POLLERR;
         let mut index = 0;
         self.connections.retain_mut(|connection| {
             // Connections taken in after the poll have no events yet: kept as they are.
@@ -267,11 +272,13 @@ impl Relay {
             if tcp.is_empty() && unix.is_empty() {
                 return true;
             }
-            if tcp.intersects(fatal) || unix.intersects(fatal) || connection.pump().is_err() {
+            // POLLNVAL cannot happen on sockets we own; were it to, polling again would spin.
+            let invalid = (tcp | unix).contains(PollFlags::POLLNVAL);
+            if invalid || connection.pump().is_err() {
                 return false;
             }
-            connection.tcp_hung_up |= tcp.contains(PollFlags::POLLHUP);
-            connection.unix_hung_up |= unix.contains(PollFlags::POLLHUP);
+            connection.tcp_hung_up |= tcp.intersects(hung_up);
+            connection.unix_hung_up |= unix.intersects(hung_up);
             !connection.finished()
         });
     }
