@@ -55,8 +55,10 @@ test: setup lint init policy-test ## everything CI checks: lints, policy cases, 
 policy-test: check-cargo ## the policy bundle's YAML cases (policies/tests), failing under 90% line coverage
 	cargo run -q --bin sandgate -- policy test policies --min-coverage 90
 
-bench: check-cargo ## measure decision latency: shipped policy vs a trivial one, p50/p99 (DESIGN 8)
+bench: check-cargo ## measure, with baselines in the same run: policy decision latency, proxy throughput and CONNECT latency (DESIGN 8)
 	cargo bench -p policy-engine --bench decide
+	bash scripts/netns.sh up
+	cargo bench -p egress-proxy --bench throughput
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
 
