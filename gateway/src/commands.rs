@@ -8,6 +8,7 @@ use anyhow::Context;
 use policy_engine::{cases, PolicyEngine};
 
 use crate::app::replay::{self, ReplayReport};
+use crate::audit::verify::Verification;
 use crate::audit::{AuditStore, NewKey};
 use crate::config::Config;
 use crate::database::Database;
@@ -68,6 +69,14 @@ pub async fn policy_replay(
     .await
     .context("replay task")?;
     Ok(report)
+}
+
+/// `sandgate audit verify` / `audit head`: walks the hash chain.
+pub async fn audit_verify(config: &Config) -> anyhow::Result<Verification> {
+    let db = Database::open(config).await?;
+    let verified = AuditStore::new(db.pool.clone()).verify_chain().await;
+    db.close().await;
+    verified.context("reading the audit chain")
 }
 
 pub fn load(dir: &Path) -> anyhow::Result<PolicyEngine> {

@@ -37,6 +37,19 @@ enum Command {
         #[command(subcommand)]
         command: PolicyCommand,
     },
+    /// Check the audit trail.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum AuditCommand {
+    /// Walk the hash chain: prints `ok N events` or the first broken event (exit 1).
+    Verify,
+    /// Print the hash of the last event, to anchor outside the database.
+    Head,
 }
 
 #[derive(Subcommand)]
@@ -144,6 +157,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", key.secret);
             }
             Command::Policy { command } => policy(command, &config).await?,
+            Command::Audit { command } => {
+                let verification = gateway::commands::audit_verify(&config).await?;
+                match command {
+                    AuditCommand::Verify => {
+                        println!("{}", verification.summary());
+                        if !verification.ok() {
+                            anyhow::bail!("the audit chain is broken");
+                        }
+                    }
+                    AuditCommand::Head => match (&verification.head, verification.ok()) {
+                        (Some(head), true) => println!("{} {head}", verification.events),
+                        (None, true) => println!("0 (empty chain)"),
+                        (_, false) => anyhow::bail!("{}", verification.summary()),
+                    },
+                }
+            }
         }
         Ok(())
     })

@@ -1,6 +1,7 @@
 //! The HTTP edge (axum): routing, authentication, the error shape. Handlers translate between
 //! HTTP and the use cases in `app`; no SQL or Docker here.
 
+pub mod audit;
 pub mod auth;
 pub mod error;
 pub mod executions;
@@ -35,6 +36,7 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/executions/{id}/connections",
             get(executions::connections),
         )
+        .route("/v1/audit/verify", get(audit::verify))
         .route("/v1/policy", get(policy::show))
         .route("/v1/policy/evaluate", post(policy::evaluate))
         .route("/v1/policy/reload", post(policy::reload))

@@ -26,25 +26,63 @@ pub struct NewEvent {
     pub policy_revision: Option<String>,
 }
 
-/// The bytes hashed for an event: its fields as compact JSON with sorted keys.
-pub fn canonical(seq: i64, id: &str, at: &DateTime<Utc>, event: &NewEvent) -> Vec<u8> {
+/// One chained row, as hashed: borrowed from a new event or from a stored one.
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    pub seq: i64,
+    pub id: &'a str,
+    pub at: &'a DateTime<Utc>,
+    pub kind: &'a str,
+    pub execution_id: Option<&'a str>,
+    pub key_id: Option<&'a str>,
+    pub tenant: Option<&'a str>,
+    pub decision_id: Option<&'a str>,
+    pub allow: Option<bool>,
+    pub reasons: &'a Value,
+    pub input: &'a Value,
+    pub decision: &'a Value,
+    pub policy_revision: Option<&'a str>,
+}
+
+impl NewEvent {
+    fn row<'a>(&'a self, seq: i64, id: &'a str, at: &'a DateTime<Utc>) -> Row<'a> {
+        Row {
+            seq,
+            id,
+            at,
+            kind: self.kind,
+            execution_id: self.execution_id.as_deref(),
+            key_id: self.key_id.as_deref(),
+            tenant: self.tenant.as_deref(),
+            decision_id: self.decision_id.as_deref(),
+            allow: self.allow,
+            reasons: &self.reasons,
+            input: &self.input,
+            decision: &self.decision,
+            policy_revision: self.policy_revision.as_deref(),
+        }
+    }
+}
+
+/// The bytes hashed for a row: its fields as compact JSON with sorted keys.
+pub fn canonical(row: &Row<'_>) -> Vec<u8> {
     // serde_json's map is ordered by key, so this serialisation is canonical.
-    let row = json!({
-        "seq": seq,
-        "id": id,
-        "at": at.to_rfc3339_opts(SecondsFormat::Micros, true),
-        "kind": event.kind,
-        "execution_id": event.execution_id,
-        "key_id": event.key_id,
-        "tenant": event.tenant,
-        "decision_id": event.decision_id,
-        "allow": event.allow,
-        "reasons": event.reasons,
-        "input": event.input,
-        "decision": event.decision,
-        "policy_revision": event.policy_revision,
+    let json = json!({
+        "seq": row.seq,
+        "id": row.id,
+        "at": row.at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        "kind": row.kind,
+        "execution_id": row.execution_id,
+        "key_id": row.key_id,
+        "tenant": row.tenant,
+        "decision_id": row.decision_id,
+        "allow": row.allow,
+        "reasons": row.reasons,
+        "input": row.input,
+        "decision": row.decision,
+        "policy_revision": row.policy_revision,
     });
-    row.to_string().into_bytes()
+    json.to_string().into_bytes()
 }
 
 pub fn link(prev_hash: &str, canonical: &[u8]) -> String {
@@ -73,7 +111,7 @@ pub async fn append(
     };
     let id = crate::ids::new("ev");
     let at = crate::ids::now_micros();
-    let hash = link(&prev_hash, &canonical(seq, &id, &at, event));
+    let hash = link(&prev_hash, &canonical(&event.row(seq, &id, &at)));
     sqlx::query(
         "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
          allow, reasons, input, decision, policy_revision, prev_hash, hash) \
@@ -123,13 +161,14 @@ mod tests {
         let at = DateTime::parse_from_rfc3339("2026-11-30T00:00:00.123456Z")
             .unwrap()
             .with_timezone(&Utc);
-        let bytes = String::from_utf8(canonical(1, "ev_1", &at, &event())).unwrap();
+        let event = event();
+        let bytes = String::from_utf8(canonical(&event.row(1, "ev_1", &at))).unwrap();
         assert!(bytes.contains(r#""input":{"a":2,"b":1}"#), "{bytes}");
         assert!(bytes.contains("2026-11-30T00:00:00.123456Z"), "{bytes}");
-        let mut denied = event();
+        let mut denied = event.clone();
         denied.allow = Some(false);
         let a = link(GENESIS, bytes.as_bytes());
-        let b = link(GENESIS, &canonical(1, "ev_1", &at, &denied));
+        let b = link(GENESIS, &canonical(&denied.row(1, "ev_1", &at)));
         assert_ne!(a, b);
         assert_eq!(a.len(), 64);
     }

@@ -3,6 +3,7 @@
 
 pub mod chain;
 pub mod egress;
+pub mod verify;
 
 use chrono::{DateTime, Utc};
 use rand::RngCore;
