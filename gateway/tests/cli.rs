@@ -24,9 +24,8 @@ fn sandgate(data_dir: &std::path::Path, listen: &str) -> Command {
     command
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
-    common::require_docker();
+/// A data directory the embedded cluster's `postgres` user can enter, and a free loopback port.
+fn data_dir_and_listen() -> (tempfile::TempDir, String) {
     let data = tempfile::tempdir().unwrap();
     std::fs::set_permissions(
         data.path(),
@@ -38,32 +37,28 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
         .local_addr()
         .unwrap()
         .port();
-    let listen = format!("127.0.0.1:{port}");
-    let mut server = sandgate(data.path(), &listen)
+    (data, format!("127.0.0.1:{port}"))
+}
+
+/// `sandgate serve`, once it answers `/healthz`.
+async fn serve(
+    data: &std::path::Path,
+    listen: &str,
+    http: &reqwest::Client,
+) -> std::process::Child {
+    let mut server = sandgate(data, listen)
         .arg("serve")
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    wait_healthy(http, &format!("http://{listen}"), &mut server).await;
+    server
+}
 
-    let http = reqwest::Client::new();
-    let base = format!("http://{listen}");
-    let mut healthy = false;
-    for _ in 0..600 {
-        if let Ok(Some(status)) = server.try_wait() {
-            panic!("sandgate serve exited: {status}");
-        }
-        if let Ok(response) = http.get(format!("{base}/healthz")).send().await {
-            healthy = response.status().is_success();
-            if healthy {
-                break;
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(healthy, "sandgate serve did not come up");
-
-    let output = sandgate(data.path(), &listen)
-        .args(["keys", "create", "--role", "agent", "--tenant", "acme"])
+/// `sandgate keys create`: the key is the last line of stdout.
+fn create_key(data: &std::path::Path, listen: &str, role: &str, tenant: &str) -> String {
+    let output = sandgate(data, listen)
+        .args(["keys", "create", "--role", role, "--tenant", tenant])
         .output()
         .unwrap();
     assert!(
@@ -74,6 +69,17 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     let stdout = String::from_utf8(output.stdout).unwrap();
     let key = stdout.lines().last().unwrap().trim().to_owned();
     assert!(key.starts_with("sgk_"), "{stdout}");
+    key
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let http = reqwest::Client::new();
+    let base = format!("http://{listen}");
+    let mut server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
 
     let response = http
         .post(format!("{base}/v1/executions"))
@@ -87,17 +93,7 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     assert_eq!(body["stdout"], "42\n", "{body}");
 
     // SIGHUP reloads the policy directory.
-    let output = sandgate(data.path(), &listen)
-        .args(["keys", "create", "--role", "admin", "--tenant", "ops"])
-        .output()
-        .unwrap();
-    let admin = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned();
+    let admin = create_key(data.path(), &listen, "admin", "ops");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.id() as i32),
         nix::sys::signal::Signal::SIGHUP,
@@ -174,37 +170,11 @@ async fn wait_healthy(http: &reqwest::Client, base: &str, server: &mut std::proc
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_record() {
     common::require_docker();
-    let data = tempfile::tempdir().unwrap();
-    std::fs::set_permissions(
-        data.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let listen = format!("127.0.0.1:{port}");
+    let (data, listen) = data_dir_and_listen();
     let base = format!("http://{listen}");
     let http = reqwest::Client::new();
-    let mut server = sandgate(data.path(), &listen)
-        .arg("serve")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_healthy(&http, &base, &mut server).await;
-    let output = sandgate(data.path(), &listen)
-        .args(["keys", "create", "--role", "agent", "--tenant", "acme"])
-        .output()
-        .unwrap();
-    let key = String::from_utf8(output.stdout)
-        .unwrap()
-        .lines()
-        .last()
-        .unwrap()
-        .trim()
-        .to_owned();
+    let mut server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
 
     let created: serde_json::Value = http
         .post(format!("{base}/v1/executions"))
@@ -234,12 +204,7 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
         "the container outlives the killed gateway"
     );
 
-    let mut server = sandgate(data.path(), &listen)
-        .arg("serve")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_healthy(&http, &base, &mut server).await;
+    let mut server = serve(data.path(), &listen, &http).await;
     let mut record = serde_json::Value::Null;
     for _ in 0..200 {
         record = http
