@@ -10,7 +10,7 @@ CREATE TABLE egress_connections (
     sni            text,
     method         text,
     path           text,
-    resolved_addr  text,                              -- the one address dialled, if any
+    resolved_addr  text,                              -- the address checked (dialled if allowed)
     allow          boolean NOT NULL,
     reason         text NOT NULL,                     -- bounded reason code
     message        text NOT NULL DEFAULT '',

@@ -175,7 +175,7 @@ impl AddressPolicy {
     /// Checks one address.
     pub fn check(&self, ip: IpAddr) -> Result<(), AddressDenied> {
         let denied = |why: String| Err(AddressDenied { address: ip, why });
-        if self.own.iter().any(|own| same_address(*own, ip)) {
+        if self.own.iter().any(|own| same_address(*own, ip)) || is_local(ip) {
             return denied("one of the gateway's own addresses".to_string());
         }
         match classify(ip) {
@@ -197,6 +197,14 @@ impl AddressPolicy {
     }
 }
 
+/// Whether the kernel holds `ip` on one of this machine's interfaces right now: binding a UDP
+/// socket to it succeeds only then (EADDRNOTAVAIL otherwise). This catches addresses added
+/// after the gateway started (DHCP, a new Docker network, rotating IPv6), which a list taken
+/// at start-up would miss.
+fn is_local(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip.to_canonical(), 0)).is_ok()
+}
+
 /// Equal, also across the IPv4-mapped form (`::ffff:192.0.2.1` is `192.0.2.1`).
 fn same_address(a: IpAddr, b: IpAddr) -> bool {
     a.to_canonical() == b.to_canonical()
@@ -206,6 +214,25 @@ fn same_address(a: IpAddr, b: IpAddr) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn addresses_on_this_machines_interfaces_are_own_addresses() {
+        let policy = AddressPolicy::new(Vec::new(), Vec::new());
+        let local = crate::config::local_interface_addresses().unwrap();
+        let public_local: Vec<IpAddr> = local
+            .into_iter()
+            .filter(|ip| {
+                !ip.is_loopback()
+                    && !matches!(ip, IpAddr::V6(v6) if (v6.segments()[0] & 0xffc0) == 0xfe80)
+            })
+            .collect();
+        for ip in &public_local {
+            let err = policy.check(*ip).unwrap_err();
+            assert!(err.why.contains("own addresses"), "{ip}: {}", err.why);
+        }
+        // TEST-NET-1 is on no interface of this machine: the table decides (public).
+        assert!(policy.check("192.0.2.123".parse().unwrap()).is_ok());
+    }
 
     fn class(s: &str) -> AddressClass {
         classify(s.parse().unwrap())

@@ -6,13 +6,13 @@
 
 mod common;
 
-use std::net::IpAddr;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::{fresh_database, workspace_root, TestGateway};
+use common::egress::{bundle_with_test_tenant, gateway_with, netns_up};
+use common::TestGateway;
 
 const UPSTREAM: &str = "198.51.100.2";
 
@@ -31,15 +31,7 @@ impl Drop for Upstream {
 }
 
 fn upstream() -> Upstream {
-    let status = Command::new("bash")
-        .arg(workspace_root().join("scripts/netns.sh"))
-        .arg("up")
-        .status()
-        .expect("scripts/netns.sh");
-    assert!(
-        status.success(),
-        "scripts/netns.sh up failed: run the tests as root with iproute2"
-    );
+    netns_up();
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("hello.txt"), "hello through the proxy\n").unwrap();
     let port = 20_000 + (std::process::id() % 20_000) as u16;
@@ -83,51 +75,23 @@ fn upstream() -> Upstream {
     panic!("the upstream in the test namespace did not start");
 }
 
-/// The shipped bundle plus a tenant `nettest` allowed the test hosts on `port`.
-fn bundle_with_test_tenant(port: u16) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new("cp")
-        .arg("-r")
-        .arg(workspace_root().join("policies/."))
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let tenants = dir.path().join("data/tenants.yaml");
-    let mut data: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&tenants).unwrap()).unwrap();
-    let mut tenant = data["tenants"]["acme"].clone();
-    let allow: Vec<Value> = ["files.test", "private.test", "loop.test"]
-        .iter()
-        .map(|host| json!({"host": host, "ports": [port]}))
-        .collect();
-    tenant["network"]["allow"] = serde_yaml_ng::to_value(allow).unwrap();
-    tenant["network"]["review_unlisted_hosts"] = serde_yaml_ng::Value::Bool(false);
-    data["tenants"]["nettest"] = tenant;
-    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
-    dir
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn sandbox_reaches_only_what_the_grant_allows_and_every_attempt_is_recorded() {
     let upstream = upstream();
     let port = upstream.port;
-    let policies = bundle_with_test_tenant(port);
-    let url = fresh_database().await;
-    let dir = policies.path().to_owned();
-    let gw = TestGateway::start_with(Some(url), move |config| {
-        config.policy_dir = dir;
-        let ip = |s: &str| vec![s.parse::<IpAddr>().unwrap()];
-        config
-            .egress_hosts
-            .insert("files.test".into(), ip(UPSTREAM));
-        config
-            .egress_hosts
-            .insert("private.test".into(), ip("10.0.0.5"));
-        config
-            .egress_hosts
-            .insert("loop.test".into(), ip("127.0.0.1"));
-    })
+    let policies = bundle_with_test_tenant(&[
+        ("files.test", port),
+        ("private.test", port),
+        ("loop.test", port),
+    ]);
+    let gw = gateway_with(
+        policies.path(),
+        &[
+            ("files.test", UPSTREAM),
+            ("private.test", "10.0.0.5"),
+            ("loop.test", "127.0.0.1"),
+        ],
+    )
     .await;
     let key = gw.key("agent", "nettest").await;
     let code = format!(

@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use common::{fresh_database, require_docker, test_config, workspace_root, TestGateway};
+use common::egress::{bundle_with_test_tenant, gateway_with, netns_up};
+use common::{fresh_database, require_docker, test_config, TestGateway};
 
 /// The namespace side of the veth pair: where the test upstreams listen.
 const UPSTREAM: &str = "198.51.100.2";
@@ -115,18 +116,6 @@ fn read_lines(path: &Path) -> Vec<String> {
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(err) => panic!("{}: {err}", path.display()),
     }
-}
-
-fn netns_up() {
-    let status = Command::new("bash")
-        .arg(workspace_root().join("scripts/netns.sh"))
-        .arg("up")
-        .status()
-        .expect("scripts/netns.sh");
-    assert!(
-        status.success(),
-        "scripts/netns.sh up failed: run the tests as root with iproute2"
-    );
 }
 
 /// Port 443 inside the namespace is shared by every test (and every test process) that serves
@@ -276,49 +265,6 @@ async fn tls_upstream() -> Upstream {
 fn echo_upstream() -> Upstream {
     netns_up();
     start_upstream("echo", 0, tempfile::tempdir().unwrap(), None)
-}
-
-/// The shipped bundle plus a tenant `nettest` (acme's limits, no review) allowed `allow`.
-fn bundle_with_test_tenant(allow: &[(&str, u16)]) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let status = Command::new("cp")
-        .arg("-r")
-        .arg(workspace_root().join("policies/."))
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let tenants = dir.path().join("data/tenants.yaml");
-    let mut data: serde_yaml_ng::Value =
-        serde_yaml_ng::from_str(&std::fs::read_to_string(&tenants).unwrap()).unwrap();
-    let mut tenant = data["tenants"]["acme"].clone();
-    let allow: Vec<Value> = allow
-        .iter()
-        .map(|(host, port)| json!({"host": host, "ports": [port]}))
-        .collect();
-    tenant["network"]["allow"] = serde_yaml_ng::to_value(allow).unwrap();
-    tenant["network"]["review_unlisted_hosts"] = serde_yaml_ng::Value::Bool(false);
-    data["tenants"]["nettest"] = tenant;
-    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
-    dir
-}
-
-/// A gateway on a fresh database with the `nettest` bundle and test names resolved to fixed
-/// addresses by the proxy.
-async fn gateway_with(policies: &Path, hosts: &[(&str, &str)]) -> TestGateway {
-    let url = fresh_database().await;
-    let dir = policies.to_owned();
-    let hosts: Vec<(String, IpAddr)> = hosts
-        .iter()
-        .map(|(name, ip)| ((*name).to_owned(), ip.parse().unwrap()))
-        .collect();
-    TestGateway::start_with(Some(url), move |config| {
-        config.policy_dir = dir;
-        for (name, ip) in hosts {
-            config.egress_hosts.insert(name, vec![ip]);
-        }
-    })
-    .await
 }
 
 /// The `network` request field for `destinations`.

@@ -8,26 +8,13 @@ use std::path::Path;
 
 use serde_json::json;
 
-use common::{fresh_database, workspace_root, TestGateway};
+use common::{copy_of_shipped, fresh_database, workspace_root, TestGateway};
 
 const LIMITS: &str = r#"{"timeout_ms": 5000, "memory_mb": 256, "cpus": 1.0, "pids": 256, "disk_mb": 64, "output_bytes": 65536}"#;
 
 fn bundle(rego: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("policy.rego"), rego).unwrap();
-    dir
-}
-
-/// A copy of the shipped bundle, to change without touching the repository.
-fn copy_of_shipped() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new("cp")
-        .arg("-r")
-        .arg(workspace_root().join("policies/."))
-        .arg(dir.path())
-        .status()
-        .unwrap();
-    assert!(status.success());
     dir
 }
 

@@ -12,12 +12,13 @@
 //!
 //! One thread accepts, takes a place among [`MAX_CONNECTIONS`] and connects to the socket
 //! (blocking: a connect waits only while the proxy's accept queue is full); it hands each pair
-//! of sockets to the relay thread ([`relay`]), which moves the bytes of every connection with
-//! non-blocking sockets and `poll`. A thread per connection would be simpler, but under
-//! gVisor the sandbox's runnable threads cost the sentry host threads, which the container's
-//! pids limit counts: 256 connections relayed by 512 threads crashed the sandbox (exit status
-//! 2, the sentry failing to create a thread) under `--pids-limit 256` in about half the runs.
-//! Two threads do not compete with the program for its pids.
+//! of sockets to the relay thread (`bridge/relay.rs`), which moves the bytes of every
+//! connection with non-blocking sockets and one epoll. A thread per connection would be
+//! simpler, but under gVisor the sandbox's runnable threads cost the sentry host threads,
+//! which the container's pids limit counts: 256 connections relayed by 512 threads crashed the
+//! sandbox (exit status 2, the sentry failing to create a thread) under `--pids-limit 256` in
+//! most runs, and 100 connections did sometimes. With two threads the container's pids peaked
+//! at 75 for 256 connections: the bridge does not compete with the program for its pids.
 //!
 //! # Behaviour at the edges
 //!
@@ -61,7 +62,8 @@ use relay::{Connection, Relay};
 pub const MAX_CONNECTIONS: usize = 256;
 /// Stack of both bridge threads: they copy between sockets, with the buffers on the heap.
 const STACK_SIZE: usize = 256 * 1024;
-/// Pause after a failed `accept` or `poll` (say, out of descriptors), so that it cannot spin.
+/// Pause after a failed `accept` or `epoll_wait` (say, out of descriptors), so that neither
+/// can spin.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// The bridge could not start: an init error.
@@ -71,6 +73,8 @@ pub enum BridgeError {
     Listen { listen: SocketAddr, err: io::Error },
     #[error("proxy bridge: creating its wake-up socket pair: {0}")]
     Waker(io::Error),
+    #[error("proxy bridge: creating its epoll instance: {0}")]
+    Epoll(Errno),
     #[error("proxy bridge: starting its threads: {0}")]
     Spawn(io::Error),
 }
@@ -88,7 +92,7 @@ pub enum RelayError {
     #[error("setting up a connection: {0}; closing it")]
     Setup(io::Error),
     #[error("waiting for sockets: {0}")]
-    Poll(Errno),
+    Wait(Errno),
     #[error("the relay thread has stopped; closing new connections")]
     Stopped,
 }
@@ -100,7 +104,7 @@ impl RelayError {
             RelayError::Full => 1,
             RelayError::Connect { .. } => 2,
             RelayError::Setup(_) => 3,
-            RelayError::Poll(_) => 4,
+            RelayError::Wait(_) => 4,
             RelayError::Stopped => 5,
         }
     }
@@ -135,7 +139,7 @@ pub fn start(proxy: &Proxy) -> Result<SocketAddr, BridgeError> {
     }
     let reporter = Arc::new(Reporter::default());
     let (handoff, incoming) = mpsc::channel();
-    let relay = Relay::new(woken, incoming, Arc::clone(&reporter));
+    let relay = Relay::new(woken, incoming, Arc::clone(&reporter)).map_err(BridgeError::Epoll)?;
     let acceptor = Acceptor {
         socket: proxy.socket.clone(),
         open: Arc::new(AtomicUsize::new(0)),
@@ -164,7 +168,7 @@ struct Acceptor {
     /// Connections being connected or relayed.
     open: Arc<AtomicUsize>,
     handoff: Sender<Connection>,
-    /// Written after each handoff so that the relay thread's `poll` returns.
+    /// Written after each handoff so that the relay thread's `epoll_wait` returns.
     wake: UnixStream,
     reporter: Arc<Reporter>,
 }
@@ -412,7 +416,7 @@ mod tests {
             }
             .kind(),
             RelayError::Setup(io()).kind(),
-            RelayError::Poll(Errno::ENOMEM).kind(),
+            RelayError::Wait(Errno::ENOMEM).kind(),
             RelayError::Stopped.kind(),
         ];
         assert_eq!(kinds, [0, 1, 2, 3, 4, 5]);

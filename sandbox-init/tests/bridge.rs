@@ -308,7 +308,8 @@ fn a_relay_whose_proxy_hung_up_waits_without_spinning() {
     let dir = tmp();
     let socket = socket_in(&dir);
     // Answers and closes at once, while the program keeps its end open: the relay's Unix
-    // socket has hung up (poll reports it on every call) and its TCP socket stays idle.
+    // socket has hung up (a level-triggered wait would report it on every call) and its TCP
+    // socket stays idle.
     serve(&socket, |mut conn| conn.write_all(b"bye").unwrap());
     let script = r#"
 import os, socket, sys, time

@@ -19,6 +19,8 @@ use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
 
+pub mod egress;
+
 const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
 
 pub fn workspace_root() -> PathBuf {
@@ -92,6 +94,19 @@ pub async fn fresh_database() -> String {
         "postgres://postgres@localhost/{name}?host={}&port=5432",
         socket_dir.display()
     )
+}
+
+/// A copy of the shipped policy bundle, to change without touching the repository.
+pub fn copy_of_shipped() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(workspace_root().join("policies/."))
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    dir
 }
 
 pub fn test_config(database_url: Option<String>, data_dir: &Path) -> Config {
