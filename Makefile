@@ -50,7 +50,7 @@ run: setup build ## set up, build and start the gateway (SANDGATE_* variables pa
 	exec $(GATEWAY) serve
 
 test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests
-	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
 
 policy-test: check-cargo ## the policy bundle's YAML cases (policies/tests), failing under 90% line coverage
 	cargo run -q --bin sandgate -- policy test policies --min-coverage 90

@@ -314,6 +314,13 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     assert_eq!(status, "error");
+    let reaped: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'execution.reaped' AND execution_id = 'ex_orphan'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(reaped, 1, "the reaper's closure is audited");
     let remaining: Vec<String> = runtime
         .containers
         .lock()
@@ -365,5 +372,27 @@ async fn a_full_queue_answers_429_and_nothing_is_recorded_for_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(runtime.runs.load(Ordering::SeqCst), 2);
+    h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn control_characters_in_free_text_fields_are_400_not_503() {
+    let runtime = Arc::new(FakeRuntime::default());
+    let h = start(runtime.clone(), |_| {}).await;
+    for extra in [
+        json!({"labels": {"agent": "a\u{0}b"}}),
+        json!({"labels": {"a\nb": "x"}}),
+        json!({"network": [{"host": "pypi.org\u{0}", "port": 443}]}),
+        json!({"mounts": ["dataset:\u{7}"]}),
+    ] {
+        let mut body = json!({"language": "python", "code": "print(1)"});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, answer) = h.execute(body).await;
+        assert_eq!(status, 400, "{extra}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request");
+    }
+    assert_eq!(runtime.runs.load(Ordering::SeqCst), 0);
     h.shutdown.cancel();
 }

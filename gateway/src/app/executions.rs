@@ -30,6 +30,8 @@ use crate::runtime::{
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 const MAX_FILES: usize = 256;
+/// Most labels, and most network destinations, in one request.
+const MAX_LABELS: usize = 32;
 const MAX_PATH_BYTES: usize = 255;
 const COMPLETE_ATTEMPTS: u32 = 5;
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
@@ -108,6 +110,7 @@ impl App {
         request: ExecutionRequest,
     ) -> Result<Created, AppError> {
         let files = decode_files(&request.files)?;
+        check_fields(&request)?;
         if request.code.len() > MAX_CODE_BYTES {
             return Err(AppError::Invalid(format!(
                 "code is {} bytes; the limit is {MAX_CODE_BYTES}",
@@ -649,6 +652,37 @@ fn sandbox_env() -> BTreeMap<String, String> {
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
     .collect()
+}
+
+/// Bounds and checks the request's free-text fields before they reach the policy input and the
+/// audit rows (PostgreSQL's jsonb refuses NUL, and nothing else should carry control
+/// characters either).
+fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
+    let text = |what: &str, value: &str, max: usize| {
+        if value.len() > max || value.chars().any(char::is_control) {
+            return Err(AppError::Invalid(format!(
+                "{what} must be at most {max} bytes without control characters"
+            )));
+        }
+        Ok(())
+    };
+    text("language", &request.language, 32)?;
+    if request.labels.len() > MAX_LABELS || request.network.len() > MAX_LABELS {
+        return Err(AppError::Invalid(format!(
+            "at most {MAX_LABELS} labels and {MAX_LABELS} network destinations"
+        )));
+    }
+    for (key, value) in &request.labels {
+        text("a label key", key, 63)?;
+        text("a label value", value, 256)?;
+    }
+    for destination in &request.network {
+        text("a network host", &destination.host, 253)?;
+    }
+    for mount in &request.mounts {
+        text("a mount", mount, 128)?;
+    }
+    Ok(())
 }
 
 /// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.

@@ -263,24 +263,42 @@ impl AuditStore {
     }
 
     /// Marks `error` the executions of `instance` left open (queued or running) that are not in
-    /// `live`. Returns how many.
+    /// `live`, each with an `execution.reaped` audit event in the same transaction. Returns how
+    /// many.
     pub async fn close_abandoned(
         &self,
         instance: &str,
         live: &[String],
         why: &str,
     ) -> Result<u64, AuditError> {
-        let done = sqlx::query(
+        let mut tx = self.pool.begin().await?;
+        let closed: Vec<(String, String)> = sqlx::query_as(
             "UPDATE executions SET status = 'error', error = $3, finished_at = now() \
              WHERE instance = $1 AND finished_at IS NULL AND status IN ('queued', 'running') \
-             AND NOT (id = ANY($2))",
+             AND NOT (id = ANY($2)) RETURNING id, tenant",
         )
         .bind(instance)
         .bind(live)
         .bind(why)
-        .execute(&self.pool)
+        .fetch_all(&mut *tx)
         .await?;
-        Ok(done.rows_affected())
+        for (id, tenant) in &closed {
+            let event = NewEvent {
+                kind: "execution.reaped",
+                execution_id: Some(id.clone()),
+                key_id: None,
+                tenant: Some(tenant.clone()),
+                decision_id: None,
+                allow: None,
+                reasons: serde_json::json!([{"code": "execution.abandoned", "message": why}]),
+                input: serde_json::json!({"instance": instance}),
+                decision: serde_json::json!({"status": "error"}),
+                policy_revision: None,
+            };
+            chain::append(&mut tx, &event).await?;
+        }
+        tx.commit().await?;
+        Ok(closed.len() as u64)
     }
 
     pub async fn events_for_execution(&self, id: &str) -> Result<Vec<EventRow>, AuditError> {
