@@ -55,6 +55,19 @@ async fn serve(
     server
 }
 
+/// SIGTERM, then the exit status.
+async fn terminate(mut server: std::process::Child) -> std::process::ExitStatus {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(server.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    tokio::task::spawn_blocking(move || server.wait())
+        .await
+        .unwrap()
+        .unwrap()
+}
+
 /// `sandgate keys create`: the key is the last line of stdout.
 fn create_key(data: &std::path::Path, listen: &str, role: &str, tenant: &str) -> String {
     let output = sandgate(data, listen)
@@ -78,7 +91,7 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     let (data, listen) = data_dir_and_listen();
     let http = reqwest::Client::new();
     let base = format!("http://{listen}");
-    let mut server = serve(data.path(), &listen, &http).await;
+    let server = serve(data.path(), &listen, &http).await;
     let key = create_key(data.path(), &listen, "agent", "acme");
 
     let response = http
@@ -134,15 +147,7 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
         "the key itself is stored in the database files"
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = tokio::task::spawn_blocking(move || server.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = terminate(server).await;
     assert!(status.success(), "sandgate serve exited with {status}");
     assert!(
         !pg_data.join("postmaster.pid").exists(),
@@ -204,7 +209,7 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
         "the container outlives the killed gateway"
     );
 
-    let mut server = serve(data.path(), &listen, &http).await;
+    let server = serve(data.path(), &listen, &http).await;
     let mut record = serde_json::Value::Null;
     for _ in 0..200 {
         record = http
@@ -228,15 +233,7 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
         "container left behind"
     );
 
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(server.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
-    let status = tokio::task::spawn_blocking(move || server.wait())
-        .await
-        .unwrap()
-        .unwrap();
+    let status = terminate(server).await;
     assert!(status.success(), "{status}");
     assert!(
         !data.path().join("pg/data/postmaster.pid").exists(),

@@ -54,16 +54,7 @@ pub async fn evaluate(
     let active = app.policy.current();
     let (decision, allow, reasons): (Value, bool, Vec<Reason>) = match request.entry_point {
         EntryPoint::Execution => {
-            let decision = match &active.state {
-                crate::app::PolicyState::Loaded(engine) => engine.decide_json(&request.input),
-                crate::app::PolicyState::Failed { .. } => {
-                    // Same answer as a real request would get.
-                    let input = serde_json::from_value(request.input.clone()).map_err(|err| {
-                        ApiError::new(ErrorCode::InvalidRequest, format!("input: {err}"))
-                    })?;
-                    active.state.decide(&input)
-                }
-            };
+            let decision = active.state.decide_json(&request.input);
             (json!(decision), decision.allow, decision.reasons)
         }
         EntryPoint::Egress => {

@@ -27,9 +27,15 @@ impl PolicyState {
     pub fn decide(&self, input: &PolicyInput) -> Decision {
         match self {
             PolicyState::Loaded(engine) => engine.decide(input),
-            PolicyState::Failed { error } => {
-                Decision::deny_with_error(format!("no policy bundle is loaded: {error}"))
-            }
+            PolicyState::Failed { error } => unloaded(error),
+        }
+    }
+
+    /// [`PolicyState::decide`] for a raw input (dry runs).
+    pub fn decide_json(&self, input: &serde_json::Value) -> Decision {
+        match self {
+            PolicyState::Loaded(engine) => engine.decide_json(input),
+            PolicyState::Failed { error } => unloaded(error),
         }
     }
 
@@ -38,8 +44,7 @@ impl PolicyState {
             PolicyState::Loaded(engine) => engine.decide_egress(input),
             PolicyState::Failed { error } => EgressDecision {
                 allow: false,
-                reasons: Decision::deny_with_error(format!("no policy bundle is loaded: {error}"))
-                    .reasons,
+                reasons: unloaded(error).reasons,
             },
         }
     }
@@ -64,6 +69,11 @@ impl PolicyState {
             PolicyState::Failed { error } => Some(error),
         }
     }
+}
+
+/// The answer of a gateway whose bundle did not load: a deny with `policy.error`.
+fn unloaded(error: &str) -> Decision {
+    Decision::deny_with_error(format!("no policy bundle is loaded: {error}"))
 }
 
 /// One bundle as it was activated.
