@@ -1,5 +1,6 @@
 //! Where the audit store lives: the configured PostgreSQL server, or the embedded default.
-//! Opening the database also runs the migrations.
+//! Opening the database also runs the migrations, as the connecting user; every pooled
+//! connection then acts as [`APP_ROLE`], which may append to `audit_events` but not change it.
 
 pub mod embedded;
 
@@ -15,6 +16,9 @@ pub use embedded::EmbeddedPostgres;
 
 /// Name of the database sandgate creates inside the embedded cluster.
 const EMBEDDED_DATABASE: &str = "sandgate";
+/// The database role every pooled connection acts as (created by migration
+/// `20261130000005_app_role.sql`): SELECT and INSERT only on `audit_events`.
+pub const APP_ROLE: &str = "sandgate_app";
 /// How long a request waits for a pooled connection before the store counts as unavailable.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -76,12 +80,11 @@ impl Database {
                 (pg.connect_options(EMBEDDED_DATABASE), Some(pg))
             }
         };
-        let db = Database {
+        migrate_as_owner(&options).await?;
+        Ok(Database {
             pool: pool(options).await?,
             embedded,
-        };
-        migrate(&db.pool).await?;
-        Ok(db)
+        })
     }
 
     pub fn embedded(&self) -> Option<&EmbeddedPostgres> {
@@ -104,8 +107,13 @@ impl Database {
     }
 }
 
+/// The gateway's pool: every connection starts as [`APP_ROLE`] (the `role` start-up parameter,
+/// so `RESET ROLE` returns to it). The connecting user must be allowed to `SET ROLE` to it (a
+/// superuser, or a member of it).
 pub async fn pool(options: PgConnectOptions) -> Result<PgPool, DatabaseError> {
-    let options = options.application_name("sandgate");
+    let options = options
+        .application_name("sandgate")
+        .options([("role", APP_ROLE)]);
     PgPoolOptions::new()
         .max_connections(16)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -114,6 +122,23 @@ pub async fn pool(options: PgConnectOptions) -> Result<PgPool, DatabaseError> {
         .map_err(DatabaseError::Connect)
 }
 
+/// Runs the migrations on a connection of its own, as the connecting user (who owns the
+/// tables), before any pooled connection acts as [`APP_ROLE`].
+pub async fn migrate_as_owner(options: &PgConnectOptions) -> Result<(), DatabaseError> {
+    // A pool of one rather than a bare connection: the migrator's future over a `&mut
+    // PgConnection` is not `Send` for every lifetime, which `tokio::spawn` needs.
+    let owner = PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options.clone().application_name("sandgate"))
+        .await
+        .map_err(DatabaseError::Connect)?;
+    let migrated = migrate(&owner).await;
+    owner.close().await;
+    migrated
+}
+
+/// Runs the migrations on `pool`, whose connections must act as the tables' owner (tests).
 pub async fn migrate(pool: &PgPool) -> Result<(), DatabaseError> {
     sqlx::migrate!("../migrations")
         .run(pool)
