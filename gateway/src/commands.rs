@@ -15,6 +15,7 @@ use crate::database::Database;
 
 /// `sandgate keys create`: a new key in the configured database.
 pub async fn create_key(config: &Config, role: &str, tenant: &str) -> anyhow::Result<NewKey> {
+    crate::app::keys::check_new_key(role, tenant).map_err(anyhow::Error::msg)?;
     let db = Database::open(config).await?;
     let key = AuditStore::new(db.pool.clone())
         .create_key(role, tenant)

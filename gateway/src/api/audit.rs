@@ -1,14 +1,92 @@
-//! `/v1/audit`: the auditors' checks.
+//! `/v1/audit`: the auditors' views (auditor, admin): the events themselves and the chain check.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
-use super::error::ApiError;
+use super::error::{ApiError, ErrorCode};
+use super::listing::non_empty;
+use super::query::{page_size, ApiQuery};
 use crate::app::{App, AppError};
+use crate::audit::read::{AuditEvent, EventFilter};
 use crate::audit::verify::Verification;
+
+/// Page size when `limit` is absent.
+pub const DEFAULT_LIMIT: u32 = 100;
+/// Largest page; a bigger `limit` is lowered to it.
+pub const MAX_LIMIT: u32 = 1000;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    kind: Option<String>,
+    execution_id: Option<String>,
+    /// RFC 3339 time, or a duration back from now (`24h`, `7d`).
+    since: Option<String>,
+    limit: Option<u32>,
+    /// The `seq` of the last event of the previous page.
+    before: Option<i64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EventPage {
+    pub events: Vec<AuditEvent>,
+    /// Pass as `before` for the next (older) page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<i64>,
+}
+
+/// Audit events, newest first (`seq` descending), one bounded page at a time.
+pub async fn events(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Json<EventPage>, ApiError> {
+    caller.require_role(&["auditor", "admin"])?;
+    let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+    let since = match non_empty(query.since) {
+        Some(since) => Some(parse_since(&since)?),
+        None => None,
+    };
+    let filter = EventFilter {
+        kind: non_empty(query.kind),
+        execution_id: non_empty(query.execution_id),
+        since,
+        before: query.before,
+        limit,
+    };
+    let events = app
+        .audit
+        .list_events(&filter)
+        .await
+        .map_err(AppError::from)?;
+    let next_before = (events.len() as i64 == limit)
+        .then(|| events.last().map(|event| event.seq))
+        .flatten();
+    Ok(Json(EventPage {
+        events,
+        next_before,
+    }))
+}
+
+fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let invalid = || {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            "since must be an RFC 3339 time or a duration like 24h or 7d",
+        )
+    };
+    let window = crate::app::replay::parse_duration(text).map_err(|_| invalid())?;
+    let window = chrono::Duration::from_std(window).map_err(|_| invalid())?;
+    Utc::now().checked_sub_signed(window).ok_or_else(invalid)
+}
 
 /// Walks the hash chain; `broken` names the first event that does not verify.
 pub async fn verify(
@@ -18,4 +96,20 @@ pub async fn verify(
     caller.require_role(&["auditor", "admin"])?;
     let verification = app.audit.verify_chain().await.map_err(AppError::from)?;
     Ok(Json(verification))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_is_a_time_or_a_duration() {
+        let at = parse_since("2026-11-30T01:02:03Z").unwrap();
+        assert_eq!(at.to_rfc3339(), "2026-11-30T01:02:03+00:00");
+        let day_ago = parse_since("24h").unwrap();
+        let expected = Utc::now() - chrono::Duration::hours(24);
+        assert!((day_ago - expected).num_seconds().abs() < 5);
+        assert!(parse_since("yesterday").is_err());
+        assert!(parse_since("9999999999999d").is_err());
+    }
 }

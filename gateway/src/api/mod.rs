@@ -7,15 +7,19 @@ pub mod error;
 pub mod executions;
 pub mod health;
 pub mod json;
+pub mod keys;
+pub mod listing;
 pub mod policy;
+pub mod query;
 
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, Request};
-use axum::http::HeaderValue;
+use axum::handler::Handler;
+use axum::http::{HeaderValue, Method};
 use axum::middleware::{self, Next};
 use axum::response::Response;
-use axum::routing::{get, post};
+use axum::routing::{self, MethodRouter};
 use axum::Router;
 use tracing::Instrument;
 
@@ -25,21 +29,65 @@ use error::{ApiError, ErrorCode};
 /// Largest request body; checked while the body streams in (413 before it is all read).
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
+/// One route of the API. [`routes`] is the single list the router is built from, and
+/// `gateway/tests/routes.rs` checks it, role by role, against `gateway/tests/routes.table`: a
+/// route added here without a row there fails that test.
+pub struct Route {
+    pub method: Method,
+    pub path: &'static str,
+    handler: MethodRouter<Arc<App>>,
+}
+
+fn get<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::GET,
+        path,
+        handler: routing::get(handler),
+    }
+}
+
+fn post<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::POST,
+        path,
+        handler: routing::post(handler),
+    }
+}
+
+/// Every route. Who may call each one is decided in its handler (`Caller::require_role`, and
+/// tenant scoping in `app`); `tests/routes.table` states it for every route and role.
+pub fn routes() -> Vec<Route> {
+    vec![
+        get("/healthz", health::healthz),
+        get("/readyz", health::readyz),
+        post("/v1/executions", executions::create),
+        get("/v1/executions", listing::list),
+        get("/v1/executions/{id}", executions::get),
+        post("/v1/executions/{id}/cancel", executions::cancel),
+        get("/v1/executions/{id}/connections", executions::connections),
+        get("/v1/audit/events", audit::events),
+        get("/v1/audit/verify", audit::verify),
+        get("/v1/policy", policy::show),
+        post("/v1/policy/evaluate", policy::evaluate),
+        post("/v1/policy/reload", policy::reload),
+        post("/v1/keys", keys::create),
+    ]
+}
+
 pub fn router(app: Arc<App>) -> Router {
-    Router::new()
-        .route("/healthz", get(health::healthz))
-        .route("/readyz", get(health::readyz))
-        .route("/v1/executions", post(executions::create))
-        .route("/v1/executions/{id}", get(executions::get))
-        .route("/v1/executions/{id}/cancel", post(executions::cancel))
-        .route(
-            "/v1/executions/{id}/connections",
-            get(executions::connections),
-        )
-        .route("/v1/audit/verify", get(audit::verify))
-        .route("/v1/policy", get(policy::show))
-        .route("/v1/policy/evaluate", post(policy::evaluate))
-        .route("/v1/policy/reload", post(policy::reload))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, route| {
+            router.route(route.path, route.handler)
+        })
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(request_span))

@@ -2,6 +2,8 @@
 //! policy engine, the audit store and the runtime, in that order.
 
 pub mod executions;
+pub mod keys;
+pub mod listing;
 pub mod policy;
 pub mod reaper;
 pub mod replay;

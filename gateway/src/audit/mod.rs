@@ -3,6 +3,7 @@
 
 pub mod chain;
 pub mod egress;
+pub mod read;
 pub mod verify;
 
 use chrono::{DateTime, Utc};
@@ -124,8 +125,20 @@ impl AuditStore {
         Ok(())
     }
 
-    /// Creates a key; only the SHA-256 of the returned secret is stored.
+    /// Creates a key on the operator's behalf (`sandgate keys create`): see [`Self::create_key_by`].
     pub async fn create_key(&self, role: &str, tenant: &str) -> Result<NewKey, AuditError> {
+        self.create_key_by(role, tenant, None).await
+    }
+
+    /// Creates a key; only the SHA-256 of the returned secret is stored. The `key.create` audit
+    /// event (naming `creator`, the admin key that asked, or none for the command line) commits
+    /// with it.
+    pub async fn create_key_by(
+        &self,
+        role: &str,
+        tenant: &str,
+        creator: Option<&ApiKey>,
+    ) -> Result<NewKey, AuditError> {
         let mut id_bytes = [0u8; 8];
         let mut secret_bytes = [0u8; 32];
         rand::rngs::OsRng.fill_bytes(&mut id_bytes);
@@ -136,13 +149,32 @@ impl AuditStore {
             hex::encode(id_bytes),
             hex::encode(secret_bytes)
         );
+        let mut tx = self.pool.begin().await?;
         sqlx::query("INSERT INTO api_keys (id, key_hash, role, tenant) VALUES ($1, $2, $3, $4)")
             .bind(&id)
             .bind(key_hash(&secret))
             .bind(role)
             .bind(tenant)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        let event = NewEvent {
+            kind: "key.create",
+            execution_id: None,
+            key_id: creator.map(|key| key.id.clone()),
+            tenant: creator.map(|key| key.tenant.clone()),
+            decision_id: None,
+            allow: Some(true),
+            reasons: serde_json::json!([]),
+            input: serde_json::json!({
+                "role": role,
+                "tenant": tenant,
+                "via": if creator.is_some() { "api" } else { "command_line" },
+            }),
+            decision: serde_json::json!({"created_key_id": id}),
+            policy_revision: None,
+        };
+        chain::append(&mut tx, &event).await?;
+        tx.commit().await?;
         Ok(NewKey { id, secret })
     }
 

@@ -1,0 +1,42 @@
+//! `POST /v1/keys` (admin): a new API key, shown once in the answer; only its hash is stored,
+//! and its creation is an audit event (`key.create`).
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::json::ApiJson;
+use crate::app::App;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateKey {
+    role: String,
+    tenant: String,
+}
+
+pub async fn create(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiJson(request): ApiJson<CreateKey>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    caller.require_role(&["admin"])?;
+    let key = app
+        .create_key(&caller.0, &request.role, &request.tenant)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": key.id,
+            "key": key.secret,
+            "role": request.role,
+            "tenant": request.tenant,
+        })),
+    ))
+}

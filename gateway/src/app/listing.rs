@@ -1,0 +1,28 @@
+//! Listing executions: agents see their own tenant's, every other role sees all.
+
+use super::{App, AppError};
+use crate::audit::read::{ExecutionFilter, ExecutionSummary, STATUSES};
+use crate::audit::ApiKey;
+
+impl App {
+    /// One page of executions, newest first. `filter.tenant` is replaced by the caller's tenant
+    /// for agents, whatever was asked.
+    pub async fn list_executions(
+        &self,
+        caller: &ApiKey,
+        mut filter: ExecutionFilter,
+    ) -> Result<Vec<ExecutionSummary>, AppError> {
+        if let Some(status) = &filter.status {
+            if !STATUSES.contains(&status.as_str()) {
+                return Err(AppError::Invalid(format!(
+                    "status must be one of {}",
+                    STATUSES.join(", ")
+                )));
+            }
+        }
+        if caller.role == "agent" {
+            filter.tenant = Some(caller.tenant.clone());
+        }
+        Ok(self.audit.list_executions(&filter).await?)
+    }
+}
