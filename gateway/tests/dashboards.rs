@@ -1,32 +1,94 @@
-//! Every SQL query in `dashboards/*.json` runs against a migrated database with data in it.
+//! Every SQL query in `dashboards/*.json` runs, as the read-only `sandgate_auditor` role, against
+//! a migrated database holding data of every kind (executions allowed, denied and running, egress
+//! allowed and denied, approvals waiting and decided, an authentication failure), reads only the
+//! `v_*` views, and returns rows.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
-use serde_json::{json, Value};
-use sqlx::types::Json;
+use std::collections::BTreeSet;
 
+use serde_json::{json, Value};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::types::Json;
+use sqlx::PgPool;
+
+use gateway::audit::egress::{ConnectionClose, ConnectionOpen};
 use gateway::audit::{AuditStore, Completion, ExecutionRow, NewEvent};
 
-/// Replaces the Grafana macros the dashboards use with plain SQL.
+/// Tables a dashboard must not read directly: the views are the dashboards' interface.
+const BASE_TABLES: &[&str] = &[
+    "audit_events",
+    "executions",
+    "egress_connections",
+    "approvals",
+    "api_keys",
+    "policy_revisions",
+];
+
+/// The `(...)` argument text of a macro call starting at `start` (nested parentheses allowed).
+fn macro_call(sql: &str, start: usize, name: &str) -> (usize, String) {
+    let open = start + name.len();
+    let mut depth = 0;
+    for (offset, c) in sql[open..].char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth == 0 {
+                    return (open + offset, sql[open + 1..open + offset].to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    panic!("unclosed {name} in {sql}");
+}
+
+/// Replaces the Grafana macros the dashboards use with plain SQL over the last day.
 fn expand_macros(sql: &str) -> String {
     let mut out = sql.to_owned();
-    while let Some(start) = out.find("$__timeGroupAlias(") {
-        let end = start + out[start..].find(')').expect("closing parenthesis");
-        let args = &out[start + "$__timeGroupAlias(".len()..end];
-        let column = args.split(',').next().unwrap().trim();
-        let replacement =
-            format!("to_timestamp(floor(extract(epoch FROM {column}) / 300) * 300) AS time");
-        out.replace_range(start..=end, &replacement);
-    }
-    while let Some(start) = out.find("$__timeFilter(") {
-        let end = start + out[start..].find(')').expect("closing parenthesis");
-        let column = out[start + "$__timeFilter(".len()..end].trim().to_owned();
-        let replacement = format!("{column} BETWEEN now() - interval '1 day' AND now()");
-        out.replace_range(start..=end, &replacement);
+    let bucket =
+        |column: &str| format!("to_timestamp(floor(extract(epoch FROM {column}) / 300) * 300)");
+    for (name, expand) in [
+        (
+            "$__timeGroupAlias",
+            &(|args: &str| format!("{} AS time", bucket(args.split(',').next().unwrap().trim())))
+                as &dyn Fn(&str) -> String,
+        ),
+        ("$__timeGroup", &|args: &str| {
+            bucket(args.split(',').next().unwrap().trim())
+        }),
+        ("$__timeFilter", &|args: &str| {
+            format!("{} BETWEEN now() - interval '1 day' AND now()", args.trim())
+        }),
+        ("$__timeFrom", &|_: &str| {
+            "(now() - interval '1 day')".to_owned()
+        }),
+        ("$__timeTo", &|_: &str| "now()".to_owned()),
+    ] {
+        while let Some(start) = out.find(&format!("{name}(")) {
+            let (end, args) = macro_call(&out, start, name);
+            out.replace_range(start..=end, &expand(&args));
+        }
     }
     assert!(!out.contains("$__"), "unknown Grafana macro in {sql}");
     out
+}
+
+/// Base tables named after FROM or JOIN.
+fn tables_read(sql: &str) -> Vec<String> {
+    let words: Vec<String> = sql
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .filter(|word| !word.is_empty())
+        .map(str::to_ascii_lowercase)
+        .collect();
+    words
+        .windows(2)
+        .filter(|pair| pair[0] == "from" || pair[0] == "join")
+        .map(|pair| pair[1].clone())
+        .filter(|table| BASE_TABLES.contains(&table.as_str()))
+        .collect()
 }
 
 fn queries(panel: &Value, out: &mut Vec<(String, String)>) {
@@ -41,60 +103,107 @@ fn queries(panel: &Value, out: &mut Vec<(String, String)>) {
     }
 }
 
-async fn seed(store: &AuditStore) {
+fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow {
+    ExecutionRow {
+        id: id.into(),
+        tenant: tenant.into(),
+        key_id: "key_1".into(),
+        language: "python".into(),
+        code_sha256: "00".into(),
+        code_bytes: 1,
+        labels: Json(json!({})),
+        status: status.into(),
+        decision_id: format!("dc_{id}"),
+        allow,
+        reasons: Json(vec![]),
+        backend: allow.then(|| "gvisor".into()),
+        runtime: None,
+        image: None,
+        limits: None,
+        policy_revision: "sha256:test".into(),
+        created_at: gateway::ids::now_micros() - chrono::Duration::seconds(5),
+        started_at: None,
+        finished_at: (!allow).then(gateway::ids::now_micros),
+        exit_code: None,
+        duration_ms: None,
+        stdout: None,
+        stderr: None,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        outputs: Json(json!([])),
+        error: None,
+        instance: None,
+    }
+}
+
+fn decision_event(row: &ExecutionRow) -> NewEvent {
+    NewEvent {
+        kind: "execution.decision",
+        execution_id: Some(row.id.clone()),
+        key_id: Some(row.key_id.clone()),
+        tenant: Some(row.tenant.clone()),
+        decision_id: Some(row.decision_id.clone()),
+        allow: Some(row.allow),
+        reasons: if row.allow {
+            json!([])
+        } else {
+            json!([{"code": "language.not_allowed", "message": "x"}])
+        },
+        input: json!({}),
+        decision: json!({"allow": row.allow}),
+        policy_revision: Some("sha256:test".into()),
+    }
+}
+
+fn attempt(execution_id: &str, host: &str, allow: bool) -> ConnectionOpen {
+    ConnectionOpen {
+        execution_id: execution_id.into(),
+        tenant: "acme".into(),
+        host: host.into(),
+        port: 443,
+        scheme: "connect".into(),
+        sni: None,
+        method: None,
+        path: None,
+        resolved_addr: allow.then(|| "192.0.2.1".into()),
+        allow,
+        reason: if allow {
+            "egress.allowed"
+        } else {
+            "egress.host_not_granted"
+        }
+        .into(),
+        message: String::new(),
+        policy_reasons: json!([]),
+        policy_revision: "sha256:test".into(),
+        opened_at: gateway::ids::now_micros(),
+    }
+}
+
+/// Data of every kind, written as the gateway writes it (through its own role).
+async fn seed(app: &PgPool) {
+    let store = AuditStore::new(app.clone());
     store
         .record_policy_revision("sha256:test", &[], "test")
         .await
         .unwrap();
-    let now = gateway::ids::now_micros();
-    for (id, allow, status) in [("ex_a", true, "succeeded"), ("ex_b", false, "denied")] {
-        let row = ExecutionRow {
-            id: id.into(),
-            tenant: "acme".into(),
-            key_id: "key_1".into(),
-            language: "python".into(),
-            code_sha256: "00".into(),
-            code_bytes: 1,
-            labels: Json(json!({})),
-            status: status.into(),
-            decision_id: format!("dc_{id}"),
-            allow,
-            reasons: Json(vec![]),
-            backend: allow.then(|| "gvisor".into()),
-            runtime: None,
-            image: None,
-            limits: None,
-            policy_revision: "sha256:test".into(),
-            created_at: now,
-            started_at: None,
-            finished_at: Some(now),
-            exit_code: None,
-            duration_ms: Some(120),
-            stdout: None,
-            stderr: None,
-            stdout_truncated: false,
-            stderr_truncated: false,
-            outputs: Json(json!([])),
-            error: None,
-            instance: None,
-        };
-        let event = NewEvent {
-            kind: "execution.decision",
-            execution_id: Some(id.into()),
-            key_id: Some("key_1".into()),
-            tenant: Some("acme".into()),
-            decision_id: Some(row.decision_id.clone()),
-            allow: Some(allow),
-            reasons: if allow {
-                json!([])
-            } else {
-                json!([{"code": "tenant.unknown", "message": "x"}])
-            },
-            input: json!({}),
-            decision: json!({"allow": allow}),
-            policy_revision: Some("sha256:test".into()),
-        };
-        store.record_execution_decision(&row, &event).await.unwrap();
+    for (id, tenant, allow, status) in [
+        ("ex_done", "acme", true, "queued"),
+        ("ex_running", "globex", true, "queued"),
+        ("ex_denied", "acme", false, "denied"),
+        ("ex_review", "acme", true, "pending_approval"),
+    ] {
+        let row = execution(id, tenant, allow, status);
+        store
+            .record_execution_decision(&row, &decision_event(&row))
+            .await
+            .unwrap();
+    }
+    for id in ["ex_done", "ex_running"] {
+        store
+            .mark_running(id, gateway::ids::now_micros())
+            .await
+            .unwrap();
     }
     let done = Completion {
         status: "succeeded",
@@ -106,7 +215,36 @@ async fn seed(store: &AuditStore) {
         stderr_truncated: false,
         error: None,
     };
-    store.complete_execution("ex_a", &done).await.unwrap();
+    store.complete_execution("ex_done", &done).await.unwrap();
+    let allowed = store
+        .open_connection(&attempt("ex_done", "pypi.org", true))
+        .await
+        .unwrap();
+    let close = ConnectionClose {
+        bytes_up: 512,
+        bytes_down: 20_000,
+        duration_ms: 80,
+        close_reason: "eof".into(),
+        error: None,
+    };
+    store.close_connection(&allowed, &close).await.unwrap();
+    for host in ["evil.example", "evil.example", "169.254.169.254"] {
+        store
+            .open_connection(&attempt("ex_done", host, false))
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO approvals (id, execution_id, status, created_at, expires_at, decided_at, \
+         reviewer_key_id, comment) VALUES \
+         ('ap_wait', 'ex_review', 'pending', now() - interval '10 minutes', \
+          now() + interval '50 minutes', NULL, NULL, NULL), \
+         ('ap_done', 'ex_done', 'approved', now() - interval '20 minutes', \
+          now() + interval '40 minutes', now() - interval '15 minutes', 'key_r', 'ok')",
+    )
+    .execute(app)
+    .await
+    .unwrap();
     let failure = NewEvent {
         kind: "auth.failure",
         execution_id: None,
@@ -122,38 +260,131 @@ async fn seed(store: &AuditStore) {
     store.record_event(&failure).await.unwrap();
 }
 
+#[test]
+fn macros_expand_to_plain_sql() {
+    assert_eq!(
+        expand_macros("SELECT $__timeGroupAlias(time, '5m') WHERE $__timeFilter(time)"),
+        "SELECT to_timestamp(floor(extract(epoch FROM time) / 300) * 300) AS time \
+         WHERE time BETWEEN now() - interval '1 day' AND now()"
+    );
+    assert_eq!(
+        tables_read("SELECT 1 FROM v_executions JOIN executions ON true"),
+        vec!["executions".to_owned()]
+    );
+    assert!(tables_read("SELECT count(*) AS executions FROM v_executions").is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread")]
-async fn every_dashboard_query_runs() {
+async fn every_dashboard_query_runs_on_the_views() {
     let url = common::fresh_database().await;
-    let pool = sqlx::PgPool::connect(&url).await.unwrap();
-    gateway::database::migrate(&pool).await.unwrap();
-    seed(&AuditStore::new(pool.clone())).await;
+    let options: PgConnectOptions = url.parse().unwrap();
+    gateway::database::migrate_as_owner(&options).await.unwrap();
+    let app = gateway::database::pool(options.clone()).await.unwrap();
+    seed(&app).await;
+    app.close().await;
+    // Grafana's datasource: a login role holding sandgate_auditor.
+    let auditor = PgPool::connect_with(options.options([("role", "sandgate_auditor")]))
+        .await
+        .unwrap();
 
     let dir = common::workspace_root().join("dashboards");
     let mut checked = 0;
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().and_then(|e| e.to_str()) != Some("json") {
-            continue;
-        }
+    let mut uids = BTreeSet::new();
+    let mut paths: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().and_then(|e| e.to_str()) == Some("json"))
+        .collect();
+    paths.sort();
+    assert!(paths.len() >= 4, "dashboards: {paths:?}");
+    for path in paths {
+        let name = path.display().to_string();
         let dashboard: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
-            .unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+            .unwrap_or_else(|err| panic!("{name}: {err}"));
+        let uid = dashboard["uid"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: no uid"));
+        assert!(uids.insert(uid.to_owned()), "{name}: uid {uid} used twice");
         let mut found = Vec::new();
         for panel in dashboard["panels"].as_array().unwrap() {
+            assert_eq!(
+                panel["datasource"]["type"], "grafana-postgresql-datasource",
+                "{name} / {}",
+                panel["title"]
+            );
             queries(panel, &mut found);
         }
+        assert!(!found.is_empty(), "{name} has no queries");
         for (title, sql) in found {
+            let direct = tables_read(&sql);
+            assert!(
+                direct.is_empty() && sql.contains("v_"),
+                "{name} / {title} must read the v_* views, not {direct:?}:\n{sql}"
+            );
             let rows = sqlx::query(&expand_macros(&sql))
-                .fetch_all(&pool)
+                .fetch_all(&auditor)
                 .await
-                .unwrap_or_else(|err| panic!("{} / {title}: {err}\n{sql}", path.display()));
+                .unwrap_or_else(|err| panic!("{name} / {title}: {err}\n{sql}"));
             assert!(
                 !rows.is_empty(),
-                "{} / {title} returned no rows on seeded data",
-                path.display()
+                "{name} / {title} returned no rows on seeded data"
             );
             checked += 1;
         }
     }
-    assert!(checked >= 5, "only {checked} queries found");
+    assert!(checked >= 15, "only {checked} queries found");
+
+    // The views say what was seeded.
+    let denied: Vec<(String, i64)> =
+        sqlx::query_as("SELECT host, attempts FROM v_denied_egress ORDER BY attempts DESC, host")
+            .fetch_all(&auditor)
+            .await
+            .unwrap();
+    assert_eq!(
+        denied,
+        vec![
+            ("evil.example".to_owned(), 2),
+            ("169.254.169.254".to_owned(), 1)
+        ]
+    );
+    let waiting: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT id, tenant, age_seconds FROM v_approvals_waiting")
+            .fetch_all(&auditor)
+            .await
+            .unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(
+        (waiting[0].0.as_str(), waiting[0].1.as_str()),
+        ("ap_wait", "acme")
+    );
+    assert!((590..=700).contains(&waiting[0].2), "{waiting:?}");
+    let reasons: Vec<(String, Option<String>)> = sqlx::query_as(
+        "SELECT outcome, reason_code FROM v_decisions \
+         WHERE kind = 'execution.decision' ORDER BY seq",
+    )
+    .fetch_all(&auditor)
+    .await
+    .unwrap();
+    assert_eq!(
+        reasons.len(),
+        4,
+        "one row per decision without reasons or per reason"
+    );
+    assert!(reasons.contains(&("deny".to_owned(), Some("language.not_allowed".to_owned()))));
+    let by_status: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT tenant, backend, status, count(*) FROM v_executions GROUP BY 1, 2, 3 ORDER BY 1, 3",
+    )
+    .fetch_all(&auditor)
+    .await
+    .unwrap();
+    assert_eq!(
+        by_status,
+        vec![
+            ("acme".into(), "-".into(), "denied".into(), 1),
+            ("acme".into(), "gvisor".into(), "pending_approval".into(), 1),
+            ("acme".into(), "gvisor".into(), "succeeded".into(), 1),
+            ("globex".into(), "gvisor".into(), "running".into(), 1),
+        ]
+    );
+    auditor.close().await;
 }
