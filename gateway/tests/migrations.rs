@@ -1,0 +1,91 @@
+//! The migrations on a cluster of their own: the database roles they create are shared by every
+//! database of the cluster, so several databases migrating at once (as tests do, and as several
+//! gateways on one server would) must all succeed; and a user that is not a superuser, only
+//! allowed to create roles, can migrate and then run as `sandgate_app`.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
+
+use std::os::unix::fs::PermissionsExt;
+
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection, PgConnection};
+
+use gateway::database::{self, EmbeddedPostgres};
+
+/// Stops the private cluster however the test ends.
+struct Cluster(EmbeddedPostgres);
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(err) = self.0.stop_now("immediate") {
+            eprintln!("stopping the test cluster: {err}");
+        }
+    }
+}
+
+async fn superuser(pg: &EmbeddedPostgres) -> PgConnection {
+    PgConnection::connect_with(&pg.connect_options("postgres"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_new_cluster_migrates_many_databases_at_once_and_without_a_superuser() {
+    let dir = tempfile::tempdir().unwrap();
+    // The cluster runs as `postgres` when the tests run as root: it must enter the directory.
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = dir.path().to_owned();
+    let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&path, None))
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("cannot start PostgreSQL: {err}"));
+    let cluster = Cluster(pg);
+    let pg = &cluster.0;
+
+    // Four databases, none of the roles yet: every migration races to create them.
+    let names: Vec<String> = (0..4).map(|n| format!("db{n}")).collect();
+    for name in &names {
+        database::create_database_if_missing(pg, name)
+            .await
+            .unwrap();
+    }
+    let migrations = names.iter().map(|name| {
+        let options = pg.connect_options(name);
+        async move { database::migrate_as_owner(&options).await }
+    });
+    for result in futures_util::future::join_all(migrations).await {
+        result.unwrap();
+    }
+    for name in &names {
+        let app = database::pool(pg.connect_options(name)).await.unwrap();
+        let user: String = sqlx::query_scalar("SELECT current_user::text")
+            .fetch_one(&app)
+            .await
+            .unwrap();
+        assert_eq!(user, "sandgate_app", "{name}");
+        app.close().await;
+    }
+
+    // An owner that may create roles but is not a superuser (a managed PostgreSQL's admin user).
+    let mut conn = superuser(pg).await;
+    for statement in [
+        "CREATE ROLE owner_user LOGIN CREATEROLE",
+        "CREATE DATABASE owned OWNER owner_user",
+    ] {
+        sqlx::query(statement).execute(&mut conn).await.unwrap();
+    }
+    conn.close().await.unwrap();
+    let owner: PgConnectOptions = pg.connect_options("owned").username("owner_user");
+    database::migrate_as_owner(&owner).await.unwrap();
+    let app = database::pool(owner).await.unwrap();
+    let store = gateway::audit::AuditStore::new(app.clone());
+    store.create_key("agent", "acme").await.unwrap();
+    let refused = sqlx::query("DELETE FROM audit_events").execute(&app).await;
+    assert!(
+        refused
+            .unwrap_err()
+            .to_string()
+            .contains("permission denied"),
+        "the owner's pool acts as sandgate_app"
+    );
+    app.close().await;
+}
