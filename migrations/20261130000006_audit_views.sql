@@ -4,14 +4,16 @@
 -- through a simple view, so that is revoked explicitly).
 
 -- Every audit event, one row per reason it gives (an event without reasons gives one row with
--- reason_code NULL): count(DISTINCT seq) counts decisions, count(*) counts reasons.
+-- reason_code NULL): count(DISTINCT seq) counts decisions, count(*) counts reasons. outcome:
+-- deny, review (allowed once a reviewer approves), allow, or none (events that decide nothing).
 CREATE VIEW v_decisions AS
 SELECT e.seq,
        e.at AS time,
        e.kind,
        CASE WHEN e.allow IS NULL THEN 'none'
-            WHEN e.allow THEN 'allow'
-            ELSE 'deny' END AS outcome,
+            WHEN NOT e.allow THEN 'deny'
+            WHEN e.decision ->> 'require_approval' = 'true' THEN 'review'
+            ELSE 'allow' END AS outcome,
        r.reason ->> 'code' AS reason_code,
        e.tenant,
        e.execution_id,

@@ -150,7 +150,7 @@ fn decision_event(row: &ExecutionRow) -> NewEvent {
             json!([{"code": "language.not_allowed", "message": "x"}])
         },
         input: json!({}),
-        decision: json!({"allow": row.allow}),
+        decision: json!({"allow": row.allow, "require_approval": row.status == "pending_approval"}),
         policy_revision: Some("sha256:test".into()),
     }
 }
@@ -371,6 +371,11 @@ async fn every_dashboard_query_runs_on_the_views() {
         "one row per decision without reasons or per reason"
     );
     assert!(reasons.contains(&("deny".to_owned(), Some("language.not_allowed".to_owned()))));
+    assert!(
+        reasons.contains(&("review".to_owned(), None)),
+        "{reasons:?}"
+    );
+    assert!(reasons.contains(&("allow".to_owned(), None)), "{reasons:?}");
     let by_status: Vec<(String, String, String, i64)> = sqlx::query_as(
         "SELECT tenant, backend, status, count(*) FROM v_executions GROUP BY 1, 2, 3 ORDER BY 1, 3",
     )
