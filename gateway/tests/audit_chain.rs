@@ -151,6 +151,23 @@ async fn the_gateways_database_role_cannot_change_the_audit_trail() {
     drop(conn);
     app.close().await;
 
+    // The running gateway's own connections act as sandgate_app: take its INSERT away and it
+    // cannot record a decision (503, fail closed); give it back and it can.
+    let owner = gw.pool().await;
+    sqlx::query("REVOKE INSERT ON audit_events FROM sandgate_app")
+        .execute(&owner)
+        .await
+        .unwrap();
+    let (status, body) = gw.execute(&agent, "cobol", "x", json!({})).await;
+    sqlx::query("GRANT INSERT ON audit_events TO sandgate_app")
+        .execute(&owner)
+        .await
+        .unwrap();
+    assert_eq!(status, 503, "{body}");
+    let (status, body) = gw.execute(&agent, "cobol", "x", json!({})).await;
+    assert_eq!(status, 403, "{body}");
+    owner.close().await;
+
     // sandgate_auditor reads the tables and views and changes nothing.
     let owner = gw.pool().await;
     let mut conn = owner.acquire().await.unwrap();

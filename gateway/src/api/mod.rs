@@ -82,6 +82,7 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
+/// The router: [`routes`] and nothing else (a route added here would escape `tests/routes.rs`).
 pub fn router(app: Arc<App>) -> Router {
     routes()
         .into_iter()
