@@ -7,6 +7,7 @@ pub mod error;
 pub mod executions;
 pub mod health;
 pub mod json;
+pub mod payloads;
 pub mod policy;
 
 use std::sync::Arc;
@@ -35,6 +36,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/executions/{id}/connections",
             get(executions::connections),
+        )
+        .route("/v1/executions/{id}/events", get(payloads::events))
+        .route(
+            "/v1/executions/{id}/outputs/{*path}",
+            get(payloads::download),
         )
         .route("/v1/audit/verify", get(audit::verify))
         .route("/v1/policy", get(policy::show))
