@@ -49,6 +49,7 @@ impl SandboxRuntime for FakeRuntime {
                 timed_out: false,
                 cancelled: false,
                 oom_killed: false,
+                init_exit: Some(0),
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),
                     truncated: false,

@@ -88,7 +88,12 @@ print(len(df), int(trend.sum()))
     assert!(!mounts.contains(id), "a mount of {id} is left");
 
     // Paths that are not in the manifest are not served, whatever they look like.
-    for bad in ["nope.png", "../instance", "..%2finstance", "%2e%2e/%2e%2e/etc/passwd"] {
+    for bad in [
+        "nope.png",
+        "../instance",
+        "..%2finstance",
+        "%2e%2e/%2e%2e/etc/passwd",
+    ] {
         let (status, _, _) = gw.download(&key, id, bad).await;
         assert_eq!(status, 404, "{bad}");
     }
@@ -168,7 +173,10 @@ with open("/output/findings.json", "w") as out:
     // Nothing secret anywhere: not the caller's key, not the gateway's database URL, and no
     // variable but sandgate's own.
     assert!(!text.contains(&key), "the API key leaked");
-    assert!(!text.contains("postgres"), "database details leaked: {text}");
+    assert!(
+        !text.contains("postgres"),
+        "database details leaked: {text}"
+    );
     let allowed = [
         "PATH",
         "HOME",
@@ -186,12 +194,18 @@ with open("/output/findings.json", "w") as out:
     ];
     let names = findings["os.environ"].as_object().unwrap().keys();
     for name in names {
-        assert!(allowed.contains(&name.as_str()), "unexpected variable {name}: {text}");
+        assert!(
+            allowed.contains(&name.as_str()),
+            "unexpected variable {name}: {text}"
+        );
     }
     for (pid, environ) in findings["environ"].as_object().unwrap() {
         for item in environ.as_array().into_iter().flatten() {
             let name = item.as_str().unwrap().split('=').next().unwrap();
-            assert!(allowed.contains(&name), "/proc/{pid}/environ has {name}: {text}");
+            assert!(
+                allowed.contains(&name),
+                "/proc/{pid}/environ has {name}: {text}"
+            );
         }
     }
     gw.stop().await;
@@ -205,7 +219,12 @@ async fn loop_and_memory_bomb_end_while_a_neighbour_succeeds() {
     let key = gw.key("agent", "classroom").await;
     let (looping, bomb, normal) = tokio::join!(
         gw.execute(&key, "python", "while True:\n    pass\n", json!({})),
-        gw.execute(&key, "python", "x = b'\\x01' * (2 << 30)\nprint(len(x))\n", json!({})),
+        gw.execute(
+            &key,
+            "python",
+            "x = b'\\x01' * (2 << 30)\nprint(len(x))\n",
+            json!({})
+        ),
         gw.execute(
             &key,
             "python",
@@ -320,6 +339,10 @@ print(json.dumps(attempts))
     assert_eq!(status, 200);
     let result: Value = serde_json::from_slice(&bytes).unwrap();
     assert_eq!(result, json!({"total": 10000, "states": 4}));
-    assert_eq!(sha256_of_tree(dataset.path()), before, "the host dataset changed");
+    assert_eq!(
+        sha256_of_tree(dataset.path()),
+        before,
+        "the host dataset changed"
+    );
     gw.stop().await;
 }

@@ -60,10 +60,21 @@ pub struct DecisionView {
     pub policy_revision: String,
 }
 
+/// What a client is told about a failure; the detail stays in the audit store and the logs.
+fn public_error(status: &str) -> &'static str {
+    match status {
+        "killed" => "the sandbox stopped before its program ended (resource exhaustion in the sandbox kernel, or killed from outside)",
+        _ => "the sandbox could not be run",
+    }
+}
+
 impl From<ExecutionRow> for ExecutionView {
     fn from(row: ExecutionRow) -> ExecutionView {
         ExecutionView {
-            error: row.error.map(|_| "the sandbox could not be run".to_owned()),
+            error: row
+                .error
+                .as_ref()
+                .map(|_| public_error(&row.status).to_owned()),
             decision: DecisionView {
                 id: row.decision_id,
                 allow: row.allow,

@@ -599,26 +599,39 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
 fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion {
     match outcome {
         Ok(run) => {
+            let mut error = None;
             let status = if run.cancelled {
                 "cancelled"
             } else if run.timed_out {
                 "timeout"
             } else if run.oom_killed {
                 "oom"
-            } else if run.exit_code == Some(0) {
+            } else if run.init_exit.is_none() {
+                // sandbox-init never reported an end: the sandbox died under the program.
+                error = Some(format!(
+                    "the sandbox stopped before its program ended (container exit {:?}); \
+                     its kernel gave up (e.g. a fork bomb at the pids limit) or it was killed",
+                    run.exit_code
+                ));
+                tracing::warn!(execution_id = %id, exit = ?run.exit_code, "sandbox died under its program");
+                "killed"
+            } else if run.init_exit == Some(0) {
                 "succeeded"
             } else {
                 "failed"
             };
             Completion {
                 status,
-                exit_code: run.exit_code.and_then(|code| i32::try_from(code).ok()),
+                exit_code: run
+                    .init_exit
+                    .or(run.exit_code)
+                    .and_then(|code| i32::try_from(code).ok()),
                 duration_ms: i64::try_from(run.duration.as_millis()).unwrap_or(i64::MAX),
                 stdout: run.stdout.text(),
                 stderr: run.stderr.text(),
                 stdout_truncated: run.stdout.truncated,
                 stderr_truncated: run.stderr.truncated,
-                error: None,
+                error,
                 outputs: Collected::default(),
             }
         }

@@ -20,8 +20,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 
 use super::{
-    cleanup, CappedOutput, Channel, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo,
-    SandboxRuntime, SandboxSpec, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
+    cleanup, CappedOutput, Channel, ExitTrailer, RunOutcome, RuntimeError, RuntimeHealth,
+    SandboxInfo, SandboxRuntime, SandboxSpec, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
 };
 
 /// Bound on every Docker API call that is not waiting for the program itself.
@@ -167,7 +167,7 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
     };
     ContainerCreateBody {
         image: Some(spec.image.clone()),
-        entrypoint: Some(vec![INIT_PATH.to_owned()]),
+        entrypoint: Some(vec![INIT_PATH.to_owned(), "--report-exit".to_owned()]),
         cmd: Some(vec![]),
         user: Some(SANDBOX_USER.to_owned()),
         working_dir: Some(spec.job.cwd.clone()),
@@ -258,6 +258,8 @@ async fn attach_start_wait(
     let cap = usize::try_from(spec.limits.output_bytes).unwrap_or(usize::MAX);
     let mut stdout = CappedOutput::default();
     let mut stderr = CappedOutput::default();
+    let mut trailer = ExitTrailer::default();
+    let mut init_exit = None;
     let run = async {
         // A program that never reads stdin must not stall the hand-over: errors here show up
         // as the program's own failure.
@@ -278,7 +280,8 @@ async fn attach_start_wait(
                     }
                 }
                 Ok(LogOutput::StdErr { message }) => {
-                    let kept = stderr.push(&message, cap);
+                    let released = trailer.feed(&message);
+                    let kept = stderr.push(&released, cap);
                     if let Some(sink) = &spec.sink {
                         sink.push(Channel::Stderr, kept);
                     }
@@ -290,6 +293,12 @@ async fn attach_start_wait(
                 }
             }
         }
+        let (held, code) = trailer.finish();
+        let kept = stderr.push(&held, cap);
+        if let Some(sink) = &spec.sink {
+            sink.push(Channel::Stderr, kept);
+        }
+        init_exit = code.map(i64::from);
         wait_exit(docker, name).await
     };
     let (exit_code, timed_out, cancelled) = tokio::select! {
@@ -319,6 +328,11 @@ async fn attach_start_wait(
         timed_out,
         cancelled,
         oom_killed: state.oom_killed.unwrap_or(false),
+        init_exit: if timed_out || cancelled {
+            None
+        } else {
+            init_exit
+        },
         stdout,
         stderr,
         started_at,

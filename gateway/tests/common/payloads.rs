@@ -15,7 +15,12 @@ pub struct SseEvent {
 
 impl TestGateway {
     /// `GET /v1/executions/{id}/outputs/{path}`: status, body and the sha256 header.
-    pub async fn download(&self, key: &str, id: &str, path: &str) -> (u16, Vec<u8>, Option<String>) {
+    pub async fn download(
+        &self,
+        key: &str,
+        id: &str,
+        path: &str,
+    ) -> (u16, Vec<u8>, Option<String>) {
         let response = self
             .http
             .get(format!("{}/v1/executions/{id}/outputs/{path}", self.url))
