@@ -34,7 +34,10 @@ async fn fork_bomb_ends_and_the_host_stays_usable() {
     let ended = record["status"].as_str().unwrap();
     assert!(["killed", "timeout"].contains(&ended), "{record}");
     if ended == "killed" {
-        assert!(record["error"].as_str().unwrap().contains("stopped before"), "{record}");
+        assert!(
+            record["error"].as_str().unwrap().contains("stopped before"),
+            "{record}"
+        );
     }
     assert!(containers_of(record["id"].as_str().unwrap()).is_empty());
     // A shell bomb whose parent returns at once: the program's end takes every child with it.

@@ -56,8 +56,8 @@
 //!
 //! No arguments: the init, as above. `--report-exit`: the same, and whatever the outcome
 //! (the program's status or the init's own failure) the last bytes written to stderr are the
-//! trailer `\0sandgate-exit:<code>\n` ([`EXIT_TRAILER_PREFIX`]); the gateway strips it. `exec -- PROGRAM [ARG...]`: the internal exec trampoline
-//! ([`exec`]). Anything else: exit 125.
+//! trailer `\0sandgate-exit:<code>\n` ([`EXIT_TRAILER_PREFIX`]); the gateway strips it.
+//! `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
 //!
 //! # What it is not
 //!
