@@ -84,6 +84,9 @@ pub struct Config {
     /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
     /// `/usr/lib/postgresql/*/bin`.
     pub postgres_bin_dir: Option<PathBuf>,
+    /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
+    /// its record, decision and audit events stay. 0 keeps payloads forever.
+    pub retention_days: u32,
 }
 
 impl Default for Config {
@@ -110,6 +113,7 @@ impl Default for Config {
             max_queued: 64,
             sandbox_init: None,
             postgres_bin_dir: None,
+            retention_days: 30,
         }
     }
 }
@@ -130,6 +134,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("max_queued", EnvValue::Yaml),
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
+    ("retention_days", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]

@@ -133,6 +133,9 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         outputs: Json(json!([])),
         error: None,
         instance: None,
+        outputs_skipped: Json(json!([])),
+        outputs_truncated: false,
+        purged_at: None,
     }
 }
 
@@ -214,6 +217,7 @@ async fn seed(app: &PgPool) {
         stdout_truncated: false,
         stderr_truncated: false,
         error: None,
+        outputs: Default::default(),
     };
     store.complete_execution("ex_done", &done).await.unwrap();
     let allowed = store

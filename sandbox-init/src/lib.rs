@@ -54,8 +54,10 @@
 //!
 //! # Command line
 //!
-//! No arguments: the init, as above. `exec -- PROGRAM [ARG...]`: the internal exec trampoline
-//! ([`exec`]). Anything else: exit 125.
+//! No arguments: the init, as above. `--report-exit`: the same, and whatever the outcome
+//! (the program's status or the init's own failure) the last bytes written to stderr are the
+//! trailer `\0sandgate-exit:<code>\n` ([`EXIT_TRAILER_PREFIX`]); the gateway strips it.
+//! `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
 //!
 //! # What it is not
 //!
@@ -95,12 +97,18 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 pub const EXIT_INIT_ERROR: u8 = 125;
 /// First argument that selects the exec trampoline.
 pub const EXEC_MODE: &str = "exec";
+/// The argument that asks the init to end stderr with its exit trailer.
+pub const REPORT_EXIT_FLAG: &str = "--report-exit";
+/// Starts the trailer `\0sandgate-exit:<code>\n` that the init writes last on stderr when run
+/// with [`REPORT_EXIT_FLAG`]: the gateway's proof that the init itself saw the end (without it,
+/// the sandbox died under the program, e.g. gVisor's own kernel giving up on a fork bomb).
+pub const EXIT_TRAILER_PREFIX: &[u8] = b"\0sandgate-exit:";
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// No arguments: be PID 1 for the job on stdin.
-    Init,
+    /// No arguments (or only [`REPORT_EXIT_FLAG`]): be PID 1 for the job on stdin.
+    Init { report_exit: bool },
     /// `exec -- PROGRAM [ARG...]`: the trampoline.
     Exec(Vec<OsString>),
 }
@@ -109,7 +117,10 @@ pub enum Mode {
 pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, InitError> {
     let mut args = args.into_iter();
     match args.next() {
-        None => Ok(Mode::Init),
+        None => Ok(Mode::Init { report_exit: false }),
+        Some(flag) if flag == REPORT_EXIT_FLAG && args.next().is_none() => {
+            Ok(Mode::Init { report_exit: true })
+        }
         Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
             Ok(Mode::Exec(args.collect()))
         }
@@ -188,7 +199,15 @@ mod tests {
 
     #[test]
     fn no_arguments_is_the_init() {
-        assert_eq!(parse_args(args(&[])).unwrap(), Mode::Init);
+        assert_eq!(
+            parse_args(args(&[])).unwrap(),
+            Mode::Init { report_exit: false }
+        );
+        assert_eq!(
+            parse_args(args(&["--report-exit"])).unwrap(),
+            Mode::Init { report_exit: true }
+        );
+        assert!(parse_args(args(&["--report-exit", "x"])).is_err());
     }
 
     #[test]

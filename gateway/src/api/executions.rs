@@ -36,6 +36,13 @@ pub struct ExecutionView {
     pub limits: Option<Limits>,
     pub labels: Value,
     pub outputs: Value,
+    /// What was in `/output` but not collected, and why.
+    pub outputs_skipped: Value,
+    /// The output limit stopped collection.
+    pub outputs_truncated: bool,
+    /// Set once retention has purged stdout, stderr and the output files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purged_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -53,10 +60,21 @@ pub struct DecisionView {
     pub policy_revision: String,
 }
 
+/// What a client is told about a failure; the detail stays in the audit store and the logs.
+fn public_error(status: &str) -> &'static str {
+    match status {
+        "killed" => "the sandbox stopped before its program ended (resource exhaustion in the sandbox kernel, or killed from outside)",
+        _ => "the sandbox could not be run",
+    }
+}
+
 impl From<ExecutionRow> for ExecutionView {
     fn from(row: ExecutionRow) -> ExecutionView {
         ExecutionView {
-            error: row.error.map(|_| "the sandbox could not be run".to_owned()),
+            error: row
+                .error
+                .as_ref()
+                .map(|_| public_error(&row.status).to_owned()),
             decision: DecisionView {
                 id: row.decision_id,
                 allow: row.allow,
@@ -77,6 +95,9 @@ impl From<ExecutionRow> for ExecutionView {
             limits: row.limits.map(|limits| limits.0),
             labels: row.labels.0,
             outputs: row.outputs.0,
+            outputs_skipped: row.outputs_skipped.0,
+            outputs_truncated: row.outputs_truncated,
+            purged_at: row.purged_at,
             created_at: row.created_at,
             started_at: row.started_at,
             finished_at: row.finished_at,

@@ -9,6 +9,7 @@ pub mod health;
 pub mod json;
 pub mod keys;
 pub mod listing;
+pub mod payloads;
 pub mod policy;
 pub mod query;
 
@@ -73,6 +74,8 @@ pub fn routes() -> Vec<Route> {
         get("/v1/executions/{id}", executions::get),
         post("/v1/executions/{id}/cancel", executions::cancel),
         get("/v1/executions/{id}/connections", executions::connections),
+        get("/v1/executions/{id}/events", payloads::events),
+        get("/v1/executions/{id}/outputs/{*path}", payloads::download),
         get("/v1/audit/events", audit::events),
         get("/v1/audit/verify", audit::verify),
         get("/v1/policy", policy::show),

@@ -23,6 +23,7 @@ use super::{error_chain, App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
 use crate::egress::{self, ExecutionEgress};
+use crate::outputs::{Collected, OutputArea};
 use crate::runtime::{
     JobFile, JobProxy, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec,
 };
@@ -167,6 +168,7 @@ impl App {
         let network = runnable.network.clone();
         let mut spec = self.sandbox_spec(&row.id, &request, files, runnable);
         spec.cancel = live.cancel_token();
+        spec.sink = Some(self.streams.open(&row.id));
         let pending = Pending {
             row: row.clone(),
             spec,
@@ -422,6 +424,8 @@ impl App {
             limits: runnable.limits,
             mounts: runnable.mounts,
             egress_dir: None,
+            output_dir: None,
+            sink: None,
             cancel: CancellationToken::new(),
             job: JobSpec {
                 argv,
@@ -448,8 +452,8 @@ impl App {
                 if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
                     tracing::warn!(execution_id = %id, error = %err, "could not mark running");
                 }
-                let outcome = self.run_with_egress(spec, &row.tenant, network).await;
-                completion(outcome, &id)
+                let tenant = row.tenant.clone();
+                self.run_collecting(spec, &tenant, network).await
             }
             None => completion(
                 Err(RuntimeError::Unavailable(
@@ -458,7 +462,62 @@ impl App {
                 &id,
             ),
         };
-        self.complete_with_retry(row, done).await
+        let stored = self.complete_with_retry(row, done).await;
+        // Subscribers get the end only once the record is stored: a late reader of the record
+        // sees the same thing the stream said.
+        if let Some(stream) = self.streams.get(&id) {
+            stream.close(exit_summary(&stored));
+        }
+        self.streams.remove(&id);
+        stored
+    }
+
+    /// Runs the sandbox with its own `/output` area, then collects what the program left there
+    /// (up to the output limit) once the sandbox is gone, and unmounts the area.
+    async fn run_collecting(
+        &self,
+        mut spec: SandboxSpec,
+        tenant: &str,
+        network: Option<NetworkGrant>,
+    ) -> Completion {
+        let id = spec.execution_id.clone();
+        let budget = spec.limits.output_bytes;
+        let area = match OutputArea::create(&self.scratch_root, &id, spec.limits.disk_mb) {
+            Ok(area) => area,
+            Err(err) => {
+                let err = RuntimeError::Unavailable(format!("preparing /output: {err}"));
+                return completion(Err(err), &id);
+            }
+        };
+        spec.output_dir = Some(area.dir().to_owned());
+        let outcome = self.run_with_egress(spec, tenant, network).await;
+        let mut done = completion(outcome, &id);
+        let dest = self.outputs_root.join(&id);
+        let collected = tokio::task::spawn_blocking(move || {
+            let collected = area.collect(&dest, budget);
+            if let Err(err) = area.remove() {
+                tracing::warn!(error = %err, "output area left behind for the sweep");
+            }
+            collected
+        })
+        .await;
+        match collected {
+            Ok(Ok(outputs)) => done.outputs = outputs,
+            Ok(Err(err)) => {
+                tracing::error!(execution_id = %id, error = %err, "collecting /output failed");
+                done.outputs.truncated = true;
+                done.outputs.skipped.push(crate::outputs::Skipped {
+                    path: String::new(),
+                    bytes: None,
+                    reason: "collection_failed".to_owned(),
+                });
+            }
+            Err(err) => {
+                tracing::error!(execution_id = %id, error = %err, "collecting /output panicked");
+                done.outputs.truncated = true;
+            }
+        }
+        done
     }
 
     /// Runs the sandbox; with a network grant, behind its own egress socket for exactly as
@@ -516,34 +575,64 @@ impl App {
             stdout_truncated: done.stdout_truncated,
             stderr_truncated: done.stderr_truncated,
             error: done.error,
+            outputs: Json(json!(done.outputs.files)),
+            outputs_skipped: Json(json!(done.outputs.skipped)),
+            outputs_truncated: done.outputs.truncated,
             ..row
         }
     }
 }
 
+/// What the `exit` event of a stream carries: how the execution ended.
+pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
+    json!({
+        "status": row.status,
+        "exit_code": row.exit_code,
+        "duration_ms": row.duration_ms,
+        "stdout_truncated": row.stdout_truncated,
+        "stderr_truncated": row.stderr_truncated,
+        "outputs": row.outputs.0,
+        "outputs_truncated": row.outputs_truncated,
+    })
+}
+
 fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion {
     match outcome {
         Ok(run) => {
+            let mut error = None;
             let status = if run.cancelled {
                 "cancelled"
             } else if run.timed_out {
                 "timeout"
             } else if run.oom_killed {
                 "oom"
-            } else if run.exit_code == Some(0) {
+            } else if run.init_exit.is_none() {
+                // sandbox-init never reported an end: the sandbox died under the program.
+                error = Some(format!(
+                    "the sandbox stopped before its program ended (container exit {:?}); \
+                     its kernel gave up (e.g. a fork bomb at the pids limit) or it was killed",
+                    run.exit_code
+                ));
+                tracing::warn!(execution_id = %id, exit = ?run.exit_code, "sandbox died under its program");
+                "killed"
+            } else if run.init_exit == Some(0) {
                 "succeeded"
             } else {
                 "failed"
             };
             Completion {
                 status,
-                exit_code: run.exit_code.and_then(|code| i32::try_from(code).ok()),
+                exit_code: run
+                    .init_exit
+                    .or(run.exit_code)
+                    .and_then(|code| i32::try_from(code).ok()),
                 duration_ms: i64::try_from(run.duration.as_millis()).unwrap_or(i64::MAX),
                 stdout: run.stdout.text(),
                 stderr: run.stderr.text(),
                 stdout_truncated: run.stdout.truncated,
                 stderr_truncated: run.stderr.truncated,
-                error: None,
+                error,
+                outputs: Collected::default(),
             }
         }
         Err(err) => {
@@ -557,6 +646,7 @@ fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion
                 stdout_truncated: false,
                 stderr_truncated: false,
                 error: Some(err.to_string()),
+                outputs: Collected::default(),
             }
         }
     }
@@ -605,6 +695,9 @@ fn new_row(
         outputs: Json(json!([])),
         error: None,
         instance: Some(instance.to_owned()),
+        outputs_skipped: Json(json!([])),
+        outputs_truncated: false,
+        purged_at: None,
     }
 }
 
@@ -694,20 +787,66 @@ fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError
         )));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
+    let mut seen = std::collections::HashSet::new();
     files
         .iter()
         .map(|file| {
-            check_path(&file.path)?;
+            let path = normalise_path(&file.path)?;
+            if !seen.insert(path.clone()) {
+                return Err(AppError::Invalid(format!(
+                    "file {:?}: given more than once",
+                    file.path
+                )));
+            }
             let content = b64.decode(&file.content_b64).map_err(|err| {
                 AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
             })?;
-            Ok((file.path.clone(), content))
+            Ok((path, content))
         })
         .collect()
 }
 
-fn check_path(path: &str) -> Result<(), AppError> {
-    let bad = |why: &str| Err(AppError::Invalid(format!("file {path:?}: {why}")));
+/// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
+/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
+/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
+/// into something that later normalises or decodes it.
+fn normalise_path(path: &str) -> Result<String, AppError> {
+    use unicode_normalization::UnicodeNormalization;
+    let nfc: String = path.nfc().collect();
+    let nfkc: String = path.nfkc().collect();
+    let decoded = percent_decode(&nfkc);
+    for form in [&nfc, &nfkc, &decoded] {
+        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
+    }
+    Ok(nfc)
+}
+
+/// `%XX` sequences decoded (lossily); anything else kept.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn check_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(why.to_owned());
     if path.is_empty() || path.len() > MAX_PATH_BYTES {
         return bad("path must be 1 to 255 bytes");
     }
@@ -716,6 +855,9 @@ fn check_path(path: &str) -> Result<(), AppError> {
     }
     if path.chars().any(char::is_control) {
         return bad("path must not contain control characters");
+    }
+    if path.contains('\\') {
+        return bad("path must not contain a backslash");
     }
     if path
         .split('/')
@@ -771,6 +913,25 @@ mod tests {
         for good in ["data.csv", "src/main.py", "a.b/c"] {
             assert!(check_path(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    #[test]
+    fn file_names_are_checked_after_normalisation_and_decoding() {
+        for bad in [
+            "\u{ff0e}\u{ff0e}/x",   // fullwidth dots
+            "a\u{ff0f}..\u{ff0f}b", // fullwidth slashes
+            "%2e%2e/x",
+            "%2E%2E%2Fetc",
+            "a%2f..%2f..%2fb",
+            "x%00y",
+            "..\\x",
+            "\u{2024}\u{2024}/x", // one-dot leaders: NFKC gives '.'
+        ] {
+            assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
+        }
+        // Decomposed é is stored composed (NFC), and plain percent signs are fine.
+        assert_eq!(normalise_path("cafe\u{301}.csv").unwrap(), "caf\u{e9}.csv");
+        assert_eq!(normalise_path("100%.txt").unwrap(), "100%.txt");
     }
 
     #[test]

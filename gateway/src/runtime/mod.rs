@@ -6,6 +6,7 @@ pub mod docker;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -68,7 +69,12 @@ pub struct SandboxSpec {
     /// The execution's egress socket directory, mounted at `/run/sandgate`: the one host path
     /// a sandbox may reach that is not read-only data.
     pub egress_dir: Option<PathBuf>,
+    /// The execution's output area on the host, mounted at `/output`; `None`: a tmpfs inside
+    /// the sandbox whose contents are discarded.
+    pub output_dir: Option<PathBuf>,
     pub job: JobSpec,
+    /// Receives every byte of output that is kept, as it arrives (for streaming).
+    pub sink: Option<Arc<dyn OutputSink>>,
     /// Fires when the execution is cancelled: the sandbox is killed at once.
     pub cancel: CancellationToken,
 }
@@ -79,6 +85,18 @@ impl SandboxSpec {
     }
 }
 
+/// Which stream output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Stdout,
+    Stderr,
+}
+
+/// Where kept output goes while the program runs.
+pub trait OutputSink: Send + Sync + std::fmt::Debug {
+    fn push(&self, channel: Channel, bytes: &[u8]);
+}
+
 /// Output captured up to a byte cap; the rest is read and dropped.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CappedOutput {
@@ -87,18 +105,94 @@ pub struct CappedOutput {
 }
 
 impl CappedOutput {
-    pub fn push(&mut self, chunk: &[u8], cap: usize) {
+    /// Keeps what fits under `cap` and returns it.
+    pub fn push<'a>(&mut self, chunk: &'a [u8], cap: usize) -> &'a [u8] {
         let room = cap.saturating_sub(self.bytes.len());
         if chunk.len() > room {
             self.truncated = true;
         }
-        self.bytes
-            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let kept = &chunk[..chunk.len().min(room)];
+        self.bytes.extend_from_slice(kept);
+        kept
     }
 
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.bytes).into_owned()
     }
+}
+
+/// Starts the trailer `sandbox-init --report-exit` writes last on stderr (see sandbox-init's
+/// crate docs): `\0sandgate-exit:<code>\n`.
+pub const EXIT_TRAILER_PREFIX: &[u8] = b"\0sandgate-exit:";
+/// The longest code a trailer carries (0..=255).
+const TRAILER_DIGITS: usize = 3;
+
+/// Takes the init's exit trailer out of the stderr stream. Bytes that might begin a trailer
+/// (from a NUL on) are held back until they cannot, so the trailer never reaches the record or
+/// the event stream, and ordinary stderr (which holds no NUL) is passed on at once.
+#[derive(Debug, Default)]
+pub struct ExitTrailer {
+    held: Vec<u8>,
+    code: Option<u8>,
+}
+
+impl ExitTrailer {
+    /// Feeds a stderr chunk; returns what may be passed on.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.code.is_some() {
+            // After the trailer the init is gone: nothing that follows is the program's.
+            return Vec::new();
+        }
+        self.held.extend_from_slice(chunk);
+        let nuls: Vec<usize> = self
+            .held
+            .iter()
+            .enumerate()
+            .filter(|(_, byte)| **byte == 0)
+            .map(|(i, _)| i)
+            .collect();
+        for &start in &nuls {
+            if let Some(code) = complete_trailer(&self.held[start..]) {
+                self.code = Some(code);
+                let released = self.held[..start].to_vec();
+                self.held.clear();
+                return released;
+            }
+        }
+        match nuls.last() {
+            Some(&start) if could_begin_trailer(&self.held[start..]) => {
+                let tail = self.held.split_off(start);
+                std::mem::replace(&mut self.held, tail)
+            }
+            _ => std::mem::take(&mut self.held),
+        }
+    }
+
+    /// The end of the stream: what was held back, and the code if the trailer came.
+    pub fn finish(&mut self) -> (Vec<u8>, Option<u8>) {
+        (std::mem::take(&mut self.held), self.code)
+    }
+}
+
+fn complete_trailer(bytes: &[u8]) -> Option<u8> {
+    let rest = bytes.strip_prefix(EXIT_TRAILER_PREFIX)?;
+    let end = rest.iter().position(|byte| *byte == b'\n')?;
+    let digits = &rest[..end];
+    if digits.is_empty() || digits.len() > TRAILER_DIGITS {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
+}
+
+fn could_begin_trailer(bytes: &[u8]) -> bool {
+    if bytes.len() <= EXIT_TRAILER_PREFIX.len() {
+        return EXIT_TRAILER_PREFIX.starts_with(bytes);
+    }
+    bytes
+        .strip_prefix(EXIT_TRAILER_PREFIX)
+        .is_some_and(|digits| {
+            digits.len() <= TRAILER_DIGITS && digits.iter().all(u8::is_ascii_digit)
+        })
 }
 
 /// How a sandbox ended.
@@ -109,6 +203,9 @@ pub struct RunOutcome {
     /// Stopped on request (`POST /v1/executions/{id}/cancel`).
     pub cancelled: bool,
     pub oom_killed: bool,
+    /// The exit code `sandbox-init` reported itself. `None` with neither timeout nor cancel:
+    /// the sandbox died under the program (gVisor's kernel gave up, or the container was killed).
+    pub init_exit: Option<i64>,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
     pub started_at: DateTime<Utc>,
@@ -164,6 +261,54 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn through(chunks: &[&[u8]]) -> (Vec<u8>, Option<u8>) {
+        let mut trailer = ExitTrailer::default();
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend(trailer.feed(chunk));
+        }
+        let (rest, code) = trailer.finish();
+        out.extend(rest);
+        (out, code)
+    }
+
+    #[test]
+    fn exit_trailer_is_taken_out_wherever_the_chunks_split() {
+        let stream = b"warn\n\0sandgate-exit:137\n";
+        for split in 0..stream.len() {
+            let (before, after) = stream.split_at(split);
+            assert_eq!(
+                through(&[before, after]),
+                (b"warn\n".to_vec(), Some(137)),
+                "{split}"
+            );
+        }
+        // Byte by byte, too.
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(through(&bytes), (b"warn\n".to_vec(), Some(137)));
+    }
+
+    #[test]
+    fn stderr_without_a_trailer_passes_through_and_says_so() {
+        assert_eq!(through(&[b"a\0b\n", b"c"]), (b"a\0b\nc".to_vec(), None));
+        assert_eq!(
+            through(&[b"x\0sandgate-ex"]),
+            (b"x\0sandgate-ex".to_vec(), None)
+        );
+        assert_eq!(
+            through(&[b"\0sandgate-exit:1234\n"]),
+            (b"\0sandgate-exit:1234\n".to_vec(), None)
+        );
+        // Ordinary text is released at once, not held back.
+        let mut trailer = ExitTrailer::default();
+        assert_eq!(trailer.feed(b"line\n"), b"line\n");
+        // A NUL in the program's own output before the real trailer is kept.
+        assert_eq!(
+            through(&[b"\0\0data", b"\0sandgate-exit:0\n"]),
+            (b"\0\0data".to_vec(), Some(0))
+        );
+    }
 
     #[test]
     fn capped_output_keeps_prefix_and_flags_truncation() {

@@ -20,6 +20,7 @@ use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
 
 pub mod egress;
+pub mod payloads;
 pub mod upstream;
 
 const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
@@ -143,8 +144,17 @@ impl TestGateway {
         database_url: Option<String>,
         tweak: impl FnOnce(&mut Config),
     ) -> TestGateway {
-        require_docker();
         let data_dir = tempfile::tempdir().expect("tempdir");
+        TestGateway::start_in(database_url, data_dir, tweak).await
+    }
+
+    /// A gateway on `data_dir` (a restart keeps the one [`TestGateway::stop_keeping_data`] gave back).
+    pub async fn start_in(
+        database_url: Option<String>,
+        data_dir: tempfile::TempDir,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestGateway {
+        require_docker();
         // The embedded cluster runs as `postgres`, which must be able to enter the data dir.
         std::fs::set_permissions(
             data_dir.path(),
@@ -264,6 +274,17 @@ impl TestGateway {
             body.extend(extra.clone());
         }
         self.post(key, "/v1/executions", &body).await
+    }
+
+    /// Stops the gateway and hands back its data directory, for a restart.
+    pub async fn stop_keeping_data(self) -> tempfile::TempDir {
+        self.shutdown.cancel();
+        let result = tokio::time::timeout(Duration::from_secs(90), self.server)
+            .await
+            .expect("gateway shut down in time")
+            .expect("gateway task");
+        result.expect("gateway exited cleanly");
+        self.data_dir
     }
 
     pub async fn stop(self) {
