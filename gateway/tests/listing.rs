@@ -133,8 +133,21 @@ async fn execution_listing_is_scoped_filtered_and_paged() {
     assert_eq!(ids(&page, "executions"), all_ids);
     let row = &page["executions"][0];
     assert_eq!(row["status"], "denied");
-    assert_eq!(row["allow"], false);
+    assert_eq!(row["decision"]["allow"], false);
+    assert_eq!(
+        row["decision"]["reasons"][0]["code"], "tenant.unknown",
+        "{row}"
+    );
     assert!(row.get("stdout").is_none(), "listings carry no output");
+    assert!(row.get("stderr").is_none(), "listings carry no output");
+    // Otherwise the record as GET /v1/executions/{id} has it.
+    let (_, mut record) = gw
+        .get(&reviewer, &format!("/v1/executions/{}", all_ids[0]))
+        .await;
+    let record = record.as_object_mut().unwrap();
+    record.remove("stdout");
+    record.remove("stderr");
+    assert_eq!(&Value::Object(record.clone()), row);
     let (_, page) = gw.get(&reviewer, "/v1/executions?tenant=globex").await;
     assert_eq!(ids(&page, "executions"), all_ids[..2]);
     let (_, page) = gw.get(&admin, "/v1/executions?status=denied").await;

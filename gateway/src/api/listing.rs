@@ -1,18 +1,21 @@
 //! `GET /v1/executions?status=&tenant=&limit=&before=`: executions, newest first, one bounded
-//! page at a time. Agents see their own tenant's only (`tenant` is ignored for them); reviewers,
-//! auditors and admins see every tenant's.
+//! page at a time, each as `GET /v1/executions/{id}` shows it but without `stdout` and `stderr`.
+//! Agents see their own tenant's only (`tenant` is ignored for them); reviewers, auditors and
+//! admins see every tenant's.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::auth::Caller;
 use super::error::ApiError;
+use super::executions::ExecutionView;
 use super::query::{page_size, ApiQuery};
 use crate::app::App;
-use crate::audit::read::{ExecutionFilter, ExecutionSummary};
+use crate::audit::read::ExecutionFilter;
 
 /// Page size when `limit` is absent.
 pub const DEFAULT_LIMIT: u32 = 50;
@@ -31,7 +34,8 @@ pub struct ListQuery {
 
 #[derive(Debug, Serialize)]
 pub struct ExecutionPage {
-    pub executions: Vec<ExecutionSummary>,
+    /// Execution records without `stdout` and `stderr`.
+    pub executions: Vec<Value>,
     /// Pass as `before` for the next (older) page; absent on the last page.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_before: Option<String>,
@@ -50,14 +54,25 @@ pub async fn list(
         before: non_empty(query.before),
         limit,
     };
-    let executions = app.list_executions(&caller.0, filter).await?;
-    let next_before = (executions.len() as i64 == limit)
-        .then(|| executions.last().map(|row| row.id.clone()))
+    let rows = app.list_executions(&caller.0, filter).await?;
+    let next_before = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
+    let executions = rows.into_iter().map(without_output).collect();
     Ok(Json(ExecutionPage {
         executions,
         next_before,
     }))
+}
+
+/// The record as `GET /v1/executions/{id}` shows it, minus `stdout` and `stderr`.
+fn without_output(row: crate::audit::ExecutionRow) -> Value {
+    let mut view = serde_json::json!(ExecutionView::from(row));
+    if let Some(fields) = view.as_object_mut() {
+        fields.remove("stdout");
+        fields.remove("stderr");
+    }
+    view
 }
 
 /// `?status=` (empty) means no filter.

@@ -1,8 +1,8 @@
 //! Listing executions: agents see their own tenant's, every other role sees all.
 
 use super::{App, AppError};
-use crate::audit::read::{ExecutionFilter, ExecutionSummary, STATUSES};
-use crate::audit::ApiKey;
+use crate::audit::read::{ExecutionFilter, STATUSES};
+use crate::audit::{ApiKey, ExecutionRow};
 
 impl App {
     /// One page of executions, newest first. `filter.tenant` is replaced by the caller's tenant
@@ -11,7 +11,7 @@ impl App {
         &self,
         caller: &ApiKey,
         mut filter: ExecutionFilter,
-    ) -> Result<Vec<ExecutionSummary>, AppError> {
+    ) -> Result<Vec<ExecutionRow>, AppError> {
         if let Some(status) = &filter.status {
             if !STATUSES.contains(&status.as_str()) {
                 return Err(AppError::Invalid(format!(

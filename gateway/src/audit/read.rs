@@ -6,7 +6,7 @@ use serde::Serialize;
 use serde_json::Value;
 use sqlx::types::Json;
 
-use super::{AuditError, AuditStore};
+use super::{AuditError, AuditStore, ExecutionRow};
 
 /// Every value `executions.status` may take (the table's CHECK constraint).
 pub const STATUSES: &[&str] = &[
@@ -32,26 +32,6 @@ pub struct ExecutionFilter {
     /// Only executions created before this one (the previous page's last id).
     pub before: Option<String>,
     pub limit: i64,
-}
-
-/// An execution without its output, as listings show it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct ExecutionSummary {
-    pub id: String,
-    pub tenant: String,
-    pub key_id: String,
-    pub language: String,
-    pub status: String,
-    pub allow: bool,
-    pub reasons: Json<Value>,
-    pub backend: Option<String>,
-    pub policy_revision: String,
-    pub labels: Json<Value>,
-    pub exit_code: Option<i32>,
-    pub duration_ms: Option<i64>,
-    pub created_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// Which audit events to list. `None` fields do not filter.
@@ -86,15 +66,18 @@ pub struct AuditEvent {
 }
 
 impl AuditStore {
-    /// Executions matching `filter`, newest first (`created_at`, then `id`, descending).
+    /// Executions matching `filter`, newest first (`created_at`, then `id`, descending), without
+    /// their stdout and stderr (`None`: up to the output ceiling each; the record has them).
     pub async fn list_executions(
         &self,
         filter: &ExecutionFilter,
-    ) -> Result<Vec<ExecutionSummary>, AuditError> {
+    ) -> Result<Vec<ExecutionRow>, AuditError> {
         let rows = sqlx::query_as(
-            "SELECT id, tenant, key_id, language, status, allow, reasons, backend, \
-             policy_revision, labels, exit_code, duration_ms, created_at, started_at, \
-             finished_at FROM executions \
+            "SELECT id, tenant, key_id, language, code_sha256, code_bytes, labels, status, \
+             decision_id, allow, reasons, backend, runtime, image, limits, policy_revision, \
+             created_at, started_at, finished_at, exit_code, duration_ms, NULL::text AS stdout, \
+             NULL::text AS stderr, stdout_truncated, stderr_truncated, outputs, error, instance, \
+             outputs_skipped, outputs_truncated, purged_at FROM executions \
              WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR status = $2) \
              AND ($3::text IS NULL OR (created_at, id) < \
                   (SELECT created_at, id FROM executions WHERE id = $3)) \
