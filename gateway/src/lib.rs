@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod client;
 pub mod commands;
 pub mod config;
 pub mod database;
