@@ -60,6 +60,10 @@ enum KeysCommand {
         role: Role,
         #[arg(long)]
         tenant: String,
+        /// The person or system behind the key (default: the key's own id). A reviewer key
+        /// cannot approve requests made by a key of the same principal.
+        #[arg(long)]
+        principal: Option<String>,
     },
 }
 
@@ -146,9 +150,20 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 gateway::serve(config, shutdown).await?;
             }
             Command::Keys {
-                command: KeysCommand::Create { role, tenant },
+                command:
+                    KeysCommand::Create {
+                        role,
+                        tenant,
+                        principal,
+                    },
             } => {
-                let key = gateway::commands::create_key(&config, role.as_str(), &tenant).await?;
+                let key = gateway::commands::create_key_for(
+                    &config,
+                    role.as_str(),
+                    &tenant,
+                    principal.as_deref(),
+                )
+                .await?;
                 println!(
                     "created {} key {} for tenant {tenant}",
                     role.as_str(),
