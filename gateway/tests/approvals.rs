@@ -279,3 +279,25 @@ async fn rejected_and_expired_requests_end_denied() {
     chain_verifies(&gw).await;
     gw.stop().await;
 }
+
+#[tokio::test]
+async fn keys_have_a_principal_defaulting_to_their_id() {
+    let url = common::fresh_database().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = common::test_config(Some(url.clone()), dir.path());
+    let named = gateway::commands::create_key_for(&config, "reviewer", "acme", Some("alice"))
+        .await
+        .unwrap();
+    let plain = gateway::commands::create_key(&config, "agent", "acme")
+        .await
+        .unwrap();
+    let bad = gateway::commands::create_key_for(&config, "agent", "acme", Some("a\nb")).await;
+    assert!(bad.is_err(), "control characters refused");
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    let store = AuditStore::new(pool.clone());
+    let named = store.find_key(&named.secret).await.unwrap().unwrap();
+    assert_eq!(named.principal, "alice");
+    let plain_key = store.find_key(&plain.secret).await.unwrap().unwrap();
+    assert_eq!(plain_key.principal, plain.id);
+    pool.close().await;
+}

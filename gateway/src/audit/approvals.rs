@@ -62,7 +62,7 @@ pub struct Verdict<'a> {
     pub reviewer_key_id: &'a str,
     pub reviewer_principal: &'a str,
     pub comment: Option<&'a str>,
-    /// Appended to the execution's reasons when it is rejected.
+    /// Appended to the execution's reasons (`approval.approved` / `approval.rejected`).
     pub reason: Reason,
 }
 
@@ -171,11 +171,13 @@ impl AuditStore {
             return Ok(None);
         };
         if verdict.approve {
+            // The reviewer's approval joins the reasons, so the record says who let it run.
             sqlx::query(
-                "UPDATE executions SET status = 'queued' \
+                "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb \
                  WHERE id = $1 AND status = 'pending_approval'",
             )
             .bind(&execution_id)
+            .bind(Json(json!([verdict.reason])))
             .execute(&mut *tx)
             .await?;
         } else {

@@ -256,7 +256,8 @@ impl AuditStore {
 
     /// Marks `error` the executions of `instance` left open (queued or running) that are not in
     /// `live`, each with an `execution.reaped` audit event in the same transaction. Returns how
-    /// many.
+    /// many. `pending_approval` records are never closed here: they wait for a reviewer or
+    /// their expiry (`app::approvals`), whatever happens to the gateway meanwhile.
     pub async fn close_abandoned(
         &self,
         instance: &str,
