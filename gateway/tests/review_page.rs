@@ -39,7 +39,7 @@ fn chromium_binary() -> PathBuf {
 struct Browser {
     child: Child,
     port: u16,
-    _profile: tempfile::TempDir,
+    profile: tempfile::TempDir,
 }
 
 impl Browser {
@@ -70,15 +70,18 @@ impl Browser {
             .stderr(Stdio::null())
             .spawn()
             .unwrap_or_else(|err| panic!("cannot start {}: {err}; {INSTALL}", binary.display()));
-        let port_file = profile.path().join("DevToolsActivePort");
+        // Owned at once, so that every way out of here kills it (Drop).
+        let mut browser = Browser {
+            child,
+            port: 0,
+            profile,
+        };
+        let port_file = browser.profile.path().join("DevToolsActivePort");
         for _ in 0..300 {
             if let Ok(text) = std::fs::read_to_string(&port_file) {
                 if let Some(port) = text.lines().next().and_then(|l| l.trim().parse().ok()) {
-                    return Browser {
-                        child,
-                        port,
-                        _profile: profile,
-                    };
+                    browser.port = port;
+                    return browser;
                 }
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
