@@ -178,6 +178,15 @@ async fn approved_by_another_principal_runs_as_reviewed() {
     let (status, body) = gw.get(&bob, "/v1/executions?limit=5").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["executions"][0]["id"], id.as_str());
+    assert!(body["executions"][0].get("stdout").is_none(), "{body}");
+    let other_tenant = gw.key("agent", "forge").await;
+    let (status, body) = gw.get(&other_tenant, "/v1/executions").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["executions"],
+        json!([]),
+        "agents see their own tenant only"
+    );
     let events = event_kinds(&gw, &id).await;
     let kinds: Vec<&str> = events.iter().map(|(kind, ..)| kind.as_str()).collect();
     assert_eq!(

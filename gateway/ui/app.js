@@ -4,6 +4,9 @@
 (function () {
   const KEY = 'sandgate.key';
   const REFRESH_MS = 2000;
+  // Verifying walks the whole chain: not on every refresh.
+  const CHAIN_EVERY_MS = 60000;
+  let chainCheckedAt = 0;
   const $ = (id) => document.getElementById(id);
 
   function key() {
@@ -176,6 +179,7 @@
   }
 
   async function refreshChain() {
+    chainCheckedAt = Date.now();
     const chain = $('chain');
     const reply = await api('GET', '/v1/audit/verify');
     if (reply.status === 403) {
@@ -207,7 +211,7 @@
       }
       const executions = await api('GET', '/v1/executions?limit=50');
       if (executions.status === 200) renderExecutions(executions.data.executions);
-      await refreshChain();
+      if (Date.now() - chainCheckedAt >= CHAIN_EVERY_MS) await refreshChain();
     } catch (err) {
       say('The gateway did not answer: ' + err, true);
     } finally {
@@ -222,8 +226,12 @@
       $('key').value = '';
       if (!value) return;
       sessionStorage.setItem(KEY, value);
+      chainCheckedAt = 0;
       say('Key set for this tab.');
       refresh();
+    });
+    $('verify-chain').addEventListener('click', () => {
+      if (key()) refreshChain();
     });
     $('forget-key').addEventListener('click', () => {
       sessionStorage.removeItem(KEY);

@@ -138,7 +138,8 @@ pub struct ExecutionQuery {
     pub status: Option<String>,
 }
 
-/// `GET /v1/executions?limit=&status=`: newest first; agents see their own tenant's only.
+/// `GET /v1/executions?limit=&status=`: newest first (at most 500, default 50), without
+/// stdout/stderr; agents see their own tenant's only.
 pub async fn list_executions(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -155,7 +156,18 @@ pub async fn list_executions(
             query.limit.unwrap_or(DEFAULT_LIMIT),
         )
         .await?;
-    let executions: Vec<ExecutionView> = rows.into_iter().map(ExecutionView::from).collect();
+    // Without stdout/stderr (up to the output ceiling each): `GET /v1/executions/{id}` has them.
+    let executions: Vec<Value> = rows
+        .into_iter()
+        .map(|row| {
+            let mut view = serde_json::json!(ExecutionView::from(row));
+            if let Some(fields) = view.as_object_mut() {
+                fields.remove("stdout");
+                fields.remove("stderr");
+            }
+            view
+        })
+        .collect();
     Ok(Json(serde_json::json!({ "executions": executions })))
 }
 

@@ -176,6 +176,7 @@ impl App {
             reviewer_key_id: &caller.id,
             reviewer_principal: &caller.principal,
             comment,
+            instance: &self.instance,
             reason: reason.clone(),
         };
         let event = review_event(caller, &approval, approve, comment, &reason);

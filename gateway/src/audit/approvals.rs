@@ -62,6 +62,9 @@ pub struct Verdict<'a> {
     pub reviewer_key_id: &'a str,
     pub reviewer_principal: &'a str,
     pub comment: Option<&'a str>,
+    /// The gateway instance deciding: an approved execution runs there, so the row names it
+    /// (another instance's reaper must not close it).
+    pub instance: &'a str,
     /// Appended to the execution's reasons (`approval.approved` / `approval.rejected`).
     pub reason: Reason,
 }
@@ -173,11 +176,12 @@ impl AuditStore {
         if verdict.approve {
             // The reviewer's approval joins the reasons, so the record says who let it run.
             sqlx::query(
-                "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb \
-                 WHERE id = $1 AND status = 'pending_approval'",
+                "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
+                 instance = $3 WHERE id = $1 AND status = 'pending_approval'",
             )
             .bind(&execution_id)
             .bind(Json(json!([verdict.reason])))
+            .bind(verdict.instance)
             .execute(&mut *tx)
             .await?;
         } else {
