@@ -310,3 +310,70 @@ async fn keys_have_a_principal_defaulting_to_their_id() {
     assert_eq!(plain_key.principal, plain.id);
     pool.close().await;
 }
+
+/// Makes every INSERT into `table` fail, as a full disk would.
+async fn refuse_inserts(gw: &TestGateway, table: &str) {
+    let pool = gw.pool().await;
+    sqlx::raw_sql(&format!(
+        "CREATE FUNCTION refuse_{table}() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         BEGIN RAISE EXCEPTION 'simulated: no space left on device'; END; $$; \
+         CREATE TRIGGER refuse_{table} BEFORE INSERT ON {table} \
+         FOR EACH ROW EXECUTE FUNCTION refuse_{table}();"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+}
+
+#[tokio::test]
+async fn holding_and_approving_fail_closed() {
+    let gw = TestGateway::start().await;
+    let (_, agent) = key_for(&gw, "agent", "team-a").await;
+    let (_, bob) = key_for(&gw, "reviewer", "bob").await;
+    let label = format!("sandgate.instance={}", gw.instance().await);
+
+    // Held, then the audit store refuses: approving answers 503, nothing runs, still pending.
+    let (id, approval) = held(&gw, &agent, "print('never')").await;
+    refuse_inserts(&gw, "audit_events").await;
+    let since = common::docker_now();
+    let path = format!("/v1/approvals/{approval}");
+    let (status, body) = gw.post(&bob, &path, &json!({"decision": "approve"})).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(!body.to_string().contains("simulated"), "{body}");
+    let (_, body) = gw.get(&bob, &path).await;
+    assert_eq!(body["status"], "pending", "{body}");
+    let (_, row) = gw.get(&agent, &format!("/v1/executions/{id}")).await;
+    assert_eq!(row["status"], "pending_approval", "{row}");
+    assert!(
+        common::containers_created_since(&since, &label).is_empty(),
+        "a container was created although the approval was not committed"
+    );
+
+    // The approvals table refuses: the request is not held half-way (503, no rows at all).
+    let pool = gw.pool().await;
+    sqlx::raw_sql("DROP TRIGGER refuse_audit_events ON audit_events")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool.close().await;
+    refuse_inserts(&gw, "approvals").await;
+    let (status, body) = gw
+        .execute(&agent, "python", "print(2)", json!({"network": unlisted()}))
+        .await;
+    assert_eq!(status, 503, "{body}");
+    let pool = gw.pool().await;
+    let executions: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(executions, 1, "only the first request is recorded");
+    let events: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE kind = 'approval.requested'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, 1, "the refused request left no event");
+    pool.close().await;
+    gw.stop().await;
+}
