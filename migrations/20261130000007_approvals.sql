@@ -35,6 +35,10 @@ BEGIN
         ALTER TABLE approvals ADD CONSTRAINT approvals_status_check
             CHECK (status IN ('pending', 'approved', 'rejected', 'expired'));
     END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_constraint WHERE conname = 'approvals_execution_fk') THEN
+        ALTER TABLE approvals ADD CONSTRAINT approvals_execution_fk
+            FOREIGN KEY (execution_id) REFERENCES executions (id);
+    END IF;
 END;
 $$;
 CREATE INDEX IF NOT EXISTS approvals_pending ON approvals (expires_at) WHERE status = 'pending';
