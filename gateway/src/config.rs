@@ -87,6 +87,9 @@ pub struct Config {
     /// Seconds an execution sent to human review waits for a reviewer before it is denied
     /// (`approval.expired`).
     pub approval_ttl_s: u64,
+    /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
+    /// its record, decision and audit events stay. 0 keeps payloads forever.
+    pub retention_days: u32,
 }
 
 impl Default for Config {
@@ -114,6 +117,7 @@ impl Default for Config {
             sandbox_init: None,
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
+            retention_days: 30,
         }
     }
 }
@@ -135,6 +139,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
+    ("retention_days", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]

@@ -13,6 +13,7 @@ pub mod config;
 pub mod database;
 pub mod egress;
 pub mod ids;
+pub mod outputs;
 pub mod runtime;
 
 use std::net::SocketAddr;

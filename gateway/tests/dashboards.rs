@@ -77,6 +77,9 @@ async fn seed(store: &AuditStore) {
             outputs: Json(json!([])),
             error: None,
             instance: None,
+            outputs_skipped: Json(json!([])),
+            outputs_truncated: false,
+            purged_at: None,
         };
         let event = NewEvent {
             kind: "execution.decision",
@@ -105,6 +108,7 @@ async fn seed(store: &AuditStore) {
         stdout_truncated: false,
         stderr_truncated: false,
         error: None,
+        outputs: Default::default(),
     };
     store.complete_execution("ex_a", &done).await.unwrap();
     let failure = NewEvent {

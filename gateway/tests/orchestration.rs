@@ -261,6 +261,9 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         outputs: sqlx::types::Json(json!([])),
         error: None,
         instance: Some(instance.into()),
+        outputs_skipped: sqlx::types::Json(json!([])),
+        outputs_truncated: false,
+        purged_at: None,
     };
     let event = gateway::audit::NewEvent {
         kind: "execution.decision",

@@ -36,6 +36,13 @@ pub struct ExecutionView {
     pub limits: Option<Limits>,
     pub labels: Value,
     pub outputs: Value,
+    /// What was in `/output` but not collected, and why.
+    pub outputs_skipped: Value,
+    /// The output limit stopped collection.
+    pub outputs_truncated: bool,
+    /// Set once retention has purged stdout, stderr and the output files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub purged_at: Option<DateTime<Utc>>,
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
@@ -77,6 +84,9 @@ impl From<ExecutionRow> for ExecutionView {
             limits: row.limits.map(|limits| limits.0),
             labels: row.labels.0,
             outputs: row.outputs.0,
+            outputs_skipped: row.outputs_skipped.0,
+            outputs_truncated: row.outputs_truncated,
+            purged_at: row.purged_at,
             created_at: row.created_at,
             started_at: row.started_at,
             finished_at: row.finished_at,

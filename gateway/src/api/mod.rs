@@ -8,6 +8,7 @@ pub mod error;
 pub mod executions;
 pub mod health;
 pub mod json;
+pub mod payloads;
 pub mod policy;
 pub mod ui;
 
@@ -40,6 +41,11 @@ pub fn router(app: Arc<App>) -> Router {
         .route(
             "/v1/executions/{id}/connections",
             get(executions::connections),
+        )
+        .route("/v1/executions/{id}/events", get(payloads::events))
+        .route(
+            "/v1/executions/{id}/outputs/{*path}",
+            get(payloads::download),
         )
         .route("/v1/approvals", get(approvals::list))
         .route(

@@ -23,6 +23,7 @@ use super::{error_chain, App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::config::Ceilings;
 use crate::egress::{self, ExecutionEgress};
+use crate::outputs::{Collected, OutputArea};
 use crate::runtime::{
     JobFile, JobProxy, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec,
 };
@@ -181,6 +182,7 @@ impl App {
         let network = runnable.network.clone();
         let mut spec = self.sandbox_spec(&row.id, &request, files, runnable);
         spec.cancel = live.cancel_token();
+        spec.sink = Some(self.streams.open(&row.id));
         let pending = Pending {
             row: row.clone(),
             spec,
@@ -430,6 +432,8 @@ impl App {
             limits: runnable.limits,
             mounts: runnable.mounts,
             egress_dir: None,
+            output_dir: None,
+            sink: None,
             cancel: CancellationToken::new(),
             job: JobSpec {
                 argv,
@@ -454,6 +458,7 @@ impl App {
         let network = runnable.network.clone();
         let mut spec = self.sandbox_spec(&row.id, request, files, runnable);
         spec.cancel = live.cancel_token();
+        spec.sink = Some(self.streams.open(&row.id));
         let pending = Pending {
             row,
             spec,
@@ -481,8 +486,8 @@ impl App {
                 if let Err(err) = self.audit.mark_running(&id, crate::ids::now_micros()).await {
                     tracing::warn!(execution_id = %id, error = %err, "could not mark running");
                 }
-                let outcome = self.run_with_egress(spec, &row.tenant, network).await;
-                completion(outcome, &id)
+                let tenant = row.tenant.clone();
+                self.run_collecting(spec, &tenant, network).await
             }
             None => completion(
                 Err(RuntimeError::Unavailable(
@@ -491,7 +496,62 @@ impl App {
                 &id,
             ),
         };
-        self.complete_with_retry(row, done).await
+        let stored = self.complete_with_retry(row, done).await;
+        // Subscribers get the end only once the record is stored: a late reader of the record
+        // sees the same thing the stream said.
+        if let Some(stream) = self.streams.get(&id) {
+            stream.close(exit_summary(&stored));
+        }
+        self.streams.remove(&id);
+        stored
+    }
+
+    /// Runs the sandbox with its own `/output` area, then collects what the program left there
+    /// (up to the output limit) once the sandbox is gone, and unmounts the area.
+    async fn run_collecting(
+        &self,
+        mut spec: SandboxSpec,
+        tenant: &str,
+        network: Option<NetworkGrant>,
+    ) -> Completion {
+        let id = spec.execution_id.clone();
+        let budget = spec.limits.output_bytes;
+        let area = match OutputArea::create(&self.scratch_root, &id, spec.limits.disk_mb) {
+            Ok(area) => area,
+            Err(err) => {
+                let err = RuntimeError::Unavailable(format!("preparing /output: {err}"));
+                return completion(Err(err), &id);
+            }
+        };
+        spec.output_dir = Some(area.dir().to_owned());
+        let outcome = self.run_with_egress(spec, tenant, network).await;
+        let mut done = completion(outcome, &id);
+        let dest = self.outputs_root.join(&id);
+        let collected = tokio::task::spawn_blocking(move || {
+            let collected = area.collect(&dest, budget);
+            if let Err(err) = area.remove() {
+                tracing::warn!(error = %err, "output area left behind for the sweep");
+            }
+            collected
+        })
+        .await;
+        match collected {
+            Ok(Ok(outputs)) => done.outputs = outputs,
+            Ok(Err(err)) => {
+                tracing::error!(execution_id = %id, error = %err, "collecting /output failed");
+                done.outputs.truncated = true;
+                done.outputs.skipped.push(crate::outputs::Skipped {
+                    path: String::new(),
+                    bytes: None,
+                    reason: "collection_failed".to_owned(),
+                });
+            }
+            Err(err) => {
+                tracing::error!(execution_id = %id, error = %err, "collecting /output panicked");
+                done.outputs.truncated = true;
+            }
+        }
+        done
     }
 
     /// Runs the sandbox; with a network grant, behind its own egress socket for exactly as
@@ -549,9 +609,25 @@ impl App {
             stdout_truncated: done.stdout_truncated,
             stderr_truncated: done.stderr_truncated,
             error: done.error,
+            outputs: Json(json!(done.outputs.files)),
+            outputs_skipped: Json(json!(done.outputs.skipped)),
+            outputs_truncated: done.outputs.truncated,
             ..row
         }
     }
+}
+
+/// What the `exit` event of a stream carries: how the execution ended.
+pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
+    json!({
+        "status": row.status,
+        "exit_code": row.exit_code,
+        "duration_ms": row.duration_ms,
+        "stdout_truncated": row.stdout_truncated,
+        "stderr_truncated": row.stderr_truncated,
+        "outputs": row.outputs.0,
+        "outputs_truncated": row.outputs_truncated,
+    })
 }
 
 fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion {
@@ -577,6 +653,7 @@ fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion
                 stdout_truncated: run.stdout.truncated,
                 stderr_truncated: run.stderr.truncated,
                 error: None,
+                outputs: Collected::default(),
             }
         }
         Err(err) => {
@@ -590,6 +667,7 @@ fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion
                 stdout_truncated: false,
                 stderr_truncated: false,
                 error: Some(err.to_string()),
+                outputs: Collected::default(),
             }
         }
     }
@@ -638,6 +716,9 @@ fn new_row(
         outputs: Json(json!([])),
         error: None,
         instance: Some(instance.to_owned()),
+        outputs_skipped: Json(json!([])),
+        outputs_truncated: false,
+        purged_at: None,
     }
 }
 
@@ -727,20 +808,66 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
         )));
     }
     let b64 = base64::engine::general_purpose::STANDARD;
+    let mut seen = std::collections::HashSet::new();
     files
         .iter()
         .map(|file| {
-            check_path(&file.path)?;
+            let path = normalise_path(&file.path)?;
+            if !seen.insert(path.clone()) {
+                return Err(AppError::Invalid(format!(
+                    "file {:?}: given more than once",
+                    file.path
+                )));
+            }
             let content = b64.decode(&file.content_b64).map_err(|err| {
                 AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
             })?;
-            Ok((file.path.clone(), content))
+            Ok((path, content))
         })
         .collect()
 }
 
-fn check_path(path: &str) -> Result<(), AppError> {
-    let bad = |why: &str| Err(AppError::Invalid(format!("file {path:?}: {why}")));
+/// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
+/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
+/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
+/// into something that later normalises or decodes it.
+fn normalise_path(path: &str) -> Result<String, AppError> {
+    use unicode_normalization::UnicodeNormalization;
+    let nfc: String = path.nfc().collect();
+    let nfkc: String = path.nfkc().collect();
+    let decoded = percent_decode(&nfkc);
+    for form in [&nfc, &nfkc, &decoded] {
+        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
+    }
+    Ok(nfc)
+}
+
+/// `%XX` sequences decoded (lossily); anything else kept.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn check_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(why.to_owned());
     if path.is_empty() || path.len() > MAX_PATH_BYTES {
         return bad("path must be 1 to 255 bytes");
     }
@@ -749,6 +876,9 @@ fn check_path(path: &str) -> Result<(), AppError> {
     }
     if path.chars().any(char::is_control) {
         return bad("path must not contain control characters");
+    }
+    if path.contains('\\') {
+        return bad("path must not contain a backslash");
     }
     if path
         .split('/')
@@ -804,6 +934,25 @@ mod tests {
         for good in ["data.csv", "src/main.py", "a.b/c"] {
             assert!(check_path(good).is_ok(), "{good:?} refused");
         }
+    }
+
+    #[test]
+    fn file_names_are_checked_after_normalisation_and_decoding() {
+        for bad in [
+            "\u{ff0e}\u{ff0e}/x",   // fullwidth dots
+            "a\u{ff0f}..\u{ff0f}b", // fullwidth slashes
+            "%2e%2e/x",
+            "%2E%2E%2Fetc",
+            "a%2f..%2f..%2fb",
+            "x%00y",
+            "..\\x",
+            "\u{2024}\u{2024}/x", // one-dot leaders: NFKC gives '.'
+        ] {
+            assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
+        }
+        // Decomposed é is stored composed (NFC), and plain percent signs are fine.
+        assert_eq!(normalise_path("cafe\u{301}.csv").unwrap(), "caf\u{e9}.csv");
+        assert_eq!(normalise_path("100%.txt").unwrap(), "100%.txt");
     }
 
     #[test]

@@ -3,10 +3,12 @@
 
 pub mod approvals;
 pub mod executions;
+pub mod payloads;
 pub mod policy;
 pub mod reaper;
 pub mod replay;
 pub mod scheduler;
+pub mod stream;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -39,6 +41,12 @@ pub struct App {
     /// Executions in flight in this process, for the reaper.
     pub live: Arc<reaper::LiveSet>,
     pub init_binary: PathBuf,
+    /// Live output of running executions (`/events`).
+    pub streams: stream::Streams,
+    /// Per-execution `/output` tmpfs mounts.
+    pub scratch_root: PathBuf,
+    /// Collected output files, `<outputs_root>/<execution id>/<path>`.
+    pub outputs_root: PathBuf,
 }
 
 impl std::fmt::Debug for App {
@@ -60,10 +68,16 @@ impl App {
         instance: String,
         egress: Option<egress_proxy::EgressProxy>,
     ) -> App {
+        let under_data = |name: &str| {
+            let path = config.data_dir.join(name);
+            std::path::absolute(&path).unwrap_or(path)
+        };
         App {
             egress,
-            egress_root: std::path::absolute(config.data_dir.join("egress"))
-                .unwrap_or_else(|_| config.data_dir.join("egress")),
+            egress_root: under_data("egress"),
+            scratch_root: under_data("scratch"),
+            outputs_root: under_data("outputs"),
+            streams: stream::Streams::default(),
             scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
             init_binary: config.sandbox_init_path(),
             instance,
@@ -88,6 +102,9 @@ pub enum AppError {
     /// Authenticated, but not allowed to do this (e.g. approve its own request).
     #[error("{0}")]
     Forbidden(String),
+    /// Not found, with a message that may be shown (the caller may see the execution).
+    #[error("{0}")]
+    NotFoundWhy(String),
     #[error("{0}")]
     Conflict(String),
     #[error("{0}")]

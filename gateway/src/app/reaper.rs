@@ -60,6 +60,10 @@ impl LiveSet {
         }
     }
 
+    pub fn contains(&self, id: &str) -> bool {
+        self.lock().contains_key(id)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -102,12 +106,16 @@ impl Drop for LiveGuard {
 pub async fn run(app: Arc<App>) {
     loop {
         let report = sweep(&app).await;
-        if report.containers > 0 || report.records > 0 {
+        if report.containers > 0 || report.records > 0 || report.output_areas > 0 {
             tracing::warn!(
                 containers = report.containers,
                 records = report.records,
+                output_areas = report.output_areas,
                 "reaped"
             );
+        }
+        if report.purged > 0 {
+            tracing::info!(executions = report.purged, "payloads purged by retention");
         }
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
@@ -120,6 +128,10 @@ pub async fn run(app: Arc<App>) {
 pub struct SweepReport {
     pub containers: usize,
     pub records: u64,
+    /// `/output` areas left mounted by a crash.
+    pub output_areas: usize,
+    /// Executions whose payload retention purged.
+    pub purged: usize,
 }
 
 pub async fn sweep(app: &App) -> SweepReport {
@@ -159,6 +171,17 @@ pub async fn sweep(app: &App) -> SweepReport {
     {
         Ok(closed) => report.records = closed,
         Err(err) => tracing::warn!(error = %err, "reaper cannot close abandoned records"),
+    }
+    let scratch = app.scratch_root.clone();
+    let live = Arc::clone(&app.live);
+    report.output_areas = tokio::task::spawn_blocking(move || {
+        crate::outputs::sweep(&scratch, |id| live.contains(id))
+    })
+    .await
+    .unwrap_or(0);
+    match app.purge_payloads(crate::ids::now_micros()).await {
+        Ok(purged) => report.purged = purged,
+        Err(err) => tracing::warn!(error = %err, "retention purge failed"),
     }
     report
 }

@@ -80,6 +80,10 @@ pub struct ExecutionRow {
     pub error: Option<String>,
     /// The gateway instance that ran it.
     pub instance: Option<String>,
+    pub outputs_skipped: Json<Value>,
+    pub outputs_truncated: bool,
+    /// When retention removed stdout, stderr and the output files.
+    pub purged_at: Option<DateTime<Utc>>,
 }
 
 /// How an execution ended, written once the sandbox is gone.
@@ -93,6 +97,7 @@ pub struct Completion {
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub error: Option<String>,
+    pub outputs: crate::outputs::Collected,
 }
 
 #[derive(Debug, Clone)]
@@ -198,6 +203,39 @@ impl AuditStore {
         Ok(())
     }
 
+    /// Finished executions whose payload is still stored, finished before `cutoff`.
+    pub async fn unpurged_before(
+        &self,
+        cutoff: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<String>, AuditError> {
+        let ids = sqlx::query_scalar(
+            "SELECT id FROM executions WHERE purged_at IS NULL AND finished_at < $1 \
+             ORDER BY finished_at LIMIT $2",
+        )
+        .bind(cutoff)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(ids)
+    }
+
+    /// Drops the payload (stdout, stderr) of `ids` and records the purge, in one transaction.
+    /// The manifest (paths, sizes, hashes) stays as evidence of what existed.
+    pub async fn purge_payloads(&self, ids: &[String], event: &NewEvent) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE executions SET stdout = NULL, stderr = NULL, purged_at = now() \
+             WHERE id = ANY($1) AND purged_at IS NULL",
+        )
+        .bind(ids)
+        .execute(&mut *tx)
+        .await?;
+        chain::append(&mut tx, event).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn mark_running(&self, id: &str, at: DateTime<Utc>) -> Result<(), AuditError> {
         sqlx::query("UPDATE executions SET status = 'running', started_at = $2 WHERE id = $1")
             .bind(id)
@@ -215,6 +253,7 @@ impl AuditStore {
         let row = sqlx::query_as(
             "UPDATE executions SET status = $2, exit_code = $3, duration_ms = $4, stdout = $5, \
              stderr = $6, stdout_truncated = $7, stderr_truncated = $8, error = $9, \
+             outputs = $10, outputs_skipped = $11, outputs_truncated = $12, \
              finished_at = now() WHERE id = $1 RETURNING *",
         )
         .bind(id)
@@ -226,6 +265,9 @@ impl AuditStore {
         .bind(done.stdout_truncated)
         .bind(done.stderr_truncated)
         .bind(&done.error)
+        .bind(Json(&done.outputs.files))
+        .bind(Json(&done.outputs.skipped))
+        .bind(done.outputs.truncated)
         .fetch_one(&self.pool)
         .await?;
         Ok(row)

@@ -20,8 +20,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::sync::OnceCell;
 
 use super::{
-    cleanup, CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo, SandboxRuntime,
-    SandboxSpec, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
+    cleanup, CappedOutput, Channel, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo,
+    SandboxRuntime, SandboxSpec, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL,
 };
 
 /// Bound on every Docker API call that is not waiting for the program itself.
@@ -32,6 +32,8 @@ const MIB: i64 = 1024 * 1024;
 /// Open files per sandbox process.
 const NOFILE: i64 = 1024;
 const SANDBOX_USER: &str = "65534:65534";
+/// Where the output area is mounted inside the sandbox.
+pub const OUTPUT_PATH: &str = "/output";
 
 #[derive(Debug, Default)]
 pub struct DockerRuntime {
@@ -128,6 +130,15 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
     // Programs may build and run binaries in /workspace and /tmp (test suites do); /output holds
     // data only.
     let tmpfs = |mb: u64, exec: &str| format!("rw,nosuid,nodev,{exec},size={mb}m,mode=1777");
+    let mut tmpfs_mounts = HashMap::from([
+        ("/workspace".to_owned(), tmpfs(limits.disk_mb, "exec")),
+        ("/tmp".to_owned(), tmpfs(limits.disk_mb, "exec")),
+    ]);
+    // With an output area, /output is that host tmpfs (bind-mounted, see `mounts`), so its
+    // files outlive the container and can be collected.
+    if spec.output_dir.is_none() {
+        tmpfs_mounts.insert("/output".to_owned(), tmpfs(limits.disk_mb, "noexec"));
+    }
     let host_config = HostConfig {
         runtime: Some(spec.runtime.clone()),
         network_mode: Some("none".to_owned()),
@@ -143,11 +154,7 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
             soft: Some(NOFILE),
             hard: Some(NOFILE),
         }]),
-        tmpfs: Some(HashMap::from([
-            ("/workspace".to_owned(), tmpfs(limits.disk_mb, "exec")),
-            ("/tmp".to_owned(), tmpfs(limits.disk_mb, "exec")),
-            ("/output".to_owned(), tmpfs(limits.disk_mb, "noexec")),
-        ])),
+        tmpfs: Some(tmpfs_mounts),
         mounts: Some(mounts(spec)),
         log_config: Some(HostConfigLogConfig {
             typ: Some("none".to_owned()),
@@ -188,7 +195,8 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
     }
 }
 
-/// The init binary and the datasets: host paths, all read-only. Nothing else of the host.
+/// The init binary and the datasets: host paths, all read-only. The only writable host paths
+/// are the execution's own egress socket directory and its output area (a tmpfs of its own).
 fn mounts(spec: &SandboxSpec) -> Vec<Mount> {
     let read_only = |source: &std::path::Path, target: &str| Mount {
         target: Some(target.to_owned()),
@@ -204,9 +212,17 @@ fn mounts(spec: &SandboxSpec) -> Vec<Mount> {
         read_only: Some(false),
         ..Default::default()
     });
+    let output = spec.output_dir.as_ref().map(|dir| Mount {
+        target: Some(OUTPUT_PATH.to_owned()),
+        source: Some(dir.to_string_lossy().into_owned()),
+        typ: Some(MountType::BIND),
+        read_only: Some(false),
+        ..Default::default()
+    });
     std::iter::once(read_only(&spec.init_binary, INIT_PATH))
         .chain(spec.mounts.iter().map(|m| read_only(&m.source, &m.target)))
         .chain(egress)
+        .chain(output)
         .collect()
 }
 
@@ -255,8 +271,18 @@ async fn attach_start_wait(
         }
         while let Some(frame) = output.next().await {
             match frame {
-                Ok(LogOutput::StdOut { message }) => stdout.push(&message, cap),
-                Ok(LogOutput::StdErr { message }) => stderr.push(&message, cap),
+                Ok(LogOutput::StdOut { message }) => {
+                    let kept = stdout.push(&message, cap);
+                    if let Some(sink) = &spec.sink {
+                        sink.push(Channel::Stdout, kept);
+                    }
+                }
+                Ok(LogOutput::StdErr { message }) => {
+                    let kept = stderr.push(&message, cap);
+                    if let Some(sink) = &spec.sink {
+                        sink.push(Channel::Stderr, kept);
+                    }
+                }
                 Ok(_) => {}
                 Err(err) => {
                     tracing::warn!(error = %err, "reading sandbox output failed");

@@ -6,6 +6,7 @@ pub mod docker;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -68,7 +69,12 @@ pub struct SandboxSpec {
     /// The execution's egress socket directory, mounted at `/run/sandgate`: the one host path
     /// a sandbox may reach that is not read-only data.
     pub egress_dir: Option<PathBuf>,
+    /// The execution's output area on the host, mounted at `/output`; `None`: a tmpfs inside
+    /// the sandbox whose contents are discarded.
+    pub output_dir: Option<PathBuf>,
     pub job: JobSpec,
+    /// Receives every byte of output that is kept, as it arrives (for streaming).
+    pub sink: Option<Arc<dyn OutputSink>>,
     /// Fires when the execution is cancelled: the sandbox is killed at once.
     pub cancel: CancellationToken,
 }
@@ -79,6 +85,18 @@ impl SandboxSpec {
     }
 }
 
+/// Which stream output came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Channel {
+    Stdout,
+    Stderr,
+}
+
+/// Where kept output goes while the program runs.
+pub trait OutputSink: Send + Sync + std::fmt::Debug {
+    fn push(&self, channel: Channel, bytes: &[u8]);
+}
+
 /// Output captured up to a byte cap; the rest is read and dropped.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct CappedOutput {
@@ -87,13 +105,15 @@ pub struct CappedOutput {
 }
 
 impl CappedOutput {
-    pub fn push(&mut self, chunk: &[u8], cap: usize) {
+    /// Keeps what fits under `cap` and returns it.
+    pub fn push<'a>(&mut self, chunk: &'a [u8], cap: usize) -> &'a [u8] {
         let room = cap.saturating_sub(self.bytes.len());
         if chunk.len() > room {
             self.truncated = true;
         }
-        self.bytes
-            .extend_from_slice(&chunk[..chunk.len().min(room)]);
+        let kept = &chunk[..chunk.len().min(room)];
+        self.bytes.extend_from_slice(kept);
+        kept
     }
 
     pub fn text(&self) -> String {

@@ -20,6 +20,7 @@ use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
 
 pub mod egress;
+pub mod payloads;
 pub mod upstream;
 
 const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";

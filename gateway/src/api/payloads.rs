@@ -1,0 +1,97 @@
+//! `GET /v1/executions/{id}/events` (Server-Sent Events) and
+//! `GET /v1/executions/{id}/outputs/{path}` (a collected output file).
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::header::{
+    CONTENT_DISPOSITION, CONTENT_LENGTH, CONTENT_TYPE, X_CONTENT_TYPE_OPTIONS,
+};
+use axum::http::HeaderValue;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream::{self, Stream, StreamExt};
+use serde_json::json;
+use tokio_util::io::ReaderStream;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::app::payloads::EventSource;
+use crate::app::stream::StreamEvent;
+use crate::app::App;
+
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// `stdout` and `stderr` events carry `{"text": ...}` as it arrives; the last event is `exit`
+/// with the final status (the same as `GET /v1/executions/{id}` then shows).
+pub async fn events(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    let source = app.execution_events(&caller.0, &id).await?;
+    let events = match source {
+        EventSource::Stored(events) => stream::iter(events).left_stream(),
+        EventSource::Live(live) => stream::unfold((live, 0usize), |(live, from)| async move {
+            let batch = live.next_batch(from).await?;
+            let next = from + batch.len();
+            Some((stream::iter(batch), (live, next)))
+        })
+        .flatten()
+        .right_stream(),
+    };
+    Ok(Sse::new(events.map(|event| Ok(sse_event(event))))
+        .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)))
+}
+
+fn sse_event(event: StreamEvent) -> Event {
+    let (name, data) = match event {
+        StreamEvent::Stdout(text) => ("stdout", json!({ "text": text })),
+        StreamEvent::Stderr(text) => ("stderr", json!({ "text": text })),
+        StreamEvent::Exit(summary) => ("exit", summary),
+    };
+    Event::default().event(name).data(data.to_string())
+}
+
+/// The bytes of one collected file, as an attachment: never rendered by a browser.
+pub async fn download(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path((id, path)): Path<(String, String)>,
+) -> Result<Response, ApiError> {
+    let download = app.output_file(&caller.0, &id, &path).await?;
+    let name = download
+        .entry
+        .path
+        .rsplit('/')
+        .next()
+        .unwrap_or("output")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "._-".contains(c) {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect::<String>();
+    let body = Body::from_stream(ReaderStream::new(tokio::fs::File::from_std(download.file)));
+    let mut response = body.into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    headers.insert(X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff"));
+    headers.insert(CONTENT_LENGTH, HeaderValue::from(download.entry.bytes));
+    if let Ok(value) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+        headers.insert(CONTENT_DISPOSITION, value);
+    }
+    if let Ok(value) = HeaderValue::from_str(&download.entry.sha256) {
+        headers.insert("x-sandgate-sha256", value);
+    }
+    Ok(response)
+}

@@ -1,0 +1,244 @@
+//! Live output of running executions, for `GET /v1/executions/{id}/events`.
+//!
+//! The runtime hands every byte it keeps (the same capped bytes the final record stores) to the
+//! execution's [`Stream`]; subscribers replay what is already there and then follow. Memory per
+//! execution is bounded by its output cap. Once the record is complete the stream is dropped and
+//! late subscribers replay the stored record instead, so both views carry the same bytes.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::watch;
+
+use crate::runtime::{Channel, OutputSink};
+
+/// One server-sent event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamEvent {
+    Stdout(String),
+    Stderr(String),
+    /// The end: the final record's status and exit code.
+    Exit(serde_json::Value),
+}
+
+#[derive(Debug, Default)]
+struct State {
+    events: Vec<StreamEvent>,
+    /// Bytes of an incomplete UTF-8 sequence held back, per stream (stdout, stderr).
+    pending: [Vec<u8>; 2],
+    closed: bool,
+}
+
+/// The events of one execution so far.
+#[derive(Debug)]
+pub struct Stream {
+    state: Mutex<State>,
+    /// Bumped on every change, so subscribers can wait.
+    changed: watch::Sender<u64>,
+}
+
+impl Default for Stream {
+    fn default() -> Stream {
+        Stream {
+            state: Mutex::default(),
+            changed: watch::channel(0).0,
+        }
+    }
+}
+
+impl Stream {
+    /// Appends kept output. Text is emitted on UTF-8 boundaries, so the concatenated events
+    /// decode to exactly what the final record holds.
+    pub fn append(&self, channel: Channel, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let index = match channel {
+            Channel::Stdout => 0,
+            Channel::Stderr => 1,
+        };
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        let pending = &mut state.pending[index];
+        pending.extend_from_slice(bytes);
+        let cut = complete_prefix(pending);
+        if cut == 0 {
+            return;
+        }
+        let text = String::from_utf8_lossy(&pending[..cut]).into_owned();
+        pending.drain(..cut);
+        state.events.push(match channel {
+            Channel::Stdout => StreamEvent::Stdout(text),
+            Channel::Stderr => StreamEvent::Stderr(text),
+        });
+        drop(state);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Ends the stream with the final record's summary (held-back bytes are flushed first).
+    pub fn close(&self, exit: serde_json::Value) {
+        let mut state = self.lock();
+        if state.closed {
+            return;
+        }
+        for (index, channel) in [(0, Channel::Stdout), (1, Channel::Stderr)] {
+            let rest = std::mem::take(&mut state.pending[index]);
+            if !rest.is_empty() {
+                let text = String::from_utf8_lossy(&rest).into_owned();
+                state.events.push(match channel {
+                    Channel::Stdout => StreamEvent::Stdout(text),
+                    Channel::Stderr => StreamEvent::Stderr(text),
+                });
+            }
+        }
+        state.events.push(StreamEvent::Exit(exit));
+        state.closed = true;
+        drop(state);
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Events from `from` on; waits for more unless the stream has ended. `None`: ended and
+    /// nothing left.
+    pub async fn next_batch(&self, from: usize) -> Option<Vec<StreamEvent>> {
+        let mut changes = self.changed.subscribe();
+        loop {
+            {
+                let state = self.lock();
+                if from < state.events.len() {
+                    return Some(state.events[from..].to_vec());
+                }
+                if state.closed {
+                    return None;
+                }
+            }
+            if changes.changed().await.is_err() {
+                return None;
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl OutputSink for Stream {
+    fn push(&self, channel: Channel, bytes: &[u8]) {
+        self.append(channel, bytes);
+    }
+}
+
+/// Length of the longest prefix that does not end inside a UTF-8 sequence. Invalid bytes count
+/// as complete (they decode to U+FFFD either way).
+fn complete_prefix(bytes: &[u8]) -> usize {
+    let len = bytes.len();
+    // A sequence is at most 4 bytes: look back at most 3 for its lead byte.
+    for back in 1..=len.min(3) {
+        let byte = bytes[len - back];
+        if byte & 0b1100_0000 == 0b1000_0000 {
+            continue; // continuation byte: keep looking for the lead
+        }
+        let needed = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1,
+        };
+        return if needed > back { len - back } else { len };
+    }
+    len
+}
+
+/// Streams of the executions this process runs.
+#[derive(Debug, Default)]
+pub struct Streams {
+    inner: Mutex<HashMap<String, Arc<Stream>>>,
+}
+
+impl Streams {
+    pub fn open(&self, id: &str) -> Arc<Stream> {
+        let stream = Arc::new(Stream::default());
+        self.lock().insert(id.to_owned(), Arc::clone(&stream));
+        stream
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Stream>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub fn remove(&self, id: &str) {
+        self.lock().remove(id);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Stream>>> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_is_split_on_boundaries_only() {
+        let stream = Stream::default();
+        let text = "héllo → 世界";
+        for byte in text.as_bytes() {
+            stream.append(Channel::Stdout, std::slice::from_ref(byte));
+        }
+        stream.close(serde_json::json!({}));
+        let state = stream.lock();
+        let joined: String = state
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::Stdout(s) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(joined, text);
+    }
+
+    #[test]
+    fn incomplete_tail_is_flushed_at_close_like_lossy_decoding() {
+        let stream = Stream::default();
+        stream.append(Channel::Stderr, &[b'a', 0xE2, 0x86]);
+        stream.close(serde_json::json!({}));
+        let state = stream.lock();
+        let joined: String = state
+            .events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::Stderr(s) => Some(s.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(joined, String::from_utf8_lossy(&[b'a', 0xE2, 0x86]));
+    }
+
+    #[tokio::test]
+    async fn subscribers_replay_then_follow_then_end() {
+        let stream = Arc::new(Stream::default());
+        stream.append(Channel::Stdout, b"one\n");
+        let first = stream.next_batch(0).await.unwrap();
+        assert_eq!(first, [StreamEvent::Stdout("one\n".into())]);
+        let follower = {
+            let stream = Arc::clone(&stream);
+            tokio::spawn(async move { stream.next_batch(1).await })
+        };
+        tokio::task::yield_now().await;
+        stream.append(Channel::Stdout, b"two\n");
+        assert_eq!(
+            follower.await.unwrap().unwrap(),
+            [StreamEvent::Stdout("two\n".into())]
+        );
+        stream.close(serde_json::json!({"status": "succeeded"}));
+        assert!(matches!(
+            stream.next_batch(2).await.unwrap()[..],
+            [StreamEvent::Exit(_)]
+        ));
+        assert!(stream.next_batch(3).await.is_none());
+    }
+}
