@@ -165,9 +165,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 )
                 .await?;
                 println!(
-                    "created {} key {} for tenant {tenant}",
+                    "created {} key {} for tenant {tenant}, principal {}",
                     role.as_str(),
-                    key.id
+                    key.id,
+                    principal.as_deref().unwrap_or(&key.id)
                 );
                 println!("{}", key.secret);
             }
