@@ -187,6 +187,13 @@ async fn approved_by_another_principal_runs_as_reviewed() {
         json!([]),
         "agents see their own tenant only"
     );
+    let (status, body) = gw
+        .get(&bob, "/v1/executions?status=succeeded&limit=1")
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["executions"][0]["id"], id.as_str());
+    let (status, _) = gw.get(&bob, "/v1/executions?status=bogus").await;
+    assert_eq!(status, 400);
     let events = event_kinds(&gw, &id).await;
     let kinds: Vec<&str> = events.iter().map(|(kind, ..)| kind.as_str()).collect();
     assert_eq!(

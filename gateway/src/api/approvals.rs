@@ -25,6 +25,20 @@ const READERS: &[&str] = &["reviewer", "auditor", "admin"];
 /// Roles that may decide them.
 const DECIDERS: &[&str] = &["reviewer", "admin"];
 const DEFAULT_LIMIT: i64 = 50;
+/// Every execution status (DESIGN 4.2).
+const EXECUTION_STATUSES: &[&str] = &[
+    "succeeded",
+    "failed",
+    "timeout",
+    "oom",
+    "killed",
+    "cancelled",
+    "denied",
+    "pending_approval",
+    "queued",
+    "running",
+    "error",
+];
 
 /// An approval as clients see it.
 #[derive(Debug, Serialize)]
@@ -146,8 +160,13 @@ pub async fn list_executions(
     query: Result<Query<ExecutionQuery>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(bad_query)?;
-    if query.status.as_ref().is_some_and(|s| s.len() > 32) {
-        return Err(ApiError::new(ErrorCode::InvalidRequest, "unknown status"));
+    if let Some(status) = query.status.as_deref() {
+        if !EXECUTION_STATUSES.contains(&status) {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("status must be one of {}", EXECUTION_STATUSES.join(", ")),
+            ));
+        }
     }
     let rows = app
         .list_executions(
