@@ -159,18 +159,7 @@ impl App {
         } else {
             None
         };
-        let reason = Reason {
-            code: if approve {
-                "approval.approved"
-            } else {
-                "approval.rejected"
-            }
-            .to_owned(),
-            message: match comment {
-                Some(comment) => format!("{} by {}: {comment}", verb(approve), caller.principal),
-                None => format!("{} by {}", verb(approve), caller.principal),
-            },
-        };
+        let reason = verdict_reason(approve, &caller.principal, comment);
         let verdict = Verdict {
             approve,
             reviewer_key_id: &caller.id,
@@ -294,6 +283,18 @@ fn verb(approve: bool) -> &'static str {
         "approved"
     } else {
         "rejected"
+    }
+}
+
+/// The reason added to the execution: `approval.approved` / `approval.rejected`, naming the
+/// reviewer's principal and carrying the comment.
+fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
+    Reason {
+        code: format!("approval.{}", verb(approve)),
+        message: match comment {
+            Some(comment) => format!("{} by {principal}: {comment}", verb(approve)),
+            None => format!("{} by {principal}", verb(approve)),
+        },
     }
 }
 
