@@ -92,6 +92,10 @@ enum KeysCommand {
         role: Role,
         #[arg(long)]
         tenant: String,
+        /// The person or system behind the key (default: the key's own id). A reviewer key
+        /// cannot approve requests made by a key of the same principal.
+        #[arg(long)]
+        principal: Option<String>,
     },
 }
 
@@ -241,13 +245,25 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 gateway::serve(config, shutdown).await?;
             }
             Command::Keys {
-                command: KeysCommand::Create { role, tenant },
+                command:
+                    KeysCommand::Create {
+                        role,
+                        tenant,
+                        principal,
+                    },
             } => {
-                let key = gateway::commands::create_key(&config, role.as_str(), &tenant).await?;
-                println!(
-                    "created {} key {} for tenant {tenant}",
+                let key = gateway::commands::create_key_for(
+                    &config,
                     role.as_str(),
-                    key.id
+                    &tenant,
+                    principal.as_deref(),
+                )
+                .await?;
+                println!(
+                    "created {} key {} for tenant {tenant}, principal {}",
+                    role.as_str(),
+                    key.id,
+                    principal.as_deref().unwrap_or(&key.id)
                 );
                 println!("{}", key.secret);
             }

@@ -1,6 +1,7 @@
 //! The HTTP edge (axum): routing, authentication, the error shape. Handlers translate between
 //! HTTP and the use cases in `app`; no SQL or Docker here.
 
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod error;
@@ -9,6 +10,7 @@ pub mod health;
 pub mod json;
 pub mod payloads;
 pub mod policy;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -30,7 +32,10 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/healthz", get(health::healthz))
         .route("/readyz", get(health::readyz))
-        .route("/v1/executions", post(executions::create))
+        .route(
+            "/v1/executions",
+            post(executions::create).get(approvals::list_executions),
+        )
         .route("/v1/executions/{id}", get(executions::get))
         .route("/v1/executions/{id}/cancel", post(executions::cancel))
         .route(
@@ -42,7 +47,13 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/executions/{id}/outputs/{*path}",
             get(payloads::download),
         )
+        .route("/v1/approvals", get(approvals::list))
+        .route(
+            "/v1/approvals/{id}",
+            get(approvals::get).post(approvals::decide),
+        )
         .route("/v1/audit/verify", get(audit::verify))
+        .merge(ui::router())
         .route("/v1/policy", get(policy::show))
         .route("/v1/policy/evaluate", post(policy::evaluate))
         .route("/v1/policy/reload", post(policy::reload))
