@@ -14,11 +14,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SG_LOG_PREFIX=setup
 
 # gcc and libc6-dev: cargo needs a linker, and the static sandbox-init needs libc.a;
-# `make lint` runs shellcheck over the scripts.
+# `make lint` runs shellcheck over the scripts; chromium: gateway/tests/review_page.rs drives the
+# review page in headless Chromium.
 readonly PACKAGES=(
     docker.io runsc postgresql debootstrap
     ca-certificates curl iproute2 jq procps
     gcc libc6-dev shellcheck
+    chromium
 )
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.

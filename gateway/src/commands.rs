@@ -15,10 +15,21 @@ use crate::database::Database;
 
 /// `sandgate keys create`: a new key in the configured database.
 pub async fn create_key(config: &Config, role: &str, tenant: &str) -> anyhow::Result<NewKey> {
-    crate::app::keys::check_new_key(role, tenant).map_err(anyhow::Error::msg)?;
+    create_key_for(config, role, tenant, None).await
+}
+
+/// `sandgate keys create --principal NAME`: a new key of a named principal (default: the key's
+/// own id). Keys of one principal are one party for self-approval.
+pub async fn create_key_for(
+    config: &Config,
+    role: &str,
+    tenant: &str,
+    principal: Option<&str>,
+) -> anyhow::Result<NewKey> {
+    crate::app::keys::check_new_key(role, tenant, principal).map_err(anyhow::Error::msg)?;
     let db = Database::open(config).await?;
     let key = AuditStore::new(db.pool.clone())
-        .create_key(role, tenant)
+        .create_key_for(role, tenant, principal)
         .await;
     db.close().await;
     key.context("storing the key")

@@ -84,6 +84,9 @@ pub struct Config {
     /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
     /// `/usr/lib/postgresql/*/bin`.
     pub postgres_bin_dir: Option<PathBuf>,
+    /// Seconds an execution sent to human review waits for a reviewer before it is denied
+    /// (`approval.expired`).
+    pub approval_ttl_s: u64,
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
@@ -113,6 +116,7 @@ impl Default for Config {
             max_queued: 64,
             sandbox_init: None,
             postgres_bin_dir: None,
+            approval_ttl_s: 3600,
             retention_days: 30,
         }
     }
@@ -134,6 +138,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("max_queued", EnvValue::Yaml),
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
+    ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
 ];
 
@@ -193,6 +198,9 @@ impl Config {
         let invalid = |message: String| Err(ConfigError::Invalid { message });
         if self.max_concurrent == 0 {
             return invalid("max_concurrent must be at least 1".to_owned());
+        }
+        if self.approval_ttl_s == 0 {
+            return invalid("approval_ttl_s must be at least 1".to_owned());
         }
         if self.backends.is_empty() {
             return invalid("at least one backend must be configured".to_owned());

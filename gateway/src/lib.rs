@@ -8,6 +8,7 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod client;
 pub mod commands;
 pub mod config;
 pub mod database;
@@ -109,6 +110,8 @@ async fn run(
         egress,
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
+    app.tasks
+        .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
     tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 

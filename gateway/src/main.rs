@@ -42,6 +42,38 @@ enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Run a program through a gateway and print its output as it arrives; exits with the
+    /// program's exit code (124 timeout, 137 oom or killed, 130 cancelled, 77 denied, 70 error).
+    Exec(ExecArgs),
+}
+
+#[derive(clap::Args)]
+struct ExecArgs {
+    /// The program (`-` for stdin).
+    #[arg(long)]
+    file: PathBuf,
+    #[arg(long, default_value = "python")]
+    lang: String,
+    /// A file to upload into /workspace under its own name (repeatable); `PATH=NAME` names it.
+    #[arg(long = "file-in")]
+    file_in: Vec<String>,
+    /// A network destination to ask for, `host:port` (repeatable).
+    #[arg(long)]
+    net: Vec<String>,
+    /// A mount to ask for, e.g. `dataset:census` (repeatable).
+    #[arg(long)]
+    mount: Vec<String>,
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    /// Download the files the program wrote to /output into this directory.
+    #[arg(long)]
+    output_dir: Option<PathBuf>,
+    /// The gateway (default: http:// + the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An agent API key.
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: String,
 }
 
 #[derive(Subcommand)]
@@ -60,6 +92,10 @@ enum KeysCommand {
         role: Role,
         #[arg(long)]
         tenant: String,
+        /// The person or system behind the key (default: the key's own id). A reviewer key
+        /// cannot approve requests made by a key of the same principal.
+        #[arg(long)]
+        principal: Option<String>,
     },
 }
 
@@ -126,8 +162,8 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    match run(Cli::parse()) {
-        Ok(()) => ExitCode::SUCCESS,
+    match main_exit(Cli::parse()) {
+        Ok(code) => code,
         Err(err) => {
             eprintln!("sandgate: {err:#}");
             ExitCode::FAILURE
@@ -135,28 +171,104 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> anyhow::Result<()> {
+fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::load(cli.config.as_deref(), |key| std::env::var(key).ok())?;
+    if let Command::Exec(args) = cli.command {
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        let code = runtime.block_on(exec(args, &config))?;
+        return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    run(cli.command, config)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
+    let code = if args.file.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the program from stdin")?
+    } else {
+        std::fs::read_to_string(&args.file)
+            .with_context(|| format!("reading {}", args.file.display()))?
+    };
+    let mut files = Vec::new();
+    for spec in &args.file_in {
+        let (path, name) = match spec.split_once('=') {
+            Some((path, name)) => (PathBuf::from(path), name.to_owned()),
+            None => {
+                let path = PathBuf::from(spec);
+                let name = path
+                    .file_name()
+                    .with_context(|| format!("--file-in {spec}: no file name"))?
+                    .to_string_lossy()
+                    .into_owned();
+                (path, name)
+            }
+        };
+        let content =
+            std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+        files.push((name, content));
+    }
+    let mut network = Vec::new();
+    for destination in &args.net {
+        let (host, port) = destination
+            .rsplit_once(':')
+            .with_context(|| format!("--net {destination}: expected host:port"))?;
+        let port = port
+            .parse()
+            .with_context(|| format!("--net {destination}: bad port"))?;
+        network.push((host.to_owned(), port));
+    }
+    let request = gateway::client::ExecRequest {
+        url: args
+            .url
+            .unwrap_or_else(|| format!("http://{}", config.listen)),
+        key: args.key,
+        language: args.lang,
+        code,
+        files,
+        network,
+        mounts: args.mount,
+        timeout_ms: args.timeout_ms,
+        output_dir: args.output_dir,
+    };
+    let mut stdout = std::io::stdout();
+    let mut stderr = std::io::stderr();
+    gateway::client::exec(&request, &mut stdout, &mut stderr).await
+}
+
+fn run(command: Command, config: Config) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        match cli.command {
+        match command {
             Command::Serve => {
                 let shutdown = CancellationToken::new();
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
                 gateway::serve(config, shutdown).await?;
             }
             Command::Keys {
-                command: KeysCommand::Create { role, tenant },
+                command:
+                    KeysCommand::Create {
+                        role,
+                        tenant,
+                        principal,
+                    },
             } => {
-                let key = gateway::commands::create_key(&config, role.as_str(), &tenant).await?;
-                println!(
-                    "created {} key {} for tenant {tenant}",
+                let key = gateway::commands::create_key_for(
+                    &config,
                     role.as_str(),
-                    key.id
+                    &tenant,
+                    principal.as_deref(),
+                )
+                .await?;
+                println!(
+                    "created {} key {} for tenant {tenant}, principal {}",
+                    role.as_str(),
+                    key.id,
+                    principal.as_deref().unwrap_or(&key.id)
                 );
                 println!("{}", key.secret);
             }
             Command::Policy { command } => policy(command, &config).await?,
+            Command::Exec(_) => unreachable!("handled in main_exit"),
             Command::Audit { command } => {
                 let verification = gateway::commands::audit_verify(&config).await?;
                 match command {

@@ -232,6 +232,10 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
         common::containers_of(&id).is_empty(),
         "container left behind"
     );
+    // Its /output area (a tmpfs mounted on the host) is gone too.
+    assert!(!data.path().join("scratch").join(&id).exists());
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(&id), "the /output mount of {id} is left");
 
     let status = terminate(server).await;
     assert!(status.success(), "{status}");
@@ -239,4 +243,124 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
         !data.path().join("pg/data/postmaster.pid").exists(),
         "the restarted gateway adopted and stopped the embedded PostgreSQL"
     );
+}
+
+fn rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    kib * 1024
+}
+
+/// `sandgate exec` prints output as it arrives, uploads files, downloads outputs and exits with
+/// the program's code; and the gateway's memory stays flat under 10 s of `yes`.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_client_streams_and_gateway_memory_stays_flat_under_a_flood() {
+    use std::io::{BufRead, BufReader, Read};
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    let server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
+
+    let work = tempfile::tempdir().unwrap();
+    let program = work.path().join("job.py");
+    std::fs::write(
+        &program,
+        "import sys, time\nprint('start', flush=True)\ntime.sleep(2)\n\
+         rows = open('numbers.csv').read().split()\nprint(sum(map(int, rows)))\n\
+         open('/output/sum.txt', 'w').write('ok')\nprint('bye', file=sys.stderr)\nsys.exit(3)\n",
+    )
+    .unwrap();
+    let csv = work.path().join("input.csv");
+    std::fs::write(&csv, "1\n2\n3\n").unwrap();
+    let outputs = work.path().join("out");
+    let mut child = sandgate(data.path(), &listen)
+        .arg("exec")
+        .arg("--file")
+        .arg(&program)
+        .arg("--file-in")
+        .arg(format!("{}=numbers.csv", csv.display()))
+        .arg("--output-dir")
+        .arg(&outputs)
+        .env("SANDGATE_KEY", &key)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = BufReader::new(child.stdout.take().unwrap());
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    let (first_out, first_err, mut stdout, mut stderr) = tokio::task::spawn_blocking(move || {
+        let (mut stdout, mut stderr) = (stdout, stderr);
+        let mut err = String::new();
+        stderr.read_line(&mut err).unwrap();
+        let mut out = String::new();
+        stdout.read_line(&mut out).unwrap();
+        (out, err, stdout, stderr)
+    })
+    .await
+    .unwrap();
+    assert_eq!(first_out, "start\n");
+    let id = first_err
+        .trim()
+        .strip_prefix("sandgate: execution ")
+        .unwrap_or_else(|| panic!("{first_err}"))
+        .to_owned();
+    // The first line came while the program was still running (it sleeps 2 s after it).
+    let record: serde_json::Value = http
+        .get(format!("{base}/v1/executions/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(record["status"], "running", "{record}");
+    let (status, rest_out, rest_err) = tokio::task::spawn_blocking(move || {
+        let mut out = String::new();
+        stdout.read_to_string(&mut out).unwrap();
+        let mut err = String::new();
+        stderr.read_to_string(&mut err).unwrap();
+        (child.wait().unwrap(), out, err)
+    })
+    .await
+    .unwrap();
+    assert_eq!(status.code(), Some(3), "{rest_err}");
+    assert_eq!(rest_out, "6\n");
+    assert!(rest_err.starts_with("bye\n"), "{rest_err}");
+    assert_eq!(
+        std::fs::read_to_string(outputs.join("sum.txt")).unwrap(),
+        "ok"
+    );
+
+    // 10 s of `yes`: the gateway keeps 1 MiB of it and its memory stays flat.
+    let pid = server.id();
+    let baseline = rss_bytes(pid);
+    let flood = http
+        .post(format!("{base}/v1/executions"))
+        .bearer_auth(&key)
+        .json(&json!({"language": "bash", "code": "timeout 10 yes", "wait": true}))
+        .send();
+    let sampler = async {
+        let mut peak = 0;
+        for _ in 0..150 {
+            peak = peak.max(rss_bytes(pid));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        peak
+    };
+    let (response, peak) = tokio::join!(flood, sampler);
+    let body: serde_json::Value = response.unwrap().json().await.unwrap();
+    assert_eq!(body["stdout_truncated"], true, "{body}");
+    let growth = peak.saturating_sub(baseline);
+    assert!(
+        growth < 64 << 20,
+        "gateway RSS grew by {} MiB under the flood (baseline {} MiB)",
+        growth >> 20,
+        baseline >> 20
+    );
+    let status = terminate(server).await;
+    assert!(status.success(), "{status}");
 }

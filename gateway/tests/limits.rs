@@ -295,13 +295,17 @@ sys.exit(3)
     assert_eq!(status, 202, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
     let mut reader = gw.events(&key, &id).await;
-    let first = reader.next().await.expect("a first event");
-    assert_eq!(first.name, "stdout");
-    assert_eq!(first.data["text"], "first\n");
-    // The first line arrived while the program was still running (it sleeps 2 s after it).
+    // The first line (print() may write it in two pieces) ...
+    let mut events = Vec::new();
+    while !streamed_text(&events, "stdout").contains('\n') {
+        let event = reader.next().await.expect("a first line");
+        assert_eq!(event.name, "stdout", "{event:?}");
+        events.push(event);
+    }
+    assert_eq!(streamed_text(&events, "stdout"), "first\n");
+    // ... arrived while the program was still running (it sleeps 2 s after it).
     let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
     assert_eq!(record["status"], "running", "{record}");
-    let mut events = vec![first];
     events.extend(reader.collect().await);
     let last = events.last().unwrap();
     assert_eq!(last.name, "exit");

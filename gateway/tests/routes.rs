@@ -68,6 +68,7 @@ fn body_for(method: &str, path: &str) -> Option<Value> {
         ("POST", "/v1/executions") => Some(json!({"language": "cobol", "code": "x"})),
         ("POST", "/v1/policy/evaluate") => Some(json!({"input": {}})),
         ("POST", "/v1/keys") => Some(json!({"role": "agent", "tenant": "acme"})),
+        ("POST", "/v1/approvals/{id}") => Some(json!({"decision": "approve"})),
         ("POST", _) => Some(json!({})),
         _ => None,
     }

@@ -84,6 +84,40 @@ fn passes_output_through_and_returns_the_exit_status() {
 }
 
 #[test]
+fn report_exit_ends_stderr_with_the_trailer_even_when_the_init_fails() {
+    let report = |spec: &str| {
+        let mut init = Command::new(INIT)
+            .arg("--report-exit")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        send_spec(&mut init, spec);
+        init.wait_with_output().unwrap()
+    };
+    let dir = tmp();
+    let out = report(&script_spec(dir.path(), "echo out; echo err >&2; exit 3"));
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(text(&out.stdout), "out\n", "nothing added to stdout");
+    assert_eq!(out.stderr, b"err\n\0sandgate-exit:3\n");
+    // The init's own failure (a bad spec) still ends with the trailer, carrying its code.
+    let out = report("not json");
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        out.stderr.starts_with(b"sandgate-init: "),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        out.stderr.ends_with(b"\0sandgate-exit:125\n"),
+        "{}",
+        text(&out.stderr)
+    );
+    // Without the flag there is no trailer (see the other tests).
+}
+
+#[test]
 fn writes_files_with_their_mode_and_runs_relative_programs_in_cwd() {
     let dir = tmp();
     let tool = dir.path().join("bin/tool");

@@ -96,6 +96,7 @@ impl From<AppError> for ApiError {
         match err {
             AppError::Invalid(message) => ApiError::new(ErrorCode::InvalidRequest, message),
             AppError::NotFound => ApiError::new(ErrorCode::NotFound, "no such resource"),
+            AppError::Forbidden(message) => ApiError::new(ErrorCode::Forbidden, message),
             AppError::NotFoundWhy(message) => ApiError::new(ErrorCode::NotFound, message),
             AppError::Conflict(message) => ApiError::new(ErrorCode::Conflict, message),
             AppError::RateLimited(message) => ApiError::new(

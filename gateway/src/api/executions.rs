@@ -119,6 +119,11 @@ pub async fn create(
             Ok((StatusCode::ACCEPTED, Json(ExecutionView::from(row))).into_response())
         }
         Created::Denied(row) => Err(ApiError::policy_denied(row.id, row.reasons.0)),
+        Created::PendingApproval { row, approval_id } => {
+            let mut view = serde_json::json!(ExecutionView::from(row));
+            view["approval_id"] = serde_json::json!(approval_id);
+            Ok((StatusCode::ACCEPTED, Json(view)).into_response())
+        }
     }
 }
 

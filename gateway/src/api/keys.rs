@@ -1,5 +1,5 @@
-//! `POST /v1/keys` (admin): a new API key, shown once in the answer; only its hash is stored,
-//! and its creation is an audit event (`key.create`).
+//! `POST /v1/keys` (admin) `{"role", "tenant", "principal"?}`: a new API key, shown once in the
+//! answer; only its hash is stored, and its creation is an audit event (`key.create`).
 
 use std::sync::Arc;
 
@@ -19,6 +19,9 @@ use crate::app::App;
 pub struct CreateKey {
     role: String,
     tenant: String,
+    /// The person or system behind the key (default: the key's own id); keys of one principal
+    /// are one party when approving.
+    principal: Option<String>,
 }
 
 pub async fn create(
@@ -27,8 +30,9 @@ pub async fn create(
     ApiJson(request): ApiJson<CreateKey>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require_role(&["admin"])?;
+    let principal = request.principal.as_deref();
     let key = app
-        .create_key(&caller.0, &request.role, &request.tenant)
+        .create_key(&caller.0, &request.role, &request.tenant, principal)
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -37,6 +41,7 @@ pub async fn create(
             "key": key.secret,
             "role": request.role,
             "tenant": request.tenant,
+            "principal": principal.unwrap_or(&key.id),
         })),
     ))
 }

@@ -1,6 +1,7 @@
 //! The HTTP edge (axum): routing, authentication, the error shape. Handlers translate between
 //! HTTP and the use cases in `app`; no SQL or Docker here.
 
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod error;
@@ -12,6 +13,7 @@ pub mod listing;
 pub mod payloads;
 pub mod policy;
 pub mod query;
+pub mod ui;
 
 use std::sync::Arc;
 
@@ -76,12 +78,20 @@ pub fn routes() -> Vec<Route> {
         get("/v1/executions/{id}/connections", executions::connections),
         get("/v1/executions/{id}/events", payloads::events),
         get("/v1/executions/{id}/outputs/{*path}", payloads::download),
+        get("/v1/approvals", approvals::list),
+        get("/v1/approvals/{id}", approvals::get),
+        post("/v1/approvals/{id}", approvals::decide),
         get("/v1/audit/events", audit::events),
         get("/v1/audit/verify", audit::verify),
         get("/v1/policy", policy::show),
         post("/v1/policy/evaluate", policy::evaluate),
         post("/v1/policy/reload", policy::reload),
         post("/v1/keys", keys::create),
+        // The review page: static, no key; it calls the API above with the user's key.
+        get("/ui", ui::redirect),
+        get("/ui/", ui::index),
+        get("/ui/app.js", ui::script),
+        get("/ui/style.css", ui::style),
     ]
 }
 

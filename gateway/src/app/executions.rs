@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
@@ -64,7 +64,7 @@ fn default_wait() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileUpload {
     pub path: String,
@@ -89,12 +89,18 @@ pub enum Created {
     /// Runs in the background (`wait: false`).
     Accepted(ExecutionRow),
     Denied(ExecutionRow),
+    /// Held for a reviewer (`pending_approval`); nothing runs until approved.
+    PendingApproval {
+        row: ExecutionRow,
+        approval_id: String,
+    },
 }
 
 /// An allowed decision, made concrete by the gateway: the floor it enforces whatever the policy
-/// says (configured backend, configured image, limits under the ceilings).
-#[derive(Debug, Clone)]
-struct Runnable {
+/// says (configured backend, configured image, limits under the ceilings). Stored with an
+/// approval, it is exactly what a reviewer approves.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Runnable {
     backend: String,
     runtime: String,
     image: String,
@@ -149,6 +155,14 @@ impl App {
             decision: json!(said),
             policy_revision: Some(row.policy_revision.clone()),
         };
+        // Sent to review: held (committed, fail closed), nothing runs until a reviewer approves.
+        if let (Some(runnable), true) = (&runnable, decision.require_approval) {
+            let held = (row, event);
+            let (row, approval_id) = self
+                .hold_for_review(caller, &request, &input, held, runnable)
+                .await?;
+            return Ok(Created::PendingApproval { row, approval_id });
+        }
         // A place in the queue before anything is recorded: a full queue refuses (429) cleanly.
         let ticket = match &runnable {
             Some(_) => Some(
@@ -300,12 +314,6 @@ impl App {
                 message,
             })
         };
-        if decision.require_approval {
-            return refuse(
-                "approval.unavailable",
-                "the policy asks for human review, which this gateway does not offer yet".into(),
-            );
-        }
         let network = decision
             .network
             .as_ref()
@@ -435,6 +443,32 @@ impl App {
                 proxy: None,
             },
         }
+    }
+
+    /// Runs a stored, approved execution with its reviewed decision, through the queue.
+    pub(super) fn launch_reviewed(
+        self: &Arc<Self>,
+        row: ExecutionRow,
+        request: &ExecutionRequest,
+        files: Vec<(String, Vec<u8>)>,
+        runnable: Runnable,
+        live: LiveGuard,
+        ticket: Ticket,
+    ) {
+        let network = runnable.network.clone();
+        let mut spec = self.sandbox_spec(&row.id, request, files, runnable);
+        spec.cancel = live.cancel_token();
+        spec.sink = Some(self.streams.open(&row.id));
+        let pending = Pending {
+            row,
+            spec,
+            network,
+            live,
+            ticket,
+        };
+        let app = Arc::clone(self);
+        self.tasks
+            .spawn(async move { app.run_and_complete(pending).await });
     }
 
     async fn run_and_complete(&self, pending: Pending) -> ExecutionRow {
@@ -779,7 +813,7 @@ fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
 }
 
 /// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
-fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
     if files.len() > MAX_FILES {
         return Err(AppError::Invalid(format!(
             "{} files; the limit is {MAX_FILES}",

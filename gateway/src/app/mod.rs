@@ -1,6 +1,7 @@
 //! Use cases: what the gateway does, independent of HTTP. Handlers call these; these call the
 //! policy engine, the audit store and the runtime, in that order.
 
+pub mod approvals;
 pub mod executions;
 pub mod keys;
 pub mod listing;
@@ -100,6 +101,9 @@ pub enum AppError {
     Invalid(String),
     #[error("not found")]
     NotFound,
+    /// Authenticated, but not allowed to do this (e.g. approve its own request).
+    #[error("{0}")]
+    Forbidden(String),
     /// Not found, with a message that may be shown (the caller may see the execution).
     #[error("{0}")]
     NotFoundWhy(String),

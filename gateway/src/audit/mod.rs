@@ -1,6 +1,7 @@
 //! The audit store (PostgreSQL through sqlx): API keys, policy revisions, executions and the
 //! hash-chained `audit_events`. The only module that writes SQL.
 
+pub mod approvals;
 pub mod chain;
 pub mod egress;
 pub mod read;
@@ -36,6 +37,9 @@ pub struct ApiKey {
     pub id: String,
     pub role: String,
     pub tenant: String,
+    /// The person or system behind the key (default: the key id). A reviewer key of the
+    /// requesting principal cannot approve that principal's requests.
+    pub principal: String,
 }
 
 /// A freshly created key: `secret` is shown once and never stored.
@@ -132,16 +136,27 @@ impl AuditStore {
 
     /// Creates a key on the operator's behalf (`sandgate keys create`): see [`Self::create_key_by`].
     pub async fn create_key(&self, role: &str, tenant: &str) -> Result<NewKey, AuditError> {
-        self.create_key_by(role, tenant, None).await
+        self.create_key_for(role, tenant, None).await
     }
 
-    /// Creates a key; only the SHA-256 of the returned secret is stored. The `key.create` audit
-    /// event (naming `creator`, the admin key that asked, or none for the command line) commits
-    /// with it.
+    /// Creates a key for `principal` (default: the new key's own id) on the operator's behalf.
+    pub async fn create_key_for(
+        &self,
+        role: &str,
+        tenant: &str,
+        principal: Option<&str>,
+    ) -> Result<NewKey, AuditError> {
+        self.create_key_by(role, tenant, principal, None).await
+    }
+
+    /// Creates a key for `principal` (default: the new key's own id); only the SHA-256 of the
+    /// returned secret is stored. The `key.create` audit event (naming `creator`, the admin key
+    /// that asked, or none for the command line) commits with it.
     pub async fn create_key_by(
         &self,
         role: &str,
         tenant: &str,
+        principal: Option<&str>,
         creator: Option<&ApiKey>,
     ) -> Result<NewKey, AuditError> {
         let mut id_bytes = [0u8; 8];
@@ -154,14 +169,19 @@ impl AuditStore {
             hex::encode(id_bytes),
             hex::encode(secret_bytes)
         );
+        let principal = principal.unwrap_or(&id);
         let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO api_keys (id, key_hash, role, tenant) VALUES ($1, $2, $3, $4)")
-            .bind(&id)
-            .bind(key_hash(&secret))
-            .bind(role)
-            .bind(tenant)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "INSERT INTO api_keys (id, key_hash, role, tenant, principal) \
+             VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&id)
+        .bind(key_hash(&secret))
+        .bind(role)
+        .bind(tenant)
+        .bind(principal)
+        .execute(&mut *tx)
+        .await?;
         let event = NewEvent {
             kind: "key.create",
             execution_id: None,
@@ -173,6 +193,7 @@ impl AuditStore {
             input: serde_json::json!({
                 "role": role,
                 "tenant": tenant,
+                "principal": principal,
                 "via": if creator.is_some() { "api" } else { "command_line" },
             }),
             decision: serde_json::json!({"created_key_id": id}),
@@ -186,7 +207,8 @@ impl AuditStore {
     /// The live key whose secret this is, if any.
     pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
         let key = sqlx::query_as(
-            "SELECT id, role, tenant FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL",
+            "SELECT id, role, tenant, COALESCE(principal, id) AS principal FROM api_keys \
+             WHERE key_hash = $1 AND revoked_at IS NULL",
         )
         .bind(key_hash(secret))
         .fetch_optional(&self.pool)
@@ -210,34 +232,7 @@ impl AuditStore {
         event: &NewEvent,
     ) -> Result<(), AuditError> {
         let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO executions (id, tenant, key_id, language, code_sha256, code_bytes, \
-             labels, status, decision_id, allow, reasons, backend, runtime, image, limits, \
-             policy_revision, created_at, finished_at, instance) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19)",
-        )
-        .bind(&row.id)
-        .bind(&row.tenant)
-        .bind(&row.key_id)
-        .bind(&row.language)
-        .bind(&row.code_sha256)
-        .bind(row.code_bytes)
-        .bind(&row.labels)
-        .bind(&row.status)
-        .bind(&row.decision_id)
-        .bind(row.allow)
-        .bind(&row.reasons)
-        .bind(&row.backend)
-        .bind(&row.runtime)
-        .bind(&row.image)
-        .bind(&row.limits)
-        .bind(&row.policy_revision)
-        .bind(row.created_at)
-        .bind(row.finished_at)
-        .bind(&row.instance)
-        .execute(&mut *tx)
-        .await?;
+        insert_execution(&mut tx, row).await?;
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
         Ok(())
@@ -338,7 +333,8 @@ impl AuditStore {
 
     /// Marks `error` the executions of `instance` left open (queued or running) that are not in
     /// `live`, each with an `execution.reaped` audit event in the same transaction. Returns how
-    /// many.
+    /// many. `pending_approval` records are never closed here: they wait for a reviewer or
+    /// their expiry (`app::approvals`), whatever happens to the gateway meanwhile.
     pub async fn close_abandoned(
         &self,
         instance: &str,
@@ -405,6 +401,42 @@ pub struct EventRow {
     pub reasons: Json<Value>,
     pub policy_revision: Option<String>,
     pub hash: String,
+}
+
+/// Inserts an execution row inside the caller's transaction (with its decision event).
+pub(crate) async fn insert_execution(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    row: &ExecutionRow,
+) -> Result<(), AuditError> {
+    sqlx::query(
+        "INSERT INTO executions (id, tenant, key_id, language, code_sha256, code_bytes, \
+             labels, status, decision_id, allow, reasons, backend, runtime, image, limits, \
+             policy_revision, created_at, finished_at, instance) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18, $19)",
+    )
+    .bind(&row.id)
+    .bind(&row.tenant)
+    .bind(&row.key_id)
+    .bind(&row.language)
+    .bind(&row.code_sha256)
+    .bind(row.code_bytes)
+    .bind(&row.labels)
+    .bind(&row.status)
+    .bind(&row.decision_id)
+    .bind(row.allow)
+    .bind(&row.reasons)
+    .bind(&row.backend)
+    .bind(&row.runtime)
+    .bind(&row.image)
+    .bind(&row.limits)
+    .bind(&row.policy_revision)
+    .bind(row.created_at)
+    .bind(row.finished_at)
+    .bind(&row.instance)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
 }
 
 pub fn key_hash(secret: &str) -> String {

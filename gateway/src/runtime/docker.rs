@@ -28,6 +28,9 @@ use super::{
 const API_TIMEOUT: Duration = Duration::from_secs(30);
 /// After the program's deadline: how long to wait for the killed container to report its end.
 const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long (steps of [`OOM_EVENT_POLL`]) to wait for dockerd's OOM flag after a SIGKILL end.
+const OOM_EVENT_POLLS: u32 = 20;
+const OOM_EVENT_POLL: Duration = Duration::from_millis(100);
 const MIB: i64 = 1024 * 1024;
 /// Open files per sandbox process.
 const NOFILE: i64 = 1024;
@@ -315,10 +318,25 @@ async fn attach_start_wait(
         }
     };
     let duration = started.elapsed();
-    let state = bounded("inspect container", docker.inspect_container(name, None))
+    let mut state = bounded("inspect container", docker.inspect_container(name, None))
         .await?
         .state
         .unwrap_or_default();
+    // Under runsc an OOM kills gVisor's kernel, not just the program: the init reports
+    // nothing and the container ends with SIGKILL. dockerd learns of the OOM from a separate
+    // cgroup event that can trail the exit, so look again for a moment before calling it
+    // anything else.
+    let sandbox_died = !timed_out && !cancelled && init_exit.is_none();
+    for _ in 0..OOM_EVENT_POLLS {
+        if !sandbox_died || state.oom_killed == Some(true) || state.exit_code != Some(137) {
+            break;
+        }
+        tokio::time::sleep(OOM_EVENT_POLL).await;
+        state = bounded("inspect container", docker.inspect_container(name, None))
+            .await?
+            .state
+            .unwrap_or_default();
+    }
     Ok(RunOutcome {
         exit_code: if timed_out || cancelled {
             None

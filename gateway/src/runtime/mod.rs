@@ -49,7 +49,7 @@ pub struct JobFile {
 }
 
 /// A host directory mounted read-only into the sandbox (a dataset).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ReadOnlyMount {
     pub source: PathBuf,
     pub target: String,

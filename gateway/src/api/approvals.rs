@@ -1,0 +1,135 @@
+//! `/v1/approvals`: reviewers list and decide executions held for human review; and the
+//! execution listing the review page shows (`GET /v1/executions?limit=&status=`).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use policy_engine::Reason;
+
+use super::auth::Caller;
+use super::error::{ApiError, ErrorCode};
+use super::executions::ExecutionView;
+use super::json::ApiJson;
+use crate::app::approvals::Review;
+use crate::app::App;
+use crate::audit::approvals::ApprovalRow;
+
+/// Roles that may read approvals.
+const READERS: &[&str] = &["reviewer", "auditor", "admin"];
+/// Roles that may decide them.
+const DECIDERS: &[&str] = &["reviewer", "admin"];
+
+/// An approval as clients see it.
+#[derive(Debug, Serialize)]
+pub struct ApprovalView {
+    pub id: String,
+    pub execution_id: String,
+    pub status: String,
+    pub tenant: Option<String>,
+    pub requested_by: Party,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub decided_at: Option<DateTime<Utc>>,
+    /// Who approved or rejected it (absent while pending and when it expired).
+    pub reviewer: Option<Party>,
+    pub comment: Option<String>,
+    /// Why the policy sent it to review.
+    pub reasons: Vec<Reason>,
+    /// What runs once approved: backend, runtime, image, limits, mounts, network grant.
+    pub decision: Option<Value>,
+    /// What was asked (the policy input's request: language, code sha256, files, network...).
+    pub request: Option<Value>,
+    /// The start of the program text, while pending.
+    pub code_preview: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Party {
+    pub key_id: Option<String>,
+    pub principal: Option<String>,
+}
+
+impl From<ApprovalRow> for ApprovalView {
+    fn from(row: ApprovalRow) -> ApprovalView {
+        let reviewer = match row.reviewer_key_id {
+            Some(key_id) => Some(Party {
+                key_id: Some(key_id),
+                principal: row.reviewer_principal,
+            }),
+            None => None,
+        };
+        ApprovalView {
+            id: row.id,
+            execution_id: row.execution_id,
+            status: row.status,
+            tenant: row.tenant,
+            requested_by: Party {
+                key_id: row.requester_key_id,
+                principal: row.requester_principal,
+            },
+            created_at: row.created_at,
+            expires_at: row.expires_at,
+            decided_at: row.decided_at,
+            reviewer,
+            comment: row.comment,
+            reasons: row.reasons.0,
+            decision: row.runnable.map(|r| r.0),
+            request: row.summary.map(|s| s.0),
+            code_preview: row.code_preview,
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalQuery {
+    /// pending, approved, rejected or expired; absent: all.
+    pub status: Option<String>,
+}
+
+pub async fn list(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    query: Result<Query<ApprovalQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(READERS)?;
+    let Query(query) = query.map_err(bad_query)?;
+    let rows = app.list_approvals(query.status.as_deref()).await?;
+    let approvals: Vec<ApprovalView> = rows.into_iter().map(ApprovalView::from).collect();
+    Ok(Json(serde_json::json!({ "approvals": approvals })))
+}
+
+pub async fn get(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    caller.require_role(READERS)?;
+    Ok(Json(app.get_approval(&id).await?.into()))
+}
+
+/// Approve or reject: `{"decision":"approve"|"reject","comment":"..."}`. Answers the approval
+/// and the execution (`queued` once approved; it then runs in the background).
+pub async fn decide(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(review): ApiJson<Review>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(DECIDERS)?;
+    let (approval, execution) = app.decide_approval(&caller.0, &id, review).await?;
+    Ok(Json(serde_json::json!({
+        "approval": ApprovalView::from(approval),
+        "execution": ExecutionView::from(execution),
+    })))
+}
+
+fn bad_query(rejection: QueryRejection) -> ApiError {
+    ApiError::new(ErrorCode::InvalidRequest, rejection.body_text())
+}

@@ -1,0 +1,366 @@
+//! Human review: an allowed decision with `require_approval` is held (`pending_approval`) with
+//! its floor-checked, runnable form and the request payload, until a reviewer of another
+//! principal approves it (it then runs exactly as reviewed, through the normal queue), rejects
+//! it (`denied`, `approval.rejected`) or it expires (`denied`, `approval.expired`).
+//!
+//! Every step is committed with its audit event before anything else happens.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use policy_engine::{PolicyInput, Reason, RequestedLimits};
+
+use super::executions::{decode_files, ExecutionRequest, FileUpload, Runnable};
+use super::{App, AppError};
+use crate::audit::approvals::{ApprovalRow, NewApproval, Verdict};
+use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+
+/// Longest reviewer comment.
+pub const MAX_COMMENT_BYTES: usize = 1000;
+/// Most approvals or executions one listing returns.
+pub const MAX_LIST: i64 = 500;
+/// Longest time between two expiry sweeps.
+const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
+pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired"];
+
+/// `POST /v1/approvals/{id}` body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Review {
+    pub decision: ReviewDecision,
+    #[serde(default)]
+    pub comment: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReviewDecision {
+    Approve,
+    Reject,
+}
+
+/// What is kept of a held request to run it later: the parts not in the policy input.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StoredRequest {
+    language: String,
+    code: String,
+    files: Vec<FileUpload>,
+}
+
+impl App {
+    /// Holds an allowed, floor-checked decision for review: the execution row
+    /// (`pending_approval`), the approval (with the runnable decision and the payload), the
+    /// decision event and `approval.requested`, in one transaction. Returns the row and the
+    /// approval id; nothing runs.
+    pub(super) async fn hold_for_review(
+        &self,
+        caller: &ApiKey,
+        request: &ExecutionRequest,
+        input: &PolicyInput,
+        (mut row, decision_event): (ExecutionRow, NewEvent),
+        runnable: &Runnable,
+    ) -> Result<(ExecutionRow, String), AppError> {
+        row.status = "pending_approval".to_owned();
+        let ttl = chrono::Duration::seconds(
+            i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
+        );
+        let approval = NewApproval {
+            id: crate::ids::new("ap"),
+            expires_at: row.created_at + ttl,
+            requester_key_id: caller.id.clone(),
+            requester_principal: caller.principal.clone(),
+            reasons: row.reasons.0.clone(),
+            runnable: serde_json::to_value(runnable)
+                .map_err(|err| AppError::Internal(format!("runnable decision: {err}")))?,
+            summary: json!(input.request),
+            request: json!(StoredRequest {
+                language: request.language.clone(),
+                code: request.code.clone(),
+                files: request.files.clone(),
+            }),
+        };
+        let requested = NewEvent {
+            kind: "approval.requested",
+            execution_id: Some(row.id.clone()),
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            decision_id: Some(row.decision_id.clone()),
+            allow: Some(true),
+            reasons: json!(row.reasons.0),
+            input: json!({
+                "approval_id": approval.id,
+                "requested_by": {"key_id": caller.id, "principal": caller.principal},
+            }),
+            decision: json!({"status": "pending", "expires_at": approval.expires_at}),
+            policy_revision: Some(row.policy_revision.clone()),
+        };
+        self.audit
+            .record_pending_execution(&row, &approval, &[decision_event, requested])
+            .await?;
+        tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
+        Ok((row, approval.id))
+    }
+
+    /// Approvals (expired ones closed first), newest first. Reviewers, auditors and admins see
+    /// every tenant's, like executions.
+    pub async fn list_approvals(&self, status: Option<&str>) -> Result<Vec<ApprovalRow>, AppError> {
+        if let Some(status) = status {
+            if !STATUSES.contains(&status) {
+                return Err(AppError::Invalid(format!(
+                    "status must be one of {}",
+                    STATUSES.join(", ")
+                )));
+            }
+        }
+        self.expire_approvals().await?;
+        Ok(self.audit.list_approvals(status, None, MAX_LIST).await?)
+    }
+
+    pub async fn get_approval(&self, id: &str) -> Result<ApprovalRow, AppError> {
+        self.expire_approvals().await?;
+        self.audit.get_approval(id).await?.ok_or(AppError::NotFound)
+    }
+
+    /// Approves or rejects. Never by the requesting key nor by a key of the requesting
+    /// principal (403); a decided or expired approval is a conflict (409). On approval the
+    /// stored, reviewed decision runs through the queue; the returned row is then `queued`.
+    pub async fn decide_approval(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+        review: Review,
+    ) -> Result<(ApprovalRow, ExecutionRow), AppError> {
+        let comment = review.comment.as_deref().filter(|c| !c.is_empty());
+        if let Some(comment) = comment {
+            check_comment(comment)?;
+        }
+        let approval = self.get_approval(id).await?;
+        if approval.status != "pending" {
+            return Err(AppError::Conflict(format!(
+                "approval {id} is already {}",
+                approval.status
+            )));
+        }
+        self.refuse_self_review(caller, &approval, review.decision)
+            .await?;
+        let approve = review.decision == ReviewDecision::Approve;
+        // A slot in the queue and a place in the live set before the approval commits: a full
+        // queue refuses (429) with the approval still pending, and the reaper never closes the
+        // run between the commit and its start.
+        let admitted = if approve {
+            let ticket = self
+                .scheduler
+                .admit(&approval.tenant.clone().unwrap_or_default())
+                .map_err(|full| AppError::RateLimited(full.to_string()))?;
+            Some((ticket, self.live.track(&approval.execution_id)))
+        } else {
+            None
+        };
+        let reason = verdict_reason(approve, &caller.principal, comment);
+        let verdict = Verdict {
+            approve,
+            reviewer_key_id: &caller.id,
+            reviewer_principal: &caller.principal,
+            comment,
+            instance: &self.instance,
+            reason: reason.clone(),
+        };
+        let event = review_event(caller, &approval, approve, comment, &reason);
+        let Some(decided) = self.audit.decide_approval(id, &verdict, &event).await? else {
+            return Err(AppError::Conflict(format!(
+                "approval {id} is no longer pending (decided or expired meanwhile)"
+            )));
+        };
+        tracing::info!(approval_id = %id, execution_id = %approval.execution_id, approve, "approval decided");
+        let row = self
+            .audit
+            .get_execution(&approval.execution_id)
+            .await?
+            .ok_or(AppError::NotFound)?;
+        if let Some((ticket, live)) = admitted {
+            self.launch_approved(row.clone(), &decided, ticket, live)?;
+        }
+        Ok((decided.approval, row))
+    }
+
+    async fn refuse_self_review(
+        &self,
+        caller: &ApiKey,
+        approval: &ApprovalRow,
+        decision: ReviewDecision,
+    ) -> Result<(), AppError> {
+        let message = if approval.requester_key_id.as_deref() == Some(caller.id.as_str()) {
+            "a key cannot approve or reject its own request"
+        } else if approval.requester_principal.as_deref() == Some(caller.principal.as_str()) {
+            "a reviewer key of the requesting principal cannot approve its own request"
+        } else {
+            return Ok(());
+        };
+        let event = NewEvent {
+            kind: "approval.refused",
+            execution_id: Some(approval.execution_id.clone()),
+            key_id: Some(caller.id.clone()),
+            tenant: approval.tenant.clone(),
+            decision_id: None,
+            allow: Some(false),
+            reasons: json!([{"code": "approval.self_review", "message": message}]),
+            input: json!({
+                "approval_id": approval.id,
+                "decision": if decision == ReviewDecision::Approve { "approve" } else { "reject" },
+                "reviewer": {"key_id": caller.id, "principal": caller.principal},
+            }),
+            decision: json!({"status": approval.status}),
+            policy_revision: None,
+        };
+        self.audit.record_event(&event).await?;
+        Err(AppError::Forbidden(message.to_owned()))
+    }
+
+    /// Starts an approved execution with the decision that was reviewed, not a new one.
+    fn launch_approved(
+        self: &Arc<Self>,
+        row: ExecutionRow,
+        decided: &crate::audit::approvals::Decided,
+        ticket: super::scheduler::Ticket,
+        live: super::reaper::LiveGuard,
+    ) -> Result<(), AppError> {
+        let broken = |what: &str, err: &dyn std::fmt::Display| {
+            // The row stays `queued` without a live run: the reaper closes it as `error`.
+            AppError::Internal(format!("approved execution {}: {what}: {err}", row.id))
+        };
+        let runnable: Runnable = decided
+            .runnable
+            .clone()
+            .ok_or_else(|| broken("runnable", &"missing"))
+            .and_then(|v| serde_json::from_value(v).map_err(|err| broken("runnable", &err)))?;
+        let stored: StoredRequest = decided
+            .request
+            .clone()
+            .ok_or_else(|| broken("request", &"missing"))
+            .and_then(|v| serde_json::from_value(v).map_err(|err| broken("request", &err)))?;
+        let files = decode_files(&stored.files)?;
+        let request = ExecutionRequest {
+            language: stored.language,
+            code: stored.code,
+            files: Vec::new(),
+            network: Vec::new(),
+            mounts: Vec::new(),
+            limits: RequestedLimits::default(),
+            labels: Default::default(),
+            wait: false,
+        };
+        self.launch_reviewed(row, &request, files, runnable, live, ticket);
+        Ok(())
+    }
+
+    /// Closes every pending approval past its expiry (`denied`, `approval.expired`).
+    pub async fn expire_approvals(&self) -> Result<usize, AppError> {
+        let expired = self.audit.expire_approvals().await?;
+        for approval in &expired {
+            tracing::info!(approval_id = %approval.id, execution_id = %approval.execution_id, "approval expired");
+        }
+        Ok(expired.len())
+    }
+}
+
+fn verb(approve: bool) -> &'static str {
+    if approve {
+        "approved"
+    } else {
+        "rejected"
+    }
+}
+
+/// The reason added to the execution: `approval.approved` / `approval.rejected`, naming the
+/// reviewer's principal and carrying the comment.
+fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
+    Reason {
+        code: format!("approval.{}", verb(approve)),
+        message: match comment {
+            Some(comment) => format!("{} by {principal}: {comment}", verb(approve)),
+            None => format!("{} by {principal}", verb(approve)),
+        },
+    }
+}
+
+fn review_event(
+    caller: &ApiKey,
+    approval: &ApprovalRow,
+    approve: bool,
+    comment: Option<&str>,
+    reason: &Reason,
+) -> NewEvent {
+    NewEvent {
+        kind: if approve {
+            "approval.approved"
+        } else {
+            "approval.rejected"
+        },
+        execution_id: Some(approval.execution_id.clone()),
+        key_id: Some(caller.id.clone()),
+        tenant: approval.tenant.clone(),
+        decision_id: None,
+        allow: Some(approve),
+        reasons: json!([reason]),
+        input: json!({
+            "approval_id": approval.id,
+            "reviewer": {"key_id": caller.id, "principal": caller.principal, "role": caller.role},
+            "requested_by": {
+                "key_id": approval.requester_key_id,
+                "principal": approval.requester_principal,
+            },
+            "comment": comment,
+        }),
+        decision: json!({"status": verb(approve), "runnable": approval.runnable}),
+        policy_revision: None,
+    }
+}
+
+fn check_comment(comment: &str) -> Result<(), AppError> {
+    let control = comment.chars().any(|c| c.is_control() && c != '\n');
+    if comment.len() > MAX_COMMENT_BYTES || control {
+        return Err(AppError::Invalid(format!(
+            "comment must be at most {MAX_COMMENT_BYTES} bytes without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Expires overdue approvals until shutdown, at least every few seconds (and never less often
+/// than the TTL itself).
+pub async fn expire_periodically(app: Arc<App>) {
+    let ttl = Duration::from_secs(app.config.approval_ttl_s.max(1));
+    let interval = EXPIRY_INTERVAL.min(ttl);
+    loop {
+        if let Err(err) = app.expire_approvals().await {
+            tracing::warn!(error = %super::error_chain(&err), "expiring approvals failed");
+        }
+        tokio::select! {
+            _ = app.shutdown.cancelled() => return,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn comments_are_bounded() {
+        assert!(check_comment("fine\nby me").is_ok());
+        assert!(check_comment("bell\u{7}").is_err());
+        assert!(check_comment(&"x".repeat(MAX_COMMENT_BYTES + 1)).is_err());
+    }
+
+    #[test]
+    fn review_bodies_are_strict() {
+        let ok: Review = serde_json::from_str(r#"{"decision":"approve"}"#).unwrap();
+        assert_eq!(ok.decision, ReviewDecision::Approve);
+        assert!(serde_json::from_str::<Review>(r#"{"decision":"maybe"}"#).is_err());
+        assert!(serde_json::from_str::<Review>(r#"{"decision":"reject","x":1}"#).is_err());
+    }
+}

@@ -1,0 +1,267 @@
+//! The `approvals` table: executions held for human review. Every change of an approval and of
+//! its execution row commits together with its audit event.
+
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::types::Json;
+
+use policy_engine::Reason;
+
+use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
+
+/// An approval as stored, without the request payload (only a preview of the code).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ApprovalRow {
+    pub id: String,
+    pub execution_id: String,
+    pub status: String,
+    pub tenant: Option<String>,
+    pub requester_key_id: Option<String>,
+    pub requester_principal: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub decided_at: Option<DateTime<Utc>>,
+    pub reviewer_key_id: Option<String>,
+    pub reviewer_principal: Option<String>,
+    pub comment: Option<String>,
+    pub reasons: Json<Vec<Reason>>,
+    /// What will run once approved (backend, runtime, image, limits, mounts, network).
+    pub runnable: Option<Json<Value>>,
+    /// The policy input's request part: language, code hash, files and sizes, network, mounts.
+    pub summary: Option<Json<Value>>,
+    /// The first characters of the program, while the approval is pending.
+    pub code_preview: Option<String>,
+}
+
+/// What deciding takes from the row: execution id, stored request, runnable decision.
+type Taken = (String, Option<Json<Value>>, Option<Json<Value>>);
+
+/// Selected columns; the code preview is the first 8192 characters of the program.
+const COLUMNS: &str = "id, execution_id, status, tenant, requester_key_id, requester_principal, \
+     created_at, expires_at, decided_at, reviewer_key_id, reviewer_principal, comment, reasons, \
+     runnable, summary, left(request->>'code', 8192) AS code_preview";
+
+/// A new approval, inserted with its execution row.
+#[derive(Debug, Clone)]
+pub struct NewApproval {
+    pub id: String,
+    pub expires_at: DateTime<Utc>,
+    pub requester_key_id: String,
+    pub requester_principal: String,
+    pub reasons: Vec<Reason>,
+    pub runnable: Value,
+    pub summary: Value,
+    /// Language, code and files: what is needed to run it later. Cleared once decided.
+    pub request: Value,
+}
+
+/// A decision taken on a pending approval.
+#[derive(Debug, Clone)]
+pub struct Verdict<'a> {
+    pub approve: bool,
+    pub reviewer_key_id: &'a str,
+    pub reviewer_principal: &'a str,
+    pub comment: Option<&'a str>,
+    /// The gateway instance deciding: an approved execution runs there, so the row names it
+    /// (another instance's reaper must not close it).
+    pub instance: &'a str,
+    /// Appended to the execution's reasons (`approval.approved` / `approval.rejected`).
+    pub reason: Reason,
+}
+
+/// What deciding returned: the stored request (approve only) and the updated approval.
+#[derive(Debug, Clone)]
+pub struct Decided {
+    pub approval: ApprovalRow,
+    pub request: Option<Value>,
+    pub runnable: Option<Value>,
+}
+
+impl AuditStore {
+    /// Commits the execution row (`pending_approval`), its approval, the decision event and the
+    /// `approval.requested` event in one transaction. Nothing is held before this returns `Ok`.
+    pub async fn record_pending_execution(
+        &self,
+        row: &ExecutionRow,
+        approval: &NewApproval,
+        events: &[NewEvent],
+    ) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        insert_execution(&mut tx, row).await?;
+        sqlx::query(
+            "INSERT INTO approvals (id, execution_id, status, created_at, expires_at, tenant, \
+             requester_key_id, requester_principal, reasons, runnable, summary, request) \
+             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&approval.id)
+        .bind(&row.id)
+        .bind(row.created_at)
+        .bind(approval.expires_at)
+        .bind(&row.tenant)
+        .bind(&approval.requester_key_id)
+        .bind(&approval.requester_principal)
+        .bind(Json(&approval.reasons))
+        .bind(Json(&approval.runnable))
+        .bind(Json(&approval.summary))
+        .bind(Json(&approval.request))
+        .execute(&mut *tx)
+        .await?;
+        for event in events {
+            chain::append(&mut tx, event).await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn get_approval(&self, id: &str) -> Result<Option<ApprovalRow>, AuditError> {
+        let row = sqlx::query_as(&format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"))
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row)
+    }
+
+    /// Approvals, newest first; `status` filters, `tenant` restricts.
+    pub async fn list_approvals(
+        &self,
+        status: Option<&str>,
+        tenant: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ApprovalRow>, AuditError> {
+        let rows = sqlx::query_as(&format!(
+            "SELECT {COLUMNS} FROM approvals WHERE ($1::text IS NULL OR status = $1) \
+             AND ($2::text IS NULL OR tenant = $2) ORDER BY created_at DESC, id DESC LIMIT $3"
+        ))
+        .bind(status)
+        .bind(tenant)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows)
+    }
+
+    /// Approves or rejects a pending, unexpired approval of another key and principal, with its
+    /// execution row and audit event, in one transaction. `None`: nothing was pending to decide.
+    pub async fn decide_approval(
+        &self,
+        id: &str,
+        verdict: &Verdict<'_>,
+        event: &NewEvent,
+    ) -> Result<Option<Decided>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let status = if verdict.approve {
+            "approved"
+        } else {
+            "rejected"
+        };
+        let taken: Option<Taken> = sqlx::query_as(
+            "WITH old AS (SELECT id, request FROM approvals WHERE id = $1 AND status = 'pending' \
+             AND expires_at > now() FOR UPDATE) \
+             UPDATE approvals a SET status = $2, decided_at = now(), reviewer_key_id = $3, \
+             reviewer_principal = $4, comment = $5, request = NULL FROM old \
+             WHERE a.id = old.id AND a.requester_key_id IS DISTINCT FROM $3 \
+             AND a.requester_principal IS DISTINCT FROM $4 \
+             RETURNING a.execution_id, old.request, a.runnable",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(verdict.reviewer_key_id)
+        .bind(verdict.reviewer_principal)
+        .bind(verdict.comment)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((execution_id, request, runnable)) = taken else {
+            return Ok(None);
+        };
+        if verdict.approve {
+            // The reviewer's approval joins the reasons, so the record says who let it run.
+            sqlx::query(
+                "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
+                 instance = $3 WHERE id = $1 AND status = 'pending_approval'",
+            )
+            .bind(&execution_id)
+            .bind(Json(json!([verdict.reason])))
+            .bind(verdict.instance)
+            .execute(&mut *tx)
+            .await?;
+        } else {
+            deny_execution(&mut tx, &execution_id, &verdict.reason).await?;
+        }
+        chain::append(&mut tx, event).await?;
+        tx.commit().await?;
+        let approval = self
+            .get_approval(id)
+            .await?
+            .ok_or(AuditError::Unavailable(sqlx::Error::RowNotFound))?;
+        Ok(Some(Decided {
+            approval,
+            request: if verdict.approve {
+                request.map(|r| r.0)
+            } else {
+                None
+            },
+            runnable: runnable.map(|r| r.0),
+        }))
+    }
+
+    /// Expires every pending approval past its `expires_at`: the approval becomes `expired`,
+    /// its execution `denied` (reason `approval.expired`), each with an `approval.expired` audit
+    /// event, in one transaction. Returns the expired approvals.
+    pub async fn expire_approvals(&self) -> Result<Vec<ApprovalRow>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let expired: Vec<(String, String, Option<String>, DateTime<Utc>)> = sqlx::query_as(
+            "UPDATE approvals SET status = 'expired', decided_at = now(), request = NULL \
+             WHERE id IN (SELECT id FROM approvals WHERE status = 'pending' \
+             AND expires_at <= now() ORDER BY expires_at FOR UPDATE SKIP LOCKED) \
+             RETURNING id, execution_id, tenant, expires_at",
+        )
+        .fetch_all(&mut *tx)
+        .await?;
+        for (id, execution_id, tenant, expires_at) in &expired {
+            let reason = Reason {
+                code: "approval.expired".to_owned(),
+                message: format!("no reviewer decided before {}", expires_at.to_rfc3339()),
+            };
+            deny_execution(&mut tx, execution_id, &reason).await?;
+            let event = NewEvent {
+                kind: "approval.expired",
+                execution_id: Some(execution_id.clone()),
+                key_id: None,
+                tenant: tenant.clone(),
+                decision_id: None,
+                allow: Some(false),
+                reasons: json!([reason]),
+                input: json!({"approval_id": id, "expires_at": expires_at}),
+                decision: json!({"status": "expired"}),
+                policy_revision: None,
+            };
+            chain::append(&mut tx, &event).await?;
+        }
+        tx.commit().await?;
+        let mut rows = Vec::with_capacity(expired.len());
+        for (id, ..) in &expired {
+            if let Some(row) = self.get_approval(id).await? {
+                rows.push(row);
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// Ends a held execution as `denied`, adding `reason` to its reasons.
+async fn deny_execution(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    execution_id: &str,
+    reason: &Reason,
+) -> Result<(), AuditError> {
+    sqlx::query(
+        "UPDATE executions SET status = 'denied', allow = false, \
+         reasons = reasons || $2::jsonb, finished_at = now() \
+         WHERE id = $1 AND status = 'pending_approval'",
+    )
+    .bind(execution_id)
+    .bind(Json(json!([reason])))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

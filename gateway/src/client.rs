@@ -1,0 +1,360 @@
+//! `sandgate exec`: a small client for humans. It creates an execution (`wait: false`), prints
+//! its stdout and stderr as they arrive through `GET /v1/executions/{id}/events`, optionally
+//! downloads its output files, and exits with the program's exit code.
+
+use std::io::Write;
+use std::path::{Component, Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use base64::Engine as _;
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{json, Value};
+
+/// Exit codes for endings that carry no program exit code.
+const EXIT_TIMEOUT: i32 = 124;
+const EXIT_KILLED: i32 = 137;
+const EXIT_CANCELLED: i32 = 130;
+const EXIT_DENIED: i32 = 77;
+const EXIT_ERROR: i32 = 70;
+/// How often a request waiting for human review is looked at again.
+const APPROVAL_POLL: Duration = Duration::from_secs(2);
+
+/// What to run, and where.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    /// `http://host:port` of the gateway.
+    pub url: String,
+    pub key: String,
+    pub language: String,
+    pub code: String,
+    /// Files to upload: (path under /workspace, content).
+    pub files: Vec<(String, Vec<u8>)>,
+    pub network: Vec<(String, u16)>,
+    pub mounts: Vec<String>,
+    pub timeout_ms: Option<u64>,
+    /// Where to download `/output` files to, if anywhere.
+    pub output_dir: Option<PathBuf>,
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Runs one execution; returns the exit code `sandgate exec` should exit with.
+pub async fn exec(
+    request: &ExecRequest,
+    stdout: &mut (dyn Write + Send),
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    let base = request.url.trim_end_matches('/');
+    if !base.starts_with("http://") {
+        bail!("--url must be an http:// URL of the gateway (got {base:?})");
+    }
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut body = json!({
+        "language": request.language,
+        "code": request.code,
+        "files": request.files.iter().map(|(path, content)| {
+            json!({"path": path, "content_b64": b64.encode(content)})
+        }).collect::<Vec<_>>(),
+        "network": request.network.iter().map(|(host, port)| json!({"host": host, "port": port})).collect::<Vec<_>>(),
+        "mounts": request.mounts,
+        "wait": false,
+    });
+    if let Some(timeout_ms) = request.timeout_ms {
+        body["limits"] = json!({ "timeout_ms": timeout_ms });
+    }
+    let (status, created) = call(
+        &client,
+        &request.key,
+        Method::POST,
+        &format!("{base}/v1/executions"),
+        Some(&body),
+    )
+    .await?;
+    if status == StatusCode::FORBIDDEN && created["error"]["code"] == "policy_denied" {
+        writeln!(stderr, "sandgate: denied by policy")?;
+        for reason in created["error"]["reasons"].as_array().into_iter().flatten() {
+            writeln!(
+                stderr,
+                "  {}: {}",
+                reason["code"].as_str().unwrap_or("?"),
+                reason["message"].as_str().unwrap_or("")
+            )?;
+        }
+        return Ok(EXIT_DENIED);
+    }
+    if !status.is_success() {
+        bail!("{}", api_error(status, &created));
+    }
+    let id = created["id"]
+        .as_str()
+        .context("the gateway's answer has no execution id")?
+        .to_owned();
+    writeln!(stderr, "sandgate: execution {id}")?;
+    if created["status"] == "pending_approval" {
+        writeln!(
+            stderr,
+            "sandgate: {id} waits for human review (approval {})",
+            created["approval_id"].as_str().unwrap_or("?")
+        )?;
+        loop {
+            tokio::time::sleep(APPROVAL_POLL).await;
+            let (status, record) = call(
+                &client,
+                &request.key,
+                Method::GET,
+                &format!("{base}/v1/executions/{id}"),
+                None,
+            )
+            .await?;
+            if !status.is_success() {
+                bail!("{}", api_error(status, &record));
+            }
+            if record["status"] != "pending_approval" {
+                break;
+            }
+        }
+    }
+
+    let summary = follow(&client, request, base, &id, stdout, stderr).await?;
+    let ended = summary["status"].as_str().unwrap_or("error").to_owned();
+    if let Some(dir) = &request.output_dir {
+        download_outputs(&client, request, base, &id, dir, stderr).await?;
+    }
+    if summary["stdout_truncated"] == true || summary["stderr_truncated"] == true {
+        writeln!(
+            stderr,
+            "sandgate: output was truncated at the execution's output limit"
+        )?;
+    }
+    Ok(match ended.as_str() {
+        "succeeded" | "failed" => summary["exit_code"]
+            .as_i64()
+            .and_then(|code| i32::try_from(code).ok())
+            .unwrap_or(EXIT_ERROR),
+        other => {
+            writeln!(stderr, "sandgate: execution {id} ended: {other}")?;
+            match other {
+                "timeout" => EXIT_TIMEOUT,
+                "oom" | "killed" => EXIT_KILLED,
+                "cancelled" => EXIT_CANCELLED,
+                "denied" => EXIT_DENIED,
+                _ => EXIT_ERROR,
+            }
+        }
+    })
+}
+
+/// Prints the event stream as it arrives; returns the `exit` event's data.
+async fn follow(
+    client: &HttpClient,
+    request: &ExecRequest,
+    base: &str,
+    id: &str,
+    stdout: &mut (dyn Write + Send),
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<Value> {
+    let response = send(
+        client,
+        &request.key,
+        Method::GET,
+        &format!("{base}/v1/executions/{id}/events"),
+        None,
+    )
+    .await?;
+    let status = response.status();
+    let mut body = response.into_body();
+    if !status.is_success() {
+        let bytes = body.collect().await?.to_bytes();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        bail!("{}", api_error(status, &value));
+    }
+    let mut buffer: Vec<u8> = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.context("reading the event stream")?;
+        let Some(data) = frame.data_ref() else {
+            continue;
+        };
+        buffer.extend_from_slice(data);
+        while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
+            let block: Vec<u8> = buffer.drain(..end + 2).collect();
+            let (name, data) = parse_event(&String::from_utf8_lossy(&block));
+            let Some(data) = data else { continue };
+            match name.as_str() {
+                "stdout" => {
+                    stdout.write_all(data["text"].as_str().unwrap_or("").as_bytes())?;
+                    stdout.flush()?;
+                }
+                "stderr" => {
+                    stderr.write_all(data["text"].as_str().unwrap_or("").as_bytes())?;
+                    stderr.flush()?;
+                }
+                "exit" => return Ok(data),
+                _ => {}
+            }
+        }
+    }
+    bail!("the event stream of {id} ended without an exit event")
+}
+
+fn parse_event(block: &str) -> (String, Option<Value>) {
+    let mut name = String::from("message");
+    let mut data = String::new();
+    for line in block.lines() {
+        if let Some(value) = line.strip_prefix("event:") {
+            name = value.trim().to_owned();
+        } else if let Some(value) = line.strip_prefix("data:") {
+            data.push_str(value.strip_prefix(' ').unwrap_or(value));
+        }
+    }
+    (name, serde_json::from_str(&data).ok())
+}
+
+async fn download_outputs(
+    client: &HttpClient,
+    request: &ExecRequest,
+    base: &str,
+    id: &str,
+    dir: &Path,
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
+    let (status, record) = call(
+        client,
+        &request.key,
+        Method::GET,
+        &format!("{base}/v1/executions/{id}"),
+        None,
+    )
+    .await?;
+    if !status.is_success() {
+        bail!("{}", api_error(status, &record));
+    }
+    for output in record["outputs"].as_array().into_iter().flatten() {
+        let path = output["path"].as_str().unwrap_or_default();
+        // Only plain relative paths are written: the manifest comes from a sandbox.
+        let relative = Path::new(path);
+        if path.is_empty()
+            || !relative
+                .components()
+                .all(|c| matches!(c, Component::Normal(_)))
+        {
+            writeln!(
+                stderr,
+                "sandgate: skipping output {path:?}: not a plain relative path"
+            )?;
+            continue;
+        }
+        let url = format!("{base}/v1/executions/{id}/outputs/{}", encode_path(path));
+        let response = send(client, &request.key, Method::GET, &url, None).await?;
+        if !response.status().is_success() {
+            writeln!(
+                stderr,
+                "sandgate: could not download {path}: HTTP {}",
+                response.status()
+            )?;
+            continue;
+        }
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let target = dir.join(relative);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("creating {}", parent.display()))?;
+        }
+        std::fs::write(&target, &bytes).with_context(|| format!("writing {}", target.display()))?;
+        writeln!(
+            stderr,
+            "sandgate: saved {} ({} bytes)",
+            target.display(),
+            bytes.len()
+        )?;
+    }
+    for skipped in record["outputs_skipped"].as_array().into_iter().flatten() {
+        writeln!(
+            stderr,
+            "sandgate: not collected: {} ({})",
+            skipped["path"].as_str().unwrap_or("?"),
+            skipped["reason"].as_str().unwrap_or("?")
+        )?;
+    }
+    Ok(())
+}
+
+/// Percent-encodes everything but unreserved characters and `/`.
+fn encode_path(path: &str) -> String {
+    path.bytes()
+        .map(|byte| match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {
+                (byte as char).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+async fn send(
+    client: &HttpClient,
+    key: &str,
+    method: Method,
+    url: &str,
+    body: Option<&Value>,
+) -> anyhow::Result<Response<Incoming>> {
+    let bytes = match body {
+        Some(body) => Bytes::from(serde_json::to_vec(body)?),
+        None => Bytes::new(),
+    };
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {key}"))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes))
+        .context("building the request")?;
+    client
+        .request(request)
+        .await
+        .with_context(|| format!("cannot reach the gateway at {url}"))
+}
+
+async fn call(
+    client: &HttpClient,
+    key: &str,
+    method: Method,
+    url: &str,
+    body: Option<&Value>,
+) -> anyhow::Result<(StatusCode, Value)> {
+    let response = send(client, key, method, url, body).await?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await?.to_bytes();
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+fn api_error(status: StatusCode, body: &Value) -> String {
+    format!(
+        "the gateway answered {status}: {} ({})",
+        body["error"]["message"].as_str().unwrap_or("no message"),
+        body["error"]["code"].as_str().unwrap_or("no code")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_parse_and_paths_encode() {
+        let (name, data) = parse_event("event: stdout\ndata: {\"text\":\"hi\\n\"}\n\n");
+        assert_eq!(name, "stdout");
+        assert_eq!(data.unwrap()["text"], "hi\n");
+        assert_eq!(parse_event(": keep-alive\n\n").1, None);
+        assert_eq!(encode_path("a b/c%.png"), "a%20b/c%25.png");
+    }
+}
