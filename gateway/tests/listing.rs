@@ -86,8 +86,37 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
     assert_eq!(input["via"], "api");
     assert_eq!(decision["created_key_id"], id);
 
+    // A named principal is stored with the key and named in its event.
+    let (status, named) = gw
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "reviewer", "tenant": "acme", "principal": "Ana Ruiz"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{named}");
+    assert_eq!(named["principal"], "Ana Ruiz");
+    let stored: (String, Value) = sqlx::query_as(
+        "SELECT k.principal, e.input FROM api_keys k JOIN audit_events e \
+         ON e.kind = 'key.create' AND e.decision ->> 'created_key_id' = k.id WHERE k.id = $1",
+    )
+    .bind(named["id"].as_str().unwrap())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(stored.0, "Ana Ruiz");
+    assert_eq!(stored.1["principal"], "Ana Ruiz");
+    assert_eq!(
+        created["principal"], id,
+        "default principal: the key itself"
+    );
+
     for (body, why) in [
         (json!({"role": "root", "tenant": "acme"}), "unknown role"),
+        (
+            json!({"role": "agent", "tenant": "acme", "principal": ""}),
+            "empty principal",
+        ),
         (json!({"role": "agent", "tenant": "a b"}), "bad tenant name"),
         (json!({"role": "agent", "tenant": ""}), "empty tenant"),
         (
