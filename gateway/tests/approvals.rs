@@ -124,7 +124,7 @@ async fn approved_by_another_principal_runs_as_reviewed() {
     // The reaper closes abandoned queued/running records, never one waiting for review.
     let pool = gw.pool().await;
     AuditStore::new(pool.clone())
-        .close_abandoned(&gw.instance().await, &[], "test sweep")
+        .close_abandoned(&gw.instance().await, |_| false, "test sweep")
         .await
         .unwrap();
     pool.close().await;

@@ -155,7 +155,10 @@ impl App {
                 .scheduler
                 .admit(&approval.tenant.clone().unwrap_or_default())
                 .map_err(|full| AppError::RateLimited(full.to_string()))?;
-            Some((ticket, self.live.track(&approval.execution_id)))
+            let live = self.live.try_track(&approval.execution_id).ok_or_else(|| {
+                AppError::Conflict(format!("approval {id} is being decided by another request"))
+            })?;
+            Some((ticket, live))
         } else {
             None
         };
