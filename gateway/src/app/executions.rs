@@ -441,6 +441,7 @@ impl App {
                 env: sandbox_env(),
                 files: job_files,
                 proxy: None,
+                exit_nonce: None,
             },
         }
     }
@@ -525,10 +526,19 @@ impl App {
         };
         spec.output_dir = Some(area.dir().to_owned());
         let outcome = self.run_with_egress(spec, tenant, network).await;
+        // Collect only from a sandbox confirmed gone: one still running could swap a directory
+        // for a symlink while the gateway walks it.
+        let collectable = matches!(&outcome, Ok(run) if run.removed);
         let mut done = completion(outcome, &id);
         let dest = self.outputs_root.join(&id);
         let collected = tokio::task::spawn_blocking(move || {
-            let collected = area.collect(&dest, budget);
+            let collected = if collectable {
+                area.collect(&dest, budget)
+            } else {
+                Err(std::io::Error::other(
+                    "the sandbox was not confirmed removed; /output not collected",
+                ))
+            };
             if let Err(err) = area.remove() {
                 tracing::warn!(error = %err, "output area left behind for the sweep");
             }
