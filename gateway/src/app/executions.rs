@@ -224,6 +224,13 @@ impl App {
                 row.status
             )));
         }
+        // Only what runs here can be cancelled: anything else is refused before it is recorded.
+        if !self.live.contains(id) {
+            return Err(AppError::Conflict(format!(
+                "execution {id} is {} and not running on this gateway",
+                row.status
+            )));
+        }
         let event = NewEvent {
             kind: "execution.cancel",
             execution_id: Some(id.to_owned()),
