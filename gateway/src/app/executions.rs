@@ -453,6 +453,57 @@ impl App {
         }
     }
 
+    /// Whether a decision made runnable earlier (and reviewed since) still fits this gateway's
+    /// configuration, which may have changed while it waited (a restart, a lowered ceiling, a
+    /// removed backend, image or dataset). What was reviewed is never silently changed: a
+    /// mismatch is refused, and the reviewer can reject or the agent ask again.
+    pub(super) fn still_runnable(&self, runnable: &Runnable) -> Result<(), String> {
+        let runtime_ok = self
+            .config
+            .backends
+            .get(&runnable.backend)
+            .is_some_and(|backend| backend.runtime == runnable.runtime);
+        if !runtime_ok {
+            return Err(format!(
+                "backend {:?} (runtime {:?}) is no longer configured",
+                runnable.backend, runnable.runtime
+            ));
+        }
+        if !self
+            .config
+            .images
+            .values()
+            .any(|image| image == &runnable.image)
+        {
+            return Err(format!(
+                "image {:?} is no longer configured",
+                runnable.image
+            ));
+        }
+        let mut limits = runnable.limits.clone();
+        clamp(&mut limits, &self.config.ceilings);
+        if limits != runnable.limits {
+            return Err("the configured ceilings are now lower than the reviewed limits".into());
+        }
+        for mount in &runnable.mounts {
+            if !self
+                .config
+                .datasets
+                .values()
+                .any(|d| d.path == mount.source)
+            {
+                return Err(format!(
+                    "the dataset mounted at {} is no longer configured",
+                    mount.target
+                ));
+            }
+        }
+        if runnable.network.is_some() && self.egress.is_none() {
+            return Err("the egress proxy is not running".into());
+        }
+        Ok(())
+    }
+
     /// Runs a stored, approved execution with its reviewed decision, through the queue.
     pub(super) fn launch_reviewed(
         self: &Arc<Self>,
