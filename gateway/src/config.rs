@@ -122,6 +122,9 @@ impl Default for Config {
     }
 }
 
+/// Longest a request may wait for a reviewer: 30 days.
+const MAX_APPROVAL_TTL_S: u64 = 30 * 24 * 3600;
+
 /// Keys that can be set from the environment, and whether the value is taken verbatim (text)
 /// or parsed as YAML (numbers, maps).
 const ENV_KEYS: &[(&str, EnvValue)] = &[
@@ -199,8 +202,10 @@ impl Config {
         if self.max_concurrent == 0 {
             return invalid("max_concurrent must be at least 1".to_owned());
         }
-        if self.approval_ttl_s == 0 {
-            return invalid("approval_ttl_s must be at least 1".to_owned());
+        if self.approval_ttl_s == 0 || self.approval_ttl_s > MAX_APPROVAL_TTL_S {
+            return invalid(format!(
+                "approval_ttl_s must be between 1 and {MAX_APPROVAL_TTL_S} (30 days)"
+            ));
         }
         if self.backends.is_empty() {
             return invalid("at least one backend must be configured".to_owned());

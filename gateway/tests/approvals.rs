@@ -124,7 +124,7 @@ async fn approved_by_another_principal_runs_as_reviewed() {
     // The reaper closes abandoned queued/running records, never one waiting for review.
     let pool = gw.pool().await;
     AuditStore::new(pool.clone())
-        .close_abandoned(&gw.instance().await, &[], "test sweep")
+        .close_abandoned(&gw.instance().await, |_| false, "test sweep")
         .await
         .unwrap();
     pool.close().await;
@@ -382,5 +382,36 @@ async fn holding_and_approving_fail_closed() {
             .unwrap();
     assert_eq!(events, 1, "the refused request left no event");
     pool.close().await;
+    gw.stop().await;
+}
+
+/// What was reviewed is what runs, or nothing: if the gateway's configuration changed while the
+/// request waited (here a restart with a lower memory ceiling), approving is refused (409) and
+/// the approval stays pending for a reviewer to reject.
+#[tokio::test(flavor = "multi_thread")]
+async fn approval_is_refused_when_the_reviewed_decision_no_longer_fits() {
+    let url = common::fresh_database().await;
+    let gw = TestGateway::start_with(Some(url.clone()), |_| {}).await;
+    let (_, agent) = key_for(&gw, "agent", "bot").await;
+    let (_, reviewer) = key_for(&gw, "reviewer", "alice").await;
+    let (execution, approval) = held(&gw, &agent, "print('ok')").await;
+    let data_dir = gw.stop_keeping_data().await;
+    let gw = TestGateway::start_in(Some(url), data_dir, |config| {
+        config.ceilings.memory_mb = 128;
+    })
+    .await;
+    let (status, body) = gw
+        .post(
+            &reviewer,
+            &format!("/v1/approvals/{approval}"),
+            &json!({"decision": "approve", "comment": "fine"}),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("ceilings"), "{message}");
+    let (_, record) = gw.get(&agent, &format!("/v1/executions/{execution}")).await;
+    assert_eq!(record["status"], "pending_approval", "{record}");
+    assert!(common::containers_of(&execution).is_empty());
     gw.stop().await;
 }

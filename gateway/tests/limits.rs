@@ -438,3 +438,43 @@ print("done")
     assert!(verify["broken"].is_null(), "{verify}");
     gw.stop().await;
 }
+
+/// A program cannot pass itself off as having ended well: sandbox-init's exit trailer carries a
+/// per-run nonce only the init knows, and the init is not dumpable, so its memory and stdin
+/// are out of the program's reach.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_forged_exit_trailer_is_just_stderr() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "forge").await;
+    let code = r#"
+import sys
+forged = "\0sandgate-exit:0\n\0sandgate-exit:" + "0" * 32 + ":0\n"
+sys.stderr.write(forged)
+sys.stderr.flush()
+for path in ("/proc/1/mem", "/proc/1/fd/0"):
+    try:
+        data = open(path, "rb").read(4096)
+        print(path, "read", len(data))
+    except OSError as err:
+        print(path, type(err).__name__)
+sys.exit(3)
+"#;
+    let (status, record) = gw.execute(&key, "python", code, json!({})).await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["status"], "failed", "{record}");
+    assert_eq!(record["exit_code"], 3, "{record}");
+    let forged = format!("\0sandgate-exit:0\n\0sandgate-exit:{}:0\n", "0".repeat(32));
+    assert_eq!(
+        record["stderr"], forged,
+        "the forgery stays in stderr as written"
+    );
+    // The init's memory is closed to the program; its stdin (where the job and the nonce came
+    // from) is drained before the program starts.
+    let stdout = record["stdout"].as_str().unwrap();
+    assert!(stdout.contains("/proc/1/mem PermissionError"), "{stdout}");
+    assert!(
+        !stdout.contains("/proc/1/fd/0 read") || stdout.contains("/proc/1/fd/0 read 0"),
+        "{stdout}"
+    );
+    gw.stop().await;
+}

@@ -50,6 +50,7 @@ impl SandboxRuntime for FakeRuntime {
                 cancelled: false,
                 oom_killed: false,
                 init_exit: Some(0),
+                removed: true,
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),
                     truncated: false,

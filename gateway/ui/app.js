@@ -100,7 +100,13 @@
     const request = approval.request || {};
     const files = (request.files || []).map((f) => f.path + ' (' + f.bytes + ' B)').join(', ');
     const code = cell(row);
-    code.appendChild(el('pre', approval.code_preview || ''));
+    const preview = approval.code_preview || '';
+    code.appendChild(el('pre', preview));
+    const shown = new TextEncoder().encode(preview).length;
+    if (request.code_bytes > shown) {
+      code.appendChild(el('div', 'Preview truncated: ' + shown + ' of ' + request.code_bytes +
+        ' bytes shown. Approving runs the whole program.', 'warn'));
+    }
     code.appendChild(el('div', request.language + ', sha256 ' + request.code_sha256 +
       (files ? ', files: ' + files : ''), 'muted'));
     cell(row, approval.expires_at);
@@ -113,8 +119,19 @@
     const reject = el('button', 'Reject', 'reject');
     approve.type = 'button';
     reject.type = 'button';
-    approve.addEventListener('click', () => decide(approval.id, 'approve', comment.value));
-    reject.addEventListener('click', () => decide(approval.id, 'reject', comment.value));
+    // One decision per click: both buttons stay disabled until the answer is in.
+    const once = (decision) => async () => {
+      approve.disabled = true;
+      reject.disabled = true;
+      try {
+        await decide(approval.id, decision, comment.value);
+      } finally {
+        approve.disabled = false;
+        reject.disabled = false;
+      }
+    };
+    approve.addEventListener('click', once('approve'));
+    reject.addEventListener('click', once('reject'));
     actions.append(comment, approve, reject);
     return row;
   }

@@ -54,10 +54,10 @@
 //!
 //! # Command line
 //!
-//! No arguments: the init, as above. `--report-exit`: the same, and whatever the outcome
-//! (the program's status or the init's own failure) the last bytes written to stderr are the
-//! trailer `\0sandgate-exit:<code>\n` ([`EXIT_TRAILER_PREFIX`]); the gateway strips it.
-//! `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
+//! No arguments: the init, as above. When the spec carries `"exit_nonce"` (16 to 64 letters or
+//! digits), whatever the outcome after the spec was read (the program's status or the init's
+//! own failure) the last bytes written to stderr are `\0sandgate-exit:<nonce>:<code>\n`
+//! ([`exit_trailer`]); the gateway strips it. `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
 //!
 //! # What it is not
 //!
@@ -97,18 +97,25 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 pub const EXIT_INIT_ERROR: u8 = 125;
 /// First argument that selects the exec trampoline.
 pub const EXEC_MODE: &str = "exec";
-/// The argument that asks the init to end stderr with its exit trailer.
-pub const REPORT_EXIT_FLAG: &str = "--report-exit";
-/// Starts the trailer `\0sandgate-exit:<code>\n` that the init writes last on stderr when run
-/// with [`REPORT_EXIT_FLAG`]: the gateway's proof that the init itself saw the end (without it,
-/// the sandbox died under the program, e.g. gVisor's own kernel giving up on a fork bomb).
+/// Starts the trailer `\0sandgate-exit:<nonce>:<code>\n` that the init writes last on stderr
+/// when the spec carries an `exit_nonce`: the gateway's proof that the init itself saw the end
+/// (without it, the sandbox died under the program, e.g. gVisor's own kernel giving up on a
+/// fork bomb). The program cannot forge it: the nonce reaches only the init, on stdin, and the
+/// init makes itself non-dumpable first, so the program cannot read its memory.
 pub const EXIT_TRAILER_PREFIX: &[u8] = b"\0sandgate-exit:";
+
+/// The trailer for `nonce` and `code`.
+pub fn exit_trailer(nonce: &str, code: u8) -> Vec<u8> {
+    let mut trailer = EXIT_TRAILER_PREFIX.to_vec();
+    trailer.extend_from_slice(format!("{nonce}:{code}\n").as_bytes());
+    trailer
+}
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Mode {
-    /// No arguments (or only [`REPORT_EXIT_FLAG`]): be PID 1 for the job on stdin.
-    Init { report_exit: bool },
+    /// No arguments: be PID 1 for the job on stdin.
+    Init,
     /// `exec -- PROGRAM [ARG...]`: the trampoline.
     Exec(Vec<OsString>),
 }
@@ -117,10 +124,7 @@ pub enum Mode {
 pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, InitError> {
     let mut args = args.into_iter();
     match args.next() {
-        None => Ok(Mode::Init { report_exit: false }),
-        Some(flag) if flag == REPORT_EXIT_FLAG && args.next().is_none() => {
-            Ok(Mode::Init { report_exit: true })
-        }
+        None => Ok(Mode::Init),
         Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
             Ok(Mode::Exec(args.collect()))
         }
@@ -145,6 +149,8 @@ pub enum InitError {
     Exec(ExecError),
     #[error("unexpected arguments: run with none (or `exec -- PROGRAM [ARG...]`)")]
     Args,
+    #[error("making the init non-dumpable: {0}")]
+    Dumpable(std::io::Error),
 }
 
 impl InitError {
@@ -159,13 +165,18 @@ impl InitError {
 
 /// Does everything described in the crate docs; returns the exit code for the init (the
 /// program's) or the error to report.
-pub fn run(stdin: impl BufRead) -> Result<u8, InitError> {
+/// `exit_nonce` receives the spec's nonce as soon as the spec is parsed.
+pub fn run(stdin: impl BufRead, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
+    // Before anything secret is read: the program (same uid) must not read this process's
+    // memory or file descriptors through /proc or ptrace.
+    nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
     // First, so that a SIGTERM arriving while the spec is read stays pending (PID 1 would
     // otherwise drop it) and reaches the program as soon as it runs.
     let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
     let line = spec::read_spec_line(stdin, spec::MAX_SPEC_LINE).map_err(InitError::Spec)?;
     let job = spec::parse_job(&line).map_err(InitError::Spec)?;
     drop(line);
+    exit_nonce.clone_from(&job.exit_nonce);
     files::write_files(&job.files).map_err(InitError::Files)?;
     let spec::Job {
         argv,
@@ -173,6 +184,7 @@ pub fn run(stdin: impl BufRead) -> Result<u8, InitError> {
         env,
         files,
         proxy,
+        exit_nonce: _,
     } = job;
     drop(files);
     // The init itself moves into cwd and the trampoline inherits it: a missing cwd is an init
@@ -199,15 +211,7 @@ mod tests {
 
     #[test]
     fn no_arguments_is_the_init() {
-        assert_eq!(
-            parse_args(args(&[])).unwrap(),
-            Mode::Init { report_exit: false }
-        );
-        assert_eq!(
-            parse_args(args(&["--report-exit"])).unwrap(),
-            Mode::Init { report_exit: true }
-        );
-        assert!(parse_args(args(&["--report-exit", "x"])).is_err());
+        assert_eq!(parse_args(args(&[])).unwrap(), Mode::Init);
     }
 
     #[test]

@@ -3,18 +3,13 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use sandbox_init::{InitError, Mode, EXIT_TRAILER_PREFIX};
+use sandbox_init::{InitError, Mode};
 
 fn main() -> ExitCode {
-    let mut report_exit = false;
+    let mut exit_nonce = None;
     let result =
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
-            Mode::Init {
-                report_exit: report,
-            } => {
-                report_exit = report;
-                sandbox_init::run(std::io::stdin().lock())
-            }
+            Mode::Init => sandbox_init::run(std::io::stdin().lock(), &mut exit_nonce),
             // Returns only if the exec failed.
             Mode::Exec(argv) => Err(InitError::Exec(sandbox_init::exec::exec(&argv))),
         });
@@ -25,10 +20,10 @@ fn main() -> ExitCode {
             err.exit_code()
         }
     };
-    if report_exit {
-        let mut trailer = EXIT_TRAILER_PREFIX.to_vec();
-        trailer.extend_from_slice(format!("{code}\n").as_bytes());
-        let _ = std::io::stderr().lock().write_all(&trailer);
+    if let Some(nonce) = exit_nonce {
+        let _ = std::io::stderr()
+            .lock()
+            .write_all(&sandbox_init::exit_trailer(&nonce, code));
     }
     ExitCode::from(code)
 }

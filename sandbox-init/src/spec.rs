@@ -46,6 +46,8 @@ struct WireJob<'a> {
     files: Vec<WireFile<'a>>,
     #[serde(default)]
     proxy: Option<WireProxy>,
+    #[serde(default)]
+    exit_nonce: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +73,9 @@ pub struct Job {
     pub files: Vec<JobFile>,
     /// The proxy bridge to start before the program; `None`: no bridge.
     pub proxy: Option<Proxy>,
+    /// With it, the init's last stderr bytes are `\0sandgate-exit:<nonce>:<code>\n`: the
+    /// gateway's proof that the init saw the end. The program never sees the nonce.
+    pub exit_nonce: Option<String>,
 }
 
 /// One file to create: path validated by [`validate_file_path`], content decoded.
@@ -115,7 +120,13 @@ pub enum SpecError {
     ProxyListen { listen: String, reason: ListenError },
     #[error("proxy socket \"{socket}\": {reason}")]
     ProxySocket { socket: String, reason: PathError },
+    #[error("exit_nonce must be {MIN_NONCE} to {MAX_NONCE} ASCII letters or digits")]
+    ExitNonce,
 }
+
+/// Bounds on `exit_nonce`.
+pub const MIN_NONCE: usize = 16;
+pub const MAX_NONCE: usize = 64;
 
 /// Why a path was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Error)]
@@ -181,12 +192,20 @@ pub fn parse_job(line: &[u8]) -> Result<Job, SpecError> {
         .map(decode_file)
         .collect::<Result<Vec<_>, _>>()?;
     let proxy = wire.proxy.map(proxy::validate).transpose()?;
+    if let Some(nonce) = &wire.exit_nonce {
+        let plain = (MIN_NONCE..=MAX_NONCE).contains(&nonce.len())
+            && nonce.bytes().all(|byte| byte.is_ascii_alphanumeric());
+        if !plain {
+            return Err(SpecError::ExitNonce);
+        }
+    }
     Ok(Job {
         argv: wire.argv,
         cwd,
         env: wire.env,
         files,
         proxy,
+        exit_nonce: wire.exit_nonce,
     })
 }
 

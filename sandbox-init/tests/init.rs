@@ -84,37 +84,40 @@ fn passes_output_through_and_returns_the_exit_status() {
 }
 
 #[test]
-fn report_exit_ends_stderr_with_the_trailer_even_when_the_init_fails() {
-    let report = |spec: &str| {
-        let mut init = Command::new(INIT)
-            .arg("--report-exit")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        send_spec(&mut init, spec);
-        init.wait_with_output().unwrap()
-    };
+fn exit_nonce_ends_stderr_with_the_trailer_even_when_the_init_fails() {
+    let nonce = "0123456789abcdefABCDEF";
     let dir = tmp();
-    let out = report(&script_spec(dir.path(), "echo out; echo err >&2; exit 3"));
+    let mut spec: serde_json::Value =
+        serde_json::from_str(&script_spec(dir.path(), "echo out; echo err >&2; exit 3")).unwrap();
+    spec["exit_nonce"] = json!(nonce);
+    let out = run(&spec.to_string());
     assert_eq!(out.status.code(), Some(3));
     assert_eq!(text(&out.stdout), "out\n", "nothing added to stdout");
-    assert_eq!(out.stderr, b"err\n\0sandgate-exit:3\n");
-    // The init's own failure (a bad spec) still ends with the trailer, carrying its code.
-    let out = report("not json");
-    assert_eq!(out.status.code(), Some(125));
+    assert_eq!(
+        out.stderr,
+        format!("err\n\0sandgate-exit:{nonce}:3\n").into_bytes()
+    );
+    // The init's own failure after the spec was read still ends with the trailer.
+    spec["argv"] = json!(["/nonexistent/program"]);
+    let out = run(&spec.to_string());
+    let code = out.status.code().unwrap();
+    assert!(code >= 125, "{code}");
     assert!(
         out.stderr.starts_with(b"sandgate-init: "),
         "{}",
         text(&out.stderr)
     );
     assert!(
-        out.stderr.ends_with(b"\0sandgate-exit:125\n"),
+        out.stderr
+            .ends_with(format!("\0sandgate-exit:{nonce}:{code}\n").as_bytes()),
         "{}",
         text(&out.stderr)
     );
-    // Without the flag there is no trailer (see the other tests).
+    // A nonce that is not plain letters and digits is a spec error (and so no trailer).
+    spec["exit_nonce"] = json!("short");
+    let out = run(&spec.to_string());
+    assert_eq!(out.status.code(), Some(125));
+    assert!(!out.stderr.contains(&0), "{}", text(&out.stderr));
 }
 
 #[test]

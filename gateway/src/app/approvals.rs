@@ -147,6 +147,20 @@ impl App {
         self.refuse_self_review(caller, &approval, review.decision)
             .await?;
         let approve = review.decision == ReviewDecision::Approve;
+        if approve {
+            let runnable: Runnable = approval
+                .runnable
+                .as_ref()
+                .and_then(|value| serde_json::from_value(value.0.clone()).ok())
+                .ok_or_else(|| {
+                    AppError::Internal(format!("approval {id}: stored decision unreadable"))
+                })?;
+            self.still_runnable(&runnable).map_err(|why| {
+                AppError::Conflict(format!(
+                    "approval {id} cannot run as reviewed: {why}; reject it and ask again"
+                ))
+            })?;
+        }
         // A slot in the queue and a place in the live set before the approval commits: a full
         // queue refuses (429) with the approval still pending, and the reaper never closes the
         // run between the commit and its start.
@@ -155,7 +169,10 @@ impl App {
                 .scheduler
                 .admit(&approval.tenant.clone().unwrap_or_default())
                 .map_err(|full| AppError::RateLimited(full.to_string()))?;
-            Some((ticket, self.live.track(&approval.execution_id)))
+            let live = self.live.try_track(&approval.execution_id).ok_or_else(|| {
+                AppError::Conflict(format!("approval {id} is being decided by another request"))
+            })?;
+            Some((ticket, live))
         } else {
             None
         };

@@ -224,6 +224,13 @@ impl App {
                 row.status
             )));
         }
+        // Only what runs here can be cancelled: anything else is refused before it is recorded.
+        if !self.live.contains(id) {
+            return Err(AppError::Conflict(format!(
+                "execution {id} is {} and not running on this gateway",
+                row.status
+            )));
+        }
         let event = NewEvent {
             kind: "execution.cancel",
             execution_id: Some(id.to_owned()),
@@ -441,8 +448,60 @@ impl App {
                 env: sandbox_env(),
                 files: job_files,
                 proxy: None,
+                exit_nonce: None,
             },
         }
+    }
+
+    /// Whether a decision made runnable earlier (and reviewed since) still fits this gateway's
+    /// configuration, which may have changed while it waited (a restart, a lowered ceiling, a
+    /// removed backend, image or dataset). What was reviewed is never silently changed: a
+    /// mismatch is refused, and the reviewer can reject or the agent ask again.
+    pub(super) fn still_runnable(&self, runnable: &Runnable) -> Result<(), String> {
+        let runtime_ok = self
+            .config
+            .backends
+            .get(&runnable.backend)
+            .is_some_and(|backend| backend.runtime == runnable.runtime);
+        if !runtime_ok {
+            return Err(format!(
+                "backend {:?} (runtime {:?}) is no longer configured",
+                runnable.backend, runnable.runtime
+            ));
+        }
+        if !self
+            .config
+            .images
+            .values()
+            .any(|image| image == &runnable.image)
+        {
+            return Err(format!(
+                "image {:?} is no longer configured",
+                runnable.image
+            ));
+        }
+        let mut limits = runnable.limits.clone();
+        clamp(&mut limits, &self.config.ceilings);
+        if limits != runnable.limits {
+            return Err("the configured ceilings are now lower than the reviewed limits".into());
+        }
+        for mount in &runnable.mounts {
+            if !self
+                .config
+                .datasets
+                .values()
+                .any(|d| d.path == mount.source)
+            {
+                return Err(format!(
+                    "the dataset mounted at {} is no longer configured",
+                    mount.target
+                ));
+            }
+        }
+        if runnable.network.is_some() && self.egress.is_none() {
+            return Err("the egress proxy is not running".into());
+        }
+        Ok(())
     }
 
     /// Runs a stored, approved execution with its reviewed decision, through the queue.
@@ -525,10 +584,19 @@ impl App {
         };
         spec.output_dir = Some(area.dir().to_owned());
         let outcome = self.run_with_egress(spec, tenant, network).await;
+        // Collect only from a sandbox confirmed gone: one still running could swap a directory
+        // for a symlink while the gateway walks it.
+        let collectable = matches!(&outcome, Ok(run) if run.removed);
         let mut done = completion(outcome, &id);
         let dest = self.outputs_root.join(&id);
         let collected = tokio::task::spawn_blocking(move || {
-            let collected = area.collect(&dest, budget);
+            let collected = if collectable {
+                area.collect(&dest, budget)
+            } else {
+                Err(std::io::Error::other(
+                    "the sandbox was not confirmed removed; /output not collected",
+                ))
+            };
             if let Err(err) = area.remove() {
                 tracing::warn!(error = %err, "output area left behind for the sweep");
             }

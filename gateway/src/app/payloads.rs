@@ -109,15 +109,22 @@ impl App {
         if ids.is_empty() {
             return Ok(0);
         }
-        for id in &ids {
-            let dir = self.outputs_root.join(id);
-            if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
-                if err.kind() != std::io::ErrorKind::NotFound {
+        // Only what is really gone is marked purged; the rest is tried again next sweep.
+        let mut purged = Vec::with_capacity(ids.len());
+        for id in ids {
+            let dir = self.outputs_root.join(&id);
+            match tokio::fs::remove_dir_all(&dir).await {
+                Ok(()) => purged.push(id),
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => purged.push(id),
+                Err(err) => {
                     tracing::warn!(execution_id = %id, error = %err, "could not remove outputs");
-                    continue;
                 }
             }
         }
+        if purged.is_empty() {
+            return Ok(0);
+        }
+        let ids = purged;
         let event = NewEvent {
             kind: "retention.purge",
             execution_id: None,

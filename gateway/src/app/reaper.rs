@@ -25,28 +25,60 @@ const ABANDONED: &str =
 struct Live {
     deadline: Option<Instant>,
     cancel: CancellationToken,
+    /// Which guard owns the entry.
+    generation: u64,
+}
+
+impl Live {
+    fn new(cancel: &CancellationToken, generation: u64) -> Live {
+        Live {
+            deadline: None,
+            cancel: cancel.clone(),
+            generation,
+        }
+    }
 }
 
 /// Executions this process is running.
 #[derive(Debug, Default)]
 pub struct LiveSet {
     inner: Mutex<HashMap<String, Live>>,
+    generations: std::sync::atomic::AtomicU64,
 }
 
 impl LiveSet {
-    /// Tracks `id` until the returned guard is dropped.
+    /// Tracks `id` (a fresh execution id) until the returned guard is dropped.
     pub fn track(self: &Arc<Self>, id: &str) -> LiveGuard {
-        let cancel = CancellationToken::new();
-        let live = Live {
-            deadline: None,
-            cancel: cancel.clone(),
-        };
-        self.lock().insert(id.to_owned(), live);
+        let guard = self.guard(id);
+        self.lock()
+            .insert(id.to_owned(), Live::new(&guard.cancel, guard.generation));
+        guard
+    }
+
+    fn guard(self: &Arc<Self>, id: &str) -> LiveGuard {
         LiveGuard {
             set: Arc::clone(self),
             id: id.to_owned(),
-            cancel,
+            cancel: CancellationToken::new(),
+            generation: self
+                .generations
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         }
+    }
+
+    /// Tracks `id` unless something already does (two approvals of one request at once):
+    /// `None` then, and the existing entry is left alone.
+    pub fn try_track(self: &Arc<Self>, id: &str) -> Option<LiveGuard> {
+        let guard = self.guard(id);
+        let mut set = self.lock();
+        if set.contains_key(id) {
+            drop(set);
+            // Dropping `guard` leaves the existing entry alone: its generation differs.
+            return None;
+        }
+        set.insert(id.to_owned(), Live::new(&guard.cancel, guard.generation));
+        drop(set);
+        Some(guard)
     }
 
     /// Cancels a live execution; false if it is not running here.
@@ -68,11 +100,9 @@ impl LiveSet {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn deadlines(&self) -> HashMap<String, Option<Instant>> {
-        self.lock()
-            .iter()
-            .map(|(id, live)| (id.clone(), live.deadline))
-            .collect()
+    /// `None`: not tracked; `Some(None)`: tracked, its sandbox not started yet.
+    fn deadline(&self, id: &str) -> Option<Option<Instant>> {
+        self.lock().get(id).map(|live| live.deadline)
     }
 }
 
@@ -82,6 +112,7 @@ pub struct LiveGuard {
     set: Arc<LiveSet>,
     id: String,
     cancel: CancellationToken,
+    generation: u64,
 }
 
 impl LiveGuard {
@@ -97,8 +128,15 @@ impl LiveGuard {
 }
 
 impl Drop for LiveGuard {
+    /// Removes the entry only if it is still this guard's.
     fn drop(&mut self) {
-        self.set.lock().remove(&self.id);
+        let mut set = self.set.lock();
+        if set
+            .get(&self.id)
+            .is_some_and(|live| live.generation == self.generation)
+        {
+            set.remove(&self.id);
+        }
     }
 }
 
@@ -136,15 +174,16 @@ pub struct SweepReport {
 
 pub async fn sweep(app: &App) -> SweepReport {
     let mut report = SweepReport::default();
-    let live = app.live.deadlines();
     match app.runtime.list().await {
         Ok(sandboxes) => {
             for sandbox in sandboxes {
                 if sandbox.instance.as_deref() != Some(app.instance.as_str()) {
                     continue;
                 }
-                let keep = match live.get(&sandbox.execution_id) {
-                    Some(Some(deadline)) => Instant::now() < *deadline + GRACE,
+                // Asked now, after the listing: a sandbox is created only once its execution
+                // is tracked, so one that is listed and not tracked has no owner.
+                let keep = match app.live.deadline(&sandbox.execution_id) {
+                    Some(Some(deadline)) => Instant::now() < deadline + GRACE,
                     Some(None) => true,
                     None => false,
                 };
@@ -163,10 +202,9 @@ pub async fn sweep(app: &App) -> SweepReport {
         }
         Err(err) => tracing::warn!(error = %err, "reaper cannot list sandboxes"),
     }
-    let live_ids: Vec<String> = live.into_keys().collect();
     match app
         .audit
-        .close_abandoned(&app.instance, &live_ids, ABANDONED)
+        .close_abandoned(&app.instance, |id| app.live.contains(id), ABANDONED)
         .await
     {
         Ok(closed) => report.records = closed,

@@ -21,9 +21,18 @@ pub enum StreamEvent {
     Exit(serde_json::Value),
 }
 
+/// Most output events one stream holds: a program writing one byte at a time, alternating
+/// stdout and stderr, would otherwise cost an allocation per byte. Past it the live stream
+/// stops carrying output (the record still has all of it) and its `exit` event says so.
+const MAX_EVENTS: usize = 65_536;
+/// Most events handed to a subscriber at once.
+const MAX_BATCH: usize = 1024;
+
 #[derive(Debug, Default)]
 struct State {
     events: Vec<StreamEvent>,
+    /// Output was left out of the stream at [`MAX_EVENTS`].
+    lossy: bool,
     /// Bytes of an incomplete UTF-8 sequence held back, per stream (stdout, stderr).
     pending: [Vec<u8>; 2],
     closed: bool,
@@ -58,7 +67,11 @@ impl Stream {
             Channel::Stderr => 1,
         };
         let mut state = self.lock();
-        if state.closed {
+        if state.closed || state.lossy {
+            return;
+        }
+        if state.events.len() >= MAX_EVENTS {
+            state.lossy = true;
             return;
         }
         let pending = &mut state.pending[index];
@@ -78,10 +91,14 @@ impl Stream {
     }
 
     /// Ends the stream with the final record's summary (held-back bytes are flushed first).
-    pub fn close(&self, exit: serde_json::Value) {
+    pub fn close(&self, mut exit: serde_json::Value) {
         let mut state = self.lock();
         if state.closed {
             return;
+        }
+        if state.lossy {
+            exit["stream_truncated"] = serde_json::Value::Bool(true);
+            state.pending = Default::default();
         }
         for (index, channel) in [(0, Channel::Stdout), (1, Channel::Stderr)] {
             let rest = std::mem::take(&mut state.pending[index]);
@@ -107,7 +124,8 @@ impl Stream {
             {
                 let state = self.lock();
                 if from < state.events.len() {
-                    return Some(state.events[from..].to_vec());
+                    let to = state.events.len().min(from + MAX_BATCH);
+                    return Some(state.events[from..to].to_vec());
                 }
                 if state.closed {
                     return None;
@@ -216,6 +234,26 @@ mod tests {
             })
             .collect();
         assert_eq!(joined, String::from_utf8_lossy(&[b'a', 0xE2, 0x86]));
+    }
+
+    #[test]
+    fn event_count_is_bounded_and_the_end_says_so() {
+        let stream = Stream::default();
+        for i in 0..(MAX_EVENTS + 100) {
+            let channel = if i % 2 == 0 {
+                Channel::Stdout
+            } else {
+                Channel::Stderr
+            };
+            stream.append(channel, b"x");
+        }
+        stream.close(serde_json::json!({"status": "succeeded"}));
+        let state = stream.lock();
+        assert_eq!(state.events.len(), MAX_EVENTS + 1);
+        match state.events.last() {
+            Some(StreamEvent::Exit(exit)) => assert_eq!(exit["stream_truncated"], true),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[tokio::test]

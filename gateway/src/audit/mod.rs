@@ -335,20 +335,30 @@ impl AuditStore {
     /// `live`, each with an `execution.reaped` audit event in the same transaction. Returns how
     /// many. `pending_approval` records are never closed here: they wait for a reviewer or
     /// their expiry (`app::approvals`), whatever happens to the gateway meanwhile.
+    /// Closes this instance's `queued`/`running` records that `is_live` says nothing runs any
+    /// more, as `error` with `why`, each with an `execution.reaped` event. Liveness is asked
+    /// about rows already locked here, so a run that starts meanwhile is never closed (it is
+    /// tracked before its row is committed, so a row seen here is tracked unless it ended).
     pub async fn close_abandoned(
         &self,
         instance: &str,
-        live: &[String],
+        is_live: impl Fn(&str) -> bool,
         why: &str,
     ) -> Result<u64, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let closed: Vec<(String, String)> = sqlx::query_as(
-            "UPDATE executions SET status = 'error', error = $3, finished_at = now() \
-             WHERE instance = $1 AND finished_at IS NULL AND status IN ('queued', 'running') \
-             AND NOT (id = ANY($2)) RETURNING id, tenant",
+        let candidates: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM executions WHERE instance = $1 AND finished_at IS NULL \
+             AND status IN ('queued', 'running') FOR UPDATE SKIP LOCKED",
         )
         .bind(instance)
-        .bind(live)
+        .fetch_all(&mut *tx)
+        .await?;
+        let abandoned: Vec<String> = candidates.into_iter().filter(|id| !is_live(id)).collect();
+        let closed: Vec<(String, String)> = sqlx::query_as(
+            "UPDATE executions SET status = 'error', error = $2, finished_at = now() \
+             WHERE id = ANY($1) RETURNING id, tenant",
+        )
+        .bind(&abandoned)
         .bind(why)
         .fetch_all(&mut *tx)
         .await?;

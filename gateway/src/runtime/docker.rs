@@ -76,9 +76,16 @@ impl DockerRuntime {
             docker.create_container(Some(options), container_body(&spec)),
         )
         .await?;
-        let outcome = attach_start_wait(docker, &name, &spec).await;
-        if let Err(err) = cleanup::remove(docker, &name).await {
-            tracing::error!(container = %name, error = %err, "container left behind for the reaper");
+        let mut outcome = attach_start_wait(docker, &name, &spec).await;
+        match cleanup::remove(docker, &name).await {
+            Ok(()) => {
+                if let Ok(run) = &mut outcome {
+                    run.removed = true;
+                }
+            }
+            Err(err) => {
+                tracing::error!(container = %name, error = %err, "container left behind for the reaper");
+            }
         }
         outcome
     }
@@ -170,7 +177,7 @@ fn container_body(spec: &SandboxSpec) -> ContainerCreateBody {
     };
     ContainerCreateBody {
         image: Some(spec.image.clone()),
-        entrypoint: Some(vec![INIT_PATH.to_owned(), "--report-exit".to_owned()]),
+        entrypoint: Some(vec![INIT_PATH.to_owned()]),
         cmd: Some(vec![]),
         user: Some(SANDBOX_USER.to_owned()),
         working_dir: Some(spec.job.cwd.clone()),
@@ -249,7 +256,11 @@ async fn attach_start_wait(
     .await?;
     let mut input = attached.input;
     let mut output = attached.output;
-    let job = serde_json::to_vec(&spec.job).map_err(|err| RuntimeError::Docker {
+    // A fresh secret per run authenticates sandbox-init's exit trailer.
+    let nonce = hex::encode(rand::random::<[u8; 16]>());
+    let mut job = spec.job.clone();
+    job.exit_nonce = Some(nonce.clone());
+    let job = serde_json::to_vec(&job).map_err(|err| RuntimeError::Docker {
         operation: "encode job",
         message: err.to_string(),
     })?;
@@ -261,7 +272,7 @@ async fn attach_start_wait(
     let cap = usize::try_from(spec.limits.output_bytes).unwrap_or(usize::MAX);
     let mut stdout = CappedOutput::default();
     let mut stderr = CappedOutput::default();
-    let mut trailer = ExitTrailer::default();
+    let mut trailer = ExitTrailer::new(&nonce);
     let mut init_exit = None;
     let run = async {
         // A program that never reads stdin must not stall the hand-over: errors here show up
@@ -351,6 +362,7 @@ async fn attach_start_wait(
         } else {
             init_exit
         },
+        removed: false,
         stdout,
         stderr,
         started_at,

@@ -33,6 +33,9 @@ pub struct JobSpec {
     /// The in-sandbox bridge to the egress socket; absent without a network grant.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub proxy: Option<JobProxy>,
+    /// Set by the runtime per run: the secret that authenticates sandbox-init's exit trailer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_nonce: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, PartialEq)]
@@ -121,22 +124,30 @@ impl CappedOutput {
     }
 }
 
-/// Starts the trailer `sandbox-init --report-exit` writes last on stderr (see sandbox-init's
-/// crate docs): `\0sandgate-exit:<code>\n`.
-pub const EXIT_TRAILER_PREFIX: &[u8] = b"\0sandgate-exit:";
 /// The longest code a trailer carries (0..=255).
 const TRAILER_DIGITS: usize = 3;
 
-/// Takes the init's exit trailer out of the stderr stream. Bytes that might begin a trailer
-/// (from a NUL on) are held back until they cannot, so the trailer never reaches the record or
-/// the event stream, and ordinary stderr (which holds no NUL) is passed on at once.
-#[derive(Debug, Default)]
+/// Takes sandbox-init's exit trailer, `\0sandgate-exit:<nonce>:<code>\n` (see its crate docs),
+/// out of the stderr stream. Only a trailer with this run's nonce counts: the program never
+/// learns the nonce, so it cannot forge one. Bytes that might begin the trailer (from a NUL on)
+/// are held back until they cannot, so it never reaches the record or the event stream, and
+/// ordinary stderr (which holds no NUL) is passed on at once.
+#[derive(Debug)]
 pub struct ExitTrailer {
+    prefix: Vec<u8>,
     held: Vec<u8>,
     code: Option<u8>,
 }
 
 impl ExitTrailer {
+    pub fn new(nonce: &str) -> ExitTrailer {
+        ExitTrailer {
+            prefix: format!("\0sandgate-exit:{nonce}:").into_bytes(),
+            held: Vec::new(),
+            code: None,
+        }
+    }
+
     /// Feeds a stderr chunk; returns what may be passed on.
     pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
         if self.code.is_some() {
@@ -152,7 +163,7 @@ impl ExitTrailer {
             .map(|(i, _)| i)
             .collect();
         for &start in &nuls {
-            if let Some(code) = complete_trailer(&self.held[start..]) {
+            if let Some(code) = complete_trailer(&self.prefix, &self.held[start..]) {
                 self.code = Some(code);
                 let released = self.held[..start].to_vec();
                 self.held.clear();
@@ -160,7 +171,7 @@ impl ExitTrailer {
             }
         }
         match nuls.last() {
-            Some(&start) if could_begin_trailer(&self.held[start..]) => {
+            Some(&start) if could_begin_trailer(&self.prefix, &self.held[start..]) => {
                 let tail = self.held.split_off(start);
                 std::mem::replace(&mut self.held, tail)
             }
@@ -174,8 +185,8 @@ impl ExitTrailer {
     }
 }
 
-fn complete_trailer(bytes: &[u8]) -> Option<u8> {
-    let rest = bytes.strip_prefix(EXIT_TRAILER_PREFIX)?;
+fn complete_trailer(prefix: &[u8], bytes: &[u8]) -> Option<u8> {
+    let rest = bytes.strip_prefix(prefix)?;
     let end = rest.iter().position(|byte| *byte == b'\n')?;
     let digits = &rest[..end];
     if digits.is_empty() || digits.len() > TRAILER_DIGITS {
@@ -184,15 +195,13 @@ fn complete_trailer(bytes: &[u8]) -> Option<u8> {
     std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
-fn could_begin_trailer(bytes: &[u8]) -> bool {
-    if bytes.len() <= EXIT_TRAILER_PREFIX.len() {
-        return EXIT_TRAILER_PREFIX.starts_with(bytes);
+fn could_begin_trailer(prefix: &[u8], bytes: &[u8]) -> bool {
+    if bytes.len() <= prefix.len() {
+        return prefix.starts_with(bytes);
     }
-    bytes
-        .strip_prefix(EXIT_TRAILER_PREFIX)
-        .is_some_and(|digits| {
-            digits.len() <= TRAILER_DIGITS && digits.iter().all(u8::is_ascii_digit)
-        })
+    bytes.strip_prefix(prefix).is_some_and(|digits| {
+        digits.len() <= TRAILER_DIGITS && digits.iter().all(u8::is_ascii_digit)
+    })
 }
 
 /// How a sandbox ended.
@@ -206,6 +215,9 @@ pub struct RunOutcome {
     /// The exit code `sandbox-init` reported itself. `None` with neither timeout nor cancel:
     /// the sandbox died under the program (gVisor's kernel gave up, or the container was killed).
     pub init_exit: Option<i64>,
+    /// The container is confirmed gone: nothing in the sandbox runs any more, so what it left
+    /// (the output area) can no longer change under the gateway.
+    pub removed: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
     pub started_at: DateTime<Utc>,
@@ -262,8 +274,10 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 mod tests {
     use super::*;
 
+    const NONCE: &str = "n0nce";
+
     fn through(chunks: &[&[u8]]) -> (Vec<u8>, Option<u8>) {
-        let mut trailer = ExitTrailer::default();
+        let mut trailer = ExitTrailer::new(NONCE);
         let mut out = Vec::new();
         for chunk in chunks {
             out.extend(trailer.feed(chunk));
@@ -275,7 +289,7 @@ mod tests {
 
     #[test]
     fn exit_trailer_is_taken_out_wherever_the_chunks_split() {
-        let stream = b"warn\n\0sandgate-exit:137\n";
+        let stream = b"warn\n\0sandgate-exit:n0nce:137\n";
         for split in 0..stream.len() {
             let (before, after) = stream.split_at(split);
             assert_eq!(
@@ -297,15 +311,18 @@ mod tests {
             (b"x\0sandgate-ex".to_vec(), None)
         );
         assert_eq!(
-            through(&[b"\0sandgate-exit:1234\n"]),
-            (b"\0sandgate-exit:1234\n".to_vec(), None)
+            through(&[b"\0sandgate-exit:n0nce:1234\n"]),
+            (b"\0sandgate-exit:n0nce:1234\n".to_vec(), None)
         );
+        // A trailer with another nonce (a forgery by the program) is ordinary stderr.
+        let forged: &[u8] = b"\0sandgate-exit:guess:0\n\0sandgate-exit:0\n";
+        assert_eq!(through(&[forged]), (forged.to_vec(), None));
         // Ordinary text is released at once, not held back.
-        let mut trailer = ExitTrailer::default();
+        let mut trailer = ExitTrailer::new(NONCE);
         assert_eq!(trailer.feed(b"line\n"), b"line\n");
         // A NUL in the program's own output before the real trailer is kept.
         assert_eq!(
-            through(&[b"\0\0data", b"\0sandgate-exit:0\n"]),
+            through(&[b"\0\0data", b"\0sandgate-exit:n0nce:0\n"]),
             (b"\0\0data".to_vec(), Some(0))
         );
     }
