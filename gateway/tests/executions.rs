@@ -336,6 +336,30 @@ async fn malformed_requests_use_the_error_shape() {
     let (status, body) = gw.get(&key, "/v1/executions/ex_nope").await;
     assert_eq!(status, 404);
     assert_eq!(body["error"]["code"], "not_found");
+
+    // A caller who may not call the route is refused before its body is read.
+    let reviewer = gw.key("reviewer", "acme").await;
+    let response = gw
+        .http
+        .post(format!("{}/v1/executions", gw.url))
+        .bearer_auth(&reviewer)
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 403);
+    // A known path with the wrong method: 405 in the error shape.
+    let response = gw
+        .http
+        .delete(format!("{}/v1/executions", gw.url))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 405);
+    let body: serde_json::Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "method_not_allowed");
     gw.stop().await;
 }
 

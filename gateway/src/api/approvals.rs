@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::rejection::QueryRejection;
+use axum::extract::FromRequest;
 use axum::extract::{Path, Query, State};
 use axum::Json;
 use chrono::{DateTime, Utc};
@@ -120,9 +121,11 @@ pub async fn decide(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-    ApiJson(review): ApiJson<Review>,
+    body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(DECIDERS)?;
+    // The body is read only for a caller who may call the route.
+    let ApiJson(review) = ApiJson::<Review>::from_request(body, &app).await?;
     let (approval, execution) = app.decide_approval(&caller.0, &id, review).await?;
     Ok(Json(serde_json::json!({
         "approval": ApprovalView::from(approval),

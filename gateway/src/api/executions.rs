@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRequest;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -108,9 +109,11 @@ impl From<ExecutionRow> for ExecutionView {
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
-    ApiJson(request): ApiJson<ExecutionRequest>,
+    body: axum::extract::Request,
 ) -> Result<Response, ApiError> {
     caller.require_role(&["agent"])?;
+    // The body is read only for a caller who may call the route.
+    let ApiJson(request) = ApiJson::<ExecutionRequest>::from_request(body, &app).await?;
     match app.create_execution(&caller.0, request).await? {
         Created::Finished(row) => {
             Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response())

@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRequest;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -27,9 +28,11 @@ pub struct CreateKey {
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
-    ApiJson(request): ApiJson<CreateKey>,
+    body: axum::extract::Request,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     caller.require_role(&["admin"])?;
+    // The body is read only for a caller who may call the route.
+    let ApiJson(request) = ApiJson::<CreateKey>::from_request(body, &app).await?;
     let principal = request.principal.as_deref();
     let key = app
         .create_key(&caller.0, &request.role, &request.tenant, principal)

@@ -103,6 +103,7 @@ pub fn router(app: Arc<App>) -> Router {
             router.route(route.path, route.handler)
         })
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(request_span))
         .with_state(app)
@@ -110,6 +111,14 @@ pub fn router(app: Arc<App>) -> Router {
 
 async fn not_found() -> ApiError {
     ApiError::new(ErrorCode::NotFound, "no such route")
+}
+
+/// A known path with the wrong method: the API's error shape (405), not an empty body.
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        ErrorCode::MethodNotAllowed,
+        "this route does not take that method",
+    )
 }
 
 /// One span per request, and its id echoed in `x-request-id`.

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::FromRequest;
 use axum::extract::State;
 use axum::Json;
 use serde::Deserialize;
@@ -48,9 +49,11 @@ enum EntryPoint {
 pub async fn evaluate(
     State(app): State<Arc<App>>,
     caller: Caller,
-    ApiJson(request): ApiJson<EvaluateRequest>,
+    body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin", "reviewer"])?;
+    // The body is read only for a caller who may call the route.
+    let ApiJson(request) = ApiJson::<EvaluateRequest>::from_request(body, &app).await?;
     let active = app.policy.current();
     let (decision, allow, reasons): (Value, bool, Vec<Reason>) = match request.entry_point {
         EntryPoint::Execution => {
