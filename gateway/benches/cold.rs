@@ -440,19 +440,20 @@ fn report_cold(runs: usize, [raw, full, added]: [Vec<f64>; 3], phases: [Vec<f64>
     if before.0.is_empty() {
         return;
     }
-    println!("  where a gateway run's time goes (from its record's timestamps):");
-    println!(
-        "    request -> running (HTTP, auth, decision, audit commit): p50 {:>7.1} ms",
-        before.percentile(50)
-    );
-    println!(
-        "    running -> completed (output area, sandbox, collection, completion): p50 {:>7.1} ms",
-        sandbox.percentile(50)
-    );
-    println!(
-        "    completed -> response read:                          p50 {:>7.1} ms",
-        after.percentile(50)
-    );
+    println!("  where a gateway run's time goes (from its record's timestamps), p50:");
+    for (what, series) in [
+        (
+            "request -> running (HTTP, auth, decision, audit commit)",
+            before,
+        ),
+        (
+            "running -> completed (output area, sandbox, collection, completion)",
+            sandbox,
+        ),
+        ("completed -> response read", after),
+    ] {
+        println!("    {what:<70} {:>7.1} ms", series.percentile(50));
+    }
 }
 
 /// Target 2: concurrent executions, their audit events, the chain. False on any loss or error.
@@ -559,9 +560,17 @@ async fn audit_capacity(store: &AuditStore, pool: &PgPool) {
     let copy = copied as f64 / started.elapsed().as_secs_f64();
     assert_eq!(copied, rows as u64);
 
+    let setting = |name: &'static str| async move {
+        sqlx::query_scalar::<_, String>(&format!("SHOW {name}"))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
     println!(
-        "audit write capacity, {rows} rows of {} bytes of JSON, durable (fsync, synchronous commit)",
-        template.input.to_string().len() + template.decision.to_string().len()
+        "audit write capacity, {rows} rows of {} bytes of JSON (fsync {}, synchronous_commit {})",
+        template.input.to_string().len() + template.decision.to_string().len(),
+        setting("fsync").await,
+        setting("synchronous_commit").await
     );
     println!("  binary COPY, one transaction         {copy:>9.0} rows/s");
     println!(
