@@ -104,14 +104,27 @@ fn main() -> ExitCode {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    let pg = EmbeddedPostgres::start(&root.path().join("db"), None)
-        .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}"));
-    let passed = runtime.block_on(run(&pg, &root.path().join("gateway")));
-    pg.stop().unwrap();
+    let pg = StopOnDrop(
+        EmbeddedPostgres::start(&root.path().join("db"), None)
+            .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}")),
+    );
+    let passed = runtime.block_on(run(&pg.0, &root.path().join("gateway")));
+    drop(pg);
     if passed {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
+    }
+}
+
+/// Stops the private cluster however the run ends (before its directory is removed).
+struct StopOnDrop(EmbeddedPostgres);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Err(err) = self.0.stop() {
+            eprintln!("stopping the bench PostgreSQL failed: {err}");
+        }
     }
 }
 
