@@ -1,0 +1,708 @@
+//! Cold executions and audit writes (DESIGN.md section 8), measured against baselines in the
+//! same run. Measured, not asserted, except that lost audit rows or failed executions make the
+//! run exit non-zero.
+//!
+//! 1. Cold execution: `print(1)` in python through the whole gateway (an in-process gateway on
+//!    a loopback port and a private PostgreSQL: `POST /v1/executions` with `wait: true`) against
+//!    the same sandbox spec run straight through `DockerRuntime` (create, attach, start, job on
+//!    stdin, wait, inspect, remove; runsc, network none, the same limits). Runs alternate
+//!    (baseline, gateway, baseline, ...) so that load from elsewhere falls on both alike; there
+//!    is no warm-up. Target: p50 ratio <= 1.10.
+//! 2. 16 concurrent executions: no errors, exactly one `execution.decision` event each, and the
+//!    hash chain verifies.
+//! 3. Audit write capacity: `AuditStore::record_event` (durable, chained, one transaction each;
+//!    sequential and with 8 writers) against a binary `COPY` of as many rows (chained and encoded
+//!    in the timed part) into a table of the same shape. Target: >= 0.3x.
+//!
+//! `make bench`, or `cargo bench -p gateway --bench cold` as root (dockerd with runsc, the
+//! sandbox images and the static sandbox-init: `make build`). `SANDGATE_BENCH_RUNS` changes the
+//! runs per series (default 20), `SANDGATE_BENCH_CONCURRENT` the concurrent executions
+//! (default 16), `SANDGATE_BENCH_AUDIT_ROWS` the rows written per series (default 2000).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    reason = "a benchmark, not gateway code: a panic is a failed run"
+)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolCopyExt;
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+
+use gateway::audit::chain::{self, NewEvent, Row, GENESIS};
+use gateway::audit::AuditStore;
+use gateway::config::Config;
+use gateway::database::EmbeddedPostgres;
+use gateway::runtime::docker::DockerRuntime;
+use gateway::runtime::{JobFile, JobSpec, SandboxRuntime, SandboxSpec};
+use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
+
+const CODE: &str = "print(1)";
+const DATABASE: &str = "sandgate";
+/// What the gateway writes the program to and runs (mirrors `app::executions::command_for`).
+const PROGRAM: &str = "/tmp/sandgate/main.py";
+/// Scratch table for the COPY baseline.
+const COPY_TABLE: &str = "bench_copy";
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The static sandbox-init: `SANDGATE_SANDBOX_INIT`, else under the cargo target directory.
+fn sandbox_init() -> PathBuf {
+    let path = std::env::var_os("SANDGATE_SANDBOX_INIT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let target = std::env::var_os("CARGO_TARGET_DIR")
+                .map(PathBuf::from)
+                .unwrap_or_else(|| workspace_root().join("target"));
+            target.join("x86_64-unknown-linux-gnu/release/sandbox-init")
+        });
+    assert!(
+        path.is_file(),
+        "sandbox-init not found at {}: `make build` (or set SANDGATE_SANDBOX_INIT)",
+        path.display()
+    );
+    path
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = tempfile::Builder::new()
+        .prefix("sgbench")
+        .tempdir()
+        .unwrap();
+    // The cluster runs as `postgres`, which must be able to enter the directory.
+    std::fs::set_permissions(
+        root.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let pg = StopOnDrop(
+        EmbeddedPostgres::start(&root.path().join("db"), None)
+            .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}")),
+    );
+    let passed = runtime.block_on(run(&pg.0, &root.path().join("gateway")));
+    drop(pg);
+    if passed {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Stops the private cluster however the run ends (before its directory is removed).
+struct StopOnDrop(EmbeddedPostgres);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if let Err(err) = self.0.stop() {
+            eprintln!("stopping the bench PostgreSQL failed: {err}");
+        }
+    }
+}
+
+async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
+    gateway::database::create_database_if_missing(pg, DATABASE)
+        .await
+        .unwrap();
+    let socket_dir = pg.pgdata().parent().unwrap().join("run");
+    let url = format!(
+        "postgres://postgres@localhost/{DATABASE}?host={}&port=5432",
+        socket_dir.display()
+    );
+    let init = sandbox_init();
+    let gw = Gateway::start(url, data_dir, &init).await;
+    let pool = gateway::database::pool(pg.connect_options(DATABASE))
+        .await
+        .unwrap();
+    let store = AuditStore::new(pool.clone());
+    let key = store.create_key("agent", "acme").await.unwrap().secret;
+
+    let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
+    let limits = decided_limits(&gw.config);
+    let cold_ok = cold(&gw, &key, &init, &limits, runs).await;
+    let concurrent_ok = concurrent(&gw, &key, &store, &pool).await;
+    audit_capacity(&store, &pool).await;
+    gw.stop().await;
+    pool.close().await;
+    cold_ok && concurrent_ok
+}
+
+/// A gateway served in-process on a loopback port.
+struct Gateway {
+    url: String,
+    http: reqwest::Client,
+    config: Config,
+    shutdown: CancellationToken,
+    server: tokio::task::JoinHandle<Result<(), gateway::ServeError>>,
+}
+
+impl Gateway {
+    async fn start(database_url: String, data_dir: &Path, init: &Path) -> Gateway {
+        let mut config = Config {
+            database_url: Some(database_url),
+            data_dir: data_dir.to_owned(),
+            policy_dir: workspace_root().join("policies"),
+            sandbox_init: Some(init.to_owned()),
+            ..Config::default()
+        };
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let shutdown = CancellationToken::new();
+        let server = tokio::spawn(gateway::serve_on(
+            listener,
+            config.clone(),
+            Arc::new(DockerRuntime::new()),
+            shutdown.clone(),
+        ));
+        let gw = Gateway {
+            url: format!("http://{addr}"),
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(120))
+                .build()
+                .unwrap(),
+            config,
+            shutdown,
+            server,
+        };
+        for _ in 0..600 {
+            assert!(
+                !gw.server.is_finished(),
+                "the gateway exited during start-up"
+            );
+            let health = gw.http.get(format!("{}/healthz", gw.url)).send().await;
+            if health.is_ok_and(|r| r.status().is_success()) {
+                return gw;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the gateway did not become healthy within 30 s");
+    }
+
+    /// `print(1)` with `wait: true`: (HTTP status, body).
+    async fn execute(&self, key: &str) -> (u16, Value) {
+        let body = json!({"language": "python", "code": CODE, "wait": true});
+        let response = self
+            .http
+            .post(format!("{}/v1/executions", self.url))
+            .bearer_auth(key)
+            .json(&body)
+            .send()
+            .await
+            .expect("POST /v1/executions");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        let served = tokio::time::timeout(Duration::from_secs(90), self.server)
+            .await
+            .expect("gateway shut down in time")
+            .expect("gateway task");
+        served.expect("gateway exited cleanly");
+    }
+}
+
+/// The limits the gateway will grant `acme` for this program: the shipped policy's decision,
+/// lowered to the configured ceilings (as `app::executions::clamp` does). Checked against every
+/// gateway response afterwards.
+fn decided_limits(config: &Config) -> Limits {
+    let engine = PolicyEngine::load(&config.policy_dir).unwrap();
+    let input = PolicyInput {
+        principal: Principal {
+            key_id: "key_bench".into(),
+            tenant: "acme".into(),
+            role: "agent".into(),
+        },
+        request: RequestInput {
+            language: "python".into(),
+            code_sha256: hex::encode(<sha2::Sha256 as sha2::Digest>::digest(CODE)),
+            code_bytes: CODE.len() as u64,
+            ..RequestInput::default()
+        },
+        environment: Environment {
+            backends: config.backends.keys().cloned().collect(),
+            datasets: vec![],
+            now: Utc::now().to_rfc3339(),
+        },
+    };
+    let decision = engine.decide(&input);
+    assert!(
+        decision.allow,
+        "the shipped policy denies acme: {decision:?}"
+    );
+    let mut limits = decision.limits.unwrap();
+    let ceilings = &config.ceilings;
+    limits.timeout_ms = limits.timeout_ms.clamp(1, ceilings.timeout_ms);
+    limits.memory_mb = limits.memory_mb.clamp(16, ceilings.memory_mb);
+    limits.cpus = limits.cpus.clamp(0.01, ceilings.cpus);
+    let min_pids = gateway::app::executions::MIN_PIDS;
+    limits.pids = limits.pids.clamp(min_pids, ceilings.pids.max(min_pids));
+    limits.disk_mb = limits.disk_mb.clamp(1, ceilings.disk_mb);
+    limits.output_bytes = limits.output_bytes.min(ceilings.output_bytes);
+    limits
+}
+
+/// The sandbox the gateway builds for `print(1)` (mirrors `App::sandbox_spec` and
+/// `sandbox_env`), without an output area (`/output` is a tmpfs inside the sandbox).
+fn baseline_spec(init: &Path, limits: &Limits) -> SandboxSpec {
+    let env: BTreeMap<String, String> = [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLBACKEND", "Agg"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    SandboxSpec {
+        execution_id: gateway::ids::new("bench"),
+        instance: "gw_bench_baseline".to_owned(),
+        image: "sandgate/python".to_owned(),
+        runtime: "runsc".to_owned(),
+        init_binary: init.to_owned(),
+        limits: limits.clone(),
+        mounts: vec![],
+        egress_dir: None,
+        output_dir: None,
+        job: JobSpec {
+            argv: vec!["python3".to_owned(), PROGRAM.to_owned()],
+            cwd: "/workspace".to_owned(),
+            env,
+            files: vec![JobFile {
+                path: PROGRAM.to_owned(),
+                content_b64: base64::engine::general_purpose::STANDARD.encode(CODE),
+                mode: 0o755,
+            }],
+            proxy: None,
+            exit_nonce: None,
+        },
+        sink: None,
+        cancel: CancellationToken::new(),
+    }
+}
+
+/// Milliseconds, sorted.
+struct Series(Vec<f64>);
+
+impl Series {
+    fn new(mut samples: Vec<f64>) -> Series {
+        samples.sort_by(f64::total_cmp);
+        Series(samples)
+    }
+
+    fn percentile(&self, p: usize) -> f64 {
+        self.0[(self.0.len() * p / 100).min(self.0.len() - 1)]
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "p50 {:>7.1} ms  p90 {:>7.1} ms  p99 {:>7.1} ms",
+            self.percentile(50),
+            self.percentile(90),
+            self.percentile(99)
+        )
+    }
+}
+
+fn ms(duration: Duration) -> f64 {
+    duration.as_secs_f64() * 1e3
+}
+
+fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e3
+}
+
+/// Where one gateway run's time went, from its record's timestamps.
+struct Phases {
+    /// Request sent -> marked running: HTTP, auth, decision, audit commit, slot.
+    before: f64,
+    /// Marked running -> completed: output area, sandbox, collection, completion write.
+    sandbox: f64,
+    /// Completed -> response read: stream close, serialisation, HTTP.
+    after: f64,
+}
+
+fn phases(sent: DateTime<Utc>, received: DateTime<Utc>, body: &Value) -> Option<Phases> {
+    let at = |field: &str| {
+        body[field]
+            .as_str()
+            .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+            .map(|t| t.with_timezone(&Utc))
+    };
+    let (started, finished) = (at("started_at")?, at("finished_at")?);
+    Some(Phases {
+        before: ms_between(sent, started),
+        sandbox: ms_between(started, finished),
+        after: ms_between(finished, received),
+    })
+}
+
+/// Target 1: alternating baseline and gateway runs. False if any run failed.
+async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize) -> bool {
+    let docker = DockerRuntime::new();
+    let health = docker.health(&["runsc".to_owned()]).await;
+    assert!(
+        health.docker.is_ok() && health.runtimes.values().all(|ok| *ok),
+        "dockerd with runsc is needed: {health:?}"
+    );
+    let (mut raw, mut full, mut added) = (vec![], vec![], vec![]);
+    let (mut before, mut sandbox, mut after) = (vec![], vec![], vec![]);
+    let (mut failures, mut other_limits) = (0, 0);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let outcome = docker.run(baseline_spec(init, limits)).await;
+        let raw_ms = ms(started.elapsed());
+        match outcome {
+            Ok(run) if run.init_exit == Some(0) && run.stdout.text() == "1\n" => {}
+            other => {
+                failures += 1;
+                eprintln!("baseline run failed: {other:?}");
+            }
+        }
+        let sent = Utc::now();
+        let started = Instant::now();
+        let (status, body) = gw.execute(key).await;
+        let full_ms = ms(started.elapsed());
+        if status != 200 || body["status"] != "succeeded" || body["stdout"] != "1\n" {
+            failures += 1;
+            eprintln!("gateway run failed: {status} {body}");
+        }
+        if serde_json::from_value::<Limits>(body["limits"].clone())
+            .ok()
+            .as_ref()
+            != Some(limits)
+        {
+            other_limits += 1;
+        }
+        if let Some(p) = phases(sent, Utc::now(), &body) {
+            before.push(p.before);
+            sandbox.push(p.sandbox);
+            after.push(p.after);
+        }
+        raw.push(raw_ms);
+        full.push(full_ms);
+        added.push(full_ms - raw_ms);
+    }
+    report_cold(runs, [raw, full, added], [before, sandbox, after]);
+    println!(
+        "  limits: {} ({} ms timeout, {} MB, {} cpus, {} pids); failed runs: {failures}",
+        if other_limits == 0 {
+            "the baseline's in every gateway run".to_owned()
+        } else {
+            format!("DIFFERENT from the baseline's in {other_limits} gateway runs")
+        },
+        limits.timeout_ms,
+        limits.memory_mb,
+        limits.cpus,
+        limits.pids
+    );
+    failures == 0
+}
+
+fn report_cold(runs: usize, [raw, full, added]: [Vec<f64>; 3], phases: [Vec<f64>; 3]) {
+    let (raw, full, added) = (Series::new(raw), Series::new(full), Series::new(added));
+    println!(
+        "cold execution, python print(1) under runsc, {runs} runs each, alternating, no warm-up"
+    );
+    println!("  raw Docker API (DockerRuntime)     {}", raw.line());
+    println!("  sandgate POST /v1/executions wait  {}", full.line());
+    let ratio = |p| full.percentile(p) / raw.percentile(p);
+    println!(
+        "  ratio sandgate / raw: p50 {:.3}x (target <= 1.10), p90 {:.3}x, p99 {:.3}x",
+        ratio(50),
+        ratio(90),
+        ratio(99)
+    );
+    println!("  gateway adds, per pair of runs:   {}", added.line());
+    let [before, sandbox, after] = phases.map(Series::new);
+    if before.0.is_empty() {
+        return;
+    }
+    println!("  where a gateway run's time goes (from its record's timestamps), p50:");
+    for (what, series) in [
+        (
+            "request -> running (HTTP, auth, decision, audit commit)",
+            before,
+        ),
+        (
+            "running -> completed (output area, sandbox, collection, completion)",
+            sandbox,
+        ),
+        ("completed -> response read", after),
+    ] {
+        println!("    {what:<70} {:>7.1} ms", series.percentile(50));
+    }
+}
+
+/// Target 2: concurrent executions, their audit events, the chain. False on any loss or error.
+async fn concurrent(gw: &Gateway, key: &str, store: &AuditStore, pool: &PgPool) -> bool {
+    let count = env_usize("SANDGATE_BENCH_CONCURRENT", 16);
+    let started = Instant::now();
+    let results = futures_util::future::join_all((0..count).map(|_| async {
+        let started = Instant::now();
+        let result = gw.execute(key).await;
+        (result, ms(started.elapsed()))
+    }))
+    .await;
+    let wall = started.elapsed();
+    let ids: Vec<String> = results
+        .iter()
+        .filter_map(|((_, body), _)| body["id"].as_str().map(str::to_owned))
+        .collect();
+    let succeeded = results
+        .iter()
+        .filter(|((status, body), _)| {
+            *status == 200 && body["status"] == "succeeded" && body["stdout"] == "1\n"
+        })
+        .count();
+    let latency = Series::new(results.iter().map(|(_, ms)| *ms).collect());
+    println!(
+        "{count} concurrent executions on {} cores (max_concurrent {}): wall {:.2} s, \
+         {succeeded}/{count} succeeded, per request {}",
+        std::thread::available_parallelism().map_or(0, |n| n.get()),
+        gw.config.max_concurrent,
+        wall.as_secs_f64(),
+        latency.line()
+    );
+    for ((status, body), _) in results
+        .iter()
+        .filter(|((s, b), _)| *s != 200 || b["status"] != "succeeded")
+    {
+        println!("  failed: {status} {body}");
+    }
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'execution.decision' \
+         AND execution_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let verification = store.verify_chain().await.unwrap();
+    let pass = |ok: bool| if ok { "PASS" } else { "FAIL" };
+    let all_ran = succeeded == count;
+    let all_recorded = ids.len() == count && events == count as i64;
+    println!(
+        "  {}: {succeeded} of {count} executions succeeded",
+        pass(all_ran)
+    );
+    println!(
+        "  {}: {events} execution.decision audit events for the {} ids returned (expected {count})",
+        pass(all_recorded),
+        ids.len()
+    );
+    println!(
+        "  {}: audit chain {}",
+        pass(verification.ok()),
+        verification.summary()
+    );
+    all_ran && all_recorded && verification.ok()
+}
+
+/// Target 3: chained durable appends against binary COPY of as many rows of the same shape.
+async fn audit_capacity(store: &AuditStore, pool: &PgPool) {
+    let rows = env_usize("SANDGATE_BENCH_AUDIT_ROWS", 2000).max(8);
+    let template = sample_event(pool).await;
+
+    let started = Instant::now();
+    for _ in 0..rows {
+        store.record_event(&template).await.unwrap();
+    }
+    let sequential = rows as f64 / started.elapsed().as_secs_f64();
+
+    let writers = 8;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..writers)
+        .map(|_| {
+            let (store, event) = (store.clone(), template.clone());
+            tokio::spawn(async move {
+                for _ in 0..rows / writers {
+                    store.record_event(&event).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let concurrent = (rows / writers * writers) as f64 / started.elapsed().as_secs_f64();
+
+    sqlx::query(&format!(
+        "CREATE TABLE {COPY_TABLE} (LIKE audit_events INCLUDING ALL)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let started = Instant::now();
+    let copied = copy_binary(pool, &template, rows).await;
+    let copy = copied as f64 / started.elapsed().as_secs_f64();
+    assert_eq!(copied, rows as u64);
+
+    let setting = |name: &'static str| async move {
+        sqlx::query_scalar::<_, String>(&format!("SHOW {name}"))
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    println!(
+        "audit write capacity, {rows} rows of {} bytes of JSON (fsync {}, synchronous_commit {})",
+        template.input.to_string().len() + template.decision.to_string().len(),
+        setting("fsync").await,
+        setting("synchronous_commit").await
+    );
+    println!("  binary COPY, one transaction         {copy:>9.0} rows/s");
+    println!(
+        "  record_event, sequential             {sequential:>9.0} rows/s  {:.3}x COPY (target >= 0.3)",
+        sequential / copy
+    );
+    println!(
+        "  record_event, {writers} concurrent writers    {concurrent:>9.0} rows/s  {:.3}x COPY",
+        concurrent / copy
+    );
+}
+
+/// A stored execution decision, as the template of the rows written.
+async fn sample_event(pool: &PgPool) -> NewEvent {
+    let (execution_id, key_id, decision_id, input, decision, revision): (
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Value,
+        Value,
+        Option<String>,
+    ) = sqlx::query_as(
+        "SELECT execution_id, key_id, decision_id, input, decision, policy_revision \
+         FROM audit_events WHERE kind = 'execution.decision' ORDER BY seq LIMIT 1",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    NewEvent {
+        kind: "bench.audit_write",
+        execution_id,
+        key_id,
+        tenant: Some("acme".to_owned()),
+        decision_id,
+        allow: Some(true),
+        reasons: json!([]),
+        input,
+        decision,
+        policy_revision: revision,
+    }
+}
+
+/// Chains `rows` copies of `event` and writes them with one binary COPY; returns rows copied.
+async fn copy_binary(pool: &PgPool, event: &NewEvent, rows: usize) -> u64 {
+    let mut buf = Vec::with_capacity(rows * 1024);
+    buf.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
+    buf.extend_from_slice(&0i32.to_be_bytes()); // flags
+    buf.extend_from_slice(&0i32.to_be_bytes()); // header extension
+    let mut prev = GENESIS.to_owned();
+    for seq in 1..=rows as i64 {
+        let id = gateway::ids::new("ev");
+        let at = gateway::ids::now_micros();
+        let row = Row {
+            seq,
+            id: &id,
+            at: &at,
+            kind: event.kind,
+            execution_id: event.execution_id.as_deref(),
+            key_id: event.key_id.as_deref(),
+            tenant: event.tenant.as_deref(),
+            decision_id: event.decision_id.as_deref(),
+            allow: event.allow,
+            reasons: &event.reasons,
+            input: &event.input,
+            decision: &event.decision,
+            policy_revision: event.policy_revision.as_deref(),
+        };
+        let hash = chain::link(&prev, &chain::canonical(&row));
+        encode_row(&mut buf, &row, &prev, &hash);
+        prev = hash;
+    }
+    buf.extend_from_slice(&(-1i16).to_be_bytes());
+    let mut copy = pool
+        .copy_in_raw(&format!("COPY {COPY_TABLE} FROM STDIN (FORMAT binary)"))
+        .await
+        .unwrap();
+    copy.send(buf).await.unwrap();
+    copy.finish().await.unwrap()
+}
+
+/// One tuple in PostgreSQL's binary COPY format, columns in `audit_events` order.
+fn encode_row(buf: &mut Vec<u8>, row: &Row<'_>, prev_hash: &str, hash: &str) {
+    fn field(buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
+        match bytes {
+            Some(bytes) => {
+                buf.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
+                buf.extend_from_slice(bytes);
+            }
+            None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    fn jsonb(value: &Value) -> Vec<u8> {
+        let mut bytes = vec![1u8]; // jsonb binary format version
+        bytes.extend_from_slice(value.to_string().as_bytes());
+        bytes
+    }
+    // timestamptz: microseconds since 2000-01-01 UTC.
+    const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
+    let at = row.at.timestamp_micros() - PG_EPOCH_OFFSET_US;
+    buf.extend_from_slice(&15i16.to_be_bytes());
+    field(buf, Some(&row.seq.to_be_bytes()));
+    field(buf, Some(row.id.as_bytes()));
+    field(buf, Some(&at.to_be_bytes()));
+    field(buf, Some(row.kind.as_bytes()));
+    field(buf, row.execution_id.map(str::as_bytes));
+    field(buf, row.key_id.map(str::as_bytes));
+    field(buf, row.tenant.map(str::as_bytes));
+    field(buf, row.decision_id.map(str::as_bytes));
+    field(
+        buf,
+        row.allow
+            .map(|allow| [u8::from(allow)])
+            .as_ref()
+            .map(|b| &b[..]),
+    );
+    field(buf, Some(&jsonb(row.reasons)));
+    field(buf, Some(&jsonb(row.input)));
+    field(buf, Some(&jsonb(row.decision)));
+    field(buf, row.policy_revision.map(str::as_bytes));
+    field(buf, Some(prev_hash.as_bytes()));
+    field(buf, Some(hash.as_bytes()));
+}
