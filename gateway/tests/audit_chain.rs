@@ -148,6 +148,19 @@ async fn the_gateways_database_role_cannot_change_the_audit_trail() {
         .execute(&mut *conn)
         .await;
     assert_eq!(sqlstate(refused), PERMISSION_DENIED, "after RESET ROLE");
+    // The pool logs in as sandgate_app itself (the embedded cluster trusts its socket), so not
+    // even SET ROLE NONE reaches the owner's rights.
+    let session: String = sqlx::query_scalar("SELECT session_user::text")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(session, gateway::database::APP_ROLE, "the pool's login");
+    let refused = sqlx::raw_sql(
+        "SET ROLE NONE; ALTER TABLE audit_events DISABLE TRIGGER ALL; DELETE FROM audit_events",
+    )
+    .execute(&mut *conn)
+    .await;
+    assert!(refused.is_err(), "SET ROLE NONE escaped to the owner");
     drop(conn);
     app.close().await;
 
@@ -192,6 +205,8 @@ async fn the_gateways_database_role_cannot_change_the_audit_trail() {
         "UPDATE executions SET status = 'failed'",
         "INSERT INTO api_keys (id, key_hash, role, tenant) VALUES ('k', 'h', 'admin', 'x')",
         "DELETE FROM audit_events",
+        // The stored payload of a pending request (code and files) is not for auditors.
+        "SELECT request FROM approvals",
     ] {
         let refused = sqlx::query(statement).execute(&mut *conn).await;
         assert_eq!(sqlstate(refused), PERMISSION_DENIED, "auditor: {statement}");

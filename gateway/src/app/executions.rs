@@ -235,11 +235,12 @@ impl App {
             kind: "execution.cancel",
             execution_id: Some(id.to_owned()),
             key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
+            // The execution's tenant: an admin of another tenant may cancel it.
+            tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: Some(true),
             reasons: json!([]),
-            input: json!({"requested_by": caller.id}),
+            input: json!({"requested_by": caller.id, "requested_by_tenant": caller.tenant}),
             decision: json!({"cancel": true}),
             policy_revision: None,
         };

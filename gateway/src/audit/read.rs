@@ -80,7 +80,8 @@ impl AuditStore {
              outputs_skipped, outputs_truncated, purged_at FROM executions \
              WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR status = $2) \
              AND ($3::text IS NULL OR (created_at, id) < \
-                  (SELECT created_at, id FROM executions WHERE id = $3)) \
+                  (SELECT created_at, id FROM executions WHERE id = $3 \
+                   AND ($1::text IS NULL OR tenant = $1))) \
              ORDER BY created_at DESC, id DESC LIMIT $4",
         )
         .bind(&filter.tenant)

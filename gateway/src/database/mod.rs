@@ -107,19 +107,34 @@ impl Database {
     }
 }
 
-/// The gateway's pool: every connection starts as [`APP_ROLE`] (the `role` start-up parameter,
-/// so `RESET ROLE` returns to it). The connecting user must be allowed to `SET ROLE` to it (a
-/// superuser, or a member of it).
+/// The gateway's pool, acting as [`APP_ROLE`]. Where the server lets [`APP_ROLE`] log in by
+/// itself (the embedded cluster's trusted socket), every connection *is* that role, so nothing
+/// run on it can `SET ROLE NONE` back to the owner. Otherwise (an external server that wants a
+/// password) the owner's login starts each connection as [`APP_ROLE`] (the `role` start-up
+/// parameter, so `RESET ROLE` returns to it); that needs the owner to be allowed to act as it,
+/// and is logged, since the owner's rights are one `SET ROLE NONE` away.
 pub async fn pool(options: PgConnectOptions) -> Result<PgPool, DatabaseError> {
     let options = options
         .application_name("sandgate")
         .options([("role", APP_ROLE)]);
-    PgPoolOptions::new()
-        .max_connections(16)
-        .acquire_timeout(ACQUIRE_TIMEOUT)
-        .connect_with(options)
-        .await
-        .map_err(DatabaseError::Connect)
+    let pool_of = |options: PgConnectOptions| {
+        PgPoolOptions::new()
+            .max_connections(16)
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .connect_with(options)
+    };
+    if options.get_username() != APP_ROLE {
+        match pool_of(options.clone().username(APP_ROLE)).await {
+            Ok(pool) => return Ok(pool),
+            Err(err) => tracing::warn!(
+                error = %err,
+                owner = options.get_username(),
+                "{APP_ROLE} cannot log in by itself; the pool logs in as the owner and acts as \
+                 {APP_ROLE} through the role start-up parameter"
+            ),
+        }
+    }
+    pool_of(options).await.map_err(DatabaseError::Connect)
 }
 
 /// Runs the migrations on a connection of its own, as the connecting user (who owns the
