@@ -24,7 +24,6 @@
     reason = "a benchmark, not gateway code: a panic is a failed run"
 )]
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -47,8 +46,6 @@ use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, R
 
 const CODE: &str = "print(1)";
 const DATABASE: &str = "sandgate";
-/// What the gateway writes the program to and runs (mirrors `app::executions::command_for`).
-const PROGRAM: &str = "/tmp/sandgate/main.py";
 /// Scratch table for the COPY baseline.
 const COPY_TABLE: &str = "bench_copy";
 
@@ -238,7 +235,7 @@ impl Gateway {
 }
 
 /// The limits the gateway will grant `acme` for this program: the shipped policy's decision,
-/// lowered to the configured ceilings (as `app::executions::clamp` does). Checked against every
+/// lowered to the configured ceilings (`app::floor::clamp`). Checked against every
 /// gateway response afterwards.
 fn decided_limits(config: &Config) -> Limits {
     let engine = PolicyEngine::load(&config.policy_dir).unwrap();
@@ -266,34 +263,14 @@ fn decided_limits(config: &Config) -> Limits {
         "the shipped policy denies acme: {decision:?}"
     );
     let mut limits = decision.limits.unwrap();
-    let ceilings = &config.ceilings;
-    limits.timeout_ms = limits.timeout_ms.clamp(1, ceilings.timeout_ms);
-    limits.memory_mb = limits.memory_mb.clamp(16, ceilings.memory_mb);
-    limits.cpus = limits.cpus.clamp(0.01, ceilings.cpus);
-    let min_pids = gateway::app::executions::MIN_PIDS;
-    limits.pids = limits.pids.clamp(min_pids, ceilings.pids.max(min_pids));
-    limits.disk_mb = limits.disk_mb.clamp(1, ceilings.disk_mb);
-    limits.output_bytes = limits.output_bytes.min(ceilings.output_bytes);
+    gateway::app::floor::clamp(&mut limits, &config.ceilings);
     limits
 }
 
-/// The sandbox the gateway builds for `print(1)` (mirrors `App::sandbox_spec` and
-/// `sandbox_env`), without an output area (`/output` is a tmpfs inside the sandbox).
+/// The sandbox the gateway builds for `print(1)` (the same command and environment as
+/// `App::sandbox_spec`), without an output area (`/output` is a tmpfs inside the sandbox).
 fn baseline_spec(init: &Path, limits: &Limits) -> SandboxSpec {
-    let env: BTreeMap<String, String> = [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
-        ("HOME", "/tmp"),
-        ("LANG", "C.UTF-8"),
-        ("PYTHONUNBUFFERED", "1"),
-        ("PYTHONDONTWRITEBYTECODE", "1"),
-        ("MPLBACKEND", "Agg"),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect();
+    let (argv, program) = gateway::app::executions::command_for("python");
     SandboxSpec {
         execution_id: gateway::ids::new("bench"),
         instance: "gw_bench_baseline".to_owned(),
@@ -305,11 +282,11 @@ fn baseline_spec(init: &Path, limits: &Limits) -> SandboxSpec {
         egress_dir: None,
         output_dir: None,
         job: JobSpec {
-            argv: vec!["python3".to_owned(), PROGRAM.to_owned()],
+            argv,
             cwd: "/workspace".to_owned(),
-            env,
+            env: gateway::app::executions::sandbox_env(),
             files: vec![JobFile {
-                path: PROGRAM.to_owned(),
+                path: program.to_owned(),
                 content_b64: base64::engine::general_purpose::STANDARD.encode(CODE),
                 mode: 0o755,
             }],

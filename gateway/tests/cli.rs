@@ -68,6 +68,18 @@ async fn terminate(mut server: std::process::Child) -> std::process::ExitStatus 
         .unwrap()
 }
 
+/// `GET url` with `key`, as JSON.
+async fn get_json(http: &reqwest::Client, url: &str, key: &str) -> serde_json::Value {
+    http.get(url)
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// `sandgate keys create`: the key is the last line of stdout.
 fn create_key(data: &std::path::Path, listen: &str, role: &str, tenant: &str) -> String {
     let output = sandgate(data, listen)
@@ -114,15 +126,7 @@ async fn serve_keys_execute_and_shut_down_with_embedded_postgres() {
     .unwrap();
     let mut loaded_by = serde_json::Value::Null;
     for _ in 0..100 {
-        let policy: serde_json::Value = http
-            .get(format!("{base}/v1/policy"))
-            .bearer_auth(&admin)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let policy = get_json(&http, &format!("{base}/v1/policy"), &admin).await;
         loaded_by = policy["loaded_by"].clone();
         if loaded_by == "sighup" {
             break;
@@ -212,15 +216,7 @@ async fn sigkill_mid_execution_then_restart_leaves_no_container_and_a_truthful_r
     let server = serve(data.path(), &listen, &http).await;
     let mut record = serde_json::Value::Null;
     for _ in 0..200 {
-        record = http
-            .get(format!("{base}/v1/executions/{id}"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        record = get_json(&http, &format!("{base}/v1/executions/{id}"), &key).await;
         if record["status"] == "error" && common::containers_of(&id).is_empty() {
             break;
         }
@@ -308,15 +304,7 @@ async fn exec_client_streams_and_gateway_memory_stays_flat_under_a_flood() {
         .unwrap_or_else(|| panic!("{first_err}"))
         .to_owned();
     // The first line came while the program was still running (it sleeps 2 s after it).
-    let record: serde_json::Value = http
-        .get(format!("{base}/v1/executions/{id}"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let record = get_json(&http, &format!("{base}/v1/executions/{id}"), &key).await;
     assert_eq!(record["status"], "running", "{record}");
     let (status, rest_out, rest_err) = tokio::task::spawn_blocking(move || {
         let mut out = String::new();

@@ -445,18 +445,7 @@ async fn datasets_are_mounted_read_only() {
     let csv = dataset.path().join("people.csv");
     std::fs::write(&csv, "name,age\nada,36\ngrace,45\n").unwrap();
     let before = std::fs::read(&csv).unwrap();
-    let url = common::fresh_database().await;
-    let path = dataset.path().to_owned();
-    let gw = TestGateway::start_with(Some(url), move |config| {
-        config.datasets.insert(
-            "census".to_owned(),
-            gateway::config::Dataset {
-                path,
-                description: "test extract".to_owned(),
-            },
-        );
-    })
-    .await;
+    let gw = TestGateway::start_with_census(dataset.path()).await;
     let key = gw.key("agent", "acme").await;
     let code = r#"
 import csv, os

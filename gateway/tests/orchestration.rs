@@ -174,7 +174,7 @@ async fn limits_are_clamped_to_ceilings_and_the_floor_is_applied() {
     assert_eq!(spec.runtime, "runsc");
     assert_eq!(spec.image, "sandgate/python");
     assert_eq!(spec.limits.timeout_ms, 1500);
-    assert!(spec.limits.pids >= gateway::app::executions::MIN_PIDS);
+    assert!(spec.limits.pids >= gateway::app::floor::MIN_PIDS);
     assert_eq!(spec.job.argv, ["python3", "/tmp/sandgate/main.py"]);
     let paths: Vec<&str> = spec.job.files.iter().map(|f| f.path.as_str()).collect();
     assert_eq!(paths, ["/tmp/sandgate/main.py", "/workspace/data/in.csv"]);

@@ -289,18 +289,7 @@ async fn dataset_is_read_only_and_results_land_in_output() {
     std::fs::write(dataset.path().join("2020/states.csv"), &rows).unwrap();
     let before = sha256_of_tree(dataset.path());
 
-    let url = common::fresh_database().await;
-    let path = dataset.path().to_owned();
-    let gw = TestGateway::start_with(Some(url), move |config| {
-        config.datasets.insert(
-            "census".to_owned(),
-            gateway::config::Dataset {
-                path,
-                description: "census extract".to_owned(),
-            },
-        );
-    })
-    .await;
+    let gw = TestGateway::start_with_census(dataset.path()).await;
     let key = gw.key("agent", "research").await;
     let code = r#"
 import csv, json, os, shutil

@@ -13,7 +13,9 @@ use serde_json::json;
 
 use policy_engine::{PolicyInput, Reason, RequestedLimits};
 
-use super::executions::{decode_files, ExecutionRequest, FileUpload, Runnable};
+use super::executions::{ExecutionRequest, FileUpload};
+use super::floor::Runnable;
+use super::validate::decode_files;
 use super::{App, AppError};
 use crate::audit::approvals::{ApprovalRow, NewApproval, Verdict};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};

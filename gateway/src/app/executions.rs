@@ -13,33 +13,26 @@ use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
 use policy_engine::{
-    Decision, Environment, FileInput, HostPort, Limits, MountGrant, NetworkGrant, PolicyInput,
-    Principal, Reason, RequestInput, RequestedLimits,
+    Decision, Environment, FileInput, HostPort, NetworkGrant, PolicyInput, Principal, RequestInput,
+    RequestedLimits,
 };
 
+use super::floor::Runnable;
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
+use super::validate::{check_fields, decode_files};
 use super::{error_chain, App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
-use crate::config::Ceilings;
 use crate::egress::{self, ExecutionEgress};
 use crate::outputs::{Collected, OutputArea};
-use crate::runtime::{
-    JobFile, JobProxy, JobSpec, ReadOnlyMount, RunOutcome, RuntimeError, SandboxSpec,
-};
+use crate::runtime::{JobFile, JobProxy, JobSpec, RunOutcome, RuntimeError, SandboxSpec};
 
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
-const MAX_FILES: usize = 256;
-/// Most labels, and most network destinations, in one request.
-const MAX_LABELS: usize = 32;
-const MAX_PATH_BYTES: usize = 255;
 const COMPLETE_ATTEMPTS: u32 = 5;
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
 const CANCEL_WAIT_STEPS: u32 = 100;
 const WORKSPACE: &str = "/workspace";
-/// Fewest pids a sandbox gets, whatever the policy says (see `clamp`).
-pub const MIN_PIDS: u64 = 256;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -94,20 +87,6 @@ pub enum Created {
         row: ExecutionRow,
         approval_id: String,
     },
-}
-
-/// An allowed decision, made concrete by the gateway: the floor it enforces whatever the policy
-/// says (configured backend, configured image, limits under the ceilings). Stored with an
-/// approval, it is exactly what a reviewer approves.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub(super) struct Runnable {
-    backend: String,
-    runtime: String,
-    image: String,
-    limits: Limits,
-    mounts: Vec<ReadOnlyMount>,
-    /// The grant the egress proxy serves; `None`: no socket at all.
-    network: Option<NetworkGrant>,
 }
 
 impl App {
@@ -296,121 +275,6 @@ impl App {
         }
     }
 
-    /// Turns an allow into something runnable, or into a deny with the gateway's reason. The
-    /// floor holds whatever the policy returned; the recorded decision shows the clamped limits.
-    fn enforce_floor(&self, language: &str, decision: &mut Decision) -> Option<Runnable> {
-        if !decision.allow {
-            return None;
-        }
-        match self.runnable(language, decision) {
-            Ok(runnable) => {
-                decision.limits = Some(runnable.limits.clone());
-                Some(runnable)
-            }
-            Err(reason) => {
-                decision.allow = false;
-                decision.reasons.push(reason);
-                None
-            }
-        }
-    }
-
-    fn runnable(&self, language: &str, decision: &Decision) -> Result<Runnable, Reason> {
-        let refuse = |code: &str, message: String| {
-            Err(Reason {
-                code: code.to_owned(),
-                message,
-            })
-        };
-        let network = decision
-            .network
-            .as_ref()
-            .filter(|grant| !grant.allow.is_empty())
-            .cloned();
-        if network.is_some() && self.egress.is_none() {
-            return refuse(
-                "network.unavailable",
-                "the policy grants network access but this gateway's egress proxy is not running"
-                    .into(),
-            );
-        }
-        let (Some(backend), Some(limits)) = (&decision.backend, &decision.limits) else {
-            return refuse(
-                "policy.error",
-                "an allow decision must name a backend and set limits".into(),
-            );
-        };
-        let Some(runtime) = self.config.backends.get(backend) else {
-            return refuse(
-                "backend.unavailable",
-                format!("backend {backend:?} is not configured in this gateway"),
-            );
-        };
-        let Some(image) = self.config.images.get(language) else {
-            return refuse(
-                "language.unavailable",
-                format!("no sandbox image is configured for language {language:?}"),
-            );
-        };
-        let mut limits = limits.clone();
-        clamp(&mut limits, &self.config.ceilings);
-        let mounts = decision
-            .mounts
-            .iter()
-            .map(|grant| self.dataset_mount(grant))
-            .collect::<Result<_, _>>()?;
-        Ok(Runnable {
-            backend: backend.clone(),
-            runtime: runtime.runtime.clone(),
-            image: image.clone(),
-            limits,
-            mounts,
-            network,
-        })
-    }
-
-    /// A granted dataset as a read-only mount: the dataset must be configured, the target a
-    /// plain absolute path under `/data/`. Writable mounts are never granted.
-    fn dataset_mount(&self, grant: &MountGrant) -> Result<ReadOnlyMount, Reason> {
-        let refuse = |code: &str, message: String| Reason {
-            code: code.to_owned(),
-            message,
-        };
-        let Some(dataset) = self.config.datasets.get(&grant.dataset) else {
-            return Err(refuse(
-                "mount.unavailable",
-                format!(
-                    "dataset {:?} is not configured in this gateway",
-                    grant.dataset
-                ),
-            ));
-        };
-        if !grant.read_only {
-            return Err(refuse(
-                "mount.read_only",
-                format!("dataset {:?} can only be mounted read-only", grant.dataset),
-            ));
-        }
-        let target = &grant.target;
-        let plain = target.strip_prefix("/data/").is_some_and(|rest| {
-            !rest.is_empty()
-                && rest
-                    .split('/')
-                    .all(|part| !part.is_empty() && part != "." && part != "..")
-                && !rest.chars().any(char::is_control)
-        });
-        if !plain {
-            return Err(refuse(
-                "policy.error",
-                format!("mount target {target:?} must be a plain path under /data/"),
-            ));
-        }
-        Ok(ReadOnlyMount {
-            source: dataset.path.clone(),
-            target: target.clone(),
-        })
-    }
-
     fn sandbox_spec(
         &self,
         id: &str,
@@ -452,57 +316,6 @@ impl App {
                 exit_nonce: None,
             },
         }
-    }
-
-    /// Whether a decision made runnable earlier (and reviewed since) still fits this gateway's
-    /// configuration, which may have changed while it waited (a restart, a lowered ceiling, a
-    /// removed backend, image or dataset). What was reviewed is never silently changed: a
-    /// mismatch is refused, and the reviewer can reject or the agent ask again.
-    pub(super) fn still_runnable(&self, runnable: &Runnable) -> Result<(), String> {
-        let runtime_ok = self
-            .config
-            .backends
-            .get(&runnable.backend)
-            .is_some_and(|backend| backend.runtime == runnable.runtime);
-        if !runtime_ok {
-            return Err(format!(
-                "backend {:?} (runtime {:?}) is no longer configured",
-                runnable.backend, runnable.runtime
-            ));
-        }
-        if !self
-            .config
-            .images
-            .values()
-            .any(|image| image == &runnable.image)
-        {
-            return Err(format!(
-                "image {:?} is no longer configured",
-                runnable.image
-            ));
-        }
-        let mut limits = runnable.limits.clone();
-        clamp(&mut limits, &self.config.ceilings);
-        if limits != runnable.limits {
-            return Err("the configured ceilings are now lower than the reviewed limits".into());
-        }
-        for mount in &runnable.mounts {
-            if !self
-                .config
-                .datasets
-                .values()
-                .any(|d| d.path == mount.source)
-            {
-                return Err(format!(
-                    "the dataset mounted at {} is no longer configured",
-                    mount.target
-                ));
-            }
-        }
-        if runnable.network.is_some() && self.egress.is_none() {
-            return Err("the egress proxy is not running".into());
-        }
-        Ok(())
     }
 
     /// Runs a stored, approved execution with its reviewed decision, through the queue.
@@ -804,20 +617,8 @@ fn new_row(
     }
 }
 
-/// Lowers every limit to its ceiling.
-fn clamp(limits: &mut Limits, ceilings: &Ceilings) {
-    limits.timeout_ms = limits.timeout_ms.clamp(1, ceilings.timeout_ms);
-    limits.memory_mb = limits.memory_mb.clamp(16, ceilings.memory_mb);
-    limits.cpus = limits.cpus.clamp(0.01, ceilings.cpus);
-    // The pids cgroup also counts gVisor's own threads (44 for an idle sandbox, measured):
-    // below this floor sandboxes die at random.
-    limits.pids = limits.pids.clamp(MIN_PIDS, ceilings.pids.max(MIN_PIDS));
-    limits.disk_mb = limits.disk_mb.clamp(1, ceilings.disk_mb);
-    limits.output_bytes = limits.output_bytes.min(ceilings.output_bytes);
-}
-
 /// The interpreter and where the program text goes.
-fn command_for(language: &str) -> (Vec<String>, &'static str) {
+pub fn command_for(language: &str) -> (Vec<String>, &'static str) {
     let (interpreter, program) = match language {
         "python" => ("python3", "/tmp/sandgate/main.py"),
         "bash" => ("bash", "/tmp/sandgate/main.sh"),
@@ -833,7 +634,7 @@ fn command_for(language: &str) -> (Vec<String>, &'static str) {
 }
 
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
-fn sandbox_env() -> BTreeMap<String, String> {
+pub fn sandbox_env() -> BTreeMap<String, String> {
     [
         (
             "PATH",
@@ -850,192 +651,9 @@ fn sandbox_env() -> BTreeMap<String, String> {
     .collect()
 }
 
-/// Bounds and checks the request's free-text fields before they reach the policy input and the
-/// audit rows (PostgreSQL's jsonb refuses NUL, and nothing else should carry control
-/// characters either).
-fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
-    let text = |what: &str, value: &str, max: usize| {
-        if value.len() > max || value.chars().any(char::is_control) {
-            return Err(AppError::Invalid(format!(
-                "{what} must be at most {max} bytes without control characters"
-            )));
-        }
-        Ok(())
-    };
-    text("language", &request.language, 32)?;
-    if request.labels.len() > MAX_LABELS || request.network.len() > MAX_LABELS {
-        return Err(AppError::Invalid(format!(
-            "at most {MAX_LABELS} labels and {MAX_LABELS} network destinations"
-        )));
-    }
-    for (key, value) in &request.labels {
-        text("a label key", key, 63)?;
-        text("a label value", value, 256)?;
-    }
-    for destination in &request.network {
-        text("a network host", &destination.host, 253)?;
-    }
-    for mount in &request.mounts {
-        text("a mount", mount, 128)?;
-    }
-    Ok(())
-}
-
-/// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
-pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
-    if files.len() > MAX_FILES {
-        return Err(AppError::Invalid(format!(
-            "{} files; the limit is {MAX_FILES}",
-            files.len()
-        )));
-    }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut seen = std::collections::HashSet::new();
-    files
-        .iter()
-        .map(|file| {
-            let path = normalise_path(&file.path)?;
-            if !seen.insert(path.clone()) {
-                return Err(AppError::Invalid(format!(
-                    "file {:?}: given more than once",
-                    file.path
-                )));
-            }
-            let content = b64.decode(&file.content_b64).map_err(|err| {
-                AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
-            })?;
-            Ok((path, content))
-        })
-        .collect()
-}
-
-/// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
-/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
-/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
-/// into something that later normalises or decodes it.
-fn normalise_path(path: &str) -> Result<String, AppError> {
-    use unicode_normalization::UnicodeNormalization;
-    let nfc: String = path.nfc().collect();
-    let nfkc: String = path.nfkc().collect();
-    let decoded = percent_decode(&nfkc);
-    for form in [&nfc, &nfkc, &decoded] {
-        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
-    }
-    Ok(nfc)
-}
-
-/// `%XX` sequences decoded (lossily); anything else kept.
-fn percent_decode(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = bytes
-            .get(i + 1..i + 3)
-            .and_then(|pair| std::str::from_utf8(pair).ok())
-            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
-        match (bytes[i], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                i += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
-fn check_path(path: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(why.to_owned());
-    if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return bad("path must be 1 to 255 bytes");
-    }
-    if path.starts_with('/') {
-        return bad("path must be relative to /workspace");
-    }
-    if path.chars().any(char::is_control) {
-        return bad("path must not contain control characters");
-    }
-    if path.contains('\\') {
-        return bad("path must not contain a backslash");
-    }
-    if path
-        .split('/')
-        .any(|part| part.is_empty() || part == "." || part == "..")
-    {
-        return bad("path must not contain empty, '.' or '..' components");
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn limits() -> Limits {
-        Limits {
-            timeout_ms: 999_999,
-            memory_mb: 99_999,
-            cpus: 64.0,
-            pids: 1,
-            disk_mb: 99_999,
-            output_bytes: u64::MAX,
-        }
-    }
-
-    #[test]
-    fn limits_are_clamped_to_ceilings_and_floor() {
-        let mut l = limits();
-        let ceilings = Ceilings::default();
-        clamp(&mut l, &ceilings);
-        assert_eq!(l.timeout_ms, ceilings.timeout_ms);
-        assert_eq!(l.memory_mb, ceilings.memory_mb);
-        assert_eq!(l.cpus, ceilings.cpus);
-        assert_eq!(l.pids, MIN_PIDS);
-        assert_eq!(l.disk_mb, ceilings.disk_mb);
-        assert_eq!(l.output_bytes, ceilings.output_bytes);
-    }
-
-    #[test]
-    fn file_paths_are_checked() {
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "a/../b",
-            "a//b",
-            "./a",
-            "a\0b",
-            "a\nb",
-        ] {
-            assert!(check_path(bad).is_err(), "{bad:?} accepted");
-        }
-        for good in ["data.csv", "src/main.py", "a.b/c"] {
-            assert!(check_path(good).is_ok(), "{good:?} refused");
-        }
-    }
-
-    #[test]
-    fn file_names_are_checked_after_normalisation_and_decoding() {
-        for bad in [
-            "\u{ff0e}\u{ff0e}/x",   // fullwidth dots
-            "a\u{ff0f}..\u{ff0f}b", // fullwidth slashes
-            "%2e%2e/x",
-            "%2E%2E%2Fetc",
-            "a%2f..%2f..%2fb",
-            "x%00y",
-            "..\\x",
-            "\u{2024}\u{2024}/x", // one-dot leaders: NFKC gives '.'
-        ] {
-            assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
-        }
-        // Decomposed é is stored composed (NFC), and plain percent signs are fine.
-        assert_eq!(normalise_path("cafe\u{301}.csv").unwrap(), "caf\u{e9}.csv");
-        assert_eq!(normalise_path("100%.txt").unwrap(), "100%.txt");
-    }
 
     #[test]
     fn commands_per_language() {

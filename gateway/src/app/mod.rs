@@ -3,6 +3,7 @@
 
 pub mod approvals;
 pub mod executions;
+pub mod floor;
 pub mod keys;
 pub mod listing;
 pub mod payloads;
@@ -11,6 +12,7 @@ pub mod reaper;
 pub mod replay;
 pub mod scheduler;
 pub mod stream;
+pub mod validate;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -28,6 +28,17 @@ const MAX_EVENTS: usize = 65_536;
 /// Most events handed to a subscriber at once.
 const MAX_BATCH: usize = 1024;
 
+impl StreamEvent {
+    /// Kept output as text (invalid UTF-8 as U+FFFD, as the record decodes it).
+    fn output(channel: Channel, bytes: &[u8]) -> StreamEvent {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        match channel {
+            Channel::Stdout => StreamEvent::Stdout(text),
+            Channel::Stderr => StreamEvent::Stderr(text),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct State {
     events: Vec<StreamEvent>,
@@ -62,10 +73,6 @@ impl Stream {
         if bytes.is_empty() {
             return;
         }
-        let index = match channel {
-            Channel::Stdout => 0,
-            Channel::Stderr => 1,
-        };
         let mut state = self.lock();
         if state.closed || state.lossy {
             return;
@@ -74,18 +81,15 @@ impl Stream {
             state.lossy = true;
             return;
         }
-        let pending = &mut state.pending[index];
+        let pending = &mut state.pending[channel as usize];
         pending.extend_from_slice(bytes);
         let cut = complete_prefix(pending);
         if cut == 0 {
             return;
         }
-        let text = String::from_utf8_lossy(&pending[..cut]).into_owned();
+        let event = StreamEvent::output(channel, &pending[..cut]);
         pending.drain(..cut);
-        state.events.push(match channel {
-            Channel::Stdout => StreamEvent::Stdout(text),
-            Channel::Stderr => StreamEvent::Stderr(text),
-        });
+        state.events.push(event);
         drop(state);
         self.changed.send_modify(|n| *n += 1);
     }
@@ -100,14 +104,10 @@ impl Stream {
             exit["stream_truncated"] = serde_json::Value::Bool(true);
             state.pending = Default::default();
         }
-        for (index, channel) in [(0, Channel::Stdout), (1, Channel::Stderr)] {
-            let rest = std::mem::take(&mut state.pending[index]);
+        for channel in [Channel::Stdout, Channel::Stderr] {
+            let rest = std::mem::take(&mut state.pending[channel as usize]);
             if !rest.is_empty() {
-                let text = String::from_utf8_lossy(&rest).into_owned();
-                state.events.push(match channel {
-                    Channel::Stdout => StreamEvent::Stdout(text),
-                    Channel::Stderr => StreamEvent::Stderr(text),
-                });
+                state.events.push(StreamEvent::output(channel, &rest));
             }
         }
         state.events.push(StreamEvent::Exit(exit));

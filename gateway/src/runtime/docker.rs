@@ -274,6 +274,13 @@ async fn attach_start_wait(
     let mut stderr = CappedOutput::default();
     let mut trailer = ExitTrailer::new(&nonce);
     let mut init_exit = None;
+    // Keeps what fits under the cap and hands exactly that to the live stream.
+    let keep = |out: &mut CappedOutput, channel: Channel, bytes: &[u8]| {
+        let kept = out.push(bytes, cap);
+        if let Some(sink) = &spec.sink {
+            sink.push(channel, kept);
+        }
+    };
     let run = async {
         // A program that never reads stdin must not stall the hand-over: errors here show up
         // as the program's own failure.
@@ -287,18 +294,9 @@ async fn attach_start_wait(
         }
         while let Some(frame) = output.next().await {
             match frame {
-                Ok(LogOutput::StdOut { message }) => {
-                    let kept = stdout.push(&message, cap);
-                    if let Some(sink) = &spec.sink {
-                        sink.push(Channel::Stdout, kept);
-                    }
-                }
+                Ok(LogOutput::StdOut { message }) => keep(&mut stdout, Channel::Stdout, &message),
                 Ok(LogOutput::StdErr { message }) => {
-                    let released = trailer.feed(&message);
-                    let kept = stderr.push(&released, cap);
-                    if let Some(sink) = &spec.sink {
-                        sink.push(Channel::Stderr, kept);
-                    }
+                    keep(&mut stderr, Channel::Stderr, &trailer.feed(&message));
                 }
                 Ok(_) => {}
                 Err(err) => {
@@ -308,10 +306,7 @@ async fn attach_start_wait(
             }
         }
         let (held, code) = trailer.finish();
-        let kept = stderr.push(&held, cap);
-        if let Some(sink) = &spec.sink {
-            sink.push(Channel::Stderr, kept);
-        }
+        keep(&mut stderr, Channel::Stderr, &held);
         init_exit = code.map(i64::from);
         wait_exit(docker, name).await
     };

@@ -155,23 +155,21 @@ impl ExitTrailer {
             return Vec::new();
         }
         self.held.extend_from_slice(chunk);
-        let nuls: Vec<usize> = self
-            .held
-            .iter()
-            .enumerate()
-            .filter(|(_, byte)| **byte == 0)
-            .map(|(i, _)| i)
-            .collect();
-        for &start in &nuls {
+        let mut last_nul = None;
+        let mut from = 0;
+        while let Some(offset) = self.held[from..].iter().position(|byte| *byte == 0) {
+            let start = from + offset;
             if let Some(code) = complete_trailer(&self.prefix, &self.held[start..]) {
                 self.code = Some(code);
                 let released = self.held[..start].to_vec();
                 self.held.clear();
                 return released;
             }
+            last_nul = Some(start);
+            from = start + 1;
         }
-        match nuls.last() {
-            Some(&start) if could_begin_trailer(&self.prefix, &self.held[start..]) => {
+        match last_nul {
+            Some(start) if could_begin_trailer(&self.prefix, &self.held[start..]) => {
                 let tail = self.held.split_off(start);
                 std::mem::replace(&mut self.held, tail)
             }

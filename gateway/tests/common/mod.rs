@@ -148,6 +148,22 @@ impl TestGateway {
         TestGateway::start_in(database_url, data_dir, tweak).await
     }
 
+    /// A gateway on a fresh database with `dir` configured as the dataset `census`.
+    pub async fn start_with_census(dir: &Path) -> TestGateway {
+        let url = fresh_database().await;
+        let path = dir.to_owned();
+        TestGateway::start_with(Some(url), move |config| {
+            config.datasets.insert(
+                "census".to_owned(),
+                gateway::config::Dataset {
+                    path,
+                    description: "census extract".to_owned(),
+                },
+            );
+        })
+        .await
+    }
+
     /// A gateway on `data_dir` (a restart keeps the one [`TestGateway::stop_keeping_data`] gave back).
     pub async fn start_in(
         database_url: Option<String>,

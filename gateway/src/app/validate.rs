@@ -1,0 +1,176 @@
+//! Checks of an execution request before it reaches the policy: bounded free-text fields, and
+//! upload names that stay inside `/workspace` however they are spelt.
+
+use base64::Engine as _;
+
+use super::executions::{ExecutionRequest, FileUpload};
+use super::AppError;
+
+const MAX_FILES: usize = 256;
+/// Most labels, and most network destinations, in one request.
+const MAX_LABELS: usize = 32;
+const MAX_PATH_BYTES: usize = 255;
+
+/// Bounds and checks the request's free-text fields before they reach the policy input and the
+/// audit rows (PostgreSQL's jsonb refuses NUL, and nothing else should carry control
+/// characters either).
+pub(super) fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
+    let text = |what: &str, value: &str, max: usize| {
+        if value.len() > max || value.chars().any(char::is_control) {
+            return Err(AppError::Invalid(format!(
+                "{what} must be at most {max} bytes without control characters"
+            )));
+        }
+        Ok(())
+    };
+    text("language", &request.language, 32)?;
+    if request.labels.len() > MAX_LABELS || request.network.len() > MAX_LABELS {
+        return Err(AppError::Invalid(format!(
+            "at most {MAX_LABELS} labels and {MAX_LABELS} network destinations"
+        )));
+    }
+    for (key, value) in &request.labels {
+        text("a label key", key, 63)?;
+        text("a label value", value, 256)?;
+    }
+    for destination in &request.network {
+        text("a network host", &destination.host, 253)?;
+    }
+    for mount in &request.mounts {
+        text("a mount", mount, 128)?;
+    }
+    Ok(())
+}
+
+/// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
+pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+    if files.len() > MAX_FILES {
+        return Err(AppError::Invalid(format!(
+            "{} files; the limit is {MAX_FILES}",
+            files.len()
+        )));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut seen = std::collections::HashSet::new();
+    files
+        .iter()
+        .map(|file| {
+            let path = normalise_path(&file.path)?;
+            if !seen.insert(path.clone()) {
+                return Err(AppError::Invalid(format!(
+                    "file {:?}: given more than once",
+                    file.path
+                )));
+            }
+            let content = b64.decode(&file.content_b64).map_err(|err| {
+                AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+            })?;
+            Ok((path, content))
+        })
+        .collect()
+}
+
+/// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
+/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
+/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
+/// into something that later normalises or decodes it.
+fn normalise_path(path: &str) -> Result<String, AppError> {
+    use unicode_normalization::UnicodeNormalization;
+    let nfc: String = path.nfc().collect();
+    let nfkc: String = path.nfkc().collect();
+    let decoded = percent_decode(&nfkc);
+    for form in [&nfc, &nfkc, &decoded] {
+        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
+    }
+    Ok(nfc)
+}
+
+/// `%XX` sequences decoded (lossily); anything else kept.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|pair| std::str::from_utf8(pair).ok())
+            .and_then(|pair| u8::from_str_radix(pair, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn check_path(path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(why.to_owned());
+    if path.is_empty() || path.len() > MAX_PATH_BYTES {
+        return bad("path must be 1 to 255 bytes");
+    }
+    if path.starts_with('/') {
+        return bad("path must be relative to /workspace");
+    }
+    if path.chars().any(char::is_control) {
+        return bad("path must not contain control characters");
+    }
+    if path.contains('\\') {
+        return bad("path must not contain a backslash");
+    }
+    if path
+        .split('/')
+        .any(|part| part.is_empty() || part == "." || part == "..")
+    {
+        return bad("path must not contain empty, '.' or '..' components");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_are_checked() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../b",
+            "a//b",
+            "./a",
+            "a\0b",
+            "a\nb",
+        ] {
+            assert!(check_path(bad).is_err(), "{bad:?} accepted");
+        }
+        for good in ["data.csv", "src/main.py", "a.b/c"] {
+            assert!(check_path(good).is_ok(), "{good:?} refused");
+        }
+    }
+
+    #[test]
+    fn file_names_are_checked_after_normalisation_and_decoding() {
+        for bad in [
+            "\u{ff0e}\u{ff0e}/x",   // fullwidth dots
+            "a\u{ff0f}..\u{ff0f}b", // fullwidth slashes
+            "%2e%2e/x",
+            "%2E%2E%2Fetc",
+            "a%2f..%2f..%2fb",
+            "x%00y",
+            "..\\x",
+            "\u{2024}\u{2024}/x", // one-dot leaders: NFKC gives '.'
+        ] {
+            assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
+        }
+        // Decomposed é is stored composed (NFC), and plain percent signs are fine.
+        assert_eq!(normalise_path("cafe\u{301}.csv").unwrap(), "caf\u{e9}.csv");
+        assert_eq!(normalise_path("100%.txt").unwrap(), "100%.txt");
+    }
+}
