@@ -117,6 +117,9 @@ pub fn test_config(database_url: Option<String>, data_dir: &Path) -> Config {
         data_dir: data_dir.to_owned(),
         policy_dir: workspace_root().join("policies"),
         sandbox_init: Some(sandbox_init()),
+        // Cold unless a test asks for the pool (`warm_config`): a waiting Python sandbox costs
+        // seconds of CPU to preload, which every test binary would otherwise pay.
+        warm_pool: Default::default(),
         ..Config::default()
     };
     config.listen = "127.0.0.1:0".parse().unwrap();
