@@ -210,13 +210,17 @@ impl WarmPool {
         if !self.enabled() {
             return Ok("off".to_owned());
         }
-        let state = self.lock();
-        match &state.failing {
-            Some(cause) => Err(format!(
+        if let Some(cause) = &self.lock().failing {
+            return Err(format!(
                 "starting pooled sandboxes fails: {cause}; executions run cold"
-            )),
-            None => Ok(format!("{} waiting", state.waiting.len())),
+            ));
         }
+        let waiting: Vec<String> = self
+            .waiting()
+            .iter()
+            .map(|(language, count)| format!("{language}={count}"))
+            .collect();
+        Ok(format!("waiting: {}", waiting.join(" ")))
     }
 
     /// Waiting sandboxes per language (for metrics and benches).
