@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -27,7 +27,6 @@ use crate::audit::AuditStore;
 pub const SANDBOX_SOCKET_DIR: &str = "/run/sandgate";
 pub const SANDBOX_SOCKET: &str = "/run/sandgate/egress.sock";
 pub const SANDBOX_PROXY_LISTEN: &str = "127.0.0.1:3128";
-const CLOSE_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -195,6 +194,13 @@ impl ConnectionRecorder for Recorder {
                     .and_then(|d| chrono::DateTime::from_timestamp_micros(d.as_micros() as i64))
                     .unwrap_or_else(crate::ids::now_micros),
             };
+            // What the journal holds (closes, completions from the last outage) goes first, so
+            // nothing newer is recorded ahead of it; until it has, attempts fail closed.
+            if !self.audit.journal_drained().await {
+                return Err(RecordError(
+                    "the audit journal has not been written back to the database yet".to_owned(),
+                ));
+            }
             self.audit
                 .open_connection(&open)
                 .await
@@ -212,15 +218,11 @@ impl ConnectionRecorder for Recorder {
                 duration_ms: i64::try_from(closed.duration.as_millis()).unwrap_or(i64::MAX),
                 close_reason: closed.reason.to_string(),
                 error: closed.error.clone(),
+                closed_at: crate::ids::now_micros(),
             };
-            for attempt in 1..=CLOSE_ATTEMPTS {
-                match self.audit.close_connection(&id.0, &close).await {
-                    Ok(()) => return,
-                    Err(err) => {
-                        tracing::warn!(connection = %id.0, attempt, error = %err, "recording a connection close failed");
-                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                    }
-                }
+            // To the database, or else to the local journal (replayed when it returns).
+            if let Err(err) = self.audit.close_connection_durably(&id.0, &close).await {
+                tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a connection close was lost");
             }
         }
         .boxed()

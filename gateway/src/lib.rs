@@ -48,6 +48,8 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("HTTP server failed")]
     Http(#[source] std::io::Error),
+    #[error("the local audit journal")]
+    Journal(#[from] audit::journal::JournalError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -89,7 +91,14 @@ async fn run(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let audit = AuditStore::new(db.pool.clone());
+    // Completions and connection closes the database could not take (now or before a restart)
+    // wait here, and are written back first.
+    let journal = audit::journal::Journal::open(&config.data_dir.join("journal"))?;
+    let audit = AuditStore::new(db.pool.clone()).with_journal(Arc::new(journal));
+    let replayed = audit.replay_journal().await?;
+    if replayed > 0 {
+        tracing::warn!(records = replayed, "journal from an earlier outage written back");
+    }
     let active = policy.current();
     audit
         .record_policy_revision(active.state.revision(), active.state.files(), "startup")
@@ -108,6 +117,10 @@ async fn run(
         shutdown.clone(),
         instance,
         egress,
+    ));
+    app.tasks.spawn(audit::durable::replay_periodically(
+        app.audit.clone(),
+        shutdown.clone(),
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     app.tasks

@@ -22,6 +22,7 @@ use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
 use super::validate::{check_fields, decode_files};
 use super::{error_chain, App, AppError};
+use crate::audit::durable::Durable;
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::egress::{self, ExecutionEgress};
 use crate::outputs::{Collected, OutputArea};
@@ -29,7 +30,6 @@ use crate::runtime::{JobFile, JobProxy, JobSpec, RunOutcome, RuntimeError, Sandb
 
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
-const COMPLETE_ATTEMPTS: u32 = 5;
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
 const CANCEL_WAIT_STEPS: u32 = 100;
 const WORKSPACE: &str = "/workspace";
@@ -469,19 +469,17 @@ impl App {
         outcome
     }
 
-    /// Completion is retried; if the store stays down the caller still gets the truth, and the
-    /// row stays `running` for the reconciler.
+    /// Completion is written to the audit store or, if it does not take it, to the local
+    /// journal, which replays it when the store returns (`audit::durable`). Either way the
+    /// caller gets the truth; only if both fail is the end lost (and logged).
     async fn complete_with_retry(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
-        for attempt in 1..=COMPLETE_ATTEMPTS {
-            match self.audit.complete_execution(&row.id, &done).await {
-                Ok(stored) => return stored,
-                Err(err) => {
-                    tracing::warn!(execution_id = %row.id, attempt, error = %err, "completing execution failed");
-                    tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                }
+        match self.audit.complete_durably(&row.id, &done).await {
+            Ok(Durable::Stored(stored)) => return stored,
+            Ok(Durable::Journaled) => {}
+            Err(err) => {
+                tracing::error!(execution_id = %row.id, error = %error_chain(&err), "execution result not stored");
             }
         }
-        tracing::error!(execution_id = %row.id, "execution result not stored");
         ExecutionRow {
             status: done.status.to_owned(),
             exit_code: done.exit_code,
@@ -543,8 +541,8 @@ fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion
                     .or(run.exit_code)
                     .and_then(|code| i32::try_from(code).ok()),
                 duration_ms: i64::try_from(run.duration.as_millis()).unwrap_or(i64::MAX),
-                stdout: run.stdout.text(),
-                stderr: run.stderr.text(),
+                stdout: run.stdout.bytes,
+                stderr: run.stderr.bytes,
                 stdout_truncated: run.stdout.truncated,
                 stderr_truncated: run.stderr.truncated,
                 error,
@@ -557,8 +555,8 @@ fn completion(outcome: Result<RunOutcome, RuntimeError>, id: &str) -> Completion
                 status: "error",
                 exit_code: None,
                 duration_ms: 0,
-                stdout: String::new(),
-                stderr: String::new(),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
                 stdout_truncated: false,
                 stderr_truncated: false,
                 error: Some(err.to_string()),
