@@ -90,6 +90,9 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
+    /// a full queue): the aggregation window and the per-source and per-key rates.
+    pub refusals: crate::app::refusals::RefusalLimits,
 }
 
 impl Default for Config {
@@ -118,6 +121,7 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            refusals: crate::app::refusals::RefusalLimits::default(),
         }
     }
 }
@@ -143,6 +147,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("refusals", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]
@@ -220,6 +225,13 @@ impl Config {
             return invalid(
                 "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
                  (gVisor's own threads count against the pids limit)"
+                    .to_owned(),
+            );
+        }
+        let r = &self.refusals;
+        if r.window_s == 0 || r.window_s > 86_400 || r.per_source == 0 || r.per_key == 0 {
+            return invalid(
+                "refusals: window_s between 1 and 86400, per_source >= 1 and per_key >= 1"
                     .to_owned(),
             );
         }

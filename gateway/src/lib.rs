@@ -124,12 +124,16 @@ async fn run(
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     app.tasks
+        .spawn(app::refusals::summarise_periodically(Arc::clone(&app)));
+    app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
     tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
-    let server = axum::serve(listener, api::router(Arc::clone(&app)))
+    // The peer address reaches the handlers (refusals are counted per source address).
+    let service = api::router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
+    let server = axum::serve(listener, service)
         .with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = server.await.map_err(ServeError::Http);
 

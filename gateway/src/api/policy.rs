@@ -113,6 +113,7 @@ pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<
                 message,
             }]),
             execution_id: None,
+            retry_after: None,
         }),
         Err(ReloadError::App(err)) => Err(err.into()),
     }

@@ -9,6 +9,7 @@ pub mod listing;
 pub mod payloads;
 pub mod policy;
 pub mod reaper;
+pub mod refusals;
 pub mod replay;
 pub mod scheduler;
 pub mod stream;
@@ -51,6 +52,8 @@ pub struct App {
     pub scratch_root: PathBuf,
     /// Collected output files, `<outputs_root>/<execution id>/<path>`.
     pub outputs_root: PathBuf,
+    /// Refusals anyone can cause in bulk, counted per window (bounded audit, 429 past the rate).
+    pub refusals: refusals::Refusals,
 }
 
 impl std::fmt::Debug for App {
@@ -82,6 +85,7 @@ impl App {
             scratch_root: under_data("scratch"),
             outputs_root: under_data("outputs"),
             streams: stream::Streams::default(),
+            refusals: refusals::Refusals::new(config.refusals),
             scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
             init_binary: config.sandbox_init_path(),
             instance,
