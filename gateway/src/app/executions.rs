@@ -20,7 +20,7 @@ use policy_engine::{
 use super::floor::Runnable;
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
-use super::validate::{check_fields, decode_files};
+use super::validate::check_fields;
 use super::{error_chain, App, AppError};
 use crate::audit::durable::Durable;
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
@@ -95,7 +95,7 @@ impl App {
         caller: &ApiKey,
         request: ExecutionRequest,
     ) -> Result<Created, AppError> {
-        let files = decode_files(&request.files)?;
+        let files = self.checked_uploads(caller, &request.files).await?;
         check_fields(&request)?;
         if request.code.len() > MAX_CODE_BYTES {
             return Err(AppError::Invalid(format!(
@@ -183,9 +183,11 @@ impl App {
 
     pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
         match self.audit.get_execution(id).await? {
-            // Another tenant's execution is indistinguishable from a missing one.
             Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
-            _ => Err(AppError::NotFound),
+            // Another tenant's execution is indistinguishable from a missing one, but audited
+            // (bounded: `refusals`) as the probe it is.
+            Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),
+            None => Err(AppError::NotFound),
         }
     }
 

@@ -39,7 +39,8 @@ pub struct RefusalLimits {
     pub window_s: u64,
     /// Refusals one source address may cause per window before it gets 429.
     pub per_source: u32,
-    /// Failed authentications one claimed key id may cause per window before 429.
+    /// Refusals one key id (claimed, for failed authentications; the caller's otherwise) may
+    /// cause per window before 429.
     pub per_key: u32,
 }
 
@@ -175,10 +176,13 @@ impl Refusals {
     pub fn note(&self, refusal: &Refusal) -> Verdict {
         let mut window = self.lock();
         let retry_after = self.window().saturating_sub(window.started.elapsed());
-        let from_source = bump(&mut window.by_source, refusal.source, MAX_BUCKETS);
-        let for_key = match (&refusal.kind, &refusal.key_id) {
-            (RefusalKind::AuthFailure, Some(id)) => bump(&mut window.by_key, id.clone(), MAX_BUCKETS),
-            _ => 0,
+        let from_source = match refusal.source {
+            Some(ip) => bump(&mut window.by_source, Some(ip), MAX_BUCKETS),
+            None => 0,
+        };
+        let for_key = match &refusal.key_id {
+            Some(id) => bump(&mut window.by_key, id.clone(), MAX_BUCKETS),
+            None => 0,
         };
         let mut key = BucketKey {
             kind: refusal.kind,
@@ -291,6 +295,25 @@ pub fn bounded_text(text: &str) -> Value {
     })
 }
 
+/// Largest JSON input an audit row keeps whole (`POST /v1/policy/evaluate`); a larger one is
+/// kept as its size and SHA-256.
+pub const MAX_STORED_INPUT: usize = 16 * 1024;
+
+/// `value` as an audit row may hold it: whole when its JSON is at most [`MAX_STORED_INPUT`]
+/// bytes and has no NUL (which PostgreSQL's jsonb refuses), else its size and SHA-256 (of the
+/// compact JSON text), so the row stays small and can still be matched against a copy.
+pub fn bounded_json(value: &Value) -> Value {
+    let text = value.to_string();
+    if text.len() <= MAX_STORED_INPUT && !text.contains("\\u0000") {
+        return value.clone();
+    }
+    json!({
+        "stored": false,
+        "bytes": text.len(),
+        "sha256": hex::encode(<sha2::Sha256 as sha2::Digest>::digest(text.as_bytes())),
+    })
+}
+
 impl App {
     /// Notes a refusal and, when it is the first of its window, writes it. `Err` only when
     /// that write fails (the caller answers 503).
@@ -315,6 +338,30 @@ impl App {
             self.audit.record_event(&event).await?;
         }
         Ok(verdict)
+    }
+}
+
+impl App {
+    /// An agent asked for an id of another tenant's execution: audited (bounded) and answered
+    /// exactly as a missing id, even past the rate (a 429 there would tell that the id exists).
+    pub(super) async fn cross_tenant_probe(
+        &self,
+        caller: &crate::audit::ApiKey,
+        id: &str,
+        owner: &str,
+    ) -> super::AppError {
+        let refusal = Refusal {
+            kind: RefusalKind::CrossTenantProbe,
+            source: None,
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            code: "request.cross_tenant".to_owned(),
+            detail: json!({"execution_id": bounded_text(id), "owner_tenant": bounded_text(owner)}),
+        };
+        match self.refuse(refusal).await {
+            Ok(_) => super::AppError::NotFound,
+            Err(err) => super::AppError::Unavailable(err),
+        }
     }
 }
 
@@ -412,6 +459,17 @@ mod tests {
         let window = refusals.lock();
         assert!(window.buckets.len() <= MAX_BUCKETS + 1);
         assert!(window.by_source.len() <= MAX_BUCKETS + 1);
+    }
+
+    #[test]
+    fn large_or_nul_inputs_are_kept_as_a_hash() {
+        let small = json!({"a": 1});
+        assert_eq!(bounded_json(&small), small);
+        let large = json!({"code": "x".repeat(MAX_STORED_INPUT)});
+        let kept = bounded_json(&large);
+        assert_eq!(kept["stored"], false);
+        assert!(kept.to_string().len() < 200);
+        assert_eq!(bounded_json(&json!({"a": "b\u{0}"}))["stored"], false);
     }
 
     #[test]
