@@ -215,11 +215,11 @@ impl Refusals {
         Verdict::Counted
     }
 
-    /// Ends the window if it has run its length: the summary events of what it counted
-    /// beyond each bucket's first refusal.
-    pub fn roll(&self) -> Vec<NewEvent> {
+    /// Ends the window if it has run its length (or at once with `now`, at shutdown): the
+    /// summary events of what it counted beyond each bucket's first refusal.
+    pub fn roll(&self, now: bool) -> Vec<NewEvent> {
         let mut window = self.lock();
-        if window.started.elapsed() < self.window() {
+        if !now && window.started.elapsed() < self.window() {
             return Vec::new();
         }
         let ended = std::mem::replace(&mut *window, Window::new());
@@ -373,7 +373,7 @@ pub async fn summarise_periodically(app: Arc<App>) {
             () = app.shutdown.cancelled() => true,
             () = tokio::time::sleep(tick) => false,
         };
-        for event in app.refusals.roll() {
+        for event in app.refusals.roll(stopping) {
             if let Err(err) = app.audit.record_event(&event).await {
                 tracing::error!(kind = event.kind, error = %super::error_chain(&err), "a refusal summary was not recorded");
             }
@@ -442,12 +442,15 @@ mod tests {
             refusals.note(&failure([10, 0, 0, 1], None));
         }
         std::thread::sleep(Duration::from_millis(1100));
-        let events = refusals.roll();
+        let events = refusals.roll(false);
         assert_eq!(events.len(), 1);
         assert_eq!(events[0].kind, "auth.failure.repeated");
         assert_eq!(events[0].decision["repeats"], 2);
         assert_eq!(events[0].decision["throttled"], 7);
-        assert!(refusals.roll().is_empty());
+        assert!(refusals.roll(false).is_empty());
+        refusals.note(&failure([10, 0, 0, 1], None));
+        refusals.note(&failure([10, 0, 0, 1], None));
+        assert_eq!(refusals.roll(true).len(), 1, "shutdown writes what it counted");
     }
 
     #[test]
