@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, DnsResolver, EgressPolicy, EgressProxy,
     ExecutionGrant, ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, Resolve,
-    ResolveError,
+    ResolveError, Suppressed,
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
@@ -206,6 +206,39 @@ impl ConnectionRecorder for Recorder {
                 .await
                 .map(ConnectionId)
                 .map_err(|err| RecordError(crate::app::error_chain(&err)))
+        }
+        .boxed()
+    }
+
+    /// One `egress.denied.repeated` event: the denials of one window that had no row.
+    fn suppressed<'a>(&'a self, summary: &'a Suppressed) -> BoxFuture<'a, ()> {
+        async move {
+            let time = |at: std::time::SystemTime| {
+                let micros = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+                chrono::DateTime::from_timestamp_micros(i64::try_from(micros).unwrap_or(0))
+            };
+            let event = crate::audit::NewEvent {
+                kind: "egress.denied.repeated",
+                execution_id: Some(summary.execution_id.clone()),
+                key_id: None,
+                tenant: Some(summary.tenant.clone()),
+                decision_id: None,
+                allow: Some(false),
+                reasons: serde_json::json!([{"code": "egress.too_many_denials",
+                    "message": "denied attempts past the execution's bounds, counted"}]),
+                input: serde_json::json!({
+                    "from": time(summary.from), "until": time(summary.until),
+                }),
+                decision: serde_json::json!({
+                    "allow": false,
+                    "count": summary.count,
+                    "by_reason": summary.by_reason.iter().cloned().collect::<BTreeMap<_, _>>(),
+                }),
+                policy_revision: Some(self.policy.current().state.revision().to_owned()),
+            };
+            if let Err(err) = self.audit.record_event(&event).await {
+                tracing::error!(execution_id = %summary.execution_id, count = summary.count, error = %crate::app::error_chain(&err), "a denial summary was not recorded");
+            }
         }
         .boxed()
     }

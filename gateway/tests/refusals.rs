@@ -14,7 +14,7 @@ use sqlx::PgPool;
 use common::{fresh_database, TestGateway};
 use gateway::app::refusals::RefusalLimits;
 
-const WINDOW_S: u64 = 3;
+const WINDOW_S: u64 = 5;
 
 async fn gateway(per_source: u32, per_key: u32) -> TestGateway {
     let url = fresh_database().await;
@@ -177,5 +177,55 @@ async fn a_dry_runs_large_input_is_stored_as_its_hash() {
         .post(&reviewer, "/v1/policy/evaluate", &json!({"input": {"a": "b\u{0}"}}))
         .await;
     assert_eq!(status, 400, "{body}");
+    gw.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sandbox_flooding_denied_egress_leaves_bounded_rows_and_an_exact_count() {
+    let policies = common::egress::bundle_with_test_tenant(&[("echo.test", 80)]);
+    let gw = common::egress::gateway_with(policies.path(), &[]).await;
+    let key = gw.key("agent", "nettest").await;
+    let code = r#"
+import socket
+refused = 0
+for i in range(400):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+    s.sendall(b"CONNECT evil%d.test:443 HTTP/1.1\r\n\r\n" % i)
+    data = b""
+    while True:
+        chunk = s.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    s.close()
+    refused += b"egress.too_many_denials" in data
+print(refused)
+"#;
+    let network = json!({"network": [{"host": "echo.test", "port": 80}]});
+    let (status, body) = gw.execute(&key, "python", code, network).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body}");
+    let refused: i64 = body["stdout"].as_str().unwrap().trim().parse().unwrap();
+    let id = body["id"].as_str().unwrap();
+
+    let pool = gw.pool().await;
+    let rows: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM egress_connections WHERE execution_id = $1")
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let counted: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(sum((decision->>'count')::bigint), 0)::bigint FROM audit_events \
+         WHERE execution_id = $1 AND kind = 'egress.denied.repeated'",
+    )
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(rows <= i64::from(egress_proxy::DEFAULT_MAX_DENIED), "{rows} rows");
+    assert!(refused > 0, "400 denials in a few seconds must pass the rate");
+    assert_eq!(counted, refused, "each refused attempt is counted");
+    assert_eq!(rows + counted, 400, "every attempt is a row or a count");
     gw.stop().await;
 }

@@ -175,6 +175,11 @@ impl Refusals {
     /// Counts `refusal` and says what to do with it.
     pub fn note(&self, refusal: &Refusal) -> Verdict {
         let mut window = self.lock();
+        // A window starts with its first refusal.
+        if window.buckets.is_empty() {
+            window.started = Instant::now();
+            window.started_at = crate::ids::now_micros();
+        }
         let retry_after = self.window().saturating_sub(window.started.elapsed());
         let from_source = match refusal.source {
             Some(ip) => bump(&mut window.by_source, Some(ip), MAX_BUCKETS),
@@ -219,7 +224,7 @@ impl Refusals {
     /// summary events of what it counted beyond each bucket's first refusal.
     pub fn roll(&self, now: bool) -> Vec<NewEvent> {
         let mut window = self.lock();
-        if !now && window.started.elapsed() < self.window() {
+        if window.buckets.is_empty() || (!now && window.started.elapsed() < self.window()) {
             return Vec::new();
         }
         let ended = std::mem::replace(&mut *window, Window::new());
