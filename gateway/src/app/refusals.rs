@@ -205,6 +205,8 @@ impl Refusals {
         }
         let fresh = !window.buckets.contains_key(&key);
         let bucket = window.buckets.entry(key).or_default();
+        bucket.code.clone_from(&refusal.code);
+        bucket.detail = refusal.detail.clone();
         if from_source > self.limits.per_source || for_key > self.limits.per_key {
             bucket.throttled += 1;
             return Verdict::Throttled {
@@ -215,8 +217,6 @@ impl Refusals {
             return Verdict::Record;
         }
         bucket.repeats += 1;
-        bucket.code.clone_from(&refusal.code);
-        bucket.detail = refusal.detail.clone();
         Verdict::Counted
     }
 

@@ -133,7 +133,10 @@ impl AuditStore {
         let Some(journal) = self.journal.clone() else {
             return Ok(0);
         };
-        let _turn = journal.replaying.lock().await;
+        // One replay at a time; a caller that finds one running finds the journal not drained.
+        let Some(_turn) = journal.replay_turn() else {
+            return Ok(0);
+        };
         if journal.is_empty() || self.ping().await.is_err() {
             return Ok(0);
         }

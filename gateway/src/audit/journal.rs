@@ -22,6 +22,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
@@ -89,8 +90,8 @@ struct State {
 pub struct Journal {
     dir: PathBuf,
     state: Mutex<State>,
-    /// Held by the one replay running at a time.
-    pub(super) replaying: tokio::sync::Mutex<()>,
+    /// Set while a replay runs: one at a time (another caller finds it set and moves on).
+    replaying: AtomicBool,
 }
 
 impl Journal {
@@ -105,7 +106,7 @@ impl Journal {
         let journal = Journal {
             dir: dir.to_owned(),
             state: Mutex::new(State::default()),
-            replaying: tokio::sync::Mutex::new(()),
+            replaying: AtomicBool::new(false),
         };
         let mut state = State::default();
         for (seq, entry) in journal.read_all()? {
@@ -207,6 +208,14 @@ impl Journal {
             .any(|id| id.as_deref() == Some(execution_id))
     }
 
+    /// The right to replay, if no replay runs; released when the turn is dropped.
+    pub fn replay_turn(&self) -> Option<ReplayTurn<'_>> {
+        self.replaying
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| ReplayTurn(&self.replaying))
+    }
+
     fn path_of(&self, seq: u64) -> PathBuf {
         self.dir.join(format!("{seq:020}.json"))
     }
@@ -241,6 +250,16 @@ impl Journal {
             found.insert(seq, entry);
         }
         Ok(found.into_iter().collect())
+    }
+}
+
+/// Held by the one replay that runs.
+#[derive(Debug)]
+pub struct ReplayTurn<'a>(&'a AtomicBool);
+
+impl Drop for ReplayTurn<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
     }
 }
 

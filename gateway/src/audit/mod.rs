@@ -90,13 +90,17 @@ pub struct ExecutionRow {
     pub purged_at: Option<DateTime<Utc>>,
 }
 
+/// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
+/// [`durable::known_status`] instead of borrowing it from the input).
+pub type Status = &'static str;
+
 /// How an execution ended, written once the sandbox is gone (or journaled, see
 /// [`journal`], when the database cannot take it).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Completion {
     #[serde(deserialize_with = "durable::known_status")]
-    pub status: &'static str,
+    pub status: Status,
     pub exit_code: Option<i32>,
     pub duration_ms: i64,
     /// The program's bytes as they are: stored as `bytea`, journaled as base64.
