@@ -122,17 +122,25 @@ mod tests {
             .map(|_| denials.admit(ReasonCode::HostNotGranted))
             .collect();
         assert_eq!(admitted.iter().filter(|a| **a).count(), 3);
-        assert!(denials.take("ex_1", "acme", false).is_none(), "window not over");
+        assert!(
+            denials.take("ex_1", "acme", false).is_none(),
+            "window not over"
+        );
         let summary = denials.take("ex_1", "acme", true).unwrap();
         assert_eq!(summary.count, 7);
-        assert_eq!(summary.by_reason, [("egress.host_not_granted".to_owned(), 7)]);
+        assert_eq!(
+            summary.by_reason,
+            [("egress.host_not_granted".to_owned(), 7)]
+        );
         assert!(denials.take("ex_1", "acme", true).is_none(), "taken once");
     }
 
     #[test]
     fn the_rate_resets_each_second() {
         let denials = Denials::new(&limits(1000, 2));
-        let first: Vec<bool> = (0..4).map(|_| denials.admit(ReasonCode::PolicyDenied)).collect();
+        let first: Vec<bool> = (0..4)
+            .map(|_| denials.admit(ReasonCode::PolicyDenied))
+            .collect();
         assert_eq!(first, [true, true, false, false]);
         std::thread::sleep(Duration::from_millis(1050));
         assert!(denials.admit(ReasonCode::PolicyDenied));

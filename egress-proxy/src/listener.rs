@@ -254,7 +254,10 @@ impl ExecutionListener {
             );
         }
         let execution = &self.execution;
-        if let Some(summary) = execution.denials.take(&execution.id, &execution.tenant, true) {
+        if let Some(summary) = execution
+            .denials
+            .take(&execution.id, &execution.tenant, true)
+        {
             let record = self.shared.recorder.suppressed(&summary);
             if tokio::time::timeout(self.shared.config.record_timeout, record)
                 .await

@@ -480,7 +480,9 @@ async fn the_default_rate_bounds_a_burst_of_denials() {
     let mut refused = 0;
     for attempt in 0..burst {
         let response = harness
-            .exchange_text(&format!("CONNECT b{attempt}.exfil.test:443 HTTP/1.1\r\n\r\n"))
+            .exchange_text(&format!(
+                "CONNECT b{attempt}.exfil.test:443 HTTP/1.1\r\n\r\n"
+            ))
             .await;
         refused += usize::from(response.contains("egress.too_many_denials"));
     }
@@ -495,6 +497,10 @@ async fn the_default_rate_bounds_a_burst_of_denials() {
         .map(|s| s.count)
         .sum();
     assert!(refused >= 1, "a burst past the rate is refused");
-    assert_eq!(rows + counted as usize, burst, "every attempt is a row or a count");
+    assert_eq!(
+        rows + counted as usize,
+        burst,
+        "every attempt is a row or a count"
+    );
     assert_eq!(counted as usize, refused);
 }

@@ -107,7 +107,13 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     let after = written(&owner).await;
     owner.close().await;
 
-    report(requests, before, after, &statuses, [before_time, after_time])
+    report(
+        requests,
+        before,
+        after,
+        &statuses,
+        [before_time, after_time],
+    )
 }
 
 fn report(

@@ -97,7 +97,10 @@ async fn run(
     let audit = AuditStore::new(db.pool.clone()).with_journal(Arc::new(journal));
     let replayed = audit.replay_journal().await?;
     if replayed > 0 {
-        tracing::warn!(records = replayed, "journal from an earlier outage written back");
+        tracing::warn!(
+            records = replayed,
+            "journal from an earlier outage written back"
+        );
     }
     let active = policy.current();
     audit
@@ -133,8 +136,8 @@ async fn run(
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
     // The peer address reaches the handlers (refusals are counted per source address).
     let service = api::router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
-    let server = axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    let server =
+        axum::serve(listener, service).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = server.await.map_err(ServeError::Http);
 
     tracing::info!("shutting down: waiting for running executions");

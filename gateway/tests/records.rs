@@ -165,7 +165,10 @@ async fn a_database_outage_mid_run_loses_neither_the_outcome_nor_the_byte_counts
                 .send()
                 .await
                 .unwrap();
-            (response.status().as_u16(), response.json::<Value>().await.unwrap())
+            (
+                response.status().as_u16(),
+                response.json::<Value>().await.unwrap(),
+            )
         })
     };
     let (id, connection) = wait_for_open_connection(&pool).await;
@@ -206,7 +209,11 @@ async fn a_database_outage_mid_run_loses_neither_the_outcome_nor_the_byte_counts
     assert_eq!(up, sent["up"].as_i64().unwrap(), "bytes up exact");
     assert_eq!(down, sent["down"].as_i64().unwrap(), "bytes down exact");
     assert_no_false_cause(&pool, &id).await;
-    assert_eq!(journal_files(&journal), 0, "the journal is empty once written back");
+    assert_eq!(
+        journal_files(&journal),
+        0,
+        "the journal is empty once written back"
+    );
     pool.close().await;
     gw.stop().await;
 }

@@ -129,14 +129,21 @@ async fn traversal_and_cross_tenant_probes_are_audited_once_per_window_with_a_co
     let (status, body) = gw.execute(&other, "cobol", "x", json!({})).await;
     assert_eq!(status, 403, "{body}");
     let id = body["error"]["execution_id"].as_str().unwrap().to_owned();
-    for path in [format!("/v1/executions/{id}"), format!("/v1/executions/{id}/connections")] {
+    for path in [
+        format!("/v1/executions/{id}"),
+        format!("/v1/executions/{id}/connections"),
+    ] {
         let (status, body) = gw.get(&agent, &path).await;
         assert_eq!(status, 404, "{body}");
     }
     let (missing, _) = gw.get(&agent, "/v1/executions/ex_missing").await;
     assert_eq!(missing, 404);
     let rows = rows_of(&pool, "request.cross_tenant").await;
-    assert_eq!(rows.len(), 1, "only the other tenant's id is a probe: {rows:?}");
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the other tenant's id is a probe: {rows:?}"
+    );
     assert_eq!(rows[0].1["request"]["owner_tenant"], "globex");
 
     tokio::time::sleep(Duration::from_secs(WINDOW_S + 2)).await;
@@ -174,7 +181,11 @@ async fn a_dry_runs_large_input_is_stored_as_its_hash() {
         input.to_string().len() as u64
     );
     let (status, body) = gw
-        .post(&reviewer, "/v1/policy/evaluate", &json!({"input": {"a": "b\u{0}"}}))
+        .post(
+            &reviewer,
+            "/v1/policy/evaluate",
+            &json!({"input": {"a": "b\u{0}"}}),
+        )
         .await;
     assert_eq!(status, 400, "{body}");
     gw.stop().await;
@@ -223,8 +234,14 @@ print(refused)
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert!(rows <= i64::from(egress_proxy::DEFAULT_MAX_DENIED), "{rows} rows");
-    assert!(refused > 0, "400 denials in a few seconds must pass the rate");
+    assert!(
+        rows <= i64::from(egress_proxy::DEFAULT_MAX_DENIED),
+        "{rows} rows"
+    );
+    assert!(
+        refused > 0,
+        "400 denials in a few seconds must pass the rate"
+    );
     assert_eq!(counted, refused, "each refused attempt is counted");
     assert_eq!(rows + counted, 400, "every attempt is a row or a count");
     gw.stop().await;

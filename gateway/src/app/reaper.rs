@@ -218,11 +218,7 @@ pub async fn sweep(app: &App, first: bool) -> SweepReport {
         END_NOT_STORED
     };
     let owned = |id: &str| app.live.contains(id) || app.audit.journal_holds(id);
-    match app
-        .audit
-        .close_abandoned(&app.instance, owned, why)
-        .await
-    {
+    match app.audit.close_abandoned(&app.instance, owned, why).await {
         Ok(closed) => report.records = closed,
         Err(err) => tracing::warn!(error = %err, "reaper cannot close abandoned records"),
     }

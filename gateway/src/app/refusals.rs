@@ -416,9 +416,14 @@ mod tests {
             .collect();
         assert_eq!(verdicts[0], Verdict::Record);
         assert!(verdicts[1..5].iter().all(|v| *v == Verdict::Counted));
-        assert!(matches!(verdicts[5], Verdict::Throttled { retry_after } if retry_after > Duration::from_secs(3000)));
+        assert!(
+            matches!(verdicts[5], Verdict::Throttled { retry_after } if retry_after > Duration::from_secs(3000))
+        );
         // Another source has its own bucket and budget.
-        assert_eq!(refusals.note(&failure([10, 0, 0, 2], None)), Verdict::Record);
+        assert_eq!(
+            refusals.note(&failure([10, 0, 0, 2], None)),
+            Verdict::Record
+        );
     }
 
     #[test]
@@ -455,7 +460,11 @@ mod tests {
         assert!(refusals.roll(false).is_empty());
         refusals.note(&failure([10, 0, 0, 1], None));
         refusals.note(&failure([10, 0, 0, 1], None));
-        assert_eq!(refusals.roll(true).len(), 1, "shutdown writes what it counted");
+        assert_eq!(
+            refusals.roll(true).len(),
+            1,
+            "shutdown writes what it counted"
+        );
     }
 
     #[test]

@@ -49,7 +49,10 @@ pub(super) fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
 pub(super) enum UploadError {
     /// A name that would leave `/workspace` (absolute, `..`, `.`, empty parts, a backslash),
     /// however it is spelt.
-    Traversal { name: String, message: String },
+    Traversal {
+        name: String,
+        message: String,
+    },
     Invalid(String),
 }
 

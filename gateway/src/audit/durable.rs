@@ -62,7 +62,9 @@ impl AuditStore {
                 Ok(Err(err)) => {
                     tracing::warn!(execution_id = %id, error = %crate::app::error_chain(&err), "completion not stored; journaling it");
                 }
-                Err(_) => tracing::warn!(execution_id = %id, "completion not stored in time; journaling it"),
+                Err(_) => {
+                    tracing::warn!(execution_id = %id, "completion not stored in time; journaling it")
+                }
             }
         }
         let entry = Entry::Completion {
@@ -200,7 +202,10 @@ impl AuditStore {
             )),
             ..completion.clone()
         };
-        if let Err(err) = self.complete_execution(execution_id, &bare, *finished_at).await {
+        if let Err(err) = self
+            .complete_execution(execution_id, &bare, *finished_at)
+            .await
+        {
             tracing::error!(execution_id = %execution_id, error = %crate::app::error_chain(&err), "the end of an execution could not be stored");
         }
     }

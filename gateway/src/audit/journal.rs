@@ -241,7 +241,10 @@ impl Journal {
                 fs::remove_file(&path).map_err(io(&path))?;
                 continue;
             }
-            let Some(seq) = name.strip_suffix(".json").and_then(|s| s.parse::<u64>().ok()) else {
+            let Some(seq) = name
+                .strip_suffix(".json")
+                .and_then(|s| s.parse::<u64>().ok())
+            else {
                 continue;
             };
             let bytes = fs::read(&path).map_err(io(&path))?;
@@ -313,12 +316,18 @@ mod tests {
         let journal = Journal::open(dir.path()).unwrap();
         assert!(journal.holds_execution("ex_1"));
         let pending = journal.pending().unwrap();
-        assert_eq!(pending, vec![(first, completion_like(&pending[0].1)), (second, close)]);
+        assert_eq!(
+            pending,
+            vec![(first, completion_like(&pending[0].1)), (second, close)]
+        );
         journal.remove(first).unwrap();
         assert!(!journal.holds_execution("ex_1"));
         assert_eq!(journal.len(), 1);
         let third = journal.append(&completion("ex_2")).unwrap();
-        assert!(third > second, "sequence numbers never go back after a reopen");
+        assert!(
+            third > second,
+            "sequence numbers never go back after a reopen"
+        );
     }
 
     /// The stored completion, checked field by field where it matters (bytes exact).
