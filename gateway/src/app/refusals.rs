@@ -79,6 +79,16 @@ impl RefusalKind {
         }
     }
 
+    /// The event's `key_id` column and `input.claimed_key_id` for `key_id`: a failed
+    /// authentication's key id is only claimed (never the acting key), so it stays in the input.
+    fn key_columns(self, key_id: Option<&str>) -> (Option<String>, Option<String>) {
+        let key_id = key_id.map(str::to_owned);
+        match self {
+            RefusalKind::AuthFailure => (None, key_id),
+            _ => (key_id, None),
+        }
+    }
+
     /// The audit event kind of a window's summary.
     pub fn repeated_kind(self) -> &'static str {
         match self {
@@ -259,26 +269,30 @@ fn summaries(ended: Window, until: DateTime<Utc>) -> Vec<NewEvent> {
         .buckets
         .into_iter()
         .filter(|(_, bucket)| bucket.repeats + bucket.throttled > 0)
-        .map(|(key, bucket)| NewEvent {
-            kind: key.kind.repeated_kind(),
-            execution_id: None,
-            key_id: key.key_id.clone(),
-            tenant: key.tenant.clone(),
-            decision_id: None,
-            allow: Some(false),
-            reasons: json!([{"code": bucket.code, "message": "repeated refusals, aggregated"}]),
-            input: json!({
-                "source": key.source.map(|ip| ip.to_string()),
-                "window_start": ended.started_at,
-                "window_end": until,
-                "last": bucket.detail,
-            }),
-            decision: json!({
-                "allow": false,
-                "repeats": bucket.repeats,
-                "throttled": bucket.throttled,
-            }),
-            policy_revision: None,
+        .map(|(key, bucket)| {
+            let (key_id, claimed_key_id) = key.kind.key_columns(key.key_id.as_deref());
+            NewEvent {
+                kind: key.kind.repeated_kind(),
+                execution_id: None,
+                key_id,
+                tenant: key.tenant.clone(),
+                decision_id: None,
+                allow: Some(false),
+                reasons: json!([{"code": bucket.code, "message": "repeated refusals, aggregated"}]),
+                input: json!({
+                    "source": key.source.map(|ip| ip.to_string()),
+                    "claimed_key_id": claimed_key_id,
+                    "window_start": ended.started_at,
+                    "window_end": until,
+                    "last": bucket.detail,
+                }),
+                decision: json!({
+                    "allow": false,
+                    "repeats": bucket.repeats,
+                    "throttled": bucket.throttled,
+                }),
+                policy_revision: None,
+            }
         })
         .collect()
 }
@@ -325,16 +339,18 @@ impl App {
     pub async fn refuse(&self, refusal: Refusal) -> Result<Verdict, crate::audit::AuditError> {
         let verdict = self.refusals.note(&refusal);
         if verdict == Verdict::Record {
+            let (key_id, claimed_key_id) = refusal.kind.key_columns(refusal.key_id.as_deref());
             let event = NewEvent {
                 kind: refusal.kind.event_kind(),
                 execution_id: None,
-                key_id: refusal.key_id.clone(),
+                key_id,
                 tenant: refusal.tenant.clone(),
                 decision_id: None,
                 allow: Some(false),
                 reasons: json!([{"code": refusal.code, "message": "refused"}]),
                 input: json!({
                     "source": refusal.source.map(|ip| ip.to_string()),
+                    "claimed_key_id": claimed_key_id,
                     "request": refusal.detail,
                 }),
                 decision: json!({"allow": false}),
