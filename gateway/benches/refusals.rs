@@ -6,7 +6,8 @@
 //!   through an in-process gateway (HTTP on loopback): one event per window and source, the
 //!   rest counted into a summary, 429 past the rate.
 //!
-//! Prints rows, bytes (the rows' on-disk size, `pg_column_size`) and the ratio. Fails if the
+//! Prints rows, bytes (the rows' on-disk size, `pg_column_size`, which TOAST compresses, and
+//! the inputs' JSON text) and the ratio of on-disk bytes. Fails if the
 //! bounded run writes more than 10 rows or more than 1% of the bytes of the baseline.
 //! `SANDGATE_BENCH_BAD_REQUESTS` changes the count. Run by `make bench`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is a failure report
@@ -118,22 +119,24 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
 
 fn report(
     requests: usize,
-    before: (i64, i64),
-    after: (i64, i64),
+    before: (i64, i64, i64),
+    after: (i64, i64, i64),
     statuses: &[(u16, usize)],
     [before_time, after_time]: [Duration; 2],
 ) -> bool {
     println!("failed authentications: {requests} requests with a {PATH_BYTES}-byte path");
     println!(
-        "  before (one whole-path row each): {:>6} rows {:>12} bytes  ({:.1} s to write)",
+        "  before (one whole-path row each): {:>6} rows {:>12} bytes on disk {:>12} bytes of input  ({:.1} s to write)",
         before.0,
         before.1,
+        before.2,
         before_time.as_secs_f64()
     );
     println!(
-        "  after  (bounded, aggregated):     {:>6} rows {:>12} bytes  ({:.1} s for the requests)",
+        "  after  (bounded, aggregated):     {:>6} rows {:>12} bytes on disk {:>12} bytes of input  ({:.1} s for the requests)",
         after.0,
         after.1,
+        after.2,
         after_time.as_secs_f64()
     );
     println!("  answers: {statuses:?}");
@@ -182,10 +185,12 @@ fn old_failure(path: &str) -> NewEvent {
     }
 }
 
-/// Rows and their on-disk bytes of the authentication failure events.
-async fn written(pool: &PgPool) -> (i64, i64) {
+/// Rows, their on-disk bytes (compressed by TOAST) and their inputs' JSON text bytes, of the
+/// authentication failure events.
+async fn written(pool: &PgPool) -> (i64, i64, i64) {
     sqlx::query_as(
-        "SELECT count(*), COALESCE(sum(pg_column_size(e.*)), 0)::bigint FROM audit_events e \
+        "SELECT count(*), COALESCE(sum(pg_column_size(e.*)), 0)::bigint, \
+         COALESCE(sum(octet_length(e.input::text)), 0)::bigint FROM audit_events e \
          WHERE kind LIKE 'auth.failure%'",
     )
     .fetch_one(pool)
