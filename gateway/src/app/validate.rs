@@ -3,8 +3,10 @@
 
 use base64::Engine as _;
 
+use super::refusals::{bounded_text, Refusal, RefusalKind, Verdict};
 use super::request::{ExecutionRequest, FileUpload};
-use super::AppError;
+use super::{App, AppError};
+use crate::audit::ApiKey;
 
 const MAX_FILES: usize = 256;
 /// Most labels, and most network destinations, in one request.
@@ -42,10 +44,63 @@ pub(super) fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
     Ok(())
 }
 
+/// Why an upload was refused. Both are 400; a traversal is also audited as a hostile refusal.
+#[derive(Debug)]
+pub(super) enum UploadError {
+    /// A name that would leave `/workspace` (absolute, `..`, `.`, empty parts, a backslash),
+    /// however it is spelt.
+    Traversal {
+        name: String,
+        message: String,
+    },
+    Invalid(String),
+}
+
+impl From<UploadError> for AppError {
+    fn from(err: UploadError) -> AppError {
+        match err {
+            UploadError::Traversal { message, .. } | UploadError::Invalid(message) => {
+                AppError::Invalid(message)
+            }
+        }
+    }
+}
+
+impl App {
+    /// [`decode_files`], with a traversal attempt audited (bounded, see `refusals`) before the
+    /// 400; past the caller's rate it is a 429.
+    pub(super) async fn checked_uploads(
+        &self,
+        caller: &ApiKey,
+        files: &[FileUpload],
+    ) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+        let err = match decode_files(files) {
+            Ok(files) => return Ok(files),
+            Err(err) => err,
+        };
+        if let UploadError::Traversal { name, .. } = &err {
+            let refusal = Refusal {
+                kind: RefusalKind::UploadTraversal,
+                source: None,
+                key_id: Some(caller.id.clone()),
+                tenant: Some(caller.tenant.clone()),
+                code: "request.path_traversal".to_owned(),
+                detail: serde_json::json!({"file": bounded_text(name)}),
+            };
+            if let Verdict::Throttled { .. } = self.refuse(refusal).await? {
+                return Err(AppError::RateLimited(
+                    "too many refused uploads from this key".to_owned(),
+                ));
+            }
+        }
+        Err(err.into())
+    }
+}
+
 /// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
-pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, UploadError> {
     if files.len() > MAX_FILES {
-        return Err(AppError::Invalid(format!(
+        return Err(UploadError::Invalid(format!(
             "{} files; the limit is {MAX_FILES}",
             files.len()
         )));
@@ -57,13 +112,13 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
         .map(|file| {
             let path = normalise_path(&file.path)?;
             if !seen.insert(path.clone()) {
-                return Err(AppError::Invalid(format!(
+                return Err(UploadError::Invalid(format!(
                     "file {:?}: given more than once",
                     file.path
                 )));
             }
             let content = b64.decode(&file.content_b64).map_err(|err| {
-                AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+                UploadError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
             })?;
             Ok((path, content))
         })
@@ -74,15 +129,40 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
 /// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
 /// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
 /// into something that later normalises or decodes it.
-fn normalise_path(path: &str) -> Result<String, AppError> {
+fn normalise_path(path: &str) -> Result<String, UploadError> {
     use unicode_normalization::UnicodeNormalization;
     let nfc: String = path.nfc().collect();
     let nfkc: String = path.nfkc().collect();
     let decoded = percent_decode(&nfkc);
     for form in [&nfc, &nfkc, &decoded] {
-        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
+        check_path(form).map_err(|fault| {
+            let message = format!("file {path:?}: {}", fault.why());
+            match fault {
+                NameFault::Escapes(_) => UploadError::Traversal {
+                    name: path.to_owned(),
+                    message,
+                },
+                NameFault::Malformed(_) => UploadError::Invalid(message),
+            }
+        })?;
     }
     Ok(nfc)
+}
+
+/// What is wrong with an upload name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameFault {
+    /// It would leave `/workspace`: a traversal attempt.
+    Escapes(&'static str),
+    Malformed(&'static str),
+}
+
+impl NameFault {
+    fn why(self) -> &'static str {
+        match self {
+            NameFault::Escapes(why) | NameFault::Malformed(why) => why,
+        }
+    }
 }
 
 /// `%XX` sequences decoded (lossily); anything else kept.
@@ -109,25 +189,28 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn check_path(path: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(why.to_owned());
+fn check_path(path: &str) -> Result<(), NameFault> {
     if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return bad("path must be 1 to 255 bytes");
-    }
-    if path.starts_with('/') {
-        return bad("path must be relative to /workspace");
+        return Err(NameFault::Malformed("path must be 1 to 255 bytes"));
     }
     if path.chars().any(char::is_control) {
-        return bad("path must not contain control characters");
+        return Err(NameFault::Malformed(
+            "path must not contain control characters",
+        ));
+    }
+    if path.starts_with('/') {
+        return Err(NameFault::Escapes("path must be relative to /workspace"));
     }
     if path.contains('\\') {
-        return bad("path must not contain a backslash");
+        return Err(NameFault::Escapes("path must not contain a backslash"));
     }
     if path
         .split('/')
         .any(|part| part.is_empty() || part == "." || part == "..")
     {
-        return bad("path must not contain empty, '.' or '..' components");
+        return Err(NameFault::Escapes(
+            "path must not contain empty, '.' or '..' components",
+        ));
     }
     Ok(())
 }
