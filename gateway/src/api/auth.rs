@@ -23,8 +23,87 @@ impl Caller {
         }
         Err(ApiError::new(
             ErrorCode::Forbidden,
-            format!("role {} may not do this", self.0.role),
+            format!(
+                "role {} may not call this route; it is open to the roles: {}",
+                self.0.role,
+                roles.join(", ")
+            ),
         ))
+    }
+}
+
+/// Why a request carried no usable key. Each has its own audit code and its own message, so
+/// the caller learns what to fix; none says more than the key id the caller itself claimed.
+/// (Revoked and expired keys add their variants here when keys get a lifetime.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuthFailure {
+    /// No `Authorization` header, or an empty one.
+    Missing,
+    /// A header that is not `Bearer sgk_<16 hex>_<64 hex>`.
+    Malformed,
+    /// Well formed, but no active key has this secret.
+    Unknown,
+}
+
+impl AuthFailure {
+    /// The audit reason code (`auth.missing_key`, ...).
+    pub fn code(self) -> &'static str {
+        match self {
+            AuthFailure::Missing => "auth.missing_key",
+            AuthFailure::Malformed => "auth.malformed_key",
+            AuthFailure::Unknown => "auth.unknown_key",
+        }
+    }
+
+    fn message(self, claimed: Option<&str>) -> String {
+        match self {
+            AuthFailure::Missing => {
+                "no API key: send the header `Authorization: Bearer <key>`".to_owned()
+            }
+            AuthFailure::Malformed => "the API key is malformed: a key looks like \
+                 `sgk_<16 hex digits>_<64 hex digits>`, sent as `Authorization: Bearer <key>`"
+                .to_owned(),
+            AuthFailure::Unknown => format!(
+                "API key {} is not known to this gateway (mistyped, or from another \
+                 gateway or database)",
+                claimed.unwrap_or("?")
+            ),
+        }
+    }
+}
+
+/// The secret of a well-formed `Authorization: Bearer sgk_..` header, or why there is none.
+fn bearer_secret(parts: &Parts) -> Result<&str, AuthFailure> {
+    let Some(value) = parts.headers.get(AUTHORIZATION) else {
+        return Err(AuthFailure::Missing);
+    };
+    let value = value.to_str().map_err(|_| AuthFailure::Malformed)?.trim();
+    if value.is_empty() {
+        return Err(AuthFailure::Missing);
+    }
+    let secret = value
+        .strip_prefix("Bearer ")
+        .map(str::trim)
+        .ok_or(AuthFailure::Malformed)?;
+    if secret.is_empty() {
+        return Err(AuthFailure::Missing);
+    }
+    if !well_formed(secret) {
+        return Err(AuthFailure::Malformed);
+    }
+    Ok(secret)
+}
+
+/// `sgk_<16 hex>_<64 hex>`, the only shape `create_key` hands out.
+fn well_formed(secret: &str) -> bool {
+    let hex =
+        |part: &str, len: usize| part.len() == len && part.bytes().all(|b| b.is_ascii_hexdigit());
+    match secret
+        .strip_prefix("sgk_")
+        .and_then(|rest| rest.split_once('_'))
+    {
+        Some((id, key)) => hex(id, 16) && hex(key, 64),
+        None => false,
     }
 }
 
@@ -32,23 +111,26 @@ impl FromRequestParts<Arc<App>> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, app: &Arc<App>) -> Result<Self, ApiError> {
-        let secret = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|value| value.to_str().ok())
-            .and_then(|value| value.strip_prefix("Bearer "))
-            .map(str::trim);
+        let secret = bearer_secret(parts);
         let failure = match secret {
-            None | Some("") => "missing_key",
-            Some(secret) => match app.audit.find_key(secret).await {
+            Err(failure) => failure,
+            Ok(secret) => match app.audit.find_key(secret).await {
                 Ok(Some(key)) => return Ok(Caller(key)),
-                Ok(None) => "unknown_key",
+                Ok(None) => AuthFailure::Unknown,
                 Err(err) => {
                     tracing::error!(error = %crate::app::error_chain(&err), "key lookup failed");
                     return Err(ApiError::unavailable());
                 }
             },
         };
+        // The key id the caller claims (even in a malformed key): enough to audit and to say
+        // which key failed, nothing an attacker did not send.
+        let claimed = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().strip_prefix("Bearer "))
+            .and_then(|secret| claimed_key_id(secret.trim()));
         let event = NewEvent {
             kind: "auth.failure",
             execution_id: None,
@@ -56,11 +138,11 @@ impl FromRequestParts<Arc<App>> for Caller {
             tenant: None,
             decision_id: None,
             allow: Some(false),
-            reasons: json!([{"code": format!("auth.{failure}"), "message": "authentication failed"}]),
+            reasons: json!([{"code": failure.code(), "message": "authentication failed"}]),
             input: json!({
                 "method": parts.method.as_str(),
                 "path": parts.uri.path(),
-                "claimed_key_id": secret.and_then(claimed_key_id),
+                "claimed_key_id": claimed,
             }),
             decision: json!({"allow": false}),
             policy_revision: None,
@@ -71,7 +153,7 @@ impl FromRequestParts<Arc<App>> for Caller {
         }
         Err(ApiError::new(
             ErrorCode::Unauthenticated,
-            "a valid API key is required: Authorization: Bearer <key>",
+            failure.message(claimed.as_deref()),
         ))
     }
 }
