@@ -401,6 +401,17 @@ sys.exit(3)
         record["stderr"].as_str().unwrap()
     );
     assert_eq!(replay.last().unwrap().data, last.data);
+    // ... in the same events as the live stream (the stored layout keeps the interleaving),
+    // so ids carry over: Last-Event-ID from the live stream resumes the replay.
+    let same = |a: &[common::payloads::SseEvent], b: &[common::payloads::SseEvent]| {
+        assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+        for (a, b) in a.iter().zip(b) {
+            assert_eq!((a.id, &a.name, &a.data), (b.id, &b.name, &b.data));
+        }
+    };
+    same(&replay, &events);
+    let tail = gw.events_after(&key, &id, Some(2)).await.collect().await;
+    same(&tail, &events[2..]);
 
     // Another tenant sees nothing.
     let other = gw.key("agent", "forge").await;

@@ -369,6 +369,7 @@ impl App {
                 &id,
             ),
         };
+        self.save_stream_layout(&id).await;
         let stored = self.complete_with_retry(row, done).await;
         // Subscribers get the end only once the record is stored: a late reader of the record
         // sees the same thing the stream said.

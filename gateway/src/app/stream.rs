@@ -183,6 +183,31 @@ impl Stream {
         self.lock().events.len()
     }
 
+    /// How the events split the output, in order (`[["stdout", bytes], ...]`, the tails
+    /// `close` will flush included), or `None` when the stream dropped output at its bound.
+    pub fn layout(&self) -> Option<serde_json::Value> {
+        let state = self.lock();
+        if state.lossy {
+            return None;
+        }
+        let mut runs: Vec<serde_json::Value> = state
+            .events
+            .iter()
+            .filter_map(|event| match event {
+                StreamEvent::Stdout(text) => Some(serde_json::json!(["stdout", text.len()])),
+                StreamEvent::Stderr(text) => Some(serde_json::json!(["stderr", text.len()])),
+                StreamEvent::Exit(_) => None,
+            })
+            .collect();
+        for (name, rest) in ["stdout", "stderr"].iter().zip(&state.pending) {
+            if !rest.is_empty() {
+                let text = String::from_utf8_lossy(rest);
+                runs.push(serde_json::json!([name, text.len()]));
+            }
+        }
+        Some(serde_json::Value::Array(runs))
+    }
+
     /// The output so far, per channel, as the record will hold it (for `GET` while running).
     pub fn text_so_far(&self) -> (String, String) {
         let state = self.lock();

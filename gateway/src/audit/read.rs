@@ -169,6 +169,26 @@ impl AuditStore {
         Ok(rows)
     }
 
+    /// Stores how the live stream split the output of `id` (see migration `stream_layout`).
+    pub async fn save_stream_layout(&self, id: &str, layout: &Value) -> Result<(), AuditError> {
+        sqlx::query("UPDATE executions SET stream_layout = $2 WHERE id = $1")
+            .bind(id)
+            .bind(Json(layout))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The stored stream layout of `id`, if any.
+    pub async fn stream_layout(&self, id: &str) -> Result<Option<Value>, AuditError> {
+        let layout: Option<(Option<Json<Value>>,)> =
+            sqlx::query_as("SELECT stream_layout FROM executions WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(layout.and_then(|(layout,)| layout.map(|Json(value)| value)))
+    }
+
     /// Whether execution `id` exists (within `tenant`, when given): a listing's `before` must
     /// name one, or the page could only ever be empty.
     pub async fn execution_visible(
