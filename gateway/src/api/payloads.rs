@@ -13,7 +13,7 @@ use axum::http::header::{
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream::{self, Stream, StreamExt};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::json;
 use tokio_util::io::ReaderStream;
 
@@ -38,9 +38,32 @@ pub async fn events(
     let resume = last_event_id(&headers)?;
     let source = app.execution_events(&caller.0, &id).await?;
     let events = match source {
+        // Held for review: answer at once (keep-alives flow) and wait for the decision.
+        EventSource::Pending => stream::once(async move {
+            match app.execution_events_after_review(&caller.0, &id).await {
+                Ok(source) => indexed(source, resume),
+                Err(err) => {
+                    tracing::warn!(execution_id = %id, error = ?err, "events after review");
+                    stream::empty().boxed()
+                }
+            }
+        })
+        .flatten()
+        .boxed(),
+        source => indexed(source, resume),
+    };
+    Ok(
+        Sse::new(events.map(|(index, event)| Ok(sse_event(index, event))))
+            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)),
+    )
+}
+
+/// The events of a decided execution with their positions, from `resume` on.
+fn indexed(source: EventSource, resume: usize) -> BoxStream<'static, (usize, StreamEvent)> {
+    match source {
         EventSource::Stored(events) => {
             let skip = resume.min(events.len());
-            stream::iter(events.into_iter().enumerate().skip(skip)).left_stream()
+            stream::iter(events.into_iter().enumerate().skip(skip)).boxed()
         }
         EventSource::Live(live) => {
             let from = resume.min(live.event_count());
@@ -50,13 +73,10 @@ pub async fn events(
                 Some((stream::iter((from..next).zip(batch)), (live, next)))
             })
             .flatten()
-            .right_stream()
+            .boxed()
         }
-    };
-    Ok(
-        Sse::new(events.map(|(index, event)| Ok(sse_event(index, event))))
-            .keep_alive(KeepAlive::new().interval(KEEP_ALIVE)),
-    )
+        EventSource::Pending => stream::empty().boxed(),
+    }
 }
 
 /// The `Last-Event-ID` header: how many events the client already has (0 without it).

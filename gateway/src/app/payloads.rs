@@ -25,6 +25,9 @@ pub enum EventSource {
     Live(Arc<Stream>),
     /// Finished: the stored record, as events.
     Stored(Vec<StreamEvent>),
+    /// Held for a reviewer: ask again with [`App::execution_events_after_review`], which
+    /// waits for the decision (an approval then streams it, a rejection ends with its record).
+    Pending,
 }
 
 /// A collected output file, ready to send.
@@ -75,9 +78,34 @@ impl App {
         caller: &ApiKey,
         id: &str,
     ) -> Result<EventSource, AppError> {
+        self.events_source(caller, id, false).await
+    }
+
+    /// Like [`App::execution_events`] for an execution held for review: waits (at most the
+    /// approval TTL) until a reviewer decides, then its live or stored events.
+    pub async fn execution_events_after_review(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+    ) -> Result<EventSource, AppError> {
+        self.events_source(caller, id, true).await
+    }
+
+    async fn events_source(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+        wait_for_review: bool,
+    ) -> Result<EventSource, AppError> {
+        let review = Duration::from_secs(self.config.approval_ttl_s);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.config.ceilings.timeout_ms)
-            + Duration::from_secs(120);
+            + Duration::from_secs(120)
+            + if wait_for_review {
+                review
+            } else {
+                Duration::ZERO
+            };
         loop {
             let row = self.get_execution(caller, id).await?;
             if row.finished_at.is_some() {
@@ -87,7 +115,10 @@ impl App {
             if let Some(stream) = self.streams.get(id) {
                 return Ok(EventSource::Live(stream));
             }
-            if row.status == "pending_approval" || tokio::time::Instant::now() > deadline {
+            if row.status == "pending_approval" && !wait_for_review {
+                return Ok(EventSource::Pending);
+            }
+            if tokio::time::Instant::now() > deadline {
                 return Err(AppError::Conflict(format!(
                     "execution {id} is {} and has no live output here",
                     row.status
