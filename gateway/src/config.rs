@@ -308,13 +308,24 @@ impl Config {
                 "warm_pool.{language}: no image is configured for {language} (images.{language})"
             ));
         }
+        let w = &self.warm_pool_limits;
+        if w.memory_mb < 16 || !(w.cpus.is_finite() && w.cpus > 0.0) || w.disk_mb == 0 {
+            return invalid(
+                "warm_pool_limits: memory_mb >= 16, a finite cpus > 0 and disk_mb >= 1 are required"
+                    .to_owned(),
+            );
+        }
         if self.warm_pool.values().any(|count| *count > MAX_POOLED) {
             return invalid(format!(
                 "warm_pool: at most {MAX_POOLED} sandboxes per language"
             ));
         }
         let c = &self.ceilings;
-        if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {
+        if c.timeout_ms == 0
+            || c.memory_mb < 16
+            || !(c.cpus.is_finite() && c.cpus > 0.0)
+            || c.pids < 256
+        {
             return invalid(
                 "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
                  (gVisor's own threads count against the pids limit)"

@@ -145,6 +145,8 @@ print(json.dumps(facts))
         "PYTHONUNBUFFERED",
         "PYTHONDONTWRITEBYTECODE",
         "MPLBACKEND",
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
     ];
     for name in &names {
         assert!(

@@ -55,3 +55,20 @@ impl SandboxHome {
         }
     }
 }
+
+/// Removes socket directories whose sandbox is no longer live (left by a crash or a kill -9).
+/// Listed before `is_live` is asked, so one created meanwhile is never seen.
+pub fn sweep_egress(root: &Path, is_live: impl Fn(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let names: Vec<String> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    names
+        .into_iter()
+        .filter(|name| !is_live(name))
+        .filter(|name| std::fs::remove_dir_all(root.join(name)).is_ok())
+        .count()
+}

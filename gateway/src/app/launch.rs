@@ -90,8 +90,8 @@ impl App {
                     sink: Some(stream),
                     cancel: live.cancel_token(),
                 };
-                live.started(control.timeout);
-                self.run_in_sandbox(&row, program, runnable, control).await
+                self.run_in_sandbox(&row, program, runnable, (control, &live))
+                    .await
             }
             None => failed(
                 &id,
@@ -115,7 +115,7 @@ impl App {
         row: &ExecutionRow,
         program: Program,
         runnable: Runnable,
-        control: RunControl,
+        (control, live): (RunControl, &LiveGuard),
     ) -> Completion {
         let (claimed, start) = match self
             .sandbox_for(&row.id, &program.language, &runnable)
@@ -149,7 +149,9 @@ impl App {
                 return failed(&row.id, &err);
             }
         };
-        let job = job_for(program, egress.is_some());
+        // The reaper's deadline counts from here, not from a slow cold start.
+        live.started(control.timeout);
+        let job = job_for(program, runnable.limits.cpus, egress.is_some());
         let ran = sandbox.run(job, control).await;
         if let Some(egress) = egress {
             egress.finish().await;
@@ -229,7 +231,7 @@ impl App {
             mounts: Vec::new(),
             egress_dir: home.egress_dir.clone(),
             output_dir: home.output.dir().to_owned(),
-            env: sandbox_env(),
+            env: sandbox_env(shape.limits.cpus),
             waits,
         }
     }
@@ -332,7 +334,7 @@ async fn collect(
 
 /// The job line for a program: the program itself in `/workspace` (so it is the program's
 /// directory and its siblings import), the uploads beside it, the environment, the bridge.
-fn job_for(program: Program, proxied: bool) -> Job<'static> {
+fn job_for(program: Program, cpus: f64, proxied: bool) -> Job<'static> {
     let (argv, path) = command_for(&program.language);
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = vec![JobFile {
@@ -346,7 +348,7 @@ fn job_for(program: Program, proxied: bool) -> Job<'static> {
         content_b64: b64.encode(content).into(),
         mode: Some(0o644),
     }));
-    let mut env = sandbox_env();
+    let mut env = sandbox_env(cpus);
     let proxy = proxied.then(|| {
         env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
         JobProxy {
@@ -387,8 +389,11 @@ pub fn program_names() -> [&'static str; 3] {
 }
 
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
-pub fn sandbox_env() -> BTreeMap<String, String> {
-    [
+/// Thread pools (OpenBLAS, OpenMP) are sized to the CPU quota, not to the host's cores that
+/// gVisor reports: every thread costs one of the sandbox's pids.
+pub fn sandbox_env(cpus: f64) -> BTreeMap<String, String> {
+    let threads = format!("{}", cpus.ceil().max(1.0) as u32);
+    let mut env: BTreeMap<String, String> = [
         (
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -401,7 +406,11 @@ pub fn sandbox_env() -> BTreeMap<String, String> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
+    .collect();
+    for pool in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"] {
+        env.insert(pool.to_owned(), threads.clone());
+    }
+    env
 }
 
 fn failed(id: &str, err: &RuntimeError) -> Completion {

@@ -128,7 +128,7 @@ fn seed_shape(config: &Config, language: &str) -> Option<pool::Shape> {
             timeout_ms: 0,
             output_bytes: 0,
             memory_mb: w.memory_mb.min(config.ceilings.memory_mb),
-            cpus: w.cpus.min(config.ceilings.cpus),
+            cpus: pool::nano_rounded(w.cpus.min(config.ceilings.cpus)),
             pids: w.pids.min(config.ceilings.pids).max(floor::MIN_PIDS),
             disk_mb: w.disk_mb.min(config.ceilings.disk_mb),
         },

@@ -94,11 +94,11 @@ impl Scheduler {
         Ok(Ticket::Waiting(Arc::clone(self), rx))
     }
 
-    /// Whether an execution could start now (nothing waits and a slot is free): the warm pool
-    /// starts sandboxes only then.
-    pub fn has_free_slot(&self) -> bool {
+    /// Nothing waits for a slot and fewer than half the slots run: the warm pool starts
+    /// sandboxes only then, so refilling never delays or starves an execution.
+    pub fn is_quiet(&self) -> bool {
         let state = self.lock();
-        state.running < self.max_running && state.waiting == 0
+        state.waiting == 0 && state.running * 2 < self.max_running
     }
 
     fn release(&self) {
