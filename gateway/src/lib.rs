@@ -14,6 +14,7 @@ pub mod config;
 pub mod database;
 pub mod egress;
 pub mod ids;
+pub mod metrics;
 pub mod outputs;
 pub mod runtime;
 
@@ -89,7 +90,8 @@ async fn run(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let audit = AuditStore::new(db.pool.clone());
+    let metrics = metrics::Metrics::new(config.images.keys().map(String::as_str));
+    let audit = AuditStore::with_metrics(db.pool.clone(), Arc::new(metrics));
     let active = policy.current();
     audit
         .record_policy_revision(active.state.revision(), active.state.files(), "startup")

@@ -21,7 +21,7 @@ use crate::app::App;
 use crate::audit::ExecutionRow;
 
 /// An execution as clients see it (DESIGN 4.2).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     pub id: String,
     pub status: String,
@@ -52,7 +52,7 @@ pub struct ExecutionView {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DecisionView {
     pub id: String,
     pub allow: bool,
@@ -106,6 +106,19 @@ impl From<ExecutionRow> for ExecutionView {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/executions",
+    tag = "executions",
+    summary = "Decide, record and run code.",
+    security(("bearer" = ["agent"])),
+    request_body = crate::app::executions::ExecutionRequest,
+    responses(
+        (status = 200, description = "finished (any final status)", body = ExecutionView),
+        (status = 202, description = "accepted (`wait: false`) or sent to review (`pending_approval`, with `approval_id`)", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -130,6 +143,20 @@ pub async fn create(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/executions/{id}/cancel",
+    tag = "executions",
+    summary = "Stop a running execution; answers the final record.",
+    security(("bearer" = ["agent", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the final record", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn cancel(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -141,6 +168,20 @@ pub async fn cancel(
 }
 
 /// Every egress attempt of the execution, allowed or denied, in order.
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/connections",
+    tag = "executions",
+    summary = "Every egress attempt of the execution.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "`{\"connections\": [...]}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn connections(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -155,6 +196,20 @@ pub async fn connections(
     Ok(Json(serde_json::json!({ "connections": connections })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}",
+    tag = "executions",
+    summary = "One execution record.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the record", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,

@@ -27,6 +27,20 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// `stdout` and `stderr` events carry `{"text": ...}` as it arrives; the last event is `exit`
 /// with the final status (the same as `GET /v1/executions/{id}` then shows).
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/events",
+    tag = "payloads",
+    summary = "Server-Sent Events: `stdout`, `stderr` (`{\"text\"}`) as they happen, then `exit`.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "an event stream", body = String, content_type = "text/event-stream"),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -57,6 +71,21 @@ fn sse_event(event: StreamEvent) -> Event {
 }
 
 /// The bytes of one collected file, as an attachment: never rendered by a browser.
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/outputs/{path}",
+    tag = "payloads",
+    summary = "The bytes of one collected output file.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+        ("path" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the file, as an attachment", body = Vec<u8>, content_type = "application/octet-stream"),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn download(
     State(app): State<Arc<App>>,
     caller: Caller,

@@ -17,6 +17,17 @@ use crate::app::policy::ReloadError;
 use crate::app::App;
 use crate::audit::NewEvent;
 
+#[utoipa::path(
+    get,
+    path = "/v1/policy",
+    tag = "policy",
+    summary = "The active policy bundle.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    responses(
+        (status = 200, description = "revision and files", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin", "reviewer", "auditor"])?;
     let active = app.policy.current();
@@ -46,6 +57,18 @@ enum EntryPoint {
 }
 
 /// The decision for one input with the active bundle; nothing runs. Recorded like any decision.
+#[utoipa::path(
+    post,
+    path = "/v1/policy/evaluate",
+    tag = "policy",
+    summary = "Dry-run decision for one input; nothing runs.",
+    security(("bearer" = ["reviewer", "admin"])),
+    request_body = serde_json::Value,
+    responses(
+        (status = 200, description = "the decision", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn evaluate(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -91,6 +114,17 @@ pub async fn evaluate(
     })))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/policy/reload",
+    tag = "policy",
+    summary = "Reload the policy directory.",
+    security(("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "accepted or kept the last good bundle", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
     match app.policy.reload(&app.audit, &caller.0.id).await {

@@ -34,7 +34,7 @@ const COMPLETE_ATTEMPTS: u32 = 5;
 const CANCEL_WAIT_STEPS: u32 = 100;
 const WORKSPACE: &str = "/workspace";
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecutionRequest {
     pub language: String,
@@ -57,7 +57,7 @@ fn default_wait() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileUpload {
     pub path: String,

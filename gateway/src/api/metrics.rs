@@ -1,0 +1,32 @@
+//! `GET /metrics`: the Prometheus scrape (auditor or admin key). The series are built in
+//! `crate::metrics`; this only checks the caller and sets the content type.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::app::App;
+
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "metrics",
+    summary = "Prometheus metrics (text exposition format 0.0.4).",
+    security(("bearer" = ["auditor", "admin"])),
+    responses(
+        (status = 200, description = "the series of DESIGN 12", body = String, content_type = "text/plain"),
+        super::openapi::ApiErrors,
+    ),
+)]
+pub async fn scrape(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+) -> Result<impl IntoResponse, ApiError> {
+    caller.require_role(&["auditor", "admin"])?;
+    let text = app.audit.metrics().render();
+    Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
+}
