@@ -28,7 +28,7 @@ readonly PACKAGES=(
 # What the Python tests import (clients/python/tests, gateway/tests/toolkit_python.rs); the SDK
 # itself is imported from clients/python/src, so it is never stale.
 readonly PY_VENV=${SANDGATE_PY_VENV:-$ROOT/target/py}
-readonly PY_PACKAGES=(httpx pytest pytest-asyncio openapi-spec-validator mcp setuptools wheel)
+readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 wheel)
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.
 readonly RUNSC_ARGS=(--network=none --host-uds=open)

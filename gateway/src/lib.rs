@@ -14,6 +14,7 @@ pub mod config;
 pub mod database;
 pub mod egress;
 pub mod ids;
+pub mod mcp;
 pub mod metrics;
 pub mod outputs;
 pub mod runtime;

@@ -10,6 +10,7 @@ pub mod health;
 pub mod json;
 pub mod keys;
 pub mod listing;
+pub mod mcp;
 pub mod metrics;
 pub mod openapi;
 pub mod payloads;
@@ -75,6 +76,7 @@ pub fn routes() -> Vec<Route> {
         get("/readyz", health::readyz),
         get("/metrics", metrics::scrape),
         get("/v1/openapi.json", openapi::document),
+        post("/mcp", mcp::serve),
         post("/v1/executions", executions::create),
         get("/v1/executions", listing::list),
         get("/v1/executions/{id}", executions::get),

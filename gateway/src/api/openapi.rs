@@ -19,7 +19,7 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    approvals, audit, executions, health, keys, listing, metrics, payloads, policy, ui,
+    approvals, audit, executions, health, keys, listing, mcp, metrics, payloads, policy, ui,
 };
 
 #[derive(OpenApi)]
@@ -37,6 +37,7 @@ use super::{
         health::readyz,
         metrics::scrape,
         document,
+        mcp::serve,
         executions::create,
         listing::list,
         executions::get,
