@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod outputs;
 pub mod runtime;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -50,6 +51,8 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("HTTP server failed")]
     Http(#[source] std::io::Error),
+    #[error("TLS configuration")]
+    Tls(#[from] tls::TlsError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -102,6 +105,8 @@ async fn run(
         path: config.data_dir.clone(),
         err,
     })?;
+    // Read before anything starts, so a bad certificate stops start-up with its reason.
+    let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let egress = egress_proxy_for(&config, &policy, &audit, &listener);
     let app = Arc::new(App::new(
         config,
@@ -116,12 +121,21 @@ async fn run(
     app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, scheme, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
-    let server = axum::serve(listener, api::router(Arc::clone(&app)))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let served = server.await.map_err(ServeError::Http);
+    let router = api::router(Arc::clone(&app));
+    let served = match acceptor {
+        Some(acceptor) => {
+            tls::serve(listener, acceptor, router, shutdown.clone(), &app.tasks).await;
+            Ok(())
+        }
+        None => axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+            .await
+            .map_err(ServeError::Http),
+    };
 
     tracing::info!("shutting down: waiting for running executions");
     app.tasks.close();

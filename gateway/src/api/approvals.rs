@@ -98,6 +98,7 @@ pub struct ApprovalQuery {
     get,
     path = "/v1/approvals",
     tag = "approvals",
+    operation_id = "approvals_list",
     summary = "Approvals, e.g. `?status=pending`.",
     security(("bearer" = ["reviewer", "auditor", "admin"])),
     params(
@@ -124,6 +125,7 @@ pub async fn list(
     get,
     path = "/v1/approvals/{id}",
     tag = "approvals",
+    operation_id = "approvals_get",
     summary = "One approval.",
     security(("bearer" = ["reviewer", "auditor", "admin"])),
     params(
@@ -149,6 +151,7 @@ pub async fn get(
     post,
     path = "/v1/approvals/{id}",
     tag = "approvals",
+    operation_id = "approvals_decide",
     summary = "Approve or reject (never the requesting principal).",
     security(("bearer" = ["reviewer", "admin"])),
     params(

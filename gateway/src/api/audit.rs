@@ -45,6 +45,7 @@ pub struct EventPage {
     get,
     path = "/v1/audit/events",
     tag = "audit",
+    operation_id = "audit_events",
     summary = "Audit events, newest first.",
     security(("bearer" = ["auditor", "admin"])),
     params(
@@ -111,6 +112,7 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     get,
     path = "/v1/audit/verify",
     tag = "audit",
+    operation_id = "audit_verify",
     summary = "Walk the hash chain.",
     security(("bearer" = ["auditor", "admin"])),
     responses(

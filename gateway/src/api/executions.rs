@@ -110,6 +110,7 @@ impl From<ExecutionRow> for ExecutionView {
     post,
     path = "/v1/executions",
     tag = "executions",
+    operation_id = "executions_create",
     summary = "Decide, record and run code.",
     security(("bearer" = ["agent"])),
     request_body = crate::app::executions::ExecutionRequest,
@@ -147,6 +148,7 @@ pub async fn create(
     post,
     path = "/v1/executions/{id}/cancel",
     tag = "executions",
+    operation_id = "executions_cancel",
     summary = "Stop a running execution; answers the final record.",
     security(("bearer" = ["agent", "admin"])),
     params(
@@ -172,6 +174,7 @@ pub async fn cancel(
     get,
     path = "/v1/executions/{id}/connections",
     tag = "executions",
+    operation_id = "executions_connections",
     summary = "Every egress attempt of the execution.",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     params(
@@ -200,6 +203,7 @@ pub async fn connections(
     get,
     path = "/v1/executions/{id}",
     tag = "executions",
+    operation_id = "executions_get",
     summary = "One execution record.",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     params(

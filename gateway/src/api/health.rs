@@ -14,6 +14,7 @@ use crate::app::App;
     get,
     path = "/healthz",
     tag = "health",
+    operation_id = "health_healthz",
     summary = "Liveness.",
     security(()),
     responses(
@@ -28,6 +29,7 @@ pub async fn healthz() -> Json<Value> {
     get,
     path = "/readyz",
     tag = "health",
+    operation_id = "health_readyz",
     summary = "Readiness: Docker, runsc, Postgres and the policy all usable.",
     security(()),
     responses(

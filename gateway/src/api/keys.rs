@@ -29,6 +29,7 @@ pub struct CreateKey {
     post,
     path = "/v1/keys",
     tag = "keys",
+    operation_id = "keys_create",
     summary = "A new API key, shown once.",
     security(("bearer" = ["admin"])),
     request_body = serde_json::Value,

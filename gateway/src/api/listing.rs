@@ -45,6 +45,7 @@ pub struct ExecutionPage {
     get,
     path = "/v1/executions",
     tag = "listing",
+    operation_id = "listing_list",
     summary = "Executions, newest first, one page at a time.",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     params(

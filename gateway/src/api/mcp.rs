@@ -20,6 +20,7 @@ use crate::mcp::protocol;
     post,
     path = "/mcp",
     tag = "mcp",
+    operation_id = "mcp_serve",
     summary = "MCP (streamable HTTP): the run_code tool, decided and audited like POST /v1/executions.",
     security(("bearer" = ["agent"])),
     request_body(content = serde_json::Value, description = "one JSON-RPC 2.0 message", content_type = "application/json"),

@@ -15,6 +15,7 @@ use crate::app::App;
     get,
     path = "/metrics",
     tag = "metrics",
+    operation_id = "metrics_scrape",
     summary = "Prometheus metrics (text exposition format 0.0.4).",
     security(("bearer" = ["auditor", "admin"])),
     responses(

@@ -122,6 +122,7 @@ pub fn json() -> &'static str {
     get,
     path = "/v1/openapi.json",
     tag = "openapi",
+    operation_id = "openapi_document",
     summary = "This document (OpenAPI 3.1).",
     security(()),
     responses(

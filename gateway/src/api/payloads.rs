@@ -31,6 +31,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
     get,
     path = "/v1/executions/{id}/events",
     tag = "payloads",
+    operation_id = "payloads_events",
     summary = "Server-Sent Events: `stdout`, `stderr` (`{\"text\"}`) as they happen, then `exit`.",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     params(
@@ -75,6 +76,7 @@ fn sse_event(event: StreamEvent) -> Event {
     get,
     path = "/v1/executions/{id}/outputs/{path}",
     tag = "payloads",
+    operation_id = "payloads_download",
     summary = "The bytes of one collected output file.",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     params(

@@ -21,6 +21,7 @@ use crate::audit::NewEvent;
     get,
     path = "/v1/policy",
     tag = "policy",
+    operation_id = "policy_show",
     summary = "The active policy bundle.",
     security(("bearer" = ["reviewer", "auditor", "admin"])),
     responses(
@@ -61,6 +62,7 @@ enum EntryPoint {
     post,
     path = "/v1/policy/evaluate",
     tag = "policy",
+    operation_id = "policy_evaluate",
     summary = "Dry-run decision for one input; nothing runs.",
     security(("bearer" = ["reviewer", "admin"])),
     request_body = serde_json::Value,
@@ -118,6 +120,7 @@ pub async fn evaluate(
     post,
     path = "/v1/policy/reload",
     tag = "policy",
+    operation_id = "policy_reload",
     summary = "Reload the policy directory.",
     security(("bearer" = ["admin"])),
     responses(

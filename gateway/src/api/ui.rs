@@ -19,6 +19,7 @@ pub const CSP: &str =
     get,
     path = "/ui",
     tag = "ui",
+    operation_id = "ui_redirect",
     summary = "The review page (redirect).",
     security(()),
     responses(
@@ -34,6 +35,7 @@ pub async fn redirect() -> Redirect {
     get,
     path = "/ui/",
     tag = "ui",
+    operation_id = "ui_index",
     summary = "The review page.",
     security(()),
     responses(
@@ -49,6 +51,7 @@ pub async fn index() -> Response {
     get,
     path = "/ui/app.js",
     tag = "ui",
+    operation_id = "ui_script",
     summary = "The review page script.",
     security(()),
     responses(
@@ -64,6 +67,7 @@ pub async fn script() -> Response {
     get,
     path = "/ui/style.css",
     tag = "ui",
+    operation_id = "ui_style",
     summary = "The review page style.",
     security(()),
     responses(
