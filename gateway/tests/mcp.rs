@@ -20,7 +20,7 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     let key = agent.clone();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "test_mcp.py"])
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "test_mcp.py"])
             .current_dir(&tests)
             .env("SANDGATE_URL", url)
             .env("SANDGATE_KEY", key)

@@ -4,13 +4,13 @@ gateway/tests/mcp.rs, which passes the live gateway's URL, an agent key and the 
 
 import os
 
+import httpx
 import pytest
 from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-pytestmark = pytest.mark.anyio
 
 URL = os.environ.get("SANDGATE_URL", "")
 KEY = os.environ.get("SANDGATE_KEY", "")
@@ -63,6 +63,7 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
         assert len(images) == 1 and images[0].mime_type == "image/png"
 
 
+@pytest.mark.anyio
 async def test_stdio_transport():
     _require_env()
     server = StdioServerParameters(command=BIN, args=["mcp", "--url", URL, "--key", KEY])
@@ -71,6 +72,7 @@ async def test_stdio_transport():
             await _exercise(session, with_image=False)
 
 
+@pytest.mark.anyio
 async def test_streamable_http_transport():
     _require_env()
     http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
@@ -79,10 +81,20 @@ async def test_streamable_http_transport():
             await _exercise(session, with_image=True)
 
 
-async def test_streamable_http_needs_a_key():
+def test_streamable_http_needs_an_agent_key():
     _require_env()
-    with pytest.raises(BaseException) as refused:
-        async with streamable_http_client(f"{URL}/mcp") as streams:
-            async with ClientSession(streams[0], streams[1]) as session:
-                await session.initialize()
-    assert "401" in repr(refused.value) or "nauthori" in repr(refused.value), refused.value
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    anonymous = httpx.post(f"{URL}/mcp", json=message)
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "unauthenticated"
+
+
+def test_malformed_messages_get_json_rpc_errors():
+    _require_env()
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    for body, code in [(b"{not json", -32700), (b"[]", -32600), (b'{"jsonrpc": "2.0", "id": 7, "method": "x/y"}', -32601)]:
+        answer = httpx.post(f"{URL}/mcp", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["error"]["code"] == code, answer.text
+    notification = httpx.post(f"{URL}/mcp", content=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', headers=headers)
+    assert notification.status_code == 202 and notification.content == b""
