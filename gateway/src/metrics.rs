@@ -254,7 +254,10 @@ impl Metrics {
             return;
         };
         if gauges.len() >= MAX_LANGUAGES && !gauges.contains_key(language) {
-            tracing::warn!(language, "warm pool gauge: too many languages, not recorded");
+            tracing::warn!(
+                language,
+                "warm pool gauge: too many languages, not recorded"
+            );
             return;
         }
         gauges.insert(language.to_owned(), ready);
@@ -413,7 +416,10 @@ mod tests {
         for n in 0..(MAX_LANGUAGES * 2) {
             metrics.set_warm_pool_ready(&format!("l{n}"), 1);
         }
-        let series = metrics.render().matches("sandgate_warm_pool_ready{").count();
+        let series = metrics
+            .render()
+            .matches("sandgate_warm_pool_ready{")
+            .count();
         assert_eq!(series, MAX_LANGUAGES);
     }
 }

@@ -126,8 +126,7 @@ pub async fn serve(
         };
         let (acceptor, router, shutdown) = (acceptor.clone(), router.clone(), shutdown.clone());
         tasks.spawn(async move {
-            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-            {
+            let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => stream,
                 Ok(Err(err)) => {
                     tracing::info!(%peer, error = %err, "TLS handshake refused");

@@ -20,7 +20,16 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     let key = agent.clone();
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:asyncio", "test_mcp.py"])
+            .args([
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "-p",
+                "no:asyncio",
+                "test_mcp.py",
+            ])
             .current_dir(&tests)
             .env("SANDGATE_URL", url)
             .env("SANDGATE_KEY", key)
@@ -49,7 +58,10 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     .unwrap();
     pool.close().await;
     gw.stop().await;
-    let statuses: Vec<&str> = decisions.iter().map(|(status, _)| status.as_str()).collect();
+    let statuses: Vec<&str> = decisions
+        .iter()
+        .map(|(status, _)| status.as_str())
+        .collect();
     assert_eq!(
         statuses,
         ["succeeded", "denied", "succeeded", "denied", "succeeded"],

@@ -73,7 +73,10 @@ fn promtool_check(text: &str) -> String {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
-    assert!(output.status.success(), "promtool rejected /metrics: {said}\n{text}");
+    assert!(
+        output.status.success(),
+        "promtool rejected /metrics: {said}\n{text}"
+    );
     said
 }
 
@@ -88,7 +91,10 @@ async fn metrics_need_an_auditor_or_admin_key() {
     assert_eq!(scrape(&gw, Some(&agent)).await.0, 403);
     let (status, content_type, text) = scrape(&gw, Some(&auditor)).await;
     assert_eq!(status, 200, "{text}");
-    assert!(content_type.starts_with("text/plain; version=0.0.4"), "{content_type}");
+    assert!(
+        content_type.starts_with("text/plain; version=0.0.4"),
+        "{content_type}"
+    );
     assert_eq!(scrape(&gw, Some(&admin)).await.0, 200);
     gw.stop().await;
 }
@@ -102,7 +108,10 @@ async fn metrics_parse_and_move_when_executions_run_are_denied_and_dial_out() {
 
     let (_, _, before) = scrape(&gw, Some(&auditor)).await;
     let findings = promtool_check(&before);
-    assert!(findings.trim().is_empty(), "promtool lint findings: {findings}");
+    assert!(
+        findings.trim().is_empty(),
+        "promtool lint findings: {findings}"
+    );
     for name in SERIES {
         assert!(
             before.contains(&format!("# TYPE {name} ")),
@@ -129,7 +138,10 @@ async fn metrics_parse_and_move_when_executions_run_are_denied_and_dial_out() {
     promtool_check(&after);
     let after = samples(&after);
     let moved = |series: &str| after[series] - before[series];
-    assert_eq!(moved("sandgate_executions_total{status=\"succeeded\"}"), 1.0);
+    assert_eq!(
+        moved("sandgate_executions_total{status=\"succeeded\"}"),
+        1.0
+    );
     assert_eq!(moved("sandgate_executions_total{status=\"failed\"}"), 1.0);
     assert_eq!(moved("sandgate_executions_total{status=\"denied\"}"), 1.0);
     assert_eq!(moved("sandgate_decisions_total{outcome=\"allow\"}"), 2.0);

@@ -48,12 +48,20 @@ fn openapi_path(path: &str) -> String {
 /// The roles an operation's `security` names; `None` for an open route (`[{}]`).
 fn documented_roles(operation: &Value) -> Option<Vec<String>> {
     let security = operation["security"].as_array().expect("security listed");
-    if security.iter().any(|requirement| requirement == &serde_json::json!({})) {
+    if security
+        .iter()
+        .any(|requirement| requirement == &serde_json::json!({}))
+    {
         return None;
     }
     let mut roles: Vec<String> = security
         .iter()
-        .flat_map(|requirement| requirement["bearer"].as_array().cloned().unwrap_or_default())
+        .flat_map(|requirement| {
+            requirement["bearer"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
         .map(|role| role.as_str().unwrap().to_owned())
         .collect();
     roles.sort_by_key(|role| ROLES.iter().position(|r| r == role));
@@ -73,7 +81,11 @@ async fn the_document_is_open_valid_openapi_31_and_lists_every_route_with_its_ro
     let text = response.text().await.unwrap();
     gw.stop().await;
     let document: Value = serde_json::from_str(&text).unwrap();
-    assert!(document["openapi"].as_str().unwrap().starts_with("3.1"), "{}", document["openapi"]);
+    assert!(
+        document["openapi"].as_str().unwrap().starts_with("3.1"),
+        "{}",
+        document["openapi"]
+    );
 
     let table = table();
     let mut problems = Vec::new();
@@ -82,7 +94,10 @@ async fn the_document_is_open_valid_openapi_31_and_lists_every_route_with_its_ro
         let path = openapi_path(route.path);
         let operation = &document["paths"][&path][&method];
         if operation.is_null() {
-            problems.push(format!("{} {}: not in the document", route.method, route.path));
+            problems.push(format!(
+                "{} {}: not in the document",
+                route.method, route.path
+            ));
             continue;
         }
         let want = &table[&(route.method.to_string(), route.path.to_owned())];
@@ -103,9 +118,15 @@ async fn the_document_is_open_valid_openapi_31_and_lists_every_route_with_its_ro
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &text).unwrap();
     let validator = common::python_venv().join("bin/openapi-spec-validator");
-    let output = Command::new(&validator).arg(file.path()).output().unwrap_or_else(|err| {
-        panic!("{} not runnable ({err}): run `bash scripts/setup.sh`", validator.display())
-    });
+    let output = Command::new(&validator)
+        .arg(file.path())
+        .output()
+        .unwrap_or_else(|err| {
+            panic!(
+                "{} not runnable ({err}): run `bash scripts/setup.sh`",
+                validator.display()
+            )
+        });
     assert!(
         output.status.success(),
         "openapi-spec-validator rejected the document:\n{}{}",

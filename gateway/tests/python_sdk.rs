@@ -17,7 +17,11 @@ async fn the_python_sdk_passes_its_tests_against_a_live_gateway() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    std::fs::write(dataset.path().join("people.csv"), "region,people\nnorth,12\n").unwrap();
+    std::fs::write(
+        dataset.path().join("people.csv"),
+        "region,people\nnorth,12\n",
+    )
+    .unwrap();
     let gw = TestGateway::start_with_census(dataset.path()).await;
     let agent = gw.key("agent", "acme").await;
     let reviewer = gw.key("reviewer", "acme").await;

@@ -66,7 +66,13 @@ fn pki() -> tempfile::TempDir {
     std::fs::write(dir.path().join("client-ca.pem"), client_ca.cert.pem()).unwrap();
     let server = ExtendedKeyUsagePurpose::ServerAuth;
     let client = ExtendedKeyUsagePurpose::ClientAuth;
-    leaf(dir.path(), "server", &["localhost", "127.0.0.1"], &server_ca, server);
+    leaf(
+        dir.path(),
+        "server",
+        &["localhost", "127.0.0.1"],
+        &server_ca,
+        server,
+    );
     leaf(dir.path(), "client", &["agent"], &client_ca, client.clone());
     leaf(dir.path(), "stranger", &["agent"], &other, client);
     dir
@@ -114,7 +120,10 @@ impl HttpsGateway {
         };
         let client = https_client(pki, require_client_cert.then_some("client"));
         for _ in 0..600 {
-            assert!(!gw.server.is_finished(), "the gateway exited during start-up");
+            assert!(
+                !gw.server.is_finished(),
+                "the gateway exited during start-up"
+            );
             if let Ok(response) = client.get(format!("{}/healthz", gw.url)).send().await {
                 if response.status().is_success() {
                     return gw;
@@ -187,7 +196,10 @@ async fn the_api_is_served_over_https_only_to_clients_that_trust_it() {
     assert!(answer.is_err(), "plain HTTP was answered: {answer:?}");
     let untrusting = reqwest::Client::builder().build().unwrap();
     let answer = untrusting.get(format!("{}/healthz", gw.url)).send().await;
-    assert!(answer.is_err(), "a client without the CA was answered: {answer:?}");
+    assert!(
+        answer.is_err(),
+        "a client without the CA was answered: {answer:?}"
+    );
 
     // `sandgate mcp` reaches an https:// gateway with --ca-file.
     let url = gw.url.clone();
@@ -195,7 +207,10 @@ async fn the_api_is_served_over_https_only_to_clients_that_trust_it() {
     let said = tokio::task::spawn_blocking(move || mcp_over_stdio(&url, &key, &ca))
         .await
         .unwrap();
-    assert!(said.contains("status: succeeded") && said.contains("from mcp"), "{said}");
+    assert!(
+        said.contains("status: succeeded") && said.contains("from mcp"),
+        "{said}"
+    );
     gw.stop().await;
 }
 
@@ -224,12 +239,18 @@ async fn with_a_client_ca_only_clients_with_its_certificates_are_served() {
     let gw = HttpsGateway::start(pki.path(), true).await;
     let healthz = format!("{}/healthz", gw.url);
     let none = https_client(pki.path(), None).get(&healthz).send().await;
-    assert!(none.is_err(), "served without a client certificate: {none:?}");
+    assert!(
+        none.is_err(),
+        "served without a client certificate: {none:?}"
+    );
     let stranger = https_client(pki.path(), Some("stranger"))
         .get(&healthz)
         .send()
         .await;
-    assert!(stranger.is_err(), "served a certificate of another CA: {stranger:?}");
+    assert!(
+        stranger.is_err(),
+        "served a certificate of another CA: {stranger:?}"
+    );
     let good = https_client(pki.path(), Some("client"))
         .get(&healthz)
         .send()

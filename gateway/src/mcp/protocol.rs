@@ -47,14 +47,20 @@ pub async fn handle<R: Runner>(runner: &R, message: Value) -> Option<Value> {
     let Some(object) = message.as_object() else {
         return Some(error_response(
             Value::Null,
-            &RpcError::new(INVALID_REQUEST, "a JSON-RPC message is an object (batches are not supported)"),
+            &RpcError::new(
+                INVALID_REQUEST,
+                "a JSON-RPC message is an object (batches are not supported)",
+            ),
         ));
     };
     let id = object.get("id").cloned();
     let method = object.get("method").and_then(Value::as_str);
     let (Some(id), Some(method)) = (id, method) else {
         // A notification (no id) or a response to us (no method): nothing to answer.
-        if object.contains_key("method") || object.contains_key("result") || object.contains_key("error") {
+        if object.contains_key("method")
+            || object.contains_key("result")
+            || object.contains_key("error")
+        {
             return None;
         }
         return Some(error_response(

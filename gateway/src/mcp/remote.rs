@@ -92,7 +92,10 @@ fn unreachable(base: &str, err: &reqwest::Error) -> Refusal {
         text.push_str(&inner.to_string());
         source = inner.source();
     }
-    Refusal::new("unavailable", format!("cannot reach the gateway at {base}: {text}"))
+    Refusal::new(
+        "unavailable",
+        format!("cannot reach the gateway at {base}: {text}"),
+    )
 }
 
 impl Runner for Remote {

@@ -28,7 +28,10 @@ where
             skip_rest_of_line(&mut lines).await?;
             Some(protocol::error_response(
                 serde_json::Value::Null,
-                &RpcError::new(INVALID_REQUEST, format!("message over {MAX_MESSAGE_BYTES} bytes")),
+                &RpcError::new(
+                    INVALID_REQUEST,
+                    format!("message over {MAX_MESSAGE_BYTES} bytes"),
+                ),
             ))
         } else if line.iter().all(u8::is_ascii_whitespace) {
             None
@@ -44,7 +47,9 @@ where
     }
 }
 
-async fn skip_rest_of_line<I: tokio::io::AsyncBufRead + Unpin>(input: &mut I) -> std::io::Result<()> {
+async fn skip_rest_of_line<I: tokio::io::AsyncBufRead + Unpin>(
+    input: &mut I,
+) -> std::io::Result<()> {
     let mut sink = Vec::new();
     loop {
         sink.clear();

@@ -65,7 +65,12 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
     let arguments = match &params["arguments"] {
         Value::Null => &empty,
         Value::Object(arguments) => arguments,
-        _ => return Err(RpcError::new(INVALID_PARAMS, "\"arguments\" must be an object")),
+        _ => {
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "\"arguments\" must be an object",
+            ))
+        }
     };
     let body = execution_body(arguments)?;
     Ok(match runner.run(body).await {
@@ -77,7 +82,10 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
 /// The `POST /v1/executions` body for `run_code`'s arguments.
 fn execution_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
     let invalid = |message: String| RpcError::new(INVALID_PARAMS, message);
-    if let Some(unknown) = arguments.keys().find(|key| !ARGUMENTS.contains(&key.as_str())) {
+    if let Some(unknown) = arguments
+        .keys()
+        .find(|key| !ARGUMENTS.contains(&key.as_str()))
+    {
         return Err(invalid(format!(
             "unknown argument {unknown:?}; run_code takes {ARGUMENTS:?}"
         )));
@@ -108,7 +116,11 @@ fn execution_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
     let network = match arguments.get("network") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items.iter().map(destination).collect::<Result<_, _>>()?,
-        Some(_) => return Err(invalid("\"network\" must be a list of {host, port}".to_owned())),
+        Some(_) => {
+            return Err(invalid(
+                "\"network\" must be a list of {host, port}".to_owned(),
+            ))
+        }
     };
     let mut body = json!({
         "language": language, "code": code, "files": files, "network": network, "wait": true,
@@ -250,7 +262,10 @@ mod tests {
         });
         let body = execution_body(arguments.as_object().unwrap()).unwrap();
         assert_eq!(body["language"], "python");
-        assert_eq!(body["files"][0], json!({"path": "a.txt", "content_b64": "aGk="}));
+        assert_eq!(
+            body["files"][0],
+            json!({"path": "a.txt", "content_b64": "aGk="})
+        );
         assert_eq!(body["network"][0]["port"], 443);
         assert_eq!(body["limits"]["timeout_ms"], 5000);
         assert_eq!(body["wait"], true);
