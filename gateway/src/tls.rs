@@ -162,3 +162,62 @@ async fn serve_connection(
         tracing::debug!(error = %err, "connection ended with an error");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path, stem: &str) -> (PathBuf, PathBuf) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let (cert_file, key_file) = (
+            dir.join(format!("{stem}.pem")),
+            dir.join(format!("{stem}.key")),
+        );
+        std::fs::write(&cert_file, cert.pem()).unwrap();
+        std::fs::write(&key_file, key.serialize_pem()).unwrap();
+        (cert_file, key_file)
+    }
+
+    #[test]
+    fn a_matching_certificate_and_key_make_an_acceptor() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert_file, key_file) = write_pair(dir.path(), "a");
+        let tls = Tls {
+            cert_file: cert_file.clone(),
+            key_file,
+            client_ca_file: Some(cert_file),
+        };
+        assert!(acceptor(&tls).is_ok());
+    }
+
+    #[test]
+    fn bad_files_stop_start_up_with_their_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert_a, _) = write_pair(dir.path(), "a");
+        let (_, key_b) = write_pair(dir.path(), "b");
+        let mismatched = Tls {
+            cert_file: cert_a.clone(),
+            key_file: key_b.clone(),
+            client_ca_file: None,
+        };
+        assert!(matches!(acceptor(&mismatched), Err(TlsError::Config(_))));
+        let missing = Tls {
+            cert_file: dir.path().join("absent.pem"),
+            key_file: key_b.clone(),
+            client_ca_file: None,
+        };
+        let err = acceptor(&missing).err().unwrap();
+        assert!(err.to_string().contains("absent.pem"), "{err}");
+        let not_a_certificate = Tls {
+            cert_file: key_b.clone(),
+            key_file: key_b,
+            client_ca_file: None,
+        };
+        assert!(matches!(
+            acceptor(&not_a_certificate),
+            Err(TlsError::Empty { .. })
+        ));
+    }
+}
