@@ -153,3 +153,56 @@ async fn metrics_parse_and_move_when_executions_run_are_denied_and_dial_out() {
     assert!(moved("sandgate_audit_append_seconds_count") >= 4.0);
     gw.stop().await;
 }
+
+/// `dashboards/prometheus/metrics.json`: every query is PromQL that `promtool check rules`
+/// accepts, and reads only series `/metrics` serves.
+#[test]
+fn the_metrics_dashboard_queries_parse_and_name_served_series() {
+    let path = common::workspace_root().join("dashboards/prometheus/metrics.json");
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let served = gateway::metrics::Metrics::new(["python"]).render();
+    let mut rules = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    let mut count = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        assert_eq!(
+            panel["datasource"]["type"], "prometheus",
+            "{}",
+            panel["title"]
+        );
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|word| word.starts_with("sandgate_"))
+            {
+                assert!(
+                    served.lines().any(|line| line.starts_with(name)),
+                    "{}: {name} is not served by /metrics",
+                    panel["title"]
+                );
+            }
+            count += 1;
+            rules.push_str(&format!(
+                "      - record: dashboard:query{count}\n        expr: {}\n",
+                serde_json::to_string(expr).unwrap()
+            ));
+        }
+    }
+    assert!(count >= 7, "{count} queries");
+    let file = tempfile::Builder::new().suffix(".yml").tempfile().unwrap();
+    std::fs::write(file.path(), rules).unwrap();
+    let output = Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(file.path())
+        .output()
+        .unwrap_or_else(|err| {
+            panic!("promtool not runnable ({err}): `apt-get install prometheus`")
+        });
+    assert!(
+        output.status.success(),
+        "promtool rejected a dashboard query: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
