@@ -8,8 +8,8 @@ Every call is decided by the gateway's policy and audited there; this package on
 HTTP API (``GET /v1/openapi.json`` describes it). Errors are exceptions (``sandgate.errors``).
 """
 
-from .aio import AsyncClient, AsyncExecution
-from .client import Client, Execution
+from .aio import AsyncClient, AsyncExecution, AsyncSession
+from .client import Client, Execution, Session
 from .errors import (
     Conflict,
     Forbidden,
@@ -28,6 +28,7 @@ from .models import FINAL_STATUSES, Decision, Event, OutputFile
 __all__ = [
     "AsyncClient",
     "AsyncExecution",
+    "AsyncSession",
     "Client",
     "Conflict",
     "Decision",
@@ -43,6 +44,7 @@ __all__ = [
     "RateLimited",
     "Reason",
     "SandgateError",
+    "Session",
     "Unauthenticated",
     "Unavailable",
 ]

@@ -124,3 +124,35 @@ class SseParser:
             self._event = value
         elif name == "data":
             self._data.append(value)
+
+
+def session_body(
+    language: str,
+    network: Optional[Sequence[Destination]],
+    mounts: Optional[Sequence[str]],
+    limits: Optional[Mapping[str, Any]],
+    labels: Optional[Mapping[str, str]],
+    idle_timeout_s: Optional[int],
+    ttl_s: Optional[int],
+) -> Dict[str, Any]:
+    """``POST /v1/sessions`` (DESIGN 10)."""
+    body = execution_body("", language, None, network, mounts, limits, labels, True)
+    for unused in ("code", "wait"):
+        body.pop(unused)
+    if idle_timeout_s is not None:
+        body["idle_timeout_s"] = idle_timeout_s
+    if ttl_s is not None:
+        body["ttl_s"] = ttl_s
+    return body
+
+
+def session_execution_body(
+    code: str, files: Optional[Mapping[str, FileContent]], timeout_ms: Optional[int], wait: bool
+) -> Dict[str, Any]:
+    """``POST /v1/sessions/{id}/executions`` (DESIGN 10): code, files and a timeout only; the
+    session's network, mounts and limits are those decided when it was created."""
+    body = execution_body(code, "", files, None, None, None, None, wait)
+    body.pop("language")
+    if timeout_ms is not None:
+        body["limits"] = {"timeout_ms": timeout_ms}
+    return body

@@ -11,7 +11,8 @@ import httpx
 
 from . import _wire
 from .errors import SandgateError
-from .models import Event, ExecutionRecord, event_from, record_from
+from .errors import NotFound
+from .models import Event, ExecutionRecord, SessionRecord, event_from, record_from, session_from
 
 
 class AsyncClient:
@@ -25,6 +26,7 @@ class AsyncClient:
         ca_file: Optional[str] = None,
         cert: Optional[Tuple[str, str]] = None,
         timeout: httpx.Timeout = _wire.DEFAULT_TIMEOUT,
+        transport: Optional[httpx.AsyncBaseTransport] = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(
@@ -32,6 +34,7 @@ class AsyncClient:
             headers=_wire.headers(key),
             verify=_wire.tls(ca_file, cert),
             timeout=timeout,
+            transport=transport,
         )
 
     async def __aenter__(self) -> "AsyncClient":
@@ -78,6 +81,22 @@ class AsyncClient:
                             return
         except httpx.TransportError as err:
             raise _wire.transport_error(err, self.url) from err
+
+    async def session(
+        self,
+        language: str = "python",
+        *,
+        network: Optional[Sequence[_wire.Destination]] = None,
+        mounts: Optional[Sequence[str]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        idle_timeout_s: Optional[int] = None,
+        ttl_s: Optional[int] = None,
+    ) -> "AsyncSession":
+        """As ``Client.session``; use ``async with await client.session() as s``."""
+        body = _wire.session_body(language, network, mounts, limits, labels, idle_timeout_s, ttl_s)
+        response = await self._request("POST", "/v1/sessions", json=body)
+        return AsyncSession(self, session_from(response.json()))
 
     async def get(self, execution_id: str) -> "AsyncExecution":
         response = await self._request("GET", f"/v1/executions/{execution_id}")
@@ -137,3 +156,39 @@ class AsyncExecution(ExecutionRecord):
 
     async def wait_for_approval(self, timeout: float = 3600.0, poll: float = 1.0) -> "AsyncExecution":
         return await self.wait(timeout=timeout, poll=poll)
+
+
+class AsyncSession(SessionRecord):
+    def __init__(self, client: AsyncClient, record: SessionRecord) -> None:
+        super().__init__(**record.__dict__)
+        self._client = client
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    async def run(
+        self,
+        code: str,
+        *,
+        files: Optional[Mapping[str, _wire.FileContent]] = None,
+        timeout_ms: Optional[int] = None,
+        wait: bool = True,
+    ) -> AsyncExecution:
+        body = _wire.session_execution_body(code, files, timeout_ms, wait)
+        response = await self._client._request("POST", f"/v1/sessions/{self.id}/executions", json=body)
+        return AsyncExecution(self._client, record_from(response.json()))
+
+    async def refresh(self) -> "AsyncSession":
+        response = await self._client._request("GET", f"/v1/sessions/{self.id}")
+        self.__dict__.update(session_from(response.json()).__dict__)
+        return self
+
+    async def close(self) -> None:
+        try:
+            await self._client._request("DELETE", f"/v1/sessions/{self.id}")
+        except NotFound:
+            pass
+        self.status = "closed"

@@ -10,7 +10,8 @@ import httpx
 
 from . import _wire
 from .errors import SandgateError
-from .models import Event, ExecutionRecord, event_from, record_from
+from .errors import NotFound
+from .models import Event, ExecutionRecord, SessionRecord, event_from, record_from, session_from
 
 
 class Client:
@@ -28,6 +29,7 @@ class Client:
         ca_file: Optional[str] = None,
         cert: Optional[Tuple[str, str]] = None,
         timeout: httpx.Timeout = _wire.DEFAULT_TIMEOUT,
+        transport: Optional[httpx.BaseTransport] = None,
     ) -> None:
         self.url = url.rstrip("/")
         self._http = httpx.Client(
@@ -35,6 +37,7 @@ class Client:
             headers=_wire.headers(key),
             verify=_wire.tls(ca_file, cert),
             timeout=timeout,
+            transport=transport,
         )
 
     def __enter__(self) -> "Client":
@@ -87,6 +90,24 @@ class Client:
                             return
         except httpx.TransportError as err:
             raise _wire.transport_error(err, self.url) from err
+
+    def session(
+        self,
+        language: str = "python",
+        *,
+        network: Optional[Sequence[_wire.Destination]] = None,
+        mounts: Optional[Sequence[str]] = None,
+        limits: Optional[Mapping[str, Any]] = None,
+        labels: Optional[Mapping[str, str]] = None,
+        idle_timeout_s: Optional[int] = None,
+        ttl_s: Optional[int] = None,
+    ) -> "Session":
+        """Opens a session (DESIGN 10): one sandbox whose interpreter, variables and
+        ``/workspace`` persist across ``run`` calls; closed on leaving ``with``.
+        Raises ``PolicyDenied`` when the policy refuses it; ``status`` is ``pending_approval``
+        when it went to a reviewer."""
+        body = _wire.session_body(language, network, mounts, limits, labels, idle_timeout_s, ttl_s)
+        return Session(self, session_from(self._request("POST", "/v1/sessions", json=body).json()))
 
     def get(self, execution_id: str) -> "Execution":
         return Execution(self, record_from(self._request("GET", f"/v1/executions/{execution_id}").json()))
@@ -155,3 +176,43 @@ class Execution(ExecutionRecord):
 
     def as_dict(self) -> Dict[str, Any]:
         return dict(self.raw)
+
+
+class Session(SessionRecord):
+    """A live session: ``with client.session() as s: s.run("x = 1"); s.run("x + 1").result``."""
+
+    def __init__(self, client: Client, record: SessionRecord) -> None:
+        super().__init__(**record.__dict__)
+        self._client = client
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def run(
+        self,
+        code: str,
+        *,
+        files: Optional[Mapping[str, _wire.FileContent]] = None,
+        timeout_ms: Optional[int] = None,
+        wait: bool = True,
+    ) -> Execution:
+        """Runs ``code`` in the session; ``.result`` is the repr of a final expression."""
+        body = _wire.session_execution_body(code, files, timeout_ms, wait)
+        response = self._client._request("POST", f"/v1/sessions/{self.id}/executions", json=body)
+        return Execution(self._client, record_from(response.json()))
+
+    def refresh(self) -> "Session":
+        body = self._client._request("GET", f"/v1/sessions/{self.id}").json()
+        self.__dict__.update(session_from(body).__dict__)
+        return self
+
+    def close(self) -> None:
+        """Deletes the session (its sandbox goes); closing one already closed is fine."""
+        try:
+            self._client._request("DELETE", f"/v1/sessions/{self.id}")
+        except NotFound:
+            pass
+        self.status = "closed"

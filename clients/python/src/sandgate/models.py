@@ -63,6 +63,9 @@ class ExecutionRecord:
     decision: Optional[Decision] = None
     approval_id: Optional[str] = None
     error: Optional[str] = None
+    #: Inside a session: the session, and the ``repr`` of the code's last expression (python).
+    session_id: Optional[str] = None
+    result: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -86,6 +89,8 @@ def record_from(body: Dict[str, Any]) -> ExecutionRecord:
         decision=_decision(decision) if isinstance(decision, dict) else None,
         approval_id=body.get("approval_id"),
         error=body.get("error"),
+        session_id=body.get("session_id"),
+        result=body.get("result"),
         raw=body,
     )
 
@@ -113,4 +118,30 @@ def event_from(kind: str, data: str) -> Event:
         status=payload.get("status"),
         exit_code=payload.get("exit_code"),
         data=payload,
+    )
+
+
+@dataclass
+class SessionRecord:
+    """A session (DESIGN 10): one sandbox kept across several executions."""
+
+    id: str
+    status: str
+    decision: Optional[Decision] = None
+    expires_at: Optional[str] = None
+    approval_id: Optional[str] = None
+    closed_reason: Optional[str] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def session_from(body: Dict[str, Any]) -> SessionRecord:
+    decision = body.get("decision")
+    return SessionRecord(
+        id=body["id"],
+        status=body["status"],
+        decision=_decision(decision) if isinstance(decision, dict) else None,
+        expires_at=body.get("expires_at"),
+        approval_id=body.get("approval_id"),
+        closed_reason=body.get("closed_reason"),
+        raw=body,
     )
