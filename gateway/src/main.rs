@@ -90,6 +90,9 @@ struct ExecArgs {
     /// An agent API key.
     #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
     key: String,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -253,6 +256,7 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen)),
         key: args.key,
+        ca_file: args.ca_file,
         language: args.lang,
         code,
         files,

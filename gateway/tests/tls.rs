@@ -201,17 +201,54 @@ async fn the_api_is_served_over_https_only_to_clients_that_trust_it() {
         "a client without the CA was answered: {answer:?}"
     );
 
-    // `sandgate mcp` reaches an https:// gateway with --ca-file.
+    // `sandgate mcp` and `sandgate exec` reach an https:// gateway with --ca-file.
     let url = gw.url.clone();
     let ca = path_str(pki.path().join("ca.pem"));
-    let said = tokio::task::spawn_blocking(move || mcp_over_stdio(&url, &key, &ca))
-        .await
-        .unwrap();
+    let (said, printed) = tokio::task::spawn_blocking(move || {
+        (
+            mcp_over_stdio(&url, &key, &ca),
+            exec_over_https(&url, &key, &ca),
+        )
+    })
+    .await
+    .unwrap();
     assert!(
         said.contains("status: succeeded") && said.contains("from mcp"),
         "{said}"
     );
+    assert_eq!(printed, "from exec\n");
     gw.stop().await;
+}
+
+/// `sandgate exec --ca-file` with a program on stdin; its stdout.
+fn exec_over_https(url: &str, key: &str, ca: &str) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args([
+            "exec",
+            "--file",
+            "-",
+            "--url",
+            url,
+            "--key",
+            key,
+            "--ca-file",
+            ca,
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"print('from exec')\n").unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    assert!(
+        output.status.success(),
+        "sandgate exec failed: {:?}",
+        output.status
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
 }
 
 /// One `tools/call` through `sandgate mcp --ca-file`; its stdout.
