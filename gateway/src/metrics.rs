@@ -14,74 +14,13 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use crate::status::ExecutionStatus;
+
 /// Languages the warm-pool gauge accepts at most (they come from config, so this is a guard).
 pub const MAX_LANGUAGES: usize = 64;
 
 /// The content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
-
-/// Final (or current) status of an execution record (DESIGN 4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ExecutionStatus {
-    Succeeded,
-    Failed,
-    Timeout,
-    Oom,
-    Killed,
-    Cancelled,
-    Denied,
-    PendingApproval,
-    Queued,
-    Running,
-    Error,
-}
-
-impl ExecutionStatus {
-    pub const ALL: [ExecutionStatus; 11] = [
-        ExecutionStatus::Succeeded,
-        ExecutionStatus::Failed,
-        ExecutionStatus::Timeout,
-        ExecutionStatus::Oom,
-        ExecutionStatus::Killed,
-        ExecutionStatus::Cancelled,
-        ExecutionStatus::Denied,
-        ExecutionStatus::PendingApproval,
-        ExecutionStatus::Queued,
-        ExecutionStatus::Running,
-        ExecutionStatus::Error,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ExecutionStatus::Succeeded => "succeeded",
-            ExecutionStatus::Failed => "failed",
-            ExecutionStatus::Timeout => "timeout",
-            ExecutionStatus::Oom => "oom",
-            ExecutionStatus::Killed => "killed",
-            ExecutionStatus::Cancelled => "cancelled",
-            ExecutionStatus::Denied => "denied",
-            ExecutionStatus::PendingApproval => "pending_approval",
-            ExecutionStatus::Queued => "queued",
-            ExecutionStatus::Running => "running",
-            ExecutionStatus::Error => "error",
-        }
-    }
-
-    /// The status named `text`, if it is one.
-    pub fn parse(text: &str) -> Option<ExecutionStatus> {
-        ExecutionStatus::ALL
-            .into_iter()
-            .find(|status| status.as_str() == text)
-    }
-
-    /// A status no execution leaves again.
-    pub fn is_final(self) -> bool {
-        !matches!(
-            self,
-            ExecutionStatus::PendingApproval | ExecutionStatus::Queued | ExecutionStatus::Running
-        )
-    }
-}
 
 /// What the execution policy decided, as the gateway then acted on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,14 +309,6 @@ fn escape_label(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn statuses_round_trip_through_their_names() {
-        for status in ExecutionStatus::ALL {
-            assert_eq!(ExecutionStatus::parse(status.as_str()), Some(status));
-        }
-        assert_eq!(ExecutionStatus::parse("Succeeded"), None);
-    }
 
     #[test]
     fn histogram_buckets_are_cumulative_and_count_everything() {

@@ -114,6 +114,17 @@ async fn the_document_is_open_valid_openapi_31_and_lists_every_route_with_its_ro
     for schema in ["ExecutionRequest", "ExecutionView", "ErrorBody", "Reason"] {
         assert!(schemas[schema].is_object(), "schema {schema} missing");
     }
+    let statuses: Vec<&str> = schemas["ExecutionStatus"]["enum"]
+        .as_array()
+        .expect("ExecutionStatus is an enum")
+        .iter()
+        .map(|status| status.as_str().unwrap())
+        .collect();
+    let known: Vec<&str> = gateway::status::ExecutionStatus::ALL
+        .iter()
+        .map(|status| status.as_str())
+        .collect();
+    assert_eq!(statuses, known);
 
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &text).unwrap();

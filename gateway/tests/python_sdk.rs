@@ -56,12 +56,21 @@ async fn the_python_sdk_passes_its_tests_against_a_live_gateway() {
 /// `pip install ./clients/python` works: the package builds into a wheel that carries `py.typed`.
 #[test]
 fn the_python_package_builds_with_its_type_marker() {
+    // Built from a copy: setuptools writes build/ and *.egg-info beside the sources.
     let out = tempfile::tempdir().unwrap();
+    let source = tempfile::tempdir().unwrap();
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(workspace_root().join("clients/python/."))
+        .arg(source.path())
+        .status()
+        .unwrap();
+    assert!(copied.success());
     let pip = python_venv().join("bin/pip");
     let built = Command::new(pip)
         .args(["wheel", "--no-deps", "--no-build-isolation", "-q", "-w"])
         .arg(out.path())
-        .arg(workspace_root().join("clients/python"))
+        .arg(source.path())
         .output()
         .unwrap();
     assert!(

@@ -19,12 +19,13 @@ use super::json::ApiJson;
 use crate::app::executions::{Created, ExecutionRequest};
 use crate::app::App;
 use crate::audit::ExecutionRow;
+use crate::status::ExecutionStatus;
 
 /// An execution as clients see it (DESIGN 4.2).
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     pub id: String,
-    pub status: String,
+    pub status: ExecutionStatus,
     pub tenant: String,
     pub language: String,
     pub exit_code: Option<i32>,
@@ -84,7 +85,10 @@ impl From<ExecutionRow> for ExecutionView {
                 policy_revision: row.policy_revision,
             },
             id: row.id,
-            status: row.status,
+            status: ExecutionStatus::parse(&row.status).unwrap_or_else(|| {
+                tracing::error!(status = %row.status, "execution record with an unknown status");
+                ExecutionStatus::Error
+            }),
             tenant: row.tenant,
             language: row.language,
             exit_code: row.exit_code,

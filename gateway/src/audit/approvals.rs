@@ -8,7 +8,8 @@ use sqlx::types::Json;
 use policy_engine::Reason;
 
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
-use crate::metrics::{DecisionOutcome, ExecutionStatus};
+use crate::metrics::DecisionOutcome;
+use crate::status::ExecutionStatus;
 
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -20,7 +20,8 @@ use sqlx::PgPool;
 pub use chain::NewEvent;
 use policy_engine::{Limits, Reason};
 
-use crate::metrics::{DecisionOutcome, ExecutionStatus, Metrics};
+use crate::metrics::{DecisionOutcome, Metrics};
+use crate::status::ExecutionStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
