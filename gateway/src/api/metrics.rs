@@ -1,5 +1,7 @@
 //! `GET /metrics`: the Prometheus scrape (auditor or admin key). The series are built in
-//! `crate::metrics`; this only checks the caller and sets the content type.
+//! `crate::metrics`; this checks the caller, reads the warm pool's waiting sandboxes into their
+//! gauge (the pool is the source of truth; asking it at scrape time keeps them equal) and sets
+//! the content type.
 
 use std::sync::Arc;
 
@@ -28,6 +30,10 @@ pub async fn scrape(
     caller: Caller,
 ) -> Result<impl IntoResponse, ApiError> {
     caller.require_role(&["auditor", "admin"])?;
-    let text = app.audit.metrics().render();
+    let metrics = app.audit.metrics();
+    for (language, waiting) in app.pool.waiting() {
+        metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+    let text = metrics.render();
     Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }
