@@ -49,8 +49,13 @@ init: check-cargo ## build the static sandbox-init into target/<triple>/release
 run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
 	exec $(GATEWAY) serve
 
-test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests
+# The isolation and limit suites run a second time against warm (pooled) sandboxes.
+WARM_SUITES := --test executions --test limits --test situations --test egress --test egress_tls
+
+test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests, the isolation suites warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" SANDGATE_TEST_START=warm \
+		cargo test -p gateway --no-fail-fast $(WARM_SUITES)
 
 policy-test: gateway ## the policy bundle's YAML cases and golden decision matrix (policies/tests), failing under 90% line coverage
 	$(GATEWAY) policy test policies --min-coverage 90

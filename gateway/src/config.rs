@@ -81,6 +81,20 @@ pub struct Dataset {
     pub description: String,
 }
 
+/// The API over HTTPS (rustls). With `client_ca_file`, every client must present a
+/// certificate that CA signed; one without is refused during the handshake.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM: the server's certificate, then any intermediates.
+    pub cert_file: PathBuf,
+    /// PEM: its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM: the CA(s) whose client certificates are accepted.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -112,6 +126,8 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Serve the API over HTTPS; absent: plain HTTP (keep it on loopback then).
+    pub tls: Option<Tls>,
     /// Sandboxes started ahead per language (`{}`: no pool).
     pub warm_pool: BTreeMap<String, usize>,
     /// Modules the waiting Python interpreter imports (and warms) before its job.
@@ -149,6 +165,7 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            tls: None,
             warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
             python_preload: ["numpy", "pandas", "matplotlib"]
                 .map(str::to_owned)
@@ -183,6 +200,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("tls", EnvValue::Yaml),
     ("warm_pool", EnvValue::Yaml),
     ("python_preload", EnvValue::Yaml),
     ("warm_pool_limits", EnvValue::Yaml),

@@ -14,9 +14,13 @@ pub mod config;
 pub mod database;
 pub mod egress;
 pub mod ids;
+pub mod mcp;
+pub mod metrics;
 pub mod outputs;
 pub mod plain;
 pub mod runtime;
+pub mod status;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,6 +55,8 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
     #[error("the local audit journal")]
     Journal(#[from] audit::journal::JournalError),
+    #[error("TLS configuration")]
+    Tls(#[from] tls::TlsError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -95,7 +101,9 @@ async fn run(
     // Completions and connection closes the database could not take (now or before a restart)
     // wait here, and are written back first.
     let journal = audit::journal::Journal::open(&config.data_dir.join("journal"))?;
-    let audit = AuditStore::new(db.pool.clone()).with_journal(Arc::new(journal));
+    let metrics = metrics::Metrics::new(config.images.keys().map(String::as_str));
+    let audit = AuditStore::with_metrics(db.pool.clone(), Arc::new(metrics))
+        .with_journal(Arc::new(journal));
     let replayed = audit.replay_journal().await?;
     if replayed > 0 {
         tracing::warn!(
@@ -112,6 +120,8 @@ async fn run(
         path: config.data_dir.clone(),
         err,
     })?;
+    // Read before anything starts, so a bad certificate stops start-up with its reason.
+    let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
     let egress = egress_proxy_for(&config, &policy, &audit, &listener);
     let app = Arc::new(App::new(
         config,
@@ -133,14 +143,25 @@ async fn run(
     app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, scheme, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
-    // The peer address reaches the handlers (refusals are counted per source address).
-    let service = api::router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
-    let server =
-        axum::serve(listener, service).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let served = server.await.map_err(ServeError::Http);
+    let router = api::router(Arc::clone(&app));
+    let served = match acceptor {
+        Some(acceptor) => {
+            tls::serve(listener, acceptor, router, shutdown.clone(), &app.tasks).await;
+            Ok(())
+        }
+        // The peer address reaches the handlers (refusals are counted per source address).
+        None => axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .map_err(ServeError::Http),
+    };
 
     tracing::info!("shutting down: waiting for running executions");
     app.tasks.close();

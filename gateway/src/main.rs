@@ -45,6 +45,22 @@ enum Command {
     /// Run a program through a gateway and print its output as it arrives; exits with the
     /// program's exit code (124 timeout, 137 oom or killed, 130 cancelled, 77 denied, 70 error).
     Exec(ExecArgs),
+    /// Serve the MCP tool `run_code` over stdio (one JSON-RPC message per line), sending each
+    /// call to a gateway, where it is decided and audited like any execution.
+    Mcp(McpArgs),
+}
+
+#[derive(clap::Args)]
+struct McpArgs {
+    /// The gateway (default: http:// + the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An agent API key.
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: String,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -77,6 +93,9 @@ struct ExecArgs {
     /// An agent API key (or set SANDGATE_KEY, which keeps it out of the process list).
     #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
     key: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -217,6 +236,21 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
         let code = runtime.block_on(exec(args, &config))?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
+    if let Command::Mcp(args) = cli.command {
+        let url = args
+            .url
+            .unwrap_or_else(|| format!("http://{}", config.listen));
+        let remote = gateway::mcp::remote::Remote::new(&url, &args.key, args.ca_file.as_deref())?;
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        runtime
+            .block_on(gateway::mcp::stdio::serve(
+                &remote,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+            ))
+            .context("the MCP stdio transport failed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     run(cli.command, config)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -265,6 +299,7 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen)),
         key,
+        ca_file: args.ca_file,
         language: args.lang,
         code,
         files,
@@ -311,7 +346,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 println!("{}", key.secret);
             }
             Command::Policy { command } => policy(command, &config).await?,
-            Command::Exec(_) => unreachable!("handled in main_exit"),
+            Command::Exec(_) | Command::Mcp(_) => unreachable!("handled in main_exit"),
             Command::Audit { command } => {
                 let verification = gateway::commands::audit_verify(&config).await?;
                 match command {

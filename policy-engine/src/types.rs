@@ -50,6 +50,7 @@ pub struct FileInput {
 
 /// One network destination the request asks to reach.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostPort {
     pub host: String,
     pub port: u16,
@@ -59,6 +60,7 @@ pub struct HostPort {
 /// unknown name (`timeout` for `timeout_ms`) is refused, naming the allowed ones.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RequestedLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
@@ -134,6 +136,7 @@ impl Decision {
 /// Why the policy decided as it did; `code` is a bounded, dotted identifier (`tenant.unknown`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Reason {
     pub code: String,
     pub message: String,
@@ -176,6 +179,7 @@ pub struct MountGrant {
 /// The resource limits the sandbox runs with. All fields are required.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Limits {
     pub timeout_ms: u64,
     pub memory_mb: u64,

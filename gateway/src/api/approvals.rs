@@ -94,6 +94,21 @@ pub struct ApprovalQuery {
     pub status: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/approvals",
+    tag = "approvals",
+    operation_id = "approvals_list",
+    summary = "Approvals, e.g. `?status=pending`.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    params(
+        ("status" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "`{\"approvals\": [...]}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -106,6 +121,21 @@ pub async fn list(
     Ok(Json(serde_json::json!({ "approvals": approvals })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/approvals/{id}",
+    tag = "approvals",
+    operation_id = "approvals_get",
+    summary = "One approval.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the approval", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -117,6 +147,22 @@ pub async fn get(
 
 /// Approve or reject: `{"decision":"approve"|"reject","comment":"..."}`. Answers the approval
 /// and the execution (`queued` once approved; it then runs in the background).
+#[utoipa::path(
+    post,
+    path = "/v1/approvals/{id}",
+    tag = "approvals",
+    operation_id = "approvals_decide",
+    summary = "Approve or reject (never the requesting principal).",
+    security(("bearer" = ["reviewer", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    request_body = serde_json::Value,
+    responses(
+        (status = 200, description = "the approval and its execution", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn decide(
     State(app): State<Arc<App>>,
     caller: Caller,

@@ -41,6 +41,25 @@ pub struct EventPage {
 }
 
 /// Audit events, newest first (`seq` descending), one bounded page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/audit/events",
+    tag = "audit",
+    operation_id = "audit_events",
+    summary = "Audit events, newest first.",
+    security(("bearer" = ["auditor", "admin"])),
+    params(
+        ("kind" = Option<String>, Query),
+        ("execution_id" = Option<String>, Query),
+        ("since" = Option<String>, Query),
+        ("limit" = Option<u32>, Query),
+        ("before" = Option<i64>, Query),
+    ),
+    responses(
+        (status = 200, description = "a page of events", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -114,6 +133,18 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
 }
 
 /// Walks the hash chain; `broken` names the first event that does not verify.
+#[utoipa::path(
+    get,
+    path = "/v1/audit/verify",
+    tag = "audit",
+    operation_id = "audit_verify",
+    summary = "Walk the hash chain.",
+    security(("bearer" = ["auditor", "admin"])),
+    responses(
+        (status = 200, description = "the verification", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn verify(
     State(app): State<Arc<App>>,
     caller: Caller,

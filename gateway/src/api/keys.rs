@@ -25,6 +25,19 @@ pub struct CreateKey {
     principal: Option<String>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    tag = "keys",
+    operation_id = "keys_create",
+    summary = "A new API key, shown once.",
+    security(("bearer" = ["admin"])),
+    request_body = serde_json::Value,
+    responses(
+        (status = 201, description = "the key", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,

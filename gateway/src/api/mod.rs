@@ -10,6 +10,9 @@ pub mod health;
 pub mod json;
 pub mod keys;
 pub mod listing;
+pub mod mcp;
+pub mod metrics;
+pub mod openapi;
 pub mod payloads;
 pub mod policy;
 pub mod query;
@@ -71,6 +74,9 @@ pub fn routes() -> Vec<Route> {
     vec![
         get("/healthz", health::healthz),
         get("/readyz", health::readyz),
+        get("/metrics", metrics::scrape),
+        get("/v1/openapi.json", openapi::document),
+        post("/mcp", mcp::serve),
         post("/v1/executions", executions::create),
         get("/v1/executions", listing::list),
         get("/v1/executions/{id}", executions::get),

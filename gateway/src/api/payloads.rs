@@ -29,6 +29,21 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// and ~10 ms per event); the last event is `exit` with the final status (the same as
 /// `GET /v1/executions/{id}` then shows). Each event has an `id:` (its position, from 1); a
 /// client that reconnects with `Last-Event-ID: N` gets the events after the N-th.
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/events",
+    tag = "payloads",
+    operation_id = "payloads_events",
+    summary = "Server-Sent Events: `stdout`, `stderr` (`{\"text\"}`) as they happen, then `exit`.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "an event stream", body = String, content_type = "text/event-stream"),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -109,6 +124,22 @@ fn sse_event(index: usize, event: StreamEvent) -> Event {
 }
 
 /// The bytes of one collected file, as an attachment: never rendered by a browser.
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/outputs/{path}",
+    tag = "payloads",
+    operation_id = "payloads_download",
+    summary = "The bytes of one collected output file.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+        ("path" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the file, as an attachment", body = Vec<u8>, content_type = "application/octet-stream"),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn download(
     State(app): State<Arc<App>>,
     caller: Caller,

@@ -8,6 +8,8 @@ use sqlx::types::Json;
 use policy_engine::Reason;
 
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
+use crate::metrics::DecisionOutcome;
+use crate::status::ExecutionStatus;
 
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -86,6 +88,7 @@ impl AuditStore {
         approval: &NewApproval,
         events: &[NewEvent],
     ) -> Result<(), AuditError> {
+        let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
         insert_execution(&mut tx, row).await?;
         sqlx::query(
@@ -110,6 +113,8 @@ impl AuditStore {
             chain::append(&mut tx, event).await?;
         }
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
+        self.metrics.decision(DecisionOutcome::RequireApproval);
         Ok(())
     }
 
@@ -173,7 +178,7 @@ impl AuditStore {
         let Some((execution_id, request, runnable)) = taken else {
             return Ok(None);
         };
-        if verdict.approve {
+        let denied = if verdict.approve {
             // The reviewer's approval joins the reasons, so the record says who let it run.
             sqlx::query(
                 "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
@@ -184,11 +189,15 @@ impl AuditStore {
             .bind(verdict.instance)
             .execute(&mut *tx)
             .await?;
+            false
         } else {
-            deny_execution(&mut tx, &execution_id, &verdict.reason).await?;
-        }
+            deny_execution(&mut tx, &execution_id, &verdict.reason).await?
+        };
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        if denied {
+            self.metrics.execution_finished(ExecutionStatus::Denied);
+        }
         let approval = self
             .get_approval(id)
             .await?
@@ -217,12 +226,15 @@ impl AuditStore {
         )
         .fetch_all(&mut *tx)
         .await?;
+        let mut denied = 0;
         for (id, execution_id, tenant, expires_at) in &expired {
             let reason = Reason {
                 code: "approval.expired".to_owned(),
                 message: format!("no reviewer decided before {}", expires_at.to_rfc3339()),
             };
-            deny_execution(&mut tx, execution_id, &reason).await?;
+            if deny_execution(&mut tx, execution_id, &reason).await? {
+                denied += 1;
+            }
             let event = NewEvent {
                 kind: "approval.expired",
                 execution_id: Some(execution_id.clone()),
@@ -238,6 +250,9 @@ impl AuditStore {
             chain::append(&mut tx, &event).await?;
         }
         tx.commit().await?;
+        for _ in 0..denied {
+            self.metrics.execution_finished(ExecutionStatus::Denied);
+        }
         let mut rows = Vec::with_capacity(expired.len());
         for (id, ..) in &expired {
             if let Some(row) = self.get_approval(id).await? {
@@ -248,13 +263,13 @@ impl AuditStore {
     }
 }
 
-/// Ends a held execution as `denied`, adding `reason` to its reasons.
+/// Ends a held execution as `denied`, adding `reason` to its reasons. `true`: it was held.
 async fn deny_execution(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     execution_id: &str,
     reason: &Reason,
-) -> Result<(), AuditError> {
-    sqlx::query(
+) -> Result<bool, AuditError> {
+    let done = sqlx::query(
         "UPDATE executions SET status = 'denied', allow = false, \
          reasons = reasons || $2::jsonb, finished_at = now() \
          WHERE id = $1 AND status = 'pending_approval'",
@@ -263,5 +278,5 @@ async fn deny_execution(
     .bind(Json(json!([reason])))
     .execute(&mut **tx)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{chain, AuditError, AuditStore, NewEvent};
+use crate::metrics::EgressDecision;
 
 /// An attempt as it is recorded (the proxy's `Attempt`, flattened for SQL).
 #[derive(Debug, Clone)]
@@ -67,6 +68,7 @@ impl AuditStore {
     /// Inserts the connection row and its audit event in one transaction; returns the row id.
     pub async fn open_connection(&self, open: &ConnectionOpen) -> Result<String, AuditError> {
         let id = crate::ids::new("cn");
+        let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO egress_connections (id, execution_id, tenant, host, port, scheme, sni, \
@@ -107,6 +109,12 @@ impl AuditStore {
         };
         chain::append(&mut tx, &event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
+        self.metrics.egress(if open.allow {
+            EgressDecision::Allow
+        } else {
+            EgressDecision::Deny
+        });
         Ok(id)
     }
 

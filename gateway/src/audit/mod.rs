@@ -9,6 +9,9 @@ pub mod journal;
 pub mod read;
 pub mod verify;
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde_json::Value;
@@ -18,6 +21,9 @@ use sqlx::PgPool;
 
 pub use chain::NewEvent;
 use policy_engine::{Limits, Reason};
+
+use crate::metrics::{DecisionOutcome, Metrics};
+use crate::status::ExecutionStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -124,14 +130,26 @@ pub struct AuditStore {
     /// Where completions and connection closes go while the database is down (the server's
     /// store has one; the command line's does not need one).
     journal: Option<std::sync::Arc<journal::Journal>>,
+    /// Counted here, when records commit, so the metrics say what the store holds.
+    metrics: Arc<Metrics>,
 }
 
 impl AuditStore {
     pub fn new(pool: PgPool) -> AuditStore {
+        AuditStore::with_metrics(pool, Arc::default())
+    }
+
+    /// A store that counts what it commits in `metrics` (the server's; `new` keeps its own).
+    pub fn with_metrics(pool: PgPool, metrics: Arc<Metrics>) -> AuditStore {
         AuditStore {
             pool,
+            metrics,
             journal: None,
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The same store, keeping what it cannot write in `journal` (see [`durable`]).
@@ -249,9 +267,11 @@ impl AuditStore {
 
     /// Appends one event on its own (decisions that have no execution row).
     pub async fn record_event(&self, event: &NewEvent) -> Result<String, AuditError> {
+        let started = Instant::now();
         let mut tx = self.pool.begin().await?;
         let id = chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
         Ok(id)
     }
 
@@ -262,11 +282,29 @@ impl AuditStore {
         row: &ExecutionRow,
         event: &NewEvent,
     ) -> Result<(), AuditError> {
+        let started = Instant::now();
         let mut tx = self.pool.begin().await?;
         insert_execution(&mut tx, row).await?;
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
+        let outcome = if row.allow {
+            DecisionOutcome::Allow
+        } else {
+            DecisionOutcome::Deny
+        };
+        self.metrics.decision(outcome);
+        self.count_if_final(&row.status);
         Ok(())
+    }
+
+    /// Counts a record that has reached a final status.
+    fn count_if_final(&self, status: &str) {
+        match ExecutionStatus::parse(status) {
+            Some(status) if status.is_final() => self.metrics.execution_finished(status),
+            Some(_) => {}
+            None => tracing::warn!(status, "execution record with an unknown status"),
+        }
     }
 
     /// Finished executions whose payload is still stored, finished before `cutoff`.
@@ -353,6 +391,11 @@ impl AuditStore {
         .bind(finished_at)
         .fetch_one(&self.pool)
         .await?;
+        self.count_if_final(done.status);
+        if let Ok(ms) = u64::try_from(done.duration_ms) {
+            self.metrics
+                .execution_ran(std::time::Duration::from_millis(ms));
+        }
         Ok(row)
     }
 
@@ -426,6 +469,9 @@ impl AuditStore {
             chain::append(&mut tx, &event).await?;
         }
         tx.commit().await?;
+        for _ in &closed {
+            self.metrics.execution_finished(ExecutionStatus::Error);
+        }
         Ok(closed.len() as u64)
     }
 

@@ -425,3 +425,16 @@ pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
         .map(str::to_owned)
         .collect()
 }
+
+/// The Python environment of the toolkit tests (scripts/setup.sh makes it).
+pub fn python_venv() -> PathBuf {
+    let venv = std::env::var_os("SANDGATE_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/py"));
+    assert!(
+        venv.join("bin/python").is_file(),
+        "no Python test environment at {}: run `bash scripts/setup.sh` (it makes it with pip); {SETUP}",
+        venv.display()
+    );
+    venv
+}
