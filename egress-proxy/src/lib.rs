@@ -28,10 +28,13 @@
 mod addr;
 mod admit;
 mod body;
+mod ca;
 mod config;
 mod conn;
+mod credentials;
 mod head;
 mod host;
+mod inspect;
 mod listener;
 mod reason;
 mod relay;
@@ -40,13 +43,21 @@ mod seams;
 mod tls;
 
 pub use addr::{classify, AddressClass, AddressDenied, AddressPolicy, GrantedRange};
-pub use config::{local_interface_addresses, ExecutionGrant, ExecutionLimits, ProxyConfig};
+pub use ca::{trust_bundle, upstream_tls, ExecutionCa, TlsSetupError};
+pub use config::{
+    local_interface_addresses, ExecutionGrant, ExecutionLimits, Inspection, InspectionError,
+    ProxyConfig,
+};
+pub use credentials::{
+    placeholder_env_name, Credential, ExecutionCredentials, Secret, PLACEHOLDER_ENV_PREFIX,
+    PLACEHOLDER_PREFIX,
+};
 pub use host::{canonical_host, Host, HostError};
 pub use listener::{EgressProxy, ExecutionListener, ProxyError};
 pub use reason::{ReasonCode, ReasonSource};
 pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
 pub use seams::{
-    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, RecordError, Resolve,
-    ResolveError, Scheme,
+    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, InspectedRequest,
+    RecordError, RequestDone, RequestId, Resolve, ResolveError, Scheme,
 };
 pub use tls::{parse_client_hello, ClientHello, HelloError};

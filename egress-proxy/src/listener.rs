@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::addr::{AddressPolicy, GrantedRange};
-use crate::config::{ExecutionGrant, ExecutionLimits, ProxyConfig};
+use crate::config::{ExecutionGrant, ExecutionLimits, Inspection, ProxyConfig};
 use crate::conn::{self, Admission};
 use crate::relay::Budget;
 use crate::seams::{ConnectionRecorder, EgressPolicy, Resolve};
@@ -62,6 +62,8 @@ pub(crate) struct Execution {
     pub limits: ExecutionLimits,
     pub addresses: AddressPolicy,
     pub budget: Budget,
+    /// The CA and credentials, when the grant inspects some destination.
+    pub inspection: Option<Arc<Inspection>>,
 }
 
 /// The filtering forward proxy. Cheap to clone; serves any number of executions, each on its
@@ -152,6 +154,7 @@ fn execution(grant: ExecutionGrant, config: &ProxyConfig) -> Execution {
         tenant: grant.tenant,
         grant: grant.grant,
         limits: grant.limits,
+        inspection: grant.inspection,
     }
 }
 

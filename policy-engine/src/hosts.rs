@@ -86,8 +86,43 @@ pub(crate) fn validate_grant(grant: &NetworkGrant) -> Result<(), String> {
                 rule.host
             ));
         }
+        if !rule.credentials.is_empty() && !rule.inspect {
+            return Err(format!(
+                "invalid network grant: host {:?} names credentials without `inspect: true` \
+                 (a credential is only ever attached inside an inspected tunnel)",
+                rule.host
+            ));
+        }
     }
     Ok(())
+}
+
+/// Checks that an egress decision attaches only credentials the grant lists for the host.
+pub(crate) fn validate_credentials(
+    input: &crate::EgressInput,
+    decision: &crate::EgressDecision,
+) -> Result<(), String> {
+    if decision.credentials.is_empty() {
+        return Ok(());
+    }
+    if !decision.allow {
+        return Err("a deny names credentials to attach".to_string());
+    }
+    if input.connection.method.is_none() {
+        return Err("credentials named for a connection, not a request inside a tunnel".to_string());
+    }
+    let host = &input.connection.host;
+    let granted = |name: &String| {
+        input.execution.grant.allow.iter().any(|rule| {
+            rule.inspect && rule.covers(host) && rule.credentials.contains(name)
+        })
+    };
+    match decision.credentials.iter().find(|name| !granted(name)) {
+        Some(name) => Err(format!(
+            "the decision attaches credential {name:?}, which the grant does not list for {host}"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks the host patterns found in one data file by the convention in the module docs. The error

@@ -321,10 +321,7 @@ pub fn grant(hosts: &[&str], ports: &[u16]) -> NetworkGrant {
     NetworkGrant {
         allow: hosts
             .iter()
-            .map(|host| HostRule {
-                host: host.to_string(),
-                ports: ports.to_vec(),
-            })
+            .map(|host| HostRule::new(*host, ports.to_vec()))
             .collect(),
         max_connections: 8,
         max_bytes: 10 << 20,
