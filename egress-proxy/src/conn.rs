@@ -221,7 +221,8 @@ impl Conn<'_> {
                 return (0, 0, Err(Ended::new(denial.reason, denial.message)));
             }
         };
-        let meter = Meter::new(&self.execution.budget);
+        let execution = Arc::clone(&self.execution);
+        let meter = Meter::new(&execution.budget);
         let result = self.start(&plan.kind, &mut upstream, &meter).await;
         let result = match result {
             Ok(upward) => self.run_relay(&mut upstream, &meter, upward).await,

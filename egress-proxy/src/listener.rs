@@ -98,6 +98,11 @@ impl EgressProxy {
         }
     }
 
+    /// The settings every listener shares.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.shared.config
+    }
+
     /// Binds `socket_path` (which must not exist; mode 0666) and serves the execution's
     /// connections on it until the returned handle is closed or dropped, or `shutdown` fires.
     /// Must be called within a Tokio runtime.

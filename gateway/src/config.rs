@@ -90,6 +90,31 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
+    /// inspected upstream (DESIGN section 11): e.g. an internal CA.
+    pub egress_ca_file: Option<PathBuf>,
+    /// Credentials the proxy may attach to inspected requests, by name. Only where their values
+    /// come from is configured here; the values are read at start-up and never printed.
+    pub credentials: BTreeMap<String, CredentialConfig>,
+}
+
+/// Where one credential's value comes from and how it is sent: exactly one of `value_env` (an
+/// environment variable of the gateway) and `value_file` (a file; one trailing newline is
+/// dropped), in the header `header`, as `format` with `{value}` replaced (`Bearer {value}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    #[serde(default)]
+    pub value_env: Option<String>,
+    #[serde(default)]
+    pub value_file: Option<PathBuf>,
+    pub header: String,
+    #[serde(default = "default_credential_format")]
+    pub format: String,
+}
+
+fn default_credential_format() -> String {
+    "{value}".to_owned()
 }
 
 impl Default for Config {
@@ -118,6 +143,8 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            egress_ca_file: None,
+            credentials: BTreeMap::new(),
         }
     }
 }
@@ -143,6 +170,8 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("egress_ca_file", EnvValue::Text),
+    ("credentials", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]
@@ -215,6 +244,9 @@ impl Config {
                 return invalid(format!("datasets.{name}.path must be an absolute path"));
             }
         }
+        for (name, credential) in &self.credentials {
+            validate_credential(name, credential)?;
+        }
         let c = &self.ceilings;
         if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {
             return invalid(
@@ -236,6 +268,41 @@ impl Config {
             .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-init")))
             .unwrap_or_else(|| PathBuf::from("sandbox-init"))
     }
+}
+
+/// A credential's name and settings; its value is only read later, at start-up.
+fn validate_credential(name: &str, credential: &CredentialConfig) -> Result<(), ConfigError> {
+    let invalid = |why: &str| {
+        Err(ConfigError::Invalid {
+            message: format!("credentials.{name}: {why}"),
+        })
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !name_ok {
+        return invalid("a credential name is 1-64 of a-z, 0-9, `_`, `-`");
+    }
+    if credential.value_env.is_some() == credential.value_file.is_some() {
+        return invalid("set exactly one of value_env and value_file");
+    }
+    let header_ok = !credential.header.is_empty()
+        && credential
+            .header
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !header_ok {
+        return invalid("header must be a lower-case header name (a-z, 0-9, `-`)");
+    }
+    if credential.header == "host" || credential.header.starts_with("proxy-") {
+        return invalid("header may not be Host or a Proxy-* header");
+    }
+    if !credential.format.contains("{value}") {
+        return invalid("format must contain {value}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -271,6 +338,23 @@ mod tests {
         assert_eq!(config.listen.port(), 9999);
         assert_eq!(config.max_concurrent, 3);
         assert_eq!(config.database_url.as_deref(), Some("postgres://u@h/db"));
+    }
+
+    #[test]
+    fn credentials_name_exactly_one_source_and_a_header() {
+        let ok = "credentials:\n  github: {value_env: GH, header: authorization, format: 'Bearer {value}'}\n";
+        let config = Config::from_yaml_and_env(ok, no_env).unwrap();
+        assert_eq!(config.credentials["github"].value_env.as_deref(), Some("GH"));
+        for bad in [
+            "credentials: {github: {header: authorization}}\n",
+            "credentials: {github: {value_env: A, value_file: /b, header: authorization}}\n",
+            "credentials: {github: {value_env: A, header: Authorization}}\n",
+            "credentials: {github: {value_env: A, header: authorization, format: x}}\n",
+            "credentials: {GitHub: {value_env: A, header: authorization}}\n",
+        ] {
+            let err = Config::from_yaml_and_env(bad, no_env).unwrap_err();
+            assert!(err.to_string().contains("credentials."), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, EgressProxy, ExecutionGrant,
-    ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, StaticResolver,
+    ExecutionLimits, ExecutionListener, InspectedRequest, ProxyConfig, RecordError, RequestDone,
+    RequestId, StaticResolver,
 };
 use futures_util::future::BoxFuture;
 use policy_engine::{HostRule, NetworkGrant, PolicyEngine};
@@ -299,6 +300,18 @@ impl ConnectionRecorder for MemoryRecorder {
                 .push(closed.clone());
         })
     }
+
+    /// These tests never inspect: a request record here is a bug.
+    fn open_request<'a>(
+        &'a self,
+        request: &'a InspectedRequest,
+    ) -> BoxFuture<'a, Result<RequestId, RecordError>> {
+        Box::pin(async move { panic!("no tunnel is inspected here: {request:?}") })
+    }
+
+    fn close_request<'a>(&'a self, id: RequestId, _: &'a RequestDone) -> BoxFuture<'a, ()> {
+        Box::pin(async move { panic!("no tunnel is inspected here: {id:?}") })
+    }
 }
 
 /// The real policy bundle of this repository.
@@ -395,6 +408,7 @@ impl Setup {
                     tenant: "acme".into(),
                     grant: self.grant,
                     limits,
+                    inspection: None,
                 },
                 CancellationToken::new(),
             )

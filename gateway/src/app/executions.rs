@@ -464,6 +464,15 @@ impl App {
         spec.job
             .env
             .extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        // Inspected destinations: the trust bundle, the variables naming it, the placeholders.
+        spec.job.env.extend(egress.sandbox.env.iter().cloned());
+        spec.job
+            .files
+            .extend(egress.sandbox.files.iter().map(|file| JobFile {
+                path: file.path.clone(),
+                content_b64: base64::engine::general_purpose::STANDARD.encode(&file.contents),
+                mode: file.mode,
+            }));
         let outcome = self.runtime.run(spec).await;
         egress.finish().await;
         outcome
