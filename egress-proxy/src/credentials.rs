@@ -70,7 +70,10 @@ impl ExecutionCredentials {
             .map(|credential| {
                 let mut bytes = [0u8; 16];
                 rng.fill_bytes(&mut bytes);
-                (credential, format!("{PLACEHOLDER_PREFIX}{}", hex::encode(bytes)))
+                (
+                    credential,
+                    format!("{PLACEHOLDER_PREFIX}{}", hex::encode(bytes)),
+                )
             })
             .collect();
         ExecutionCredentials { entries }
@@ -135,7 +138,10 @@ pub fn placeholder_env_name(name: &str) -> String {
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    !needle.is_empty() && haystack.windows(needle.len()).any(|window| window == needle)
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
 }
 
 #[cfg(test)]
@@ -174,6 +180,9 @@ mod tests {
         assert_eq!(creds.swap(&text, &["github".into()]), "token ghp_canary");
         assert_eq!(creds.swap(&text, &[]), text);
         assert_eq!(github().header_value(), "Bearer ghp_canary");
-        assert_eq!(placeholder_env_name("my-api.key"), "SANDGATE_CREDENTIAL_MY_API_KEY");
+        assert_eq!(
+            placeholder_env_name("my-api.key"),
+            "SANDGATE_CREDENTIAL_MY_API_KEY"
+        );
     }
 }

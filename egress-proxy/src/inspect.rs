@@ -49,16 +49,26 @@ type ProxyBody = BoxBody<Bytes, hyper::Error>;
 /// Longest path given to the policy and kept in a row.
 const MAX_PATH: usize = 2048;
 /// Request headers never forwarded: hop-by-hop, the proxy's own, identity claims.
-const DROPPED: [&str; 6] = ["connection", "keep-alive", "te", "trailer", "upgrade", "http2-settings"];
+const DROPPED: [&str; 6] = [
+    "connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "upgrade",
+    "http2-settings",
+];
 
 impl Conn<'_> {
     /// The execution's inspection, when its grant inspects `host` on `port`.
     pub(crate) fn inspection_for(&self, host: &Host, port: u16) -> Option<Arc<Inspection>> {
         let inspection = self.execution.inspection.as_ref()?;
         let name = host.to_string();
-        let inspected = self.execution.grant.allow.iter().any(|rule| {
-            rule.inspect && rule.covers(&name) && rule.ports.contains(&port)
-        });
+        let inspected = self
+            .execution
+            .grant
+            .allow
+            .iter()
+            .any(|rule| rule.inspect && rule.covers(&name) && rule.ports.contains(&port));
         inspected.then(|| Arc::clone(inspection))
     }
 
@@ -94,7 +104,10 @@ impl Conn<'_> {
         })?;
         let host = plan.host.to_string();
         let server = inspection.ca.server_config(&host).map_err(|err| {
-            Ended::new(ReasonCode::ClientTlsFailed, format!("no certificate for {host}: {err}"))
+            Ended::new(
+                ReasonCode::ClientTlsFailed,
+                format!("no certificate for {host}: {err}"),
+            )
         })?;
         let client = Prefixed::new(std::mem::take(&mut self.buffered), self.own_client()?);
         let accept = tokio_rustls::TlsAcceptor::from(server).accept(client);
@@ -132,7 +145,10 @@ impl Conn<'_> {
     fn own_client(&self) -> Result<UnixStream, Ended> {
         use std::os::fd::AsFd;
         let failed = |err: std::io::Error| {
-            Ended::new(ReasonCode::ClientFailed, format!("duplicating the connection: {err}"))
+            Ended::new(
+                ReasonCode::ClientFailed,
+                format!("duplicating the connection: {err}"),
+            )
         };
         let fd = self.client.as_fd().try_clone_to_owned().map_err(failed)?;
         let std = std::os::unix::net::UnixStream::from(fd);
@@ -234,12 +250,24 @@ impl Tunnel {
                 if let (101, Some(client)) = (status, upgrade) {
                     self.relay_upgrade(client, hyper::upgrade::on(&mut response));
                 }
-                self.set_pending(Pending { id, status, started, up, down });
+                self.set_pending(Pending {
+                    id,
+                    status,
+                    started,
+                    up,
+                    down,
+                });
                 response.map(BodyExt::boxed)
             }
             Err(denial) => {
-                self.close(id, denial.reason.status(), started, (up, down), Some(&denial))
-                    .await;
+                self.close(
+                    id,
+                    denial.reason.status(),
+                    started,
+                    (up, down),
+                    Some(&denial),
+                )
+                .await;
                 denial_response(&denial)
             }
         }
@@ -248,7 +276,10 @@ impl Tunnel {
     /// The row for a request as the sandbox sent it (denied until admitted).
     fn record_of(&self, request: &Request<Incoming>) -> InspectedRequest {
         let path = request.uri().path().chars().take(MAX_PATH).collect();
-        let query = request.uri().query().map(|q| hex::encode(Sha256::digest(q)));
+        let query = request
+            .uri()
+            .query()
+            .map(|q| hex::encode(Sha256::digest(q)));
         InspectedRequest {
             execution_id: self.execution.id.clone(),
             tenant: self.execution.tenant.clone(),
@@ -300,7 +331,10 @@ impl Tunnel {
                 None => Denial::new(ReasonCode::PolicyDenied, "denied by the egress policy"),
             });
         }
-        let present = self.inspection.credentials.placeholders_in(&request_text(request));
+        let present = self
+            .inspection
+            .credentials
+            .placeholders_in(&request_text(request));
         let misdirected: Vec<String> = present
             .into_iter()
             .filter(|name| !decision.credentials.contains(name))
@@ -333,7 +367,10 @@ impl Tunnel {
             claims.push(value.to_owned());
         }
         if claims.len() != 1 {
-            return Err(mismatch(format!("the request has {} Host headers", claims.len())));
+            return Err(mismatch(format!(
+                "the request has {} Host headers",
+                claims.len()
+            )));
         }
         if let Some(authority) = request.uri().authority() {
             claims.push(authority.as_str().to_owned());
@@ -343,8 +380,8 @@ impl Tunnel {
                 Some((name, port)) => (name, port.parse::<u16>().ok()),
                 None => (claim.as_str(), Some(self.port)),
             };
-            let same = canonical_host(name).is_ok_and(|host| host == self.host)
-                && port == Some(self.port);
+            let same =
+                canonical_host(name).is_ok_and(|host| host == self.host) && port == Some(self.port);
             if !same {
                 return Err(mismatch(format!(
                     "the request names host {}, but the tunnel is to {}",
@@ -365,7 +402,10 @@ impl Tunnel {
         let mut headers = hyper::HeaderMap::new();
         for (name, value) in parts.headers.iter() {
             let lower = name.as_str();
-            if DROPPED.contains(&lower) || lower.starts_with("proxy-") || lower.starts_with("x-sandgate-") {
+            if DROPPED.contains(&lower)
+                || lower.starts_with("proxy-")
+                || lower.starts_with("x-sandgate-")
+            {
                 continue;
             }
             let value = match value.to_str() {
@@ -376,7 +416,10 @@ impl Tunnel {
             headers.append(name.clone(), value);
         }
         if let Some(upgrade) = upgrade {
-            headers.insert(hyper::header::CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(
+                hyper::header::CONNECTION,
+                HeaderValue::from_static("upgrade"),
+            );
             headers.insert(hyper::header::UPGRADE, upgrade);
         }
         for name in granted {
@@ -399,15 +442,23 @@ impl Tunnel {
 
     /// Sends the request on the tunnel's upstream connection (dialled and verified on first use).
     async fn forward(&self, request: Request<Incoming>) -> Result<Response<Incoming>, Denial> {
-        let existing = self.upstream.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let existing = self
+            .upstream
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         let mut sender = match existing {
             Some(sender) if !sender.is_closed() => sender,
             _ => self.connect().await?,
         };
-        let upstream_failed =
-            |err: hyper::Error| Denial::new(ReasonCode::UpstreamFailed, format!("{}: {err}", self.host));
+        let upstream_failed = |err: hyper::Error| {
+            Denial::new(ReasonCode::UpstreamFailed, format!("{}: {err}", self.host))
+        };
         sender.ready().await.map_err(upstream_failed)?;
-        let response = sender.send_request(request).await.map_err(upstream_failed)?;
+        let response = sender
+            .send_request(request)
+            .await
+            .map_err(upstream_failed)?;
         *self.upstream.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender);
         Ok(response)
     }
@@ -423,7 +474,12 @@ impl Tunnel {
                     format!("connecting to {} failed: {err}", self.address),
                 ))
             }
-            Err(_) => return Err(Denial::new(ReasonCode::UpstreamTimeout, "connect timed out")),
+            Err(_) => {
+                return Err(Denial::new(
+                    ReasonCode::UpstreamTimeout,
+                    "connect timed out",
+                ))
+            }
         };
         let _ = tcp.set_nodelay(true);
         let metered = Metered {
@@ -459,7 +515,11 @@ impl Tunnel {
     }
 
     /// After a `101`, relays the two upgraded connections as they are.
-    fn relay_upgrade(&self, client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    fn relay_upgrade(
+        &self,
+        client: hyper::upgrade::OnUpgrade,
+        upstream: hyper::upgrade::OnUpgrade,
+    ) {
         let cancel = self.cancel.clone();
         self.tasks.spawn(async move {
             let (Ok(client), Ok(upstream)) = (client.await, upstream.await) else {
@@ -488,7 +548,8 @@ impl Tunnel {
         match self.open(&record).await {
             Ok(id) => {
                 let snapshot = self.snapshot();
-                self.close(id, denial.reason.status(), started, snapshot, None).await;
+                self.close(id, denial.reason.status(), started, snapshot, None)
+                    .await;
                 denial_response(&denial)
             }
             Err(unavailable) => denial_response(&unavailable),
@@ -535,9 +596,14 @@ impl Tunnel {
     }
 
     async fn finish_pending(&self) {
-        let pending = self.pending.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let pending = self
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
         if let Some(p) = pending {
-            self.close(p.id, p.status, p.started, (p.up, p.down), None).await;
+            self.close(p.id, p.status, p.started, (p.up, p.down), None)
+                .await;
         }
     }
 
@@ -558,12 +624,23 @@ fn audit_unavailable() -> Denial {
 
 /// The proxy's own answer inside a tunnel: the reason's status, `sandgate-egress: <code>: <message>`.
 fn denial_response(denial: &Denial) -> Response<ProxyBody> {
-    let body = format!("sandgate-egress: {}: {}\n", denial.reason.code(), one_line(&denial.message));
-    let mut response = Response::new(Full::new(Bytes::from(body)).map_err(|never| match never {}).boxed());
-    *response.status_mut() = hyper::StatusCode::from_u16(denial.reason.status())
-        .unwrap_or(hyper::StatusCode::FORBIDDEN);
+    let body = format!(
+        "sandgate-egress: {}: {}\n",
+        denial.reason.code(),
+        one_line(&denial.message)
+    );
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *response.status_mut() =
+        hyper::StatusCode::from_u16(denial.reason.status()).unwrap_or(hyper::StatusCode::FORBIDDEN);
     let headers = response.headers_mut();
-    headers.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    headers.insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     if let Ok(code) = HeaderValue::from_str(denial.reason.code()) {
         headers.insert("x-sandgate-reason", code);
     }
@@ -571,7 +648,11 @@ fn denial_response(denial: &Denial) -> Response<ProxyBody> {
 }
 
 fn header_names(request: &Request<Incoming>) -> Vec<String> {
-    let mut names: Vec<String> = request.headers().keys().map(|n| n.as_str().to_owned()).collect();
+    let mut names: Vec<String> = request
+        .headers()
+        .keys()
+        .map(|n| n.as_str().to_owned())
+        .collect();
     names.sort_unstable();
     names.dedup();
     names
@@ -596,12 +677,20 @@ struct Prefixed {
 
 impl Prefixed {
     fn new(prefix: Vec<u8>, inner: UnixStream) -> Prefixed {
-        Prefixed { prefix, offset: 0, inner }
+        Prefixed {
+            prefix,
+            offset: 0,
+            inner,
+        }
     }
 }
 
 impl AsyncRead for Prefixed {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         if this.offset < this.prefix.len() {
             let rest = &this.prefix[this.offset..];
@@ -615,7 +704,11 @@ impl AsyncRead for Prefixed {
 }
 
 impl AsyncWrite for Prefixed {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
     }
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -638,7 +731,11 @@ fn budget_spent() -> std::io::Error {
 }
 
 impl AsyncRead for Metered {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
         let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
@@ -654,7 +751,11 @@ impl AsyncRead for Metered {
 }
 
 impl AsyncWrite for Metered {
-    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         if this.execution.budget.exhausted() {
             return Poll::Ready(Err(budget_spent()));

@@ -57,7 +57,7 @@ pub use listener::{EgressProxy, ExecutionListener, ProxyError};
 pub use reason::{ReasonCode, ReasonSource};
 pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
 pub use seams::{
-    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, InspectedRequest,
-    RecordError, RequestDone, RequestId, Resolve, ResolveError, Scheme,
+    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, InspectedRequest, RecordError,
+    RequestDone, RequestId, Resolve, ResolveError, Scheme,
 };
 pub use tls::{parse_client_hello, ClientHello, HelloError};

@@ -164,8 +164,14 @@ impl ReasonCode {
         use ReasonCode::*;
         Some(match self {
             Allowed | Completed => return None,
-            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied
-            | MethodNotAllowed | PathNotAllowed | CredentialMisdirected => ReasonSource::Policy,
+            HostNotGranted
+            | PortNotGranted
+            | PolicyDenied
+            | PolicyError
+            | AddressDenied
+            | MethodNotAllowed
+            | PathNotAllowed
+            | CredentialMisdirected => ReasonSource::Policy,
             BadRequest | HostInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
             | SniMissing | SniUnreadable | TooManyConnections | ByteLimit | IdleTimeout
             | ClientFailed | ClientTlsFailed => ReasonSource::Client,
@@ -181,9 +187,18 @@ impl ReasonCode {
         use ReasonCode::*;
         match self {
             Allowed | Completed => 200,
-            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied
-            | MethodNotAllowed | PathNotAllowed | CredentialMisdirected | SniMismatch
-            | SniMissing | SniUnreadable | ByteLimit => 403,
+            HostNotGranted
+            | PortNotGranted
+            | PolicyDenied
+            | PolicyError
+            | AddressDenied
+            | MethodNotAllowed
+            | PathNotAllowed
+            | CredentialMisdirected
+            | SniMismatch
+            | SniMissing
+            | SniUnreadable
+            | ByteLimit => 403,
             BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed
             | ClientTlsFailed => 400,
             ClientTimeout => 408,

@@ -344,7 +344,10 @@ mod tests {
     fn credentials_name_exactly_one_source_and_a_header() {
         let ok = "credentials:\n  github: {value_env: GH, header: authorization, format: 'Bearer {value}'}\n";
         let config = Config::from_yaml_and_env(ok, no_env).unwrap();
-        assert_eq!(config.credentials["github"].value_env.as_deref(), Some("GH"));
+        assert_eq!(
+            config.credentials["github"].value_env.as_deref(),
+            Some("GH")
+        );
         for bad in [
             "credentials: {github: {header: authorization}}\n",
             "credentials: {github: {value_env: A, value_file: /b, header: authorization}}\n",

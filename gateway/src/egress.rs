@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, Credential, DnsResolver, EgressPolicy,
-    EgressProxy, ExecutionGrant, ExecutionLimits, ExecutionListener, InspectedRequest,
-    Inspection, ProxyConfig, RecordError, RequestDone, RequestId, Resolve, ResolveError, Secret,
+    EgressProxy, ExecutionGrant, ExecutionLimits, ExecutionListener, InspectedRequest, Inspection,
+    ProxyConfig, RecordError, RequestDone, RequestId, Resolve, ResolveError, Secret,
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
@@ -121,13 +121,13 @@ fn credential_value(
             name: name.to_owned(),
             var: var.clone(),
         })?,
-        (None, Some(path)) => std::fs::read_to_string(path).map_err(|err| {
-            EgressError::CredentialFile {
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).map_err(|err| EgressError::CredentialFile {
                 name: name.to_owned(),
                 path: path.clone(),
                 err,
-            }
-        })?,
+            })?
+        }
         (None, None) => String::new(),
     };
     let value = raw.strip_suffix('\n').unwrap_or(&raw);

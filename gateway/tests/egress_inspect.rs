@@ -105,7 +105,10 @@ impl Https {
                 let stderr = std::fs::read_to_string(https.root.path().join("server.stderr"));
                 panic!("the HTTPS upstream exited ({status}): {stderr:?}");
             }
-            assert!(Instant::now() < deadline, "the HTTPS upstream did not start");
+            assert!(
+                Instant::now() < deadline,
+                "the HTTPS upstream did not start"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
         https
@@ -220,8 +223,7 @@ def leaks():
 /// a second request on one keep-alive connection is decided on its own; every request has one
 /// row and one audit event, and no row holds the value.
 #[tokio::test(flavor = "multi_thread")]
-async fn inspected_requests_are_decided_one_by_one_and_the_credential_never_enters_the_sandbox()
-{
+async fn inspected_requests_are_decided_one_by_one_and_the_credential_never_enters_the_sandbox() {
     let https = Https::start().await;
     let echo = echo_upstream();
     let policies = bundle(echo.port);
@@ -265,14 +267,27 @@ print(json.dumps(out))
 
     let placeholder = out["placeholder"].as_str().unwrap().to_owned();
     assert!(placeholder.starts_with("sgph_"), "{out:#}");
-    assert_eq!(out["ssl_cert_file"], "/tmp/sandgate/ca-bundle.pem", "{out:#}");
-    assert_eq!(out["requests_ca_bundle"], "/tmp/sandgate/ca-bundle.pem", "{out:#}");
-    assert_eq!(out["get"], json!([200, "ok GET /repos/acme/app\n"]), "{out:#}");
+    assert_eq!(
+        out["ssl_cert_file"], "/tmp/sandgate/ca-bundle.pem",
+        "{out:#}"
+    );
+    assert_eq!(
+        out["requests_ca_bundle"], "/tmp/sandgate/ca-bundle.pem",
+        "{out:#}"
+    );
+    assert_eq!(
+        out["get"],
+        json!([200, "ok GET /repos/acme/app\n"]),
+        "{out:#}"
+    );
     let refused = |case: &str, code: &str| {
         let answer = &out[case];
         assert_eq!(answer[0], 403, "{case}: {out:#}");
         let text = answer[1].as_str().unwrap();
-        assert!(text.starts_with(&format!("sandgate-egress: {code}: ")), "{case}: {out:#}");
+        assert!(
+            text.starts_with(&format!("sandgate-egress: {code}: ")),
+            "{case}: {out:#}"
+        );
     };
     refused("delete", "egress.method_not_allowed");
     refused("admin", "egress.path_not_allowed");
@@ -283,7 +298,11 @@ print(json.dumps(out))
     assert_eq!(keepalive[1][0], 403, "{out:#}");
     assert_eq!(keepalive[2], json!([200, "ok GET /repos/two\n"]), "{out:#}");
     // The search works (it finds the decoy) and finds nothing else: no value in the sandbox.
-    assert_eq!(out["leaks"], json!([format!("{SECRET_PREFIX}{}", "d".repeat(32))]), "{out:#}");
+    assert_eq!(
+        out["leaks"],
+        json!([format!("{SECRET_PREFIX}{}", "d".repeat(32))]),
+        "{out:#}"
+    );
 
     // Upstream: only the allowed requests arrived, each with the credential in its header (the
     // sandbox's own Authorization, a placeholder, replaced).
@@ -302,15 +321,22 @@ print(json.dumps(out))
 
     // Rows: one per request, one audit event each; the value nowhere in the database's rows.
     let pool = gw.pool().await;
-    let rows: Vec<(String, String, String, bool, String, Vec<String>, Option<i32>)> =
-        sqlx::query_as(
-            "SELECT method, path, host, allow, reason, credentials, status_code \
+    let rows: Vec<(
+        String,
+        String,
+        String,
+        bool,
+        String,
+        Vec<String>,
+        Option<i32>,
+    )> = sqlx::query_as(
+        "SELECT method, path, host, allow, reason, credentials, status_code \
              FROM egress_requests WHERE execution_id = $1 ORDER BY started_at, id",
-        )
-        .bind(&id)
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    )
+    .bind(&id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     let summary: Vec<String> = rows
         .iter()
         .map(|(m, p, _, allow, reason, creds, status)| {
@@ -347,7 +373,12 @@ print(json.dumps(out))
     .await
     .unwrap();
     assert_eq!(misdirected, "credential.misdirected");
-    for table in ["audit_events", "egress_requests", "egress_connections", "executions"] {
+    for table in [
+        "audit_events",
+        "egress_requests",
+        "egress_connections",
+        "executions",
+    ] {
         let hits: i64 = sqlx::query_scalar(&format!(
             "SELECT count(*) FROM {table} AS t WHERE t::text LIKE '%' || $1 || '%'"
         ))
@@ -409,7 +440,13 @@ print(json.dumps(out))
             .starts_with("sandgate-egress: egress.upstream_tls_failed: "),
         "{out:#}"
     );
-    assert!(out["pinned"].as_str().unwrap().contains("CERTIFICATE_VERIFY_FAILED"), "{out:#}");
+    assert!(
+        out["pinned"]
+            .as_str()
+            .unwrap()
+            .contains("CERTIFICATE_VERIFY_FAILED"),
+        "{out:#}"
+    );
     assert!(https.requests().is_empty(), "{:?}", https.requests());
 
     let id = body["id"].as_str().unwrap();
@@ -438,7 +475,10 @@ print(json.dumps(out))
     .unwrap();
     assert_eq!(failed.len(), 1, "{failed:?}");
     assert_eq!(failed[0].1, Some(502), "{failed:?}");
-    assert!(failed[0].2.as_deref().unwrap_or("").contains("TLS"), "{failed:?}");
+    assert!(
+        failed[0].2.as_deref().unwrap_or("").contains("TLS"),
+        "{failed:?}"
+    );
     pool.close().await;
     gw.stop().await;
 }

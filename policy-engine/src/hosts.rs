@@ -109,13 +109,18 @@ pub(crate) fn validate_credentials(
         return Err("a deny names credentials to attach".to_string());
     }
     if input.connection.method.is_none() {
-        return Err("credentials named for a connection, not a request inside a tunnel".to_string());
+        return Err(
+            "credentials named for a connection, not a request inside a tunnel".to_string(),
+        );
     }
     let host = &input.connection.host;
     let granted = |name: &String| {
-        input.execution.grant.allow.iter().any(|rule| {
-            rule.inspect && rule.covers(host) && rule.credentials.contains(name)
-        })
+        input
+            .execution
+            .grant
+            .allow
+            .iter()
+            .any(|rule| rule.inspect && rule.covers(host) && rule.credentials.contains(name))
     };
     match decision.credentials.iter().find(|name| !granted(name)) {
         Some(name) => Err(format!(
