@@ -21,6 +21,7 @@ const BASE_TABLES: &[&str] = &[
     "audit_events",
     "executions",
     "egress_connections",
+    "egress_requests",
     "approvals",
     "api_keys",
     "policy_revisions",
