@@ -118,6 +118,10 @@ impl ExecutionCa {
         let key = KeyPair::generate().map_err(leaf_error)?;
         let mut params = CertificateParams::new(vec![host.to_owned()]).map_err(leaf_error)?;
         params.distinguished_name.push(DnType::CommonName, host);
+        // What strict verifiers (OpenSSL's X509_STRICT, Python 3.13's default) require: an
+        // authority key id, a subject key id and an explicit "not a CA".
+        params.is_ca = IsCa::ExplicitNoCa;
+        params.use_authority_key_identifier_extension = true;
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         set_validity(&mut params);
