@@ -134,10 +134,7 @@ impl Conn<'_> {
             cancel: self.cancel.child_token(),
         });
         let result = tunnel.serve(tls).await;
-        tunnel.finish_pending().await;
-        tunnel.cancel.cancel();
-        tunnel.tasks.close();
-        tunnel.tasks.wait().await;
+        tunnel.wind_down().await;
         result
     }
 
@@ -589,6 +586,20 @@ impl Tunnel {
         if tokio::time::timeout(timeout, close).await.is_err() {
             warn!("recording an inspected request's end timed out");
         }
+    }
+
+    /// After the HTTP connection ended (or was upgraded): drops the upstream connection, lets an
+    /// upgraded relay run to its end (or the execution's), then closes the last request's row.
+    async fn wind_down(&self) {
+        drop(self.upstream.lock().unwrap_or_else(|p| p.into_inner()).take());
+        self.tasks.close();
+        tokio::select! {
+            () = self.tasks.wait() => {}
+            () = self.cancel.cancelled() => {}
+        }
+        self.cancel.cancel();
+        self.tasks.wait().await;
+        self.finish_pending().await;
     }
 
     fn set_pending(&self, pending: Pending) {
