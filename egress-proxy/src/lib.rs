@@ -18,12 +18,19 @@
 //! - per-execution limits: concurrent connections, total bytes, idle and header-read timeouts;
 //! - denials are answered with a status and `sandgate-egress: <code>: <message>` ([`ReasonCode`]).
 //!
+//! - only where the grant marks a destination `inspect: true` (DESIGN section 11): the tunnel is
+//!   terminated with the execution's own CA ([`ExecutionCa`], key in memory only), TLS to the
+//!   upstream is re-originated and verified ([`upstream_tls`]), and every HTTP/1.1 request inside
+//!   is decided by the policy, recorded ([`ConnectionRecorder::open_request`]) and only then
+//!   forwarded, with the credentials the decision names attached ([`Credential`], whose value
+//!   never prints) and a placeholder anywhere else refused (`credential.misdirected`).
+//!
 //! It is **not** a policy engine (what is allowed is Rego in `policies/`, reached through
 //! [`EgressPolicy`]), not an audit store (the gateway's [`ConnectionRecorder`] writes Postgres),
-//! not a TLS terminator (it never decrypts, so it cannot see inside HTTPS: domain fronting
-//! behind an allowed SNI is a known residual risk) and not a general proxy: no HTTP/2, no
-//! keep-alive, no caching, no redirects followed, no credentials injected. It does not depend on
-//! the gateway.
+//! not a TLS terminator except for inspected destinations (elsewhere it never decrypts, so
+//! domain fronting behind an allowed SNI is a known residual risk there) and not a general
+//! proxy: no HTTP/2, no keep-alive outside inspected tunnels, no caching, no redirects followed.
+//! It does not depend on the gateway.
 
 mod addr;
 mod admit;
