@@ -591,7 +591,12 @@ impl Tunnel {
     /// After the HTTP connection ended (or was upgraded): drops the upstream connection, lets an
     /// upgraded relay run to its end (or the execution's), then closes the last request's row.
     async fn wind_down(&self) {
-        drop(self.upstream.lock().unwrap_or_else(|p| p.into_inner()).take());
+        drop(
+            self.upstream
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take(),
+        );
         self.tasks.close();
         tokio::select! {
             () = self.tasks.wait() => {}
