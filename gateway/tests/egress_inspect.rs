@@ -180,6 +180,17 @@ fn new_secret(dir: &Path) -> (String, PathBuf) {
     (secret, path)
 }
 
+/// method, path, host, allow, reason, credentials, status_code of an `egress_requests` row.
+type RequestRow = (
+    String,
+    String,
+    String,
+    bool,
+    String,
+    Vec<String>,
+    Option<i32>,
+);
+
 /// Python for the sandbox: `req(method, url, headers)` through the proxy (urllib honours
 /// HTTPS_PROXY and, for verification, SSL_CERT_FILE via the default context), and `leaks()`,
 /// which searches env, every process's environ and cmdline and every readable file for any
@@ -321,15 +332,7 @@ print(json.dumps(out))
 
     // Rows: one per request, one audit event each; the value nowhere in the database's rows.
     let pool = gw.pool().await;
-    let rows: Vec<(
-        String,
-        String,
-        String,
-        bool,
-        String,
-        Vec<String>,
-        Option<i32>,
-    )> = sqlx::query_as(
+    let rows: Vec<RequestRow> = sqlx::query_as(
         "SELECT method, path, host, allow, reason, credentials, status_code \
              FROM egress_requests WHERE execution_id = $1 ORDER BY started_at, id",
     )
