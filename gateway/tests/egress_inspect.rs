@@ -262,6 +262,12 @@ c.request("GET", "/repos/two")
 r3 = c.getresponse(); b3 = r3.read().decode()
 out["keepalive"] = [[r1.status, b1], [r2.status, b2], [r3.status, b3]]
 out["leaks"] = leaks()
+import subprocess
+pip = subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                      "--disable-pip-version-check", "--retries", "0", "-d", "/tmp/dl",
+                      "--index-url", "https://{SECURE_HOST}/repos/simple/", "sgdemo"],
+                     capture_output=True, text=True, timeout=60)
+out["pip"] = pip.stdout + pip.stderr
 print(json.dumps(out))
 "#,
         port = echo.port
@@ -317,8 +323,18 @@ print(json.dumps(out))
 
     // Upstream: only the allowed requests arrived, each with the credential in its header (the
     // sandbox's own Authorization, a placeholder, replaced).
-    let seen = https.requests();
     let bearer = format!("auth=Bearer {secret}");
+    // pip trusts the execution's CA through PIP_CERT: its index request arrived, credential and
+    // all (the "index" has no links, so pip then finds no distribution, which is fine here).
+    let (pip, seen): (Vec<String>, Vec<String>) = https
+        .requests()
+        .into_iter()
+        .partition(|line| line.contains(" /repos/simple/"));
+    assert!(
+        pip.contains(&format!("request GET /repos/simple/sgdemo/ {bearer}")),
+        "pip: {pip:?}; its output: {}",
+        out["pip"]
+    );
     assert_eq!(
         seen,
         vec![
@@ -342,6 +358,7 @@ print(json.dumps(out))
     .unwrap();
     let summary: Vec<String> = rows
         .iter()
+        .filter(|(_, path, ..)| !path.starts_with("/repos/simple/"))
         .map(|(m, p, _, allow, reason, creds, status)| {
             format!("{m} {p} {allow} {reason} {creds:?} {status:?}")
         })
@@ -366,7 +383,7 @@ print(json.dumps(out))
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(events, 7);
+    assert_eq!(events, rows.len() as i64, "one audit event per request row");
     let misdirected: String = sqlx::query_scalar(
         "SELECT reason FROM egress_connections WHERE execution_id = $1 AND host = $2",
     )
