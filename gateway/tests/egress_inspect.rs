@@ -41,6 +41,8 @@ def log(line):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def answer(self):
+        if self.headers.get("Upgrade", "").lower() == "websocket":
+            return self.upgrade()
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
@@ -51,6 +53,16 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+    def upgrade(self):
+        log("upgrade %s %s auth=%s" % (self.command, self.path, self.headers.get("Authorization", "-")))
+        self.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+        self.wfile.flush()
+        self.close_connection = True
+        while True:
+            data = self.connection.recv(4096)
+            if not data:
+                return
+            self.connection.sendall(b"echo:" + data)
     do_GET = do_DELETE = do_POST = answer
     def log_message(self, *args):
         pass
@@ -498,6 +510,90 @@ print(json.dumps(out))
     assert!(
         failed[0].2.as_deref().unwrap_or("").contains("TLS"),
         "{failed:?}"
+    );
+    pool.close().await;
+    gw.stop().await;
+}
+
+/// WebSocket upgrades are requests like any other: one on a denied path gets the proxy's 403 and
+/// never reaches the upstream; one on an allowed path carries the credential, gets the
+/// upstream's `101`, and the two sides are then relayed as they are. Both have a request row.
+#[tokio::test(flavor = "multi_thread")]
+async fn websocket_upgrades_are_decided_as_requests_and_relayed_once_allowed() {
+    let https = Https::start().await;
+    let echo = echo_upstream();
+    let policies = bundle(echo.port);
+    let secrets = tempfile::tempdir().unwrap();
+    let (secret, secret_file) = new_secret(secrets.path());
+    let gw = gateway(policies.path(), &secret_file, Some(https.ca_file())).await;
+    let key = gw.key("agent", "inspecttest").await;
+    let code = format!(
+        r#"
+import json, socket, ssl
+def ws(path):
+    s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
+    s.sendall(b"CONNECT {SECURE_HOST}:443 HTTP/1.1\r\nHost: {SECURE_HOST}:443\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1)
+    t = ssl.create_default_context().wrap_socket(s, server_hostname="{SECURE_HOST}")
+    t.sendall(("GET %s HTTP/1.1\r\nHost: {SECURE_HOST}\r\nUpgrade: websocket\r\n"
+               "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+               "Sec-WebSocket-Version: 13\r\n\r\n" % path).encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += t.recv(1)
+    status = head.split(b"\r\n")[0].decode()
+    if " 101 " not in status:
+        return [status, ""]
+    t.sendall(b"ping")
+    return [status, t.recv(100).decode()]
+print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws")}}))
+"#
+    );
+    let extra = json!({"network": [{"host": SECURE_HOST, "port": 443}]});
+    let (status, body) = gw.execute(&key, "python", &code, extra).await;
+    assert_eq!(status, 200, "{body}");
+    let stdout = body["stdout"].as_str().unwrap();
+    let out: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        out["allowed"],
+        json!(["HTTP/1.1 101 Switching Protocols", "echo:ping"]),
+        "{out:#}"
+    );
+    assert_eq!(out["denied"][0], "HTTP/1.1 403 Forbidden", "{out:#}");
+    assert_eq!(
+        https.requests(),
+        vec![format!("upgrade GET /repos/ws auth=Bearer {secret}")],
+        "only the allowed upgrade reached the upstream"
+    );
+    let pool = gw.pool().await;
+    let rows: Vec<(String, bool, bool, String, Option<i32>)> = sqlx::query_as(
+        "SELECT path, upgrade, allow, reason, status_code FROM egress_requests \
+         WHERE execution_id = $1 ORDER BY started_at",
+    )
+    .bind(body["id"].as_str().unwrap())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "/repos/ws".to_owned(),
+                true,
+                true,
+                "egress.allowed".to_owned(),
+                Some(101)
+            ),
+            (
+                "/ws".to_owned(),
+                true,
+                false,
+                "egress.path_not_allowed".to_owned(),
+                Some(403)
+            ),
+        ]
     );
     pool.close().await;
     gw.stop().await;
