@@ -520,7 +520,8 @@ print(json.dumps(out))
 }
 
 /// WebSocket upgrades are requests like any other: one on a denied path gets the proxy's 403 and
-/// never reaches the upstream; one on an allowed path carries the credential, gets the
+/// never reaches the upstream (nor does one naming another host than the tunnel's: 400
+/// `egress.host_mismatch`); one on an allowed path carries the credential, gets the
 /// upstream's `101`, and the two sides are then relayed as they are. Both have a request row.
 #[tokio::test(flavor = "multi_thread")]
 async fn websocket_upgrades_are_decided_as_requests_and_relayed_once_allowed() {
@@ -534,16 +535,16 @@ async fn websocket_upgrades_are_decided_as_requests_and_relayed_once_allowed() {
     let code = format!(
         r#"
 import json, socket, ssl
-def ws(path):
+def ws(path, host="{SECURE_HOST}"):
     s = socket.create_connection(("127.0.0.1", 3128), timeout=15)
     s.sendall(b"CONNECT {SECURE_HOST}:443 HTTP/1.1\r\nHost: {SECURE_HOST}:443\r\n\r\n")
     head = b""
     while b"\r\n\r\n" not in head:
         head += s.recv(1)
     t = ssl.create_default_context().wrap_socket(s, server_hostname="{SECURE_HOST}")
-    t.sendall(("GET %s HTTP/1.1\r\nHost: {SECURE_HOST}\r\nUpgrade: websocket\r\n"
+    t.sendall(("GET %s HTTP/1.1\r\nHost: %s\r\nUpgrade: websocket\r\n"
                "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
-               "Sec-WebSocket-Version: 13\r\n\r\n" % path).encode())
+               "Sec-WebSocket-Version: 13\r\n\r\n" % (path, host)).encode())
     head = b""
     while b"\r\n\r\n" not in head:
         head += t.recv(1)
@@ -552,7 +553,8 @@ def ws(path):
         return [status, ""]
     t.sendall(b"ping")
     return [status, t.recv(100).decode()]
-print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws")}}))
+print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws"),
+                  "other_host": ws("/repos/ws", "evil.test")}}))
 "#
     );
     let extra = json!({"network": [{"host": SECURE_HOST, "port": 443}]});
@@ -566,6 +568,8 @@ print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws")}}))
         "{out:#}"
     );
     assert_eq!(out["denied"][0], "HTTP/1.1 403 Forbidden", "{out:#}");
+    // A request naming another host than the tunnel's is refused too.
+    assert_eq!(out["other_host"][0], "HTTP/1.1 400 Bad Request", "{out:#}");
     assert_eq!(
         https.requests(),
         vec![format!("upgrade GET /repos/ws auth=Bearer {secret}")],
@@ -596,6 +600,13 @@ print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws")}}))
                 false,
                 "egress.path_not_allowed".to_owned(),
                 Some(403)
+            ),
+            (
+                "/repos/ws".to_owned(),
+                true,
+                false,
+                "egress.host_mismatch".to_owned(),
+                Some(400)
             ),
         ]
     );
