@@ -227,6 +227,69 @@ fn validate_host_list(hosts: &Value, path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Connection, EgressDecision, EgressExecution, EgressInput, HostRule};
+
+    fn inspected(credentials: &[&str]) -> HostRule {
+        HostRule {
+            inspect: true,
+            credentials: credentials.iter().map(|c| (*c).to_owned()).collect(),
+            ..HostRule::new("api.example.com", vec![443])
+        }
+    }
+
+    fn grant(rules: Vec<HostRule>) -> NetworkGrant {
+        NetworkGrant {
+            allow: rules,
+            max_connections: 1,
+            max_bytes: 1,
+        }
+    }
+
+    #[test]
+    fn credentials_need_inspection_in_a_grant() {
+        assert!(validate_grant(&grant(vec![inspected(&["github"])])).is_ok());
+        let uninspected = HostRule {
+            inspect: false,
+            ..inspected(&["github"])
+        };
+        let err = validate_grant(&grant(vec![uninspected])).unwrap_err();
+        assert!(err.contains("without `inspect: true`"), "{err}");
+    }
+
+    #[test]
+    fn a_decision_attaches_only_credentials_the_hosts_rule_lists() {
+        let input = |method: Option<&str>, host: &str| EgressInput {
+            execution: EgressExecution {
+                id: "ex_1".into(),
+                tenant: "acme".into(),
+                grant: grant(vec![inspected(&["github"])]),
+            },
+            connection: Connection {
+                host: host.into(),
+                port: 443,
+                scheme: "https".into(),
+                method: method.map(str::to_owned),
+                path: Some("/".into()),
+                query: None,
+                headers: Some(vec![]),
+            },
+        };
+        let attach = |name: &str| EgressDecision {
+            allow: true,
+            reasons: vec![],
+            credentials: vec![name.to_owned()],
+        };
+        let get = input(Some("GET"), "api.example.com");
+        assert!(validate_credentials(&get, &attach("github")).is_ok());
+        assert!(validate_credentials(&get, &attach("other")).is_err());
+        assert!(
+            validate_credentials(&input(Some("GET"), "x.example.com"), &attach("github")).is_err()
+        );
+        assert!(validate_credentials(&input(None, "api.example.com"), &attach("github")).is_err());
+        let wildcard = HostRule::new("*.example.com", vec![443]);
+        assert!(wildcard.covers("a.b.example.com") && !wildcard.covers("example.com"));
+        assert!(!wildcard.covers("badexample.com"));
+    }
 
     #[test]
     fn valid_patterns() {
