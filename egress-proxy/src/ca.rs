@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use base64::Engine as _;
 use rcgen::{
@@ -185,10 +185,16 @@ fn system_roots() -> Vec<CertificateDer<'static>> {
 /// The bundle an inspecting execution's sandbox trusts: this machine's roots, then the
 /// execution's CA, as PEM.
 pub fn trust_bundle(ca: &ExecutionCa) -> String {
-    let mut bundle = String::new();
-    for cert in system_roots() {
-        bundle.push_str(&pem_certificate(cert.as_ref()));
-    }
+    /// The machine's roots as PEM, read once per process.
+    static SYSTEM_PEM: OnceLock<String> = OnceLock::new();
+    let system = SYSTEM_PEM.get_or_init(|| {
+        system_roots()
+            .iter()
+            .map(|cert| pem_certificate(cert.as_ref()))
+            .collect()
+    });
+    let mut bundle = String::with_capacity(system.len() + ca.certificate_pem().len());
+    bundle.push_str(system);
     bundle.push_str(ca.certificate_pem());
     bundle
 }
