@@ -15,10 +15,8 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime};
 
 use bytes::Bytes;
@@ -30,7 +28,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use policy_engine::{Connection, EgressExecution, EgressInput};
 use sha2::{Digest, Sha256};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -43,6 +41,7 @@ use crate::listener::{Execution, Shared};
 use crate::reason::{one_line, ReasonCode};
 use crate::relay::Ended;
 use crate::seams::{ConnectionId, InspectedRequest, RequestDone, RequestId};
+use crate::streams::{Counters, Metered, Prefixed};
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -162,13 +161,6 @@ fn client_tls_failed(why: &str) -> Ended {
              certificates, or does not trust SSL_CERT_FILE, cannot use an inspected host"
         ),
     )
-}
-
-/// Bytes through the upstream side of one inspected tunnel.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    up: AtomicU64,
-    down: AtomicU64,
 }
 
 /// A request forwarded and not yet closed: closed when the next request arrives (HTTP/1.1 is
@@ -682,111 +674,4 @@ fn request_text(request: &Request<Incoming>) -> Vec<u8> {
         text.extend_from_slice(value.as_bytes());
     }
     text
-}
-
-/// The sandbox's stream with the bytes already read from it (the ClientHello) in front.
-struct Prefixed {
-    prefix: Vec<u8>,
-    offset: usize,
-    inner: UnixStream,
-}
-
-impl Prefixed {
-    fn new(prefix: Vec<u8>, inner: UnixStream) -> Prefixed {
-        Prefixed {
-            prefix,
-            offset: 0,
-            inner,
-        }
-    }
-}
-
-impl AsyncRead for Prefixed {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        if this.offset < this.prefix.len() {
-            let rest = &this.prefix[this.offset..];
-            let n = rest.len().min(buf.remaining());
-            buf.put_slice(&rest[..n]);
-            this.offset += n;
-            return Poll::Ready(Ok(()));
-        }
-        Pin::new(&mut this.inner).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Prefixed {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.get_mut().inner).poll_write(cx, buf)
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
-}
-
-/// The upstream TCP stream, counted against the tunnel's counters and the execution's budget.
-struct Metered {
-    inner: TcpStream,
-    execution: Arc<Execution>,
-    counters: Arc<Counters>,
-}
-
-fn budget_spent() -> std::io::Error {
-    std::io::Error::other("the execution's byte budget is spent")
-}
-
-impl AsyncRead for Metered {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.inner).poll_read(cx, buf);
-        let n = buf.filled().len() - before;
-        if n > 0 {
-            this.counters.down.fetch_add(n as u64, Ordering::Relaxed);
-            if this.execution.budget.take(n) < n {
-                return Poll::Ready(Err(budget_spent()));
-            }
-        }
-        polled
-    }
-}
-
-impl AsyncWrite for Metered {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        let this = self.get_mut();
-        if this.execution.budget.exhausted() {
-            return Poll::Ready(Err(budget_spent()));
-        }
-        let polled = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = &polled {
-            this.counters.up.fetch_add(*n as u64, Ordering::Relaxed);
-            let _ = this.execution.budget.take(*n);
-        }
-        polled
-    }
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
-    }
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.get_mut().inner).poll_shutdown(cx)
-    }
 }

@@ -47,6 +47,7 @@ mod reason;
 mod relay;
 mod resolve;
 mod seams;
+mod streams;
 mod tls;
 
 pub use addr::{classify, AddressClass, AddressDenied, AddressPolicy, GrantedRange};
