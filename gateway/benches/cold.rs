@@ -41,7 +41,9 @@ use gateway::audit::AuditStore;
 use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
-use gateway::runtime::{JobFile, JobSpec, SandboxRuntime, SandboxSpec};
+use gateway::runtime::{
+    Ending, Job, JobFile, Owner, RunControl, SandboxPlan, SandboxRuntime, Waits,
+};
 use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
 
 const CODE: &str = "print(1)";
@@ -267,35 +269,57 @@ fn decided_limits(config: &Config) -> Limits {
     limits
 }
 
-/// The sandbox the gateway builds for `print(1)` (the same command and environment as
-/// `App::sandbox_spec`), without an output area (`/output` is a tmpfs inside the sandbox).
-fn baseline_spec(init: &Path, limits: &Limits) -> SandboxSpec {
-    let (argv, program) = gateway::app::executions::command_for("python");
-    SandboxSpec {
-        execution_id: gateway::ids::new("bench"),
+/// The sandbox and job the gateway builds for `print(1)` (the same plan, command and
+/// environment as the launch path), with plain directories for its socket and output.
+fn baseline_spec(
+    init: &Path,
+    limits: &Limits,
+    dirs: &Path,
+) -> (SandboxPlan, Job<'static>, RunControl) {
+    let (argv, program) = gateway::app::launch::command_for("python");
+    let id = gateway::ids::new("bench");
+    let (egress_dir, output_dir) = (
+        dirs.join(format!("{id}-egress")),
+        dirs.join(format!("{id}-output")),
+    );
+    for dir in [&egress_dir, &output_dir] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let plan = SandboxPlan {
+        id: id.clone(),
+        owner: Owner::Execution(id),
         instance: "gw_bench_baseline".to_owned(),
         image: "sandgate/python".to_owned(),
         runtime: "runsc".to_owned(),
         init_binary: init.to_owned(),
         limits: limits.clone(),
         mounts: vec![],
-        egress_dir: None,
-        output_dir: None,
-        job: JobSpec {
-            argv,
-            cwd: "/workspace".to_owned(),
-            env: gateway::app::executions::sandbox_env(),
-            files: vec![JobFile {
-                path: program.to_owned(),
-                content_b64: base64::engine::general_purpose::STANDARD.encode(CODE),
-                mode: 0o755,
-            }],
-            proxy: None,
-            exit_nonce: None,
-        },
+        egress_dir,
+        output_dir,
+        env: gateway::app::launch::sandbox_env(),
+        waits: Waits::Init,
+    };
+    let job = Job {
+        argv,
+        cwd: Some("/workspace".to_owned()),
+        env: Some(gateway::app::launch::sandbox_env()),
+        files: vec![JobFile {
+            path: program.to_owned(),
+            content_b64: base64::engine::general_purpose::STANDARD
+                .encode(CODE)
+                .into(),
+            mode: Some(0o755),
+        }],
+        proxy: None,
+        exit_nonce: None,
+    };
+    let control = RunControl {
+        timeout: Duration::from_millis(limits.timeout_ms),
+        output_cap: usize::try_from(limits.output_bytes).unwrap_or(usize::MAX),
         sink: None,
         cancel: CancellationToken::new(),
-    }
+    };
+    (plan, job, control)
 }
 
 /// Milliseconds, sorted.
@@ -357,6 +381,7 @@ fn phases(sent: DateTime<Utc>, received: DateTime<Utc>, body: &Value) -> Option<
 /// Target 1: alternating baseline and gateway runs. False if any run failed.
 async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize) -> bool {
     let docker = DockerRuntime::new();
+    let dirs = tempfile::tempdir().unwrap();
     let health = docker.health(&["runsc".to_owned()]).await;
     assert!(
         health.docker.is_ok() && health.runtimes.values().all(|ok| *ok),
@@ -366,11 +391,15 @@ async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize
     let (mut before, mut sandbox, mut after) = (vec![], vec![], vec![]);
     let (mut failures, mut other_limits) = (0, 0);
     for _ in 0..runs {
+        let (plan, job, control) = baseline_spec(init, limits, dirs.path());
         let started = Instant::now();
-        let outcome = docker.run(baseline_spec(init, limits)).await;
+        let outcome = match docker.start(plan).await {
+            Ok(sandbox) => sandbox.run(job, control).await,
+            Err(err) => Err(err),
+        };
         let raw_ms = ms(started.elapsed());
         match outcome {
-            Ok(run) if run.init_exit == Some(0) && run.stdout.text() == "1\n" => {}
+            Ok(run) if run.ending == Ending::Exited(0) && run.stdout.text() == "1\n" => {}
             other => {
                 failures += 1;
                 eprintln!("baseline run failed: {other:?}");

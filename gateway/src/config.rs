@@ -19,6 +19,28 @@ pub enum ConfigError {
     Invalid { message: String },
 }
 
+/// The container limits the warm pool starts each language's sandboxes with until a request
+/// asks for others (see `app::pool`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmPoolLimits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub disk_mb: u64,
+}
+
+impl Default for WarmPoolLimits {
+    fn default() -> Self {
+        WarmPoolLimits {
+            memory_mb: 512,
+            cpus: 1.0,
+            pids: 256,
+            disk_mb: 256,
+        }
+    }
+}
+
 /// Hard upper bounds on what any decision may grant. Policy may lower them, never raise them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -90,6 +112,12 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Sandboxes started ahead per language (`{}`: no pool).
+    pub warm_pool: BTreeMap<String, usize>,
+    /// Modules the waiting Python interpreter imports (and warms) before its job.
+    pub python_preload: Vec<String>,
+    /// The limits pooled sandboxes start with, until requests ask for others.
+    pub warm_pool_limits: WarmPoolLimits,
     /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
     /// inspected upstream (DESIGN section 11): e.g. an internal CA.
     pub egress_ca_file: Option<PathBuf>,
@@ -143,11 +171,19 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
+            python_preload: ["numpy", "pandas", "matplotlib"]
+                .map(str::to_owned)
+                .to_vec(),
+            warm_pool_limits: WarmPoolLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
         }
     }
 }
+
+/// Most sandboxes the pool keeps waiting per language (each holds memory while it waits).
+const MAX_POOLED: usize = 64;
 
 /// Longest a request may wait for a reviewer: 30 days.
 const MAX_APPROVAL_TTL_S: u64 = 30 * 24 * 3600;
@@ -170,6 +206,9 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("warm_pool", EnvValue::Yaml),
+    ("python_preload", EnvValue::Yaml),
+    ("warm_pool_limits", EnvValue::Yaml),
     ("egress_ca_file", EnvValue::Text),
     ("credentials", EnvValue::Yaml),
 ];
@@ -243,6 +282,20 @@ impl Config {
             if !dataset.path.is_absolute() {
                 return invalid(format!("datasets.{name}.path must be an absolute path"));
             }
+        }
+        if let Some((language, _)) = self
+            .warm_pool
+            .iter()
+            .find(|(language, count)| **count > 0 && !self.images.contains_key(*language))
+        {
+            return invalid(format!(
+                "warm_pool.{language}: no image is configured for {language} (images.{language})"
+            ));
+        }
+        if self.warm_pool.values().any(|count| *count > MAX_POOLED) {
+            return invalid(format!(
+                "warm_pool: at most {MAX_POOLED} sandboxes per language"
+            ));
         }
         for (name, credential) in &self.credentials {
             validate_credential(name, credential)?;
