@@ -24,9 +24,8 @@
     reason = "a benchmark, not gateway code: a panic is a failed run"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -46,42 +45,11 @@ use gateway::runtime::{
 };
 use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
 
-const CODE: &str = "print(1)";
-const DATABASE: &str = "sandgate";
+mod common;
+use common::{env_usize, ms, sandbox_init, Gateway, Series, StopOnDrop, CODE, DATABASE};
+
 /// Scratch table for the COPY baseline.
 const COPY_TABLE: &str = "bench_copy";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// The static sandbox-init: `SANDGATE_SANDBOX_INIT`, else under the cargo target directory.
-fn sandbox_init() -> PathBuf {
-    let path = std::env::var_os("SANDGATE_SANDBOX_INIT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace_root().join("target"));
-            target.join("x86_64-unknown-linux-gnu/release/sandbox-init")
-        });
-    assert!(
-        path.is_file(),
-        "sandbox-init not found at {}: `make build` (or set SANDGATE_SANDBOX_INIT)",
-        path.display()
-    );
-    path
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -116,17 +84,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Stops the private cluster however the run ends (before its directory is removed).
-struct StopOnDrop(EmbeddedPostgres);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if let Err(err) = self.0.stop() {
-            eprintln!("stopping the bench PostgreSQL failed: {err}");
-        }
-    }
-}
-
 async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     gateway::database::create_database_if_missing(pg, DATABASE)
         .await
@@ -137,7 +94,7 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
         socket_dir.display()
     );
     let init = sandbox_init();
-    let gw = Gateway::start(url, data_dir, &init).await;
+    let gw = Gateway::start(url, data_dir, &init, |_| {}).await;
     let pool = gateway::database::pool(pg.connect_options(DATABASE))
         .await
         .unwrap();
@@ -157,83 +114,6 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     gw.stop().await;
     pool.close().await;
     cold_ok && concurrent_ok
-}
-
-/// A gateway served in-process on a loopback port.
-struct Gateway {
-    url: String,
-    http: reqwest::Client,
-    config: Config,
-    shutdown: CancellationToken,
-    server: tokio::task::JoinHandle<Result<(), gateway::ServeError>>,
-}
-
-impl Gateway {
-    async fn start(database_url: String, data_dir: &Path, init: &Path) -> Gateway {
-        let mut config = Config {
-            database_url: Some(database_url),
-            data_dir: data_dir.to_owned(),
-            policy_dir: workspace_root().join("policies"),
-            sandbox_init: Some(init.to_owned()),
-            ..Config::default()
-        };
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(gateway::serve_on(
-            listener,
-            config.clone(),
-            Arc::new(DockerRuntime::new()),
-            shutdown.clone(),
-        ));
-        let gw = Gateway {
-            url: format!("http://{addr}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .unwrap(),
-            config,
-            shutdown,
-            server,
-        };
-        for _ in 0..600 {
-            assert!(
-                !gw.server.is_finished(),
-                "the gateway exited during start-up"
-            );
-            let health = gw.http.get(format!("{}/healthz", gw.url)).send().await;
-            if health.is_ok_and(|r| r.status().is_success()) {
-                return gw;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the gateway did not become healthy within 30 s");
-    }
-
-    /// `print(1)` with `wait: true`: (HTTP status, body).
-    async fn execute(&self, key: &str) -> (u16, Value) {
-        let body = json!({"language": "python", "code": CODE, "wait": true});
-        let response = self
-            .http
-            .post(format!("{}/v1/executions", self.url))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .expect("POST /v1/executions");
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let served = tokio::time::timeout(Duration::from_secs(90), self.server)
-            .await
-            .expect("gateway shut down in time")
-            .expect("gateway task");
-        served.expect("gateway exited cleanly");
-    }
 }
 
 /// The limits the gateway will grant `acme` for this program: the shipped policy's decision,
@@ -323,31 +203,6 @@ fn baseline_spec(
 }
 
 /// Milliseconds, sorted.
-struct Series(Vec<f64>);
-
-impl Series {
-    fn new(mut samples: Vec<f64>) -> Series {
-        samples.sort_by(f64::total_cmp);
-        Series(samples)
-    }
-
-    fn percentile(&self, p: usize) -> f64 {
-        self.0[(self.0.len() * p / 100).min(self.0.len() - 1)]
-    }
-
-    fn line(&self) -> String {
-        format!(
-            "p50 {:>7.1} ms  p90 {:>7.1} ms  p99 {:>7.1} ms",
-            self.percentile(50),
-            self.percentile(90),
-            self.percentile(99)
-        )
-    }
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e3
-}
 
 fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e3

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
@@ -30,6 +30,7 @@ use crate::runtime::{Owner, PoolRunner, Sandbox, Waits};
 /// Python sandboxes below this memory limit run cold: the preloaded interpreter alone holds
 /// about 150 MB under gVisor, which would leave the program less than the decision granted.
 pub const MIN_PYTHON_POOL_MEMORY_MB: u64 = 512;
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const IDLE_CHECK: Duration = Duration::from_secs(1);
 
@@ -94,8 +95,10 @@ struct State {
     waiting: Vec<Waiting>,
     /// Ids of every sandbox the pool started that still exists (waiting or claimed).
     members: BTreeSet<String>,
-    /// Why the last start failed; `None` while starts succeed.
-    failing: Option<String>,
+    /// Per language: why its last start failed (absent while its starts succeed).
+    failing: BTreeMap<String, String>,
+    /// Per failing language: not retried before this, and the next back-off.
+    retry: BTreeMap<String, (Instant, Duration)>,
 }
 
 #[derive(Debug)]
@@ -210,9 +213,16 @@ impl WarmPool {
         if !self.enabled() {
             return Ok("off".to_owned());
         }
-        if let Some(cause) = &self.lock().failing {
+        let failing: Vec<String> = self
+            .lock()
+            .failing
+            .iter()
+            .map(|(language, cause)| format!("{language}: {cause}"))
+            .collect();
+        if !failing.is_empty() {
             return Err(format!(
-                "starting pooled sandboxes fails: {cause}; executions run cold"
+                "starting pooled sandboxes fails ({}); those executions run cold",
+                failing.join("; ")
             ));
         }
         let waiting: Vec<String> = self
@@ -236,7 +246,11 @@ impl WarmPool {
     /// The next sandbox to start: a language below its target, with its wanted shape.
     fn next_to_start(&self) -> Option<(String, Shape)> {
         let state = self.lock();
+        let now = Instant::now();
         self.targets.iter().find_map(|(language, target)| {
+            if state.retry.get(language).is_some_and(|(at, _)| now < *at) {
+                return None;
+            }
             let shape = state.wanted.get(language)?;
             let have = state
                 .waiting
@@ -257,55 +271,60 @@ impl WarmPool {
     }
 
     /// Records the result of a start; a failure is logged once per cause, not per attempt.
-    fn started(&self, result: Result<(), String>) {
+    fn started(&self, language: &str, result: Result<(), String>) {
         let mut state = self.lock();
         match result {
             Ok(()) => {
-                if state.failing.take().is_some() {
-                    tracing::info!("warm pool: starting sandboxes works again");
+                state.retry.remove(language);
+                if state.failing.remove(language).is_some() {
+                    tracing::info!(language, "warm pool: starting sandboxes works again");
                 }
             }
             Err(cause) => {
-                if state.failing.as_ref() != Some(&cause) {
-                    tracing::warn!(error = %cause, "warm pool: starting a sandbox failed; executions run cold until it works");
+                if state.failing.get(language) != Some(&cause) {
+                    tracing::warn!(language, error = %cause, "warm pool: starting a sandbox failed; executions run cold until it works");
                 }
-                state.failing = Some(cause);
+                state.failing.insert(language.to_owned(), cause);
+                let backoff = state
+                    .retry
+                    .get(language)
+                    .map_or(FIRST_BACKOFF, |(_, last)| (*last * 2).min(MAX_BACKOFF));
+                state
+                    .retry
+                    .insert(language.to_owned(), (Instant::now() + backoff, backoff));
             }
         }
     }
 }
 
 /// Keeps every language's pool at its target until shutdown, one start at a time, only while
-/// an execution slot is free; backs off while starts fail.
+/// an execution slot is free; a language whose starts fail is retried with back-off (1 s
+/// doubling to 30 s) while the others go on.
 pub async fn refill(app: Arc<App>) {
     let pool = Arc::clone(&app.pool);
     if !pool.enabled() {
         return;
     }
-    let mut backoff = Duration::from_secs(1);
     loop {
         let next = pool
             .next_to_start()
             .filter(|_| app.scheduler.has_free_slot());
-        let pause = match next {
-            Some((language, shape)) => match start_one(&app, &pool, &language, shape).await {
-                Ok(()) => {
-                    pool.started(Ok(()));
-                    backoff = Duration::from_secs(1);
-                    Duration::ZERO
-                }
-                Err(cause) => {
-                    pool.started(Err(cause));
-                    backoff = (backoff * 2).min(MAX_BACKOFF);
-                    backoff
-                }
-            },
-            None => IDLE_CHECK,
+        let idle = match next {
+            Some((language, shape)) => {
+                let started = start_one(&app, &pool, &language, shape).await;
+                pool.started(&language, started);
+                false
+            }
+            None => true,
         };
-        tokio::select! {
-            () = app.shutdown.cancelled() => return,
-            () = pool.wake.notified(), if pause == IDLE_CHECK => {}
-            () = tokio::time::sleep(pause) => {}
+        if idle {
+            tokio::select! {
+                () = app.shutdown.cancelled() => return,
+                () = pool.wake.notified() => {}
+                () = tokio::time::sleep(IDLE_CHECK) => {}
+            }
+        } else if app.shutdown.is_cancelled() {
+            return;
         }
     }
 }

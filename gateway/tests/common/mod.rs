@@ -395,8 +395,9 @@ pub fn docker_now() -> String {
     format!("{}.{:09}", now.timestamp(), now.timestamp_subsec_nanos())
 }
 
-/// Container-create events carrying `label` between `since` ([`docker_now`]) and now: proves
-/// no container was created, even one removed again at once.
+/// Names of the execution containers created with `label` between `since` ([`docker_now`])
+/// and now: proves no container was created for an execution, even one removed again at once.
+/// Sandboxes the warm pool starts (`sandgate-sb_*`, no execution yet) are not counted.
 pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
     let until = chrono::Utc::now().timestamp() + 1;
     let output = Command::new("docker")
@@ -413,13 +414,14 @@ pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
             "--filter",
             &format!("label={label}"),
             "--format",
-            "{{.Actor.ID}}",
+            "{{.Actor.Attributes.name}}",
         ])
         .output()
         .expect("docker events");
     assert!(output.status.success(), "docker events failed");
     String::from_utf8_lossy(&output.stdout)
         .lines()
+        .filter(|name| !name.starts_with("sandgate-sb_"))
         .map(str::to_owned)
         .collect()
 }
