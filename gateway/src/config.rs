@@ -137,6 +137,31 @@ pub struct Config {
     /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
     /// a full queue): the aggregation window and the per-source and per-key rates.
     pub refusals: crate::app::refusals::RefusalLimits,
+    /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
+    /// inspected upstream (DESIGN section 11): e.g. an internal CA.
+    pub egress_ca_file: Option<PathBuf>,
+    /// Credentials the proxy may attach to inspected requests, by name. Only where their values
+    /// come from is configured here; the values are read at start-up and never printed.
+    pub credentials: BTreeMap<String, CredentialConfig>,
+}
+
+/// Where one credential's value comes from and how it is sent: exactly one of `value_env` (an
+/// environment variable of the gateway) and `value_file` (a file; one trailing newline is
+/// dropped), in the header `header`, as `format` with `{value}` replaced (`Bearer {value}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    #[serde(default)]
+    pub value_env: Option<String>,
+    #[serde(default)]
+    pub value_file: Option<PathBuf>,
+    pub header: String,
+    #[serde(default = "default_credential_format")]
+    pub format: String,
+}
+
+fn default_credential_format() -> String {
+    "{value}".to_owned()
 }
 
 impl Default for Config {
@@ -172,6 +197,8 @@ impl Default for Config {
                 .to_vec(),
             warm_pool_limits: WarmPoolLimits::default(),
             refusals: crate::app::refusals::RefusalLimits::default(),
+            egress_ca_file: None,
+            credentials: BTreeMap::new(),
         }
     }
 }
@@ -205,6 +232,8 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("python_preload", EnvValue::Yaml),
     ("warm_pool_limits", EnvValue::Yaml),
     ("refusals", EnvValue::Yaml),
+    ("egress_ca_file", EnvValue::Text),
+    ("credentials", EnvValue::Yaml),
 ];
 
 /// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,
@@ -338,6 +367,9 @@ impl Config {
                 "warm_pool: at most {MAX_POOLED} sandboxes per language"
             ));
         }
+        for (name, credential) in &self.credentials {
+            validate_credential(name, credential)?;
+        }
         let c = &self.ceilings;
         if c.timeout_ms == 0
             || c.memory_mb < 16
@@ -388,6 +420,41 @@ fn type_error(err: &serde_path_to_error::Error<serde_yaml_ng::Error>, from_env: 
         ),
         None => format!("{path}: {inner}"),
     }
+}
+
+/// A credential's name and settings; its value is only read later, at start-up.
+fn validate_credential(name: &str, credential: &CredentialConfig) -> Result<(), ConfigError> {
+    let invalid = |why: &str| {
+        Err(ConfigError::Invalid {
+            message: format!("credentials.{name}: {why}"),
+        })
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !name_ok {
+        return invalid("a credential name is 1-64 of a-z, 0-9, `_`, `-`");
+    }
+    if credential.value_env.is_some() == credential.value_file.is_some() {
+        return invalid("set exactly one of value_env and value_file");
+    }
+    let header_ok = !credential.header.is_empty()
+        && credential
+            .header
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !header_ok {
+        return invalid("header must be a lower-case header name (a-z, 0-9, `-`)");
+    }
+    if credential.header == "host" || credential.header.starts_with("proxy-") {
+        return invalid("header may not be Host or a Proxy-* header");
+    }
+    if !credential.format.contains("{value}") {
+        return invalid("format must contain {value}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -453,6 +520,26 @@ mod tests {
         ]
         .map(str::to_owned);
         assert_eq!(unknown_env_vars(names), ["SANDGATE_MAX_CONCURENT"]);
+    }
+
+    #[test]
+    fn credentials_name_exactly_one_source_and_a_header() {
+        let ok = "credentials:\n  github: {value_env: GH, header: authorization, format: 'Bearer {value}'}\n";
+        let config = Config::from_yaml_and_env(ok, no_env).unwrap();
+        assert_eq!(
+            config.credentials["github"].value_env.as_deref(),
+            Some("GH")
+        );
+        for bad in [
+            "credentials: {github: {header: authorization}}\n",
+            "credentials: {github: {value_env: A, value_file: /b, header: authorization}}\n",
+            "credentials: {github: {value_env: A, header: Authorization}}\n",
+            "credentials: {github: {value_env: A, header: authorization, format: x}}\n",
+            "credentials: {GitHub: {value_env: A, header: authorization}}\n",
+        ] {
+            let err = Config::from_yaml_and_env(bad, no_env).unwrap_err();
+            assert!(err.to_string().contains("credentials."), "{bad}: {err}");
+        }
     }
 
     #[test]

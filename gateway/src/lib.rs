@@ -57,6 +57,8 @@ pub enum ServeError {
     Journal(#[from] audit::journal::JournalError),
     #[error("TLS configuration")]
     Tls(#[from] tls::TlsError),
+    #[error("egress set-up")]
+    Egress(#[source] egress::EgressError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -120,9 +122,16 @@ async fn run(
         path: config.data_dir.clone(),
         err,
     })?;
-    // Read before anything starts, so a bad certificate stops start-up with its reason.
+    // Read before anything starts, so a bad certificate or a missing credential stops start-up
+    // with its reason.
     let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
-    let egress = egress_proxy_for(&config, &policy, &audit, &listener);
+    let trust = egress::EgressTrust::load(
+        config.egress_ca_file.as_deref(),
+        &config.credentials,
+        |var| std::env::var(var).ok(),
+    )
+    .map_err(ServeError::Egress)?;
+    let egress = egress_proxy_for(&config, &policy, &audit, &listener, trust);
     let app = Arc::new(App::new(
         config,
         policy,
@@ -178,12 +187,19 @@ fn egress_proxy_for(
     policy: &Arc<PolicyHandle>,
     audit: &AuditStore,
     listener: &TcpListener,
+    trust: egress::EgressTrust,
 ) -> Option<egress_proxy::EgressProxy> {
     let mut own = egress_proxy::local_interface_addresses().unwrap_or_default();
     if let Ok(addr) = listener.local_addr() {
         own.push(addr.ip());
     }
-    match egress::proxy(Arc::clone(policy), audit.clone(), &config.egress_hosts, own) {
+    match egress::proxy(
+        Arc::clone(policy),
+        audit.clone(),
+        &config.egress_hosts,
+        own,
+        trust,
+    ) {
         Ok(proxy) => Some(proxy),
         Err(err) => {
             tracing::error!(error = %app::error_chain(&err), "egress proxy unavailable; network grants will be denied");

@@ -210,9 +210,12 @@ impl PolicyEngine {
     ) -> EgressDecision {
         let testing = session.is_some();
         let decision = if self.has_egress {
-            input
-                .and_then(|input| self.evaluate(EGRESS_RULE, input, session))
-                .and_then(|value| from_regorus(&value))
+            input.and_then(|input| {
+                let value = self.evaluate(EGRESS_RULE, input.clone(), session)?;
+                let decision: EgressDecision = from_regorus(&value)?;
+                check_egress_credentials(&input, &decision)?;
+                Ok(decision)
+            })
         } else {
             Err(format!("policy bundle does not define {EGRESS_RULE}"))
         };
@@ -361,6 +364,18 @@ fn check_decision(decision: &Decision) -> Result<(), String> {
         hosts::validate_grant(grant)?;
     }
     Ok(())
+}
+
+/// A decision that attaches credentials may attach only those the grant lists for the host.
+fn check_egress_credentials(
+    input: &regorus::Value,
+    decision: &EgressDecision,
+) -> Result<(), String> {
+    if decision.credentials.is_empty() {
+        return Ok(());
+    }
+    let input: EgressInput = from_regorus(input)?;
+    hosts::validate_credentials(&input, decision)
 }
 
 /// Forwards what the policy printed (debugging aid for policy authors) to tracing.

@@ -151,7 +151,7 @@ impl App {
         };
         // The reaper's deadline counts from here, not from a slow cold start.
         live.started(control.timeout);
-        let job = job_for(program, runnable.limits.cpus, egress.is_some());
+        let job = job_for(program, runnable.limits.cpus, egress.as_ref());
         let ran = sandbox.run(job, control).await;
         if let Some(egress) = egress {
             egress.finish().await;
@@ -333,8 +333,9 @@ async fn collect(
 }
 
 /// The job line for a program: the program itself in `/workspace` (so it is the program's
-/// directory and its siblings import), the uploads beside it, the environment, the bridge.
-fn job_for(program: Program, cpus: f64, proxied: bool) -> Job<'static> {
+/// directory and its siblings import), the uploads beside it, the environment, the bridge, and
+/// for inspected destinations the trust bundle and credential placeholders.
+fn job_for(program: Program, cpus: f64, egress: Option<&ExecutionEgress>) -> Job<'static> {
     let (argv, path) = command_for(&program.language);
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = vec![JobFile {
@@ -349,8 +350,14 @@ fn job_for(program: Program, cpus: f64, proxied: bool) -> Job<'static> {
         mode: Some(0o644),
     }));
     let mut env = sandbox_env(cpus);
-    let proxy = proxied.then(|| {
+    let proxy = egress.map(|egress| {
         env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        env.extend(egress.sandbox.env.iter().cloned());
+        files.extend(egress.sandbox.files.iter().map(|file| JobFile {
+            path: file.path.clone(),
+            content_b64: b64.encode(&file.contents).into(),
+            mode: Some(file.mode),
+        }));
         JobProxy {
             listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
             socket: egress::SANDBOX_SOCKET.to_owned(),

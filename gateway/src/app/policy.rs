@@ -45,6 +45,7 @@ impl PolicyState {
             PolicyState::Failed { error } => EgressDecision {
                 allow: false,
                 reasons: unloaded(error).reasons,
+                credentials: Vec::new(),
             },
         }
     }
