@@ -242,6 +242,8 @@ mod tests {
             allow: rules,
             max_connections: 1,
             max_bytes: 1,
+            max_denied: None,
+            max_denied_per_s: None,
         }
     }
 
