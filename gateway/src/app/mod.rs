@@ -9,6 +9,7 @@ pub mod listing;
 pub mod payloads;
 pub mod policy;
 pub mod reaper;
+pub mod refusals;
 pub mod replay;
 pub mod scheduler;
 pub mod stream;
@@ -82,7 +83,11 @@ impl App {
             scratch_root: under_data("scratch"),
             outputs_root: under_data("outputs"),
             streams: stream::Streams::default(),
-            scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
+            scheduler: scheduler::Scheduler::new(
+                config.max_concurrent,
+                config.max_queued,
+                config.max_queued_per_tenant,
+            ),
             init_binary: config.sandbox_init_path(),
             instance,
             live: Arc::default(),
