@@ -30,6 +30,8 @@ mod admit;
 mod body;
 mod config;
 mod conn;
+#[cfg(test)]
+mod fuzz;
 mod head;
 mod host;
 mod listener;

@@ -88,9 +88,15 @@ impl ExecutionEgress {
             path: dir.clone(),
             err,
         };
-        std::fs::create_dir_all(&dir).map_err(dir_error)?;
-        // The sandbox user (65534) must reach the socket inside; nothing else lives here.
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        private_root(root).map_err(|err| EgressError::Dir {
+            path: root.to_owned(),
+            err,
+        })?;
+        std::fs::create_dir(&dir).map_err(dir_error)?;
+        // Mounted at /run/sandgate: the sandbox user (65534) must reach the socket inside, and
+        // gVisor checks the directory's and the socket's own modes. What keeps every host user
+        // but root (dockerd, runsc, the gateway) out is the 0700 root above it.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
             .map_err(dir_error)?;
         let grant = ExecutionGrant {
             execution_id: execution_id.to_owned(),
@@ -116,6 +122,32 @@ impl ExecutionEgress {
             tracing::warn!(dir = %self.dir.display(), error = %err, "removing the egress directory failed");
         }
     }
+}
+
+/// The directory holding every execution's socket directory: created mode 0700, and made 0700
+/// again if something widened it, so no host user but its owner (the gateway's, root) can
+/// traverse it to a socket. A symlink in its place is refused.
+pub fn private_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+    {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::other(
+            "the egress socket root is not a directory (a symlink?)",
+        ));
+    }
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// The sandbox environment that sends standard tools through the bridge.

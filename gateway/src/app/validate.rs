@@ -10,6 +10,8 @@ const MAX_FILES: usize = 256;
 /// Most labels, and most network destinations, in one request.
 const MAX_LABELS: usize = 32;
 const MAX_PATH_BYTES: usize = 255;
+/// Rounds of percent-decoding an upload name is checked through (see [`normalise_path`]).
+const MAX_DECODE_ROUNDS: usize = 4;
 
 /// Bounds and checks the request's free-text fields before they reach the policy input and the
 /// audit rows (PostgreSQL's jsonb refuses NUL, and nothing else should carry control
@@ -71,18 +73,32 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
 }
 
 /// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
-/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
-/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
-/// into something that later normalises or decodes it.
-fn normalise_path(path: &str) -> Result<String, AppError> {
+/// form and every form reached by percent-decoding and NFKC-normalising again (until nothing
+/// changes, at most [`MAX_DECODE_ROUNDS`] rounds; a name still changing after that is refused)
+/// all pass [`check_path`]. So look-alikes (fullwidth dots and slashes), encoded separators
+/// (`%2e%2e/x`), names encoded twice (`%252e%252e/x`) and encoded look-alikes
+/// (`%EF%BC%8E%EF%BC%8E/x`) cannot smuggle a traversal past the check into something that later
+/// normalises or decodes it. (Found by `gateway/tests/fuzz_names.rs`.)
+pub fn normalise_path(path: &str) -> Result<String, AppError> {
     use unicode_normalization::UnicodeNormalization;
+    let refuse = |why: String| AppError::Invalid(format!("file {path:?}: {why}"));
     let nfc: String = path.nfc().collect();
-    let nfkc: String = path.nfkc().collect();
-    let decoded = percent_decode(&nfkc);
-    for form in [&nfc, &nfkc, &decoded] {
-        check_path(form).map_err(|why| AppError::Invalid(format!("file {path:?}: {why}")))?;
+    check_path(&nfc).map_err(refuse)?;
+    let mut form: String = path.nfkc().collect();
+    check_path(&form).map_err(refuse)?;
+    for _ in 0..MAX_DECODE_ROUNDS {
+        let decoded = percent_decode(&form);
+        check_path(&decoded).map_err(refuse)?;
+        let next: String = decoded.nfkc().collect();
+        check_path(&next).map_err(refuse)?;
+        if next == form {
+            return Ok(nfc);
+        }
+        form = next;
     }
-    Ok(nfc)
+    Err(refuse(format!(
+        "path is still percent-encoded after {MAX_DECODE_ROUNDS} rounds of decoding"
+    )))
 }
 
 /// `%XX` sequences decoded (lossily); anything else kept.
