@@ -48,7 +48,7 @@ pub async fn create_checked_key(config: &Config, checked: &CheckedKey) -> anyhow
 pub fn tenant_warning(config: &Config, tenant: &str) -> Option<String> {
     match PolicyEngine::load(&config.policy_dir) {
         Ok(engine) if engine.tenants().iter().any(|t| t == tenant) => None,
-        Ok(_) => Some(crate::api::keys::unknown_tenant_warning(tenant)),
+        Ok(_) => Some(crate::app::keys::unknown_tenant_warning(tenant)),
         Err(err) => Some(format!(
             "could not check tenant {tenant} against the policy in {}: {err}",
             config.policy_dir.display()

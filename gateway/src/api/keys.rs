@@ -22,7 +22,7 @@ use super::error::ApiError;
 use super::json::ApiJson;
 use super::listing::non_empty;
 use super::query::{page_size, ApiQuery};
-use crate::app::keys::check_new_key;
+use crate::app::keys::{check_new_key, unknown_tenant_warning};
 use crate::app::{App, AppError};
 use crate::audit::keys::KeyRow;
 
@@ -75,14 +75,6 @@ pub async fn create(
             "warnings": warnings,
         })),
     ))
-}
-
-/// The warning given (API answer, command line) when a key's tenant is not in the policy data.
-pub fn unknown_tenant_warning(tenant: &str) -> String {
-    format!(
-        "tenant {tenant} is not in the policy data (policies/data): the policy decides its \
-         requests as an unknown tenant's (the shipped policy denies them, tenant.unknown)"
-    )
 }
 
 #[derive(Debug, Deserialize)]

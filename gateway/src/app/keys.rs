@@ -77,6 +77,14 @@ pub struct Created {
     pub tenant_known: Option<bool>,
 }
 
+/// The warning given (API answer, command line) when a key's tenant is not in the policy data.
+pub fn unknown_tenant_warning(tenant: &str) -> String {
+    format!(
+        "tenant {tenant} is not in the policy data (policies/data): the policy decides its \
+         requests as an unknown tenant's (the shipped policy denies them, tenant.unknown)"
+    )
+}
+
 impl App {
     /// A new key made by `creator`; the key row and its `key.create` event commit together.
     pub async fn create_key(
