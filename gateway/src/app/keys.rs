@@ -130,7 +130,9 @@ mod tests {
 
     #[test]
     fn roles_tenant_names_principals_and_expiry_are_checked() {
-        let check = |role, tenant, principal| check_new_key(role, tenant, principal, None);
+        fn check(role: &str, tenant: &str, principal: Option<&str>) -> Result<CheckedKey, String> {
+            check_new_key(role, tenant, principal, None)
+        }
         assert!(check("agent", "acme", None).is_ok());
         let named = check("admin", "ops-team_2.eu", Some("Ana Ruiz")).unwrap();
         assert_eq!(named.principal.as_deref(), Some("ana ruiz"));
