@@ -29,8 +29,11 @@ fn seeds() -> Vec<Vec<u8>> {
     seeds
 }
 
-/// A canonically spelled absolute path: only normal components after the root.
+/// A canonically spelled absolute path: only normal components after the root (or the root).
 fn canonical(path: &Path) -> bool {
+    if path == Path::new("/") {
+        return true;
+    }
     let mut components = path.components();
     components.next() == Some(Component::RootDir)
         && components.all(|c| matches!(c, Component::Normal(_)))
