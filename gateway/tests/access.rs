@@ -88,7 +88,11 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
     assert_eq!(refused["error"]["code"], "rate_limited");
     let message = refused["error"]["message"].as_str().unwrap();
     assert!(message.contains("this key already has 3"), "{message}");
-    let refused_id = message.rsplit(' ').next().unwrap().trim_end_matches(')');
+    let refused_id = message
+        .split("recorded as execution ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .unwrap_or_else(|| panic!("{message}"));
     let (_, record) = gw.get(&flooder, &format!("/v1/executions/{refused_id}")).await;
     assert_eq!(record["status"], "denied", "{record}");
     let codes: Vec<&str> = record["decision"]["reasons"]
