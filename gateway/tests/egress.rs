@@ -269,9 +269,9 @@ async fn host_users_cannot_reach_a_running_executions_egress_socket() {
         tokio::time::sleep(Duration::from_millis(100)).await;
         waited += 1;
     }
+    assert_eq!(connect_as_nobody(&socket), "PermissionError");
     let root_mode = std::fs::metadata(data.join("egress")).unwrap().permissions().mode();
     assert_eq!(root_mode & 0o777, 0o700, "egress root mode {root_mode:o}");
-    assert_eq!(connect_as_nobody(&socket), "PermissionError");
     let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
     assert_eq!(record["status"], "running", "the socket was live: {record}");
 
