@@ -161,11 +161,16 @@ fn the_seeds_parse_as_what_they_are() {
         assert_eq!(hello.sni, expected, "{name}");
         // Every strict prefix is incomplete or refused, never accepted.
         for cut in 0..bytes.len() {
-            assert!(parse_client_hello(&bytes[..cut]).is_err(), "{name} cut at {cut}");
+            assert!(
+                parse_client_hello(&bytes[..cut]).is_err(),
+                "{name} cut at {cut}"
+            );
         }
     }
     for (name, bytes) in corpus("head") {
-        let head = parse_head(&bytes, 8192).unwrap().unwrap_or_else(|| panic!("{name}"));
+        let head = parse_head(&bytes, 8192)
+            .unwrap()
+            .unwrap_or_else(|| panic!("{name}"));
         assert!(parse_target(&head.method, &head.target).is_ok(), "{name}");
     }
 }

@@ -8,10 +8,10 @@ use chrono::{DateTime, Utc};
 
 use policy_engine::{cases, PolicyEngine};
 
-use crate::app::replay::{self, ReplayReport};
-use crate::audit::verify::Verification;
 use crate::app::keys::{check_new_key, CheckedKey};
+use crate::app::replay::{self, ReplayReport};
 use crate::audit::keys::{KeyRow, Revoked};
+use crate::audit::verify::Verification;
 use crate::audit::{AuditStore, NewKey};
 use crate::config::Config;
 use crate::database::Database;

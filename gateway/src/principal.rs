@@ -59,7 +59,16 @@ mod tests {
 
     #[test]
     fn spellings_of_one_principal_are_one_principal() {
-        for variant in ["a1", "a1 ", " a1", "A1", "ａ１", "Ａ1", "\u{3000}a1\u{3000}", "a1\u{00A0}"] {
+        for variant in [
+            "a1",
+            "a1 ",
+            " a1",
+            "A1",
+            "ａ１",
+            "Ａ1",
+            "\u{3000}a1\u{3000}",
+            "a1\u{00A0}",
+        ] {
             assert_eq!(normalise(variant).unwrap(), "a1", "{variant:?}");
         }
         assert_eq!(normalise("Ana  Ruiz").unwrap(), "ana ruiz");
@@ -70,7 +79,18 @@ mod tests {
 
     #[test]
     fn control_invisible_and_blank_principals_are_refused() {
-        for bad in ["", " ", "\u{3000}", "a\tb", "a\nb", "a1\u{0}", "a\u{200B}1", "\u{FEFF}a1", "a\u{202E}1", "a\u{00AD}1"] {
+        for bad in [
+            "",
+            " ",
+            "\u{3000}",
+            "a\tb",
+            "a\nb",
+            "a1\u{0}",
+            "a\u{200B}1",
+            "\u{FEFF}a1",
+            "a\u{202E}1",
+            "a\u{00AD}1",
+        ] {
             assert!(normalise(bad).is_err(), "{bad:?}");
         }
         assert!(normalise(&"p".repeat(MAX_PRINCIPAL_BYTES + 1)).is_err());

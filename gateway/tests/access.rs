@@ -52,9 +52,15 @@ async fn all_pending(gw: &TestGateway, reviewer: &str, limit: u32) -> Vec<String
         assert_eq!(status, 200, "{page}");
         let approvals = page["approvals"].as_array().unwrap();
         assert!(approvals.len() <= limit as usize, "{page}");
-        ids.extend(approvals.iter().map(|a| a["id"].as_str().unwrap().to_owned()));
+        ids.extend(
+            approvals
+                .iter()
+                .map(|a| a["id"].as_str().unwrap().to_owned()),
+        );
         match page["next_before"].as_str() {
-            Some(next) => path = format!("/v1/approvals?status=pending&limit={limit}&before={next}"),
+            Some(next) => {
+                path = format!("/v1/approvals?status=pending&limit={limit}&before={next}")
+            }
             None => return ids,
         }
     }
@@ -75,15 +81,25 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
     let (_, third) = key_for(&gw, "agent", "third").await;
     let (_, reviewer) = key_for(&gw, "reviewer", "alice").await;
 
-    let (status, older) = gw.post(&patient, "/v1/executions", &held_body("print('old')")).await;
+    let (status, older) = gw
+        .post(&patient, "/v1/executions", &held_body("print('old')"))
+        .await;
     assert_eq!(status, 202, "{older}");
     let older = older["approval_id"].as_str().unwrap().to_owned();
     // The flood: three held, then the key's cap answers 429, and the refusal is on record.
     for n in 0..3 {
-        let (status, body) = gw.post(&flooder, "/v1/executions", &held_body(&format!("print({n})"))).await;
+        let (status, body) = gw
+            .post(
+                &flooder,
+                "/v1/executions",
+                &held_body(&format!("print({n})")),
+            )
+            .await;
         assert_eq!(status, 202, "{body}");
     }
-    let (status, refused) = gw.post(&flooder, "/v1/executions", &held_body("print(3)")).await;
+    let (status, refused) = gw
+        .post(&flooder, "/v1/executions", &held_body("print(3)"))
+        .await;
     assert_eq!(status, 429, "{refused}");
     assert_eq!(refused["error"]["code"], "rate_limited");
     let message = refused["error"]["message"].as_str().unwrap();
@@ -93,7 +109,9 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
         .nth(1)
         .and_then(|rest| rest.split(')').next())
         .unwrap_or_else(|| panic!("{message}"));
-    let (_, record) = gw.get(&flooder, &format!("/v1/executions/{refused_id}")).await;
+    let (_, record) = gw
+        .get(&flooder, &format!("/v1/executions/{refused_id}"))
+        .await;
     assert_eq!(record["status"], "denied", "{record}");
     let codes: Vec<&str> = record["decision"]["reasons"]
         .as_array()
@@ -106,22 +124,42 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
     let big = "#".repeat(70_000);
     let (status, body) = gw.post(&third, "/v1/executions", &held_body(&big)).await;
     assert_eq!(status, 429, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("bytes"), "{body}");
+    assert!(
+        body["error"]["message"].as_str().unwrap().contains("bytes"),
+        "{body}"
+    );
     // The tenant's cap: a fifth request waits, the sixth of the tenant is refused.
-    let (status, _) = gw.post(&third, "/v1/executions", &held_body("print(4)")).await;
+    let (status, _) = gw
+        .post(&third, "/v1/executions", &held_body("print(4)"))
+        .await;
     assert_eq!(status, 202);
-    let (status, body) = gw.post(&third, "/v1/executions", &held_body("print(5)")).await;
+    let (status, body) = gw
+        .post(&third, "/v1/executions", &held_body("print(5)"))
+        .await;
     assert_eq!(status, 429, "{body}");
-    assert!(body["error"]["message"].as_str().unwrap().contains("this tenant"), "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("this tenant"),
+        "{body}"
+    );
 
     // Small pages, newest first, reach every pending request, the oldest included, once each.
     let ids = all_pending(&gw, &reviewer, 2).await;
     assert_eq!(ids.len(), 5, "{ids:?}");
     assert_eq!(ids.last(), Some(&older), "the oldest comes last: {ids:?}");
-    assert_eq!(ids.iter().collect::<BTreeSet<_>>().len(), 5, "no duplicates: {ids:?}");
+    assert_eq!(
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        5,
+        "no duplicates: {ids:?}"
+    );
     let (status, first) = gw.get(&reviewer, "/v1/approvals?status=pending").await;
     assert_eq!(status, 200);
-    assert!(first["next_before"].is_null(), "one default page holds all: {first}");
+    assert!(
+        first["next_before"].is_null(),
+        "one default page holds all: {first}"
+    );
     let (status, bad) = gw.get(&reviewer, "/v1/approvals?limit=0").await;
     assert_eq!(status, 400, "{bad}");
     gw.stop().await;
@@ -132,13 +170,19 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
     let gw = TestGateway::start().await;
     let (_, agent) = key_for(&gw, "agent", "a1").await;
     let (_, other) = key_for(&gw, "reviewer", "a2").await;
-    let (status, held) = gw.post(&agent, "/v1/executions", &held_body("print(1)")).await;
+    let (status, held) = gw
+        .post(&agent, "/v1/executions", &held_body("print(1)"))
+        .await;
     assert_eq!(status, 202, "{held}");
     let approval = held["approval_id"].as_str().unwrap().to_owned();
     for spelling in ["a1 ", "A1", " a1", "\u{ff41}\u{ff11}", "a1\u{3000}"] {
         let (_, reviewer) = key_for(&gw, "reviewer", spelling).await;
         let (status, body) = gw
-            .post(&reviewer, &format!("/v1/approvals/{approval}"), &json!({"decision": "approve"}))
+            .post(
+                &reviewer,
+                &format!("/v1/approvals/{approval}"),
+                &json!({"decision": "approve"}),
+            )
             .await;
         assert_eq!(status, 403, "{spelling:?}: {body}");
     }
@@ -172,13 +216,24 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
         decision: json!({}),
         policy_revision: None,
     };
-    let decided = store.decide_approval(&approval, &verdict, &event).await.unwrap();
-    assert!(decided.is_none(), "SQL let {:?} decide a1's request", verdict.reviewer_principal);
+    let decided = store
+        .decide_approval(&approval, &verdict, &event)
+        .await
+        .unwrap();
+    assert!(
+        decided.is_none(),
+        "SQL let {:?} decide a1's request",
+        verdict.reviewer_principal
+    );
     pool.close().await;
 
     // Another principal may: rejecting runs nothing.
     let (status, body) = gw
-        .post(&other, &format!("/v1/approvals/{approval}"), &json!({"decision": "reject"}))
+        .post(
+            &other,
+            &format!("/v1/approvals/{approval}"),
+            &json!({"decision": "reject"}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     gw.stop().await;
@@ -189,13 +244,21 @@ async fn principals_are_normalised_at_creation_and_bad_ones_refused() {
     let gw = TestGateway::start().await;
     let admin = gw.key("admin", "ops").await;
     let (status, created) = gw
-        .post(&admin, "/v1/keys", &json!({"role": "reviewer", "tenant": "acme", "principal": "  Ana\u{00A0}RUIZ "}))
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "reviewer", "tenant": "acme", "principal": "  Ana\u{00A0}RUIZ "}),
+        )
         .await;
     assert_eq!(status, 201, "{created}");
     assert_eq!(created["principal"], "ana ruiz");
     for bad in ["", "   ", "a\u{200b}1", "a\tb", "\u{202e}a1", "a\u{0}"] {
         let (status, body) = gw
-            .post(&admin, "/v1/keys", &json!({"role": "agent", "tenant": "acme", "principal": bad}))
+            .post(
+                &admin,
+                "/v1/keys",
+                &json!({"role": "agent", "tenant": "acme", "principal": bad}),
+            )
             .await;
         assert_eq!(status, 400, "{bad:?}: {body}");
         assert_eq!(body["error"]["code"], "invalid_request");
@@ -212,12 +275,19 @@ async fn keys_are_listed_revoked_rotated_and_expire_and_each_change_is_audited()
     let gw = TestGateway::start().await;
     let admin = gw.key("admin", "ops").await;
     let (status, made) = gw
-        .post(&admin, "/v1/keys", &json!({"role": "agent", "tenant": "acme"}))
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "agent", "tenant": "acme"}),
+        )
         .await;
     assert_eq!(status, 201, "{made}");
     assert_eq!(made["tenant_known"], true);
     assert_eq!(made["warnings"], json!([]));
-    let (id, secret) = (made["id"].as_str().unwrap().to_owned(), made["key"].as_str().unwrap().to_owned());
+    let (id, secret) = (
+        made["id"].as_str().unwrap().to_owned(),
+        made["key"].as_str().unwrap().to_owned(),
+    );
     assert_eq!(status_of(&gw, &secret).await, 200);
 
     // Listed, with its last use, never with a secret or hash.
@@ -227,25 +297,50 @@ async fn keys_are_listed_revoked_rotated_and_expire_and_each_change_is_audited()
     assert_eq!(listed["id"], id.as_str());
     assert_eq!(listed["state"], "active");
     assert!(listed["last_used_at"].is_string(), "{listed}");
-    assert!(!page.to_string().contains(&secret) && !page.to_string().contains("hash"), "{page}");
+    assert!(
+        !page.to_string().contains(&secret) && !page.to_string().contains("hash"),
+        "{page}"
+    );
     let (status, _) = gw.get(&secret, "/v1/keys").await;
     assert_eq!(status, 403, "agents do not list keys");
 
     // Revoked: the very next request is refused.
-    let revoked = gw.http.delete(format!("{}/v1/keys/{id}", gw.url)).bearer_auth(&admin).send().await.unwrap();
+    let revoked = gw
+        .http
+        .delete(format!("{}/v1/keys/{id}", gw.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(revoked.status().as_u16(), 200);
     let revoked: Value = revoked.json().await.unwrap();
     assert_eq!(revoked["state"], "revoked", "{revoked}");
     assert_eq!(status_of(&gw, &secret).await, 401);
-    let again = gw.http.delete(format!("{}/v1/keys/{id}", gw.url)).bearer_auth(&admin).send().await.unwrap();
+    let again = gw
+        .http
+        .delete(format!("{}/v1/keys/{id}", gw.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(again.status().as_u16(), 409);
-    let unknown = gw.http.delete(format!("{}/v1/keys/key_0000000000000000", gw.url)).bearer_auth(&admin).send().await.unwrap();
+    let unknown = gw
+        .http
+        .delete(format!("{}/v1/keys/key_0000000000000000", gw.url))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(unknown.status().as_u16(), 404);
 
     // Expiring: works until its time, refused from then on.
     let soon = chrono::Utc::now() + chrono::Duration::seconds(2);
     let (status, expiring) = gw
-        .post(&admin, "/v1/keys", &json!({"role": "agent", "tenant": "acme", "expires_at": soon}))
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "agent", "tenant": "acme", "expires_at": soon}),
+        )
         .await;
     assert_eq!(status, 201, "{expiring}");
     let expiring_secret = expiring["key"].as_str().unwrap().to_owned();
@@ -254,27 +349,48 @@ async fn keys_are_listed_revoked_rotated_and_expire_and_each_change_is_audited()
     tokio::time::sleep(wait + Duration::from_millis(50)).await;
     assert_eq!(status_of(&gw, &expiring_secret).await, 401);
     let (status, bad) = gw
-        .post(&admin, "/v1/keys", &json!({"role": "agent", "tenant": "acme", "expires_at": "2020-01-01T00:00:00Z"}))
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "agent", "tenant": "acme", "expires_at": "2020-01-01T00:00:00Z"}),
+        )
         .await;
     assert_eq!(status, 400, "{bad}");
 
     // A tenant the policy data does not know: created, and the answer says so.
     let (status, stray) = gw
-        .post(&admin, "/v1/keys", &json!({"role": "agent", "tenant": "nosuchtenant"}))
+        .post(
+            &admin,
+            "/v1/keys",
+            &json!({"role": "agent", "tenant": "nosuchtenant"}),
+        )
         .await;
     assert_eq!(status, 201, "{stray}");
     assert_eq!(stray["tenant_known"], false);
-    assert!(stray["warnings"][0].as_str().unwrap().contains("not in the policy data"), "{stray}");
+    assert!(
+        stray["warnings"][0]
+            .as_str()
+            .unwrap()
+            .contains("not in the policy data"),
+        "{stray}"
+    );
 
     // Rotated from the command line: the new key works, the old one is refused at once.
     let (_, rotate_me) = key_for(&gw, "agent", "rotating").await;
     let rotate_id = format!("key_{}", &rotate_me[4..20]);
     let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
-    let rotated = gateway::commands::rotate_key(&config, &rotate_id, Some("1h")).await.unwrap();
+    let rotated = gateway::commands::rotate_key(&config, &rotate_id, Some("1h"))
+        .await
+        .unwrap();
     assert_eq!(rotated.principal, "rotating");
     assert_eq!(status_of(&gw, &rotated.secret).await, 200);
     assert_eq!(status_of(&gw, &rotate_me).await, 401);
-    assert!(gateway::commands::rotate_key(&config, &rotate_id, None).await.is_err(), "a revoked key does not rotate");
+    assert!(
+        gateway::commands::rotate_key(&config, &rotate_id, None)
+            .await
+            .is_err(),
+        "a revoked key does not rotate"
+    );
     assert!(gateway::commands::tenant_warning(&config, "nosuchtenant").is_some());
     assert!(gateway::commands::tenant_warning(&config, "acme").is_none());
 

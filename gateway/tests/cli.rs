@@ -393,39 +393,95 @@ async fn exec_writes_only_new_regular_files_and_keys_can_be_revoked() {
     let first = exec(&[]);
     let stderr = String::from_utf8_lossy(&first.stderr);
     assert!(first.status.success(), "{stderr}");
-    assert_eq!(std::fs::read_to_string(out.join("report.txt")).unwrap(), "mine");
-    assert!(!out.join(".git").exists(), "a dot-directory was written: {stderr}");
-    assert_eq!(std::fs::read_to_string(out.join("notes/a.txt")).unwrap(), "a");
-    assert!(stderr.contains("wrote") && stderr.contains("notes/a.txt"), "{stderr}");
-    assert!(stderr.contains("\".git/config\"") && stderr.contains("--allow-dotfiles"), "{stderr}");
-    assert!(stderr.contains("report.txt") && stderr.contains("--force"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "mine"
+    );
+    assert!(
+        !out.join(".git").exists(),
+        "a dot-directory was written: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes/a.txt")).unwrap(),
+        "a"
+    );
+    assert!(
+        stderr.contains("wrote") && stderr.contains("notes/a.txt"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\".git/config\"") && stderr.contains("--allow-dotfiles"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("report.txt") && stderr.contains("--force"),
+        "{stderr}"
+    );
 
     let second = exec(&["--force", "--allow-dotfiles"]);
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(second.status.success(), "{stderr}");
-    assert_eq!(std::fs::read_to_string(out.join("report.txt")).unwrap(), "theirs");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "theirs"
+    );
     assert!(out.join(".git/config").is_file(), "{stderr}");
     // notes/a.txt exists from the first run: replaced, as asked.
     assert!(stderr.contains("notes/a.txt"), "{stderr}");
 
     // Keys from the command line: an unknown tenant warns; list shows last use; revoke refuses.
     let made = sandgate(data.path(), &listen)
-        .args(["keys", "create", "--role", "agent", "--tenant", "nosuchtenant"])
+        .args([
+            "keys",
+            "create",
+            "--role",
+            "agent",
+            "--tenant",
+            "nosuchtenant",
+        ])
         .output()
         .unwrap();
     assert!(made.status.success());
     let warned = String::from_utf8_lossy(&made.stderr);
-    assert!(warned.contains("warning: tenant nosuchtenant is not in the policy data"), "{warned}");
+    assert!(
+        warned.contains("warning: tenant nosuchtenant is not in the policy data"),
+        "{warned}"
+    );
     let key_id = format!("key_{}", &key[4..20]);
-    let listed = sandgate(data.path(), &listen).args(["keys", "list"]).output().unwrap();
+    let listed = sandgate(data.path(), &listen)
+        .args(["keys", "list"])
+        .output()
+        .unwrap();
     let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
-    let row = listed.lines().find(|line| line.starts_with(&key_id)).unwrap_or_else(|| panic!("{listed}"));
-    assert!(row.contains("\tactive\t") && !row.ends_with("\t-"), "used, so a last use: {row}");
-    let revoked = sandgate(data.path(), &listen).args(["keys", "revoke", &key_id]).output().unwrap();
-    assert!(revoked.status.success(), "{}", String::from_utf8_lossy(&revoked.stderr));
+    let row = listed
+        .lines()
+        .find(|line| line.starts_with(&key_id))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        row.contains("\tactive\t") && !row.ends_with("\t-"),
+        "used, so a last use: {row}"
+    );
+    let revoked = sandgate(data.path(), &listen)
+        .args(["keys", "revoke", &key_id])
+        .output()
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
     let base = format!("http://{listen}");
-    let answer = http.get(format!("{base}/v1/executions")).bearer_auth(&key).send().await.unwrap();
-    assert_eq!(answer.status().as_u16(), 401, "a revoked key is refused at once");
+    let answer = http
+        .get(format!("{base}/v1/executions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status().as_u16(),
+        401,
+        "a revoked key is refused at once"
+    );
     let status = terminate(server).await;
     assert!(status.success(), "{status}");
 }

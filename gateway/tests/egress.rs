@@ -225,7 +225,13 @@ except OSError as e:
 /// and prints `connected` or the error's name.
 fn connect_as_nobody(socket: &std::path::Path) -> String {
     let output = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
         .arg(
             "import socket, sys\n\
              s = socket.socket(socket.AF_UNIX)\n\
@@ -270,7 +276,10 @@ async fn host_users_cannot_reach_a_running_executions_egress_socket() {
         waited += 1;
     }
     assert_eq!(connect_as_nobody(&socket), "PermissionError");
-    let root_mode = std::fs::metadata(data.join("egress")).unwrap().permissions().mode();
+    let root_mode = std::fs::metadata(data.join("egress"))
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(root_mode & 0o777, 0o700, "egress root mode {root_mode:o}");
     let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
     assert_eq!(record["status"], "running", "the socket was live: {record}");
@@ -290,6 +299,10 @@ async fn host_users_cannot_reach_a_running_executions_egress_socket() {
         .get(&key, &format!("/v1/executions/{id}/connections"))
         .await;
     let rows = rows["connections"].as_array().unwrap().clone();
-    assert_eq!(rows.len(), 1, "only the sandbox's own connection: {rows:#?}");
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the sandbox's own connection: {rows:#?}"
+    );
     gw.stop().await;
 }

@@ -15,9 +15,36 @@ use gateway::app::validate::normalise_path;
 
 /// Pieces of names: separators and dots in many spellings, and plain text.
 const PIECES: &[&str] = &[
-    "..", ".", "/", "\\", "a", "b.csv", "%", "2e", "2f", "%2e", "%2E", "%2f", "%2F", "%25",
-    "%5c", "\u{ff0e}", "\u{ff0f}", "\u{2024}", "\u{2025}", "\u{fe52}", "\u{ff3c}", "%EF%BC%8E",
-    "%EF%BC%8F", "%E2%80%A4", "\u{301}", "e\u{301}", "%00", "\u{0}", " ", "~",
+    "..",
+    ".",
+    "/",
+    "\\",
+    "a",
+    "b.csv",
+    "%",
+    "2e",
+    "2f",
+    "%2e",
+    "%2E",
+    "%2f",
+    "%2F",
+    "%25",
+    "%5c",
+    "\u{ff0e}",
+    "\u{ff0f}",
+    "\u{2024}",
+    "\u{2025}",
+    "\u{fe52}",
+    "\u{ff3c}",
+    "%EF%BC%8E",
+    "%EF%BC%8F",
+    "%E2%80%A4",
+    "\u{301}",
+    "e\u{301}",
+    "%00",
+    "\u{0}",
+    " ",
+    "~",
 ];
 
 /// Every form a consumer might turn `name` into: percent-decoded and NFKC-normalised, applied
@@ -41,7 +68,9 @@ fn decode(text: &str) -> String {
     let mut out = Vec::new();
     let mut i = 0;
     while i < bytes.len() {
-        let pair = bytes.get(i + 1..i + 3).and_then(|p| std::str::from_utf8(p).ok());
+        let pair = bytes
+            .get(i + 1..i + 3)
+            .and_then(|p| std::str::from_utf8(p).ok());
         match (bytes[i], pair.and_then(|p| u8::from_str_radix(p, 16).ok())) {
             (b'%', Some(byte)) => {
                 out.push(byte);
@@ -70,11 +99,22 @@ fn check(name: &str) -> Result<(), TestCaseError> {
         return Ok(());
     };
     prop_assert!(!stored.is_empty() && stored.len() <= 255, "{stored:?}");
-    prop_assert_eq!(stored.nfc().collect::<String>(), stored.clone(), "stored as NFC");
+    prop_assert_eq!(
+        stored.nfc().collect::<String>(),
+        stored.clone(),
+        "stored as NFC"
+    );
     for form in forms(&stored).iter().chain(forms(name).iter()) {
-        prop_assert!(!escapes(form), "{name:?} accepted, but a form of it is {form:?}");
+        prop_assert!(
+            !escapes(form),
+            "{name:?} accepted, but a form of it is {form:?}"
+        );
     }
-    prop_assert_eq!(normalise_path(&stored).ok(), Some(stored.clone()), "idempotent");
+    prop_assert_eq!(
+        normalise_path(&stored).ok(),
+        Some(stored.clone()),
+        "idempotent"
+    );
     Ok(())
 }
 
@@ -94,7 +134,7 @@ proptest! {
 #[test]
 fn known_smuggling_spellings_are_refused() {
     for bad in [
-        "%252e%252e/x",        // encoded twice
+        "%252e%252e/x",         // encoded twice
         "%EF%BC%8E%EF%BC%8E/x", // encoded fullwidth dots
         "%E2%80%A5/x",          // an encoded two-dot leader
         "a/%2e%2e%5cb",
@@ -102,5 +142,8 @@ fn known_smuggling_spellings_are_refused() {
         assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
     }
     assert_eq!(normalise_path("100%.txt").unwrap(), "100%.txt");
-    assert_eq!(normalise_path("report 2024.csv").unwrap(), "report 2024.csv");
+    assert_eq!(
+        normalise_path("report 2024.csv").unwrap(),
+        "report 2024.csv"
+    );
 }

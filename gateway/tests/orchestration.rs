@@ -371,7 +371,10 @@ async fn a_full_queue_answers_429_and_the_refusal_is_recorded() {
     .await
     .unwrap();
     assert_eq!((status.as_str(), allow), ("denied", false));
-    assert_eq!(reasons.as_array().unwrap().last().unwrap()["code"], "queue.full");
+    assert_eq!(
+        reasons.as_array().unwrap().last().unwrap()["code"],
+        "queue.full"
+    );
     let (event_allow, said): (bool, serde_json::Value) = sqlx::query_as(
         "SELECT allow, decision FROM audit_events WHERE kind = 'execution.decision' \
          ORDER BY seq DESC LIMIT 1",
@@ -432,7 +435,11 @@ async fn one_tenant_cannot_take_another_tenants_place_in_the_queue() {
         .send()
         .await
         .unwrap();
-    assert_eq!(response.status().as_u16(), 202, "the other tenant still queues");
+    assert_eq!(
+        response.status().as_u16(),
+        202,
+        "the other tenant still queues"
+    );
     gate.add_permits(4);
     for _ in 0..200 {
         if runtime.runs.load(Ordering::SeqCst) == 4 {

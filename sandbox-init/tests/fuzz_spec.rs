@@ -24,7 +24,10 @@ fn seeds() -> Vec<Vec<u8>> {
         .map(|entry| entry.unwrap().path())
         .collect();
     files.sort();
-    let seeds: Vec<Vec<u8>> = files.iter().map(|path| std::fs::read(path).unwrap()).collect();
+    let seeds: Vec<Vec<u8>> = files
+        .iter()
+        .map(|path| std::fs::read(path).unwrap())
+        .collect();
     assert!(!seeds.is_empty(), "no seeds in {}", dir.display());
     seeds
 }
@@ -48,7 +51,10 @@ fn job_keeps_its_promises(job: &Job) -> Result<(), TestCaseError> {
     for file in &job.files {
         prop_assert!(canonical(&file.path), "file {:?}", file.path);
         let mut parts = file.path.components().skip(1);
-        let root = parts.next().and_then(|c| c.as_os_str().to_str()).unwrap_or("");
+        let root = parts
+            .next()
+            .and_then(|c| c.as_os_str().to_str())
+            .unwrap_or("");
         prop_assert!(WRITABLE_ROOTS.contains(&root), "file {:?}", file.path);
         prop_assert!(parts.next().is_some(), "the root itself: {:?}", file.path);
         prop_assert!(file.mode <= MAX_FILE_MODE);

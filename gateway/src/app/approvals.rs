@@ -15,9 +15,9 @@ use policy_engine::{PolicyInput, Reason, RequestedLimits};
 
 use super::executions::{ExecutionRequest, FileUpload};
 use super::floor::Runnable;
+use super::refusals::Refusal;
 use super::validate::decode_files;
 use super::{App, AppError};
-use super::refusals::Refusal;
 use crate::audit::approvals::{ApprovalRow, Held, NewApproval, PendingCaps, Verdict};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 

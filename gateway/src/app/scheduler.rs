@@ -42,7 +42,9 @@ impl Drop for Slot {
 pub enum QueueFull {
     #[error("{waiting} executions are already waiting for a slot")]
     All { waiting: usize },
-    #[error("this tenant already has {waiting} executions waiting for a slot (its share of the queue)")]
+    #[error(
+        "this tenant already has {waiting} executions waiting for a slot (its share of the queue)"
+    )]
     Tenant { waiting: usize },
 }
 

@@ -298,17 +298,16 @@ async fn pending_cap_reached(
         .bind(&row.tenant)
         .execute(&mut **tx)
         .await?;
-    let (tenant_count, tenant_bytes, key_count, key_bytes): (i64, i64, i64, i64) =
-        sqlx::query_as(
-            "SELECT count(*), COALESCE(sum(request_bytes), 0)::bigint, \
+    let (tenant_count, tenant_bytes, key_count, key_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(request_bytes), 0)::bigint, \
              count(*) FILTER (WHERE requester_key_id = $2), \
              COALESCE(sum(request_bytes) FILTER (WHERE requester_key_id = $2), 0)::bigint \
              FROM approvals WHERE status = 'pending' AND expires_at > now() AND tenant = $1",
-        )
-        .bind(&row.tenant)
-        .bind(&approval.requester_key_id)
-        .fetch_one(&mut **tx)
-        .await?;
+    )
+    .bind(&row.tenant)
+    .bind(&approval.requester_key_id)
+    .fetch_one(&mut **tx)
+    .await?;
     let bytes = approval.request_bytes;
     let full = if key_count >= caps.per_key {
         format!("this key already has {key_count} requests waiting for review (the limit)")

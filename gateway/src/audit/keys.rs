@@ -206,9 +206,9 @@ impl AuditStore {
             json!({"revoked_key_id": id}),
         );
         chain::append(&mut tx, &event).await?;
-        let row = lock_key(&mut tx, id).await?.ok_or(AuditError::Unavailable(
-            sqlx::Error::RowNotFound,
-        ))?;
+        let row = lock_key(&mut tx, id)
+            .await?
+            .ok_or(AuditError::Unavailable(sqlx::Error::RowNotFound))?;
         tx.commit().await?;
         Ok(Revoked::Now(row))
     }

@@ -170,11 +170,24 @@ mod tests {
     #[test]
     fn names_from_a_sandbox_are_checked() {
         assert_eq!(check_name("a/b.png", PLAIN).unwrap(), ["a", "b.png"]);
-        for bad in ["", "/etc/passwd", "../x", "a/../x", "a//b", "./a", "a/.", "a\nb", "a\u{1b}[2J"] {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../x",
+            "a//b",
+            "./a",
+            "a/.",
+            "a\nb",
+            "a\u{1b}[2J",
+        ] {
             assert!(check_name(bad, PLAIN).is_err(), "{bad:?}");
         }
         for dot in [".bashrc", ".git/config", "a/.ssh/authorized_keys"] {
-            assert!(matches!(check_name(dot, PLAIN), Err(SaveError::DotFile)), "{dot:?}");
+            assert!(
+                matches!(check_name(dot, PLAIN), Err(SaveError::DotFile)),
+                "{dot:?}"
+            );
             let allowed = SaveOptions {
                 allow_dotfiles: true,
                 ..PLAIN
@@ -204,7 +217,11 @@ mod tests {
         };
         save(dir.path(), "r.txt", b"theirs", force).unwrap();
         assert_eq!(fs::read(dir.path().join("r.txt")).unwrap(), b"theirs");
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "no temporary left");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "no temporary left"
+        );
     }
 
     #[test]
