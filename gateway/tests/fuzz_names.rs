@@ -138,6 +138,7 @@ fn known_smuggling_spellings_are_refused() {
         "%EF%BC%8E%EF%BC%8E/x", // encoded fullwidth dots
         "%E2%80%A5/x",          // an encoded two-dot leader
         "a/%2e%2e%5cb",
+        "%5c\u{301}", // decodes to a backslash before the accent composes
     ] {
         assert!(normalise_path(bad).is_err(), "{bad:?} accepted");
     }

@@ -84,21 +84,33 @@ pub fn normalise_path(path: &str) -> Result<String, AppError> {
     let refuse = |why: String| AppError::Invalid(format!("file {path:?}: {why}"));
     let nfc: String = path.nfc().collect();
     check_path(&nfc).map_err(refuse)?;
-    let mut form: String = path.nfkc().collect();
-    check_path(&form).map_err(refuse)?;
+    // From the name as sent and from its NFKC form: composing can hide an escape (`%5c` and a
+    // combining accent compose to `%5ć`, but decode to a backslash first).
+    let nfkc: String = path.nfkc().collect();
+    for start in [path.to_owned(), nfkc] {
+        decoded_forms_pass(start).map_err(refuse)?;
+    }
+    Ok(nfc)
+}
+
+/// Checks `form` and every form reached from it by percent-decoding, then NFKC, until nothing
+/// changes (at most [`MAX_DECODE_ROUNDS`] rounds).
+fn decoded_forms_pass(mut form: String) -> Result<(), String> {
+    use unicode_normalization::UnicodeNormalization;
+    check_path(&form)?;
     for _ in 0..MAX_DECODE_ROUNDS {
         let decoded = percent_decode(&form);
-        check_path(&decoded).map_err(refuse)?;
+        check_path(&decoded)?;
         let next: String = decoded.nfkc().collect();
-        check_path(&next).map_err(refuse)?;
+        check_path(&next)?;
         if next == form {
-            return Ok(nfc);
+            return Ok(());
         }
         form = next;
     }
-    Err(refuse(format!(
+    Err(format!(
         "path is still percent-encoded after {MAX_DECODE_ROUNDS} rounds of decoding"
-    )))
+    ))
 }
 
 /// `%XX` sequences decoded (lossily); anything else kept.

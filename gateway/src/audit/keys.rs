@@ -62,15 +62,40 @@ pub struct KeyRow {
     pub last_used_at: Option<DateTime<Utc>>,
 }
 
+/// Whether a key still works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    Active,
+    Revoked,
+    Expired,
+}
+
+impl KeyState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            KeyState::Active => "active",
+            KeyState::Revoked => "revoked",
+            KeyState::Expired => "expired",
+        }
+    }
+}
+
+impl std::fmt::Display for KeyState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 impl KeyRow {
-    /// `active`, `revoked` or `expired`.
-    pub fn state(&self, now: DateTime<Utc>) -> &'static str {
+    /// Revoked, expired (at `now`) or active.
+    pub fn state(&self, now: DateTime<Utc>) -> KeyState {
         if self.revoked_at.is_some() {
-            "revoked"
+            KeyState::Revoked
         } else if self.expires_at.is_some_and(|at| at <= now) {
-            "expired"
+            KeyState::Expired
         } else {
-            "active"
+            KeyState::Active
         }
     }
 }
@@ -225,7 +250,7 @@ impl AuditStore {
         let Some(old) = lock_key(&mut tx, id).await? else {
             return Ok(None);
         };
-        if old.state(Utc::now()) != "active" {
+        if old.state(Utc::now()) != KeyState::Active {
             return Ok(None);
         }
         let spec = KeySpec {
