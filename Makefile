@@ -60,6 +60,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	bash scripts/netns.sh up
 	cargo bench -p egress-proxy --bench throughput
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 
 # Each fuzz harness also runs in `make test` with proptest's default number of cases.
 FUZZ_CASES ?= 200000

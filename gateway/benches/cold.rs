@@ -24,9 +24,8 @@
     reason = "a benchmark, not gateway code: a panic is a failed run"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -41,45 +40,16 @@ use gateway::audit::AuditStore;
 use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
-use gateway::runtime::{JobFile, JobSpec, SandboxRuntime, SandboxSpec};
+use gateway::runtime::{
+    Ending, Job, JobFile, Owner, RunControl, SandboxPlan, SandboxRuntime, Waits,
+};
 use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
 
-const CODE: &str = "print(1)";
-const DATABASE: &str = "sandgate";
+mod common;
+use common::{env_usize, ms, sandbox_init, Gateway, Series, StopOnDrop, CODE, DATABASE};
+
 /// Scratch table for the COPY baseline.
 const COPY_TABLE: &str = "bench_copy";
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-/// The static sandbox-init: `SANDGATE_SANDBOX_INIT`, else under the cargo target directory.
-fn sandbox_init() -> PathBuf {
-    let path = std::env::var_os("SANDGATE_SANDBOX_INIT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            let target = std::env::var_os("CARGO_TARGET_DIR")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| workspace_root().join("target"));
-            target.join("x86_64-unknown-linux-gnu/release/sandbox-init")
-        });
-    assert!(
-        path.is_file(),
-        "sandbox-init not found at {}: `make build` (or set SANDGATE_SANDBOX_INIT)",
-        path.display()
-    );
-    path
-}
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -114,17 +84,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Stops the private cluster however the run ends (before its directory is removed).
-struct StopOnDrop(EmbeddedPostgres);
-
-impl Drop for StopOnDrop {
-    fn drop(&mut self) {
-        if let Err(err) = self.0.stop() {
-            eprintln!("stopping the bench PostgreSQL failed: {err}");
-        }
-    }
-}
-
 async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     gateway::database::create_database_if_missing(pg, DATABASE)
         .await
@@ -135,7 +94,7 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
         socket_dir.display()
     );
     let init = sandbox_init();
-    let gw = Gateway::start(url, data_dir, &init).await;
+    let gw = Gateway::start(url, data_dir, &init, |_| {}).await;
     let pool = gateway::database::pool(pg.connect_options(DATABASE))
         .await
         .unwrap();
@@ -155,83 +114,6 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     gw.stop().await;
     pool.close().await;
     cold_ok && concurrent_ok
-}
-
-/// A gateway served in-process on a loopback port.
-struct Gateway {
-    url: String,
-    http: reqwest::Client,
-    config: Config,
-    shutdown: CancellationToken,
-    server: tokio::task::JoinHandle<Result<(), gateway::ServeError>>,
-}
-
-impl Gateway {
-    async fn start(database_url: String, data_dir: &Path, init: &Path) -> Gateway {
-        let mut config = Config {
-            database_url: Some(database_url),
-            data_dir: data_dir.to_owned(),
-            policy_dir: workspace_root().join("policies"),
-            sandbox_init: Some(init.to_owned()),
-            ..Config::default()
-        };
-        config.listen = "127.0.0.1:0".parse().unwrap();
-        let listener = tokio::net::TcpListener::bind(config.listen).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let server = tokio::spawn(gateway::serve_on(
-            listener,
-            config.clone(),
-            Arc::new(DockerRuntime::new()),
-            shutdown.clone(),
-        ));
-        let gw = Gateway {
-            url: format!("http://{addr}"),
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(120))
-                .build()
-                .unwrap(),
-            config,
-            shutdown,
-            server,
-        };
-        for _ in 0..600 {
-            assert!(
-                !gw.server.is_finished(),
-                "the gateway exited during start-up"
-            );
-            let health = gw.http.get(format!("{}/healthz", gw.url)).send().await;
-            if health.is_ok_and(|r| r.status().is_success()) {
-                return gw;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("the gateway did not become healthy within 30 s");
-    }
-
-    /// `print(1)` with `wait: true`: (HTTP status, body).
-    async fn execute(&self, key: &str) -> (u16, Value) {
-        let body = json!({"language": "python", "code": CODE, "wait": true});
-        let response = self
-            .http
-            .post(format!("{}/v1/executions", self.url))
-            .bearer_auth(key)
-            .json(&body)
-            .send()
-            .await
-            .expect("POST /v1/executions");
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        let served = tokio::time::timeout(Duration::from_secs(90), self.server)
-            .await
-            .expect("gateway shut down in time")
-            .expect("gateway task");
-        served.expect("gateway exited cleanly");
-    }
 }
 
 /// The limits the gateway will grant `acme` for this program: the shipped policy's decision,
@@ -267,63 +149,60 @@ fn decided_limits(config: &Config) -> Limits {
     limits
 }
 
-/// The sandbox the gateway builds for `print(1)` (the same command and environment as
-/// `App::sandbox_spec`), without an output area (`/output` is a tmpfs inside the sandbox).
-fn baseline_spec(init: &Path, limits: &Limits) -> SandboxSpec {
-    let (argv, program) = gateway::app::executions::command_for("python");
-    SandboxSpec {
-        execution_id: gateway::ids::new("bench"),
+/// The sandbox and job the gateway builds for `print(1)` (the same plan, command and
+/// environment as the launch path), with plain directories for its socket and output.
+fn baseline_spec(
+    init: &Path,
+    limits: &Limits,
+    dirs: &Path,
+) -> (SandboxPlan, Job<'static>, RunControl) {
+    let (argv, program) = gateway::app::launch::command_for("python");
+    let id = gateway::ids::new("bench");
+    let (egress_dir, output_dir) = (
+        dirs.join(format!("{id}-egress")),
+        dirs.join(format!("{id}-output")),
+    );
+    for dir in [&egress_dir, &output_dir] {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let plan = SandboxPlan {
+        id: id.clone(),
+        owner: Owner::Execution(id),
         instance: "gw_bench_baseline".to_owned(),
         image: "sandgate/python".to_owned(),
         runtime: "runsc".to_owned(),
         init_binary: init.to_owned(),
         limits: limits.clone(),
         mounts: vec![],
-        egress_dir: None,
-        output_dir: None,
-        job: JobSpec {
-            argv,
-            cwd: "/workspace".to_owned(),
-            env: gateway::app::executions::sandbox_env(),
-            files: vec![JobFile {
-                path: program.to_owned(),
-                content_b64: base64::engine::general_purpose::STANDARD.encode(CODE),
-                mode: 0o755,
-            }],
-            proxy: None,
-            exit_nonce: None,
-        },
+        egress_dir,
+        output_dir,
+        env: gateway::app::launch::sandbox_env(),
+        waits: Waits::Init,
+    };
+    let job = Job {
+        argv,
+        cwd: Some("/workspace".to_owned()),
+        env: Some(gateway::app::launch::sandbox_env()),
+        files: vec![JobFile {
+            path: program.to_owned(),
+            content_b64: base64::engine::general_purpose::STANDARD
+                .encode(CODE)
+                .into(),
+            mode: Some(0o755),
+        }],
+        proxy: None,
+        exit_nonce: None,
+    };
+    let control = RunControl {
+        timeout: Duration::from_millis(limits.timeout_ms),
+        output_cap: usize::try_from(limits.output_bytes).unwrap_or(usize::MAX),
         sink: None,
         cancel: CancellationToken::new(),
-    }
+    };
+    (plan, job, control)
 }
 
 /// Milliseconds, sorted.
-struct Series(Vec<f64>);
-
-impl Series {
-    fn new(mut samples: Vec<f64>) -> Series {
-        samples.sort_by(f64::total_cmp);
-        Series(samples)
-    }
-
-    fn percentile(&self, p: usize) -> f64 {
-        self.0[(self.0.len() * p / 100).min(self.0.len() - 1)]
-    }
-
-    fn line(&self) -> String {
-        format!(
-            "p50 {:>7.1} ms  p90 {:>7.1} ms  p99 {:>7.1} ms",
-            self.percentile(50),
-            self.percentile(90),
-            self.percentile(99)
-        )
-    }
-}
-
-fn ms(duration: Duration) -> f64 {
-    duration.as_secs_f64() * 1e3
-}
 
 fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e3
@@ -357,6 +236,7 @@ fn phases(sent: DateTime<Utc>, received: DateTime<Utc>, body: &Value) -> Option<
 /// Target 1: alternating baseline and gateway runs. False if any run failed.
 async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize) -> bool {
     let docker = DockerRuntime::new();
+    let dirs = tempfile::tempdir().unwrap();
     let health = docker.health(&["runsc".to_owned()]).await;
     assert!(
         health.docker.is_ok() && health.runtimes.values().all(|ok| *ok),
@@ -366,11 +246,15 @@ async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize
     let (mut before, mut sandbox, mut after) = (vec![], vec![], vec![]);
     let (mut failures, mut other_limits) = (0, 0);
     for _ in 0..runs {
+        let (plan, job, control) = baseline_spec(init, limits, dirs.path());
         let started = Instant::now();
-        let outcome = docker.run(baseline_spec(init, limits)).await;
+        let outcome = match docker.start(plan).await {
+            Ok(sandbox) => sandbox.run(job, control).await,
+            Err(err) => Err(err),
+        };
         let raw_ms = ms(started.elapsed());
         match outcome {
-            Ok(run) if run.init_exit == Some(0) && run.stdout.text() == "1\n" => {}
+            Ok(run) if run.ending == Ending::Exited(0) && run.stdout.text() == "1\n" => {}
             other => {
                 failures += 1;
                 eprintln!("baseline run failed: {other:?}");

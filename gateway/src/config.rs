@@ -19,6 +19,28 @@ pub enum ConfigError {
     Invalid { message: String },
 }
 
+/// The container limits the warm pool starts each language's sandboxes with until a request
+/// asks for others (see `app::pool`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WarmPoolLimits {
+    pub memory_mb: u64,
+    pub cpus: f64,
+    pub pids: u64,
+    pub disk_mb: u64,
+}
+
+impl Default for WarmPoolLimits {
+    fn default() -> Self {
+        WarmPoolLimits {
+            memory_mb: 512,
+            cpus: 1.0,
+            pids: 256,
+            disk_mb: 256,
+        }
+    }
+}
+
 /// Hard upper bounds on what any decision may grant. Policy may lower them, never raise them.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -95,6 +117,12 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Sandboxes started ahead per language (`{}`: no pool).
+    pub warm_pool: BTreeMap<String, usize>,
+    /// Modules the waiting Python interpreter imports (and warms) before its job.
+    pub python_preload: Vec<String>,
+    /// The limits pooled sandboxes start with, until requests ask for others.
+    pub warm_pool_limits: WarmPoolLimits,
 }
 
 impl Default for Config {
@@ -125,6 +153,11 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
+            python_preload: ["numpy", "pandas", "matplotlib"]
+                .map(str::to_owned)
+                .to_vec(),
+            warm_pool_limits: WarmPoolLimits::default(),
         }
     }
 }
@@ -152,6 +185,9 @@ impl Default for PendingApprovalLimits {
     }
 }
 
+/// Most sandboxes the pool keeps waiting per language (each holds memory while it waits).
+const MAX_POOLED: usize = 64;
+
 /// Longest a request may wait for a reviewer: 30 days.
 const MAX_APPROVAL_TTL_S: u64 = 30 * 24 * 3600;
 
@@ -175,6 +211,9 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("warm_pool", EnvValue::Yaml),
+    ("python_preload", EnvValue::Yaml),
+    ("warm_pool_limits", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]
@@ -258,6 +297,20 @@ impl Config {
             if !dataset.path.is_absolute() {
                 return invalid(format!("datasets.{name}.path must be an absolute path"));
             }
+        }
+        if let Some((language, _)) = self
+            .warm_pool
+            .iter()
+            .find(|(language, count)| **count > 0 && !self.images.contains_key(*language))
+        {
+            return invalid(format!(
+                "warm_pool.{language}: no image is configured for {language} (images.{language})"
+            ));
+        }
+        if self.warm_pool.values().any(|count| *count > MAX_POOLED) {
+            return invalid(format!(
+                "warm_pool: at most {MAX_POOLED} sandboxes per language"
+            ));
         }
         let c = &self.ceilings;
         if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {

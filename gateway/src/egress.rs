@@ -23,10 +23,7 @@ use crate::app::policy::PolicyHandle;
 use crate::audit::egress::{ConnectionClose, ConnectionOpen};
 use crate::audit::AuditStore;
 
-/// Inside the sandbox: the directory holding the egress socket, and the bridge's address.
-pub const SANDBOX_SOCKET_DIR: &str = "/run/sandgate";
-pub const SANDBOX_SOCKET: &str = "/run/sandgate/egress.sock";
-pub const SANDBOX_PROXY_LISTEN: &str = "127.0.0.1:3128";
+pub use crate::runtime::{SANDBOX_PROXY_LISTEN, SANDBOX_SOCKET, SANDBOX_SOCKET_DIR};
 const CLOSE_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
@@ -66,60 +63,49 @@ pub fn proxy(
     ))
 }
 
-/// One execution's egress: its socket directory (mounted at `/run/sandgate`) and listener.
+/// One execution's egress: the listener on `egress.sock` in its sandbox's socket directory
+/// (mounted at `/run/sandgate`, see `app::home`).
 #[derive(Debug)]
 pub struct ExecutionEgress {
-    pub dir: PathBuf,
+    socket: PathBuf,
     listener: Option<ExecutionListener>,
 }
 
 impl ExecutionEgress {
-    /// Creates `<root>/<execution id>/egress.sock` and serves it with `grant`.
+    /// Serves `<dir>/egress.sock` with `grant`, for exactly this execution.
     pub fn start(
         proxy: &EgressProxy,
-        root: &Path,
+        dir: &Path,
         execution_id: &str,
         tenant: &str,
         grant: &NetworkGrant,
         shutdown: CancellationToken,
     ) -> Result<ExecutionEgress, EgressError> {
-        let dir = root.join(execution_id);
-        let dir_error = |err| EgressError::Dir {
-            path: dir.clone(),
-            err,
-        };
-        private_root(root).map_err(|err| EgressError::Dir {
-            path: root.to_owned(),
-            err,
-        })?;
-        std::fs::create_dir(&dir).map_err(dir_error)?;
-        // Mounted at /run/sandgate: the sandbox user (65534) must reach the socket inside, and
-        // gVisor checks the directory's and the socket's own modes. What keeps every host user
-        // but root (dockerd, runsc, the gateway) out is the 0700 root above it.
-        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o711))
-            .map_err(dir_error)?;
         let grant = ExecutionGrant {
             execution_id: execution_id.to_owned(),
             tenant: tenant.to_owned(),
             grant: grant.clone(),
             limits: ExecutionLimits::from_grant(grant),
         };
+        let socket = dir.join("egress.sock");
         let listener = proxy
-            .serve_execution(&dir.join("egress.sock"), grant, shutdown)
+            .serve_execution(&socket, grant, shutdown)
             .map_err(EgressError::Listen)?;
         Ok(ExecutionEgress {
-            dir,
+            socket,
             listener: Some(listener),
         })
     }
 
-    /// Stops the listener (its connections record their close) and removes the directory.
+    /// Stops the listener (its connections record their close) and removes the socket.
     pub async fn finish(mut self) {
         if let Some(listener) = self.listener.take() {
             listener.close().await;
         }
-        if let Err(err) = std::fs::remove_dir_all(&self.dir) {
-            tracing::warn!(dir = %self.dir.display(), error = %err, "removing the egress directory failed");
+        if let Err(err) = std::fs::remove_file(&self.socket) {
+            if err.kind() != std::io::ErrorKind::NotFound {
+                tracing::warn!(socket = %self.socket.display(), error = %err, "removing the egress socket failed");
+            }
         }
     }
 }

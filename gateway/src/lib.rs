@@ -111,6 +111,7 @@ async fn run(
         egress,
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
+    app.tasks.spawn(app::pool::refill(Arc::clone(&app)));
     app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;

@@ -20,7 +20,9 @@ fn sandgate(data_dir: &std::path::Path, listen: &str) -> Command {
             "SANDGATE_POLICY_DIR",
             common::workspace_root().join("policies"),
         )
-        .env("SANDGATE_SANDBOX_INIT", common::sandbox_init());
+        .env("SANDGATE_SANDBOX_INIT", common::sandbox_init())
+        // No pool unless a test asks for one: preloading pandas costs seconds of CPU.
+        .env("SANDGATE_WARM_POOL", "{}");
     command
 }
 
@@ -46,7 +48,18 @@ async fn serve(
     listen: &str,
     http: &reqwest::Client,
 ) -> std::process::Child {
+    serve_with_pool(data, listen, http, "{}").await
+}
+
+/// `sandgate serve` with `SANDGATE_WARM_POOL` set to `pool`.
+async fn serve_with_pool(
+    data: &std::path::Path,
+    listen: &str,
+    http: &reqwest::Client,
+    pool: &str,
+) -> std::process::Child {
     let mut server = sandgate(data, listen)
+        .env("SANDGATE_WARM_POOL", pool)
         .arg("serve")
         .stdout(Stdio::null())
         .spawn()
@@ -484,4 +497,78 @@ async fn exec_writes_only_new_regular_files_and_keys_can_be_revoked() {
     );
     let status = terminate(server).await;
     assert!(status.success(), "{status}");
+}
+
+/// This instance's pooled sandboxes (running or not).
+fn pooled_containers(data: &std::path::Path) -> Vec<String> {
+    let instance = std::fs::read_to_string(data.join("instance")).unwrap();
+    let output = Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            "label=sandgate.pool",
+            "--filter",
+            &format!("label=sandgate.instance={}", instance.trim()),
+        ])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// kill -9 of the gateway with sandboxes waiting in its pool, then a restart: nothing pooled
+/// survives it.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_with_the_pool_up_then_restart_leaves_no_pooled_sandbox() {
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let http = reqwest::Client::new();
+    let mut server = serve_with_pool(data.path(), &listen, &http, "{bash: 2}").await;
+    let mut pooled = Vec::new();
+    for _ in 0..600 {
+        pooled = pooled_containers(data.path());
+        if pooled.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(pooled.len(), 2, "the pool never started its two sandboxes");
+
+    server.kill().unwrap();
+    server.wait().unwrap();
+    assert_eq!(
+        pooled_containers(data.path()).len(),
+        2,
+        "the pooled sandboxes outlive the killed gateway"
+    );
+
+    // Restarted with a pool of its own: the old sandboxes go, new ones take their place.
+    let server = serve_with_pool(data.path(), &listen, &http, "{bash: 1}").await;
+    let mut left = pooled.clone();
+    for _ in 0..600 {
+        let now = pooled_containers(data.path());
+        left = pooled
+            .iter()
+            .filter(|id| now.contains(id))
+            .cloned()
+            .collect();
+        if left.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        left.is_empty(),
+        "pooled sandboxes survived the restart: {left:?}"
+    );
+    let status = terminate(server).await;
+    assert!(status.success(), "{status}");
+    assert!(
+        pooled_containers(data.path()).is_empty(),
+        "a clean shutdown removes what the pool held"
+    );
 }

@@ -136,6 +136,8 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         outputs_skipped: Json(json!([])),
         outputs_truncated: false,
         purged_at: None,
+        start: None,
+        container: None,
     }
 }
 
@@ -204,7 +206,7 @@ async fn seed(app: &PgPool) {
     }
     for id in ["ex_done", "ex_running"] {
         store
-            .mark_running(id, gateway::ids::now_micros())
+            .mark_running(id, gateway::ids::now_micros(), "cold", "sandgate-test")
             .await
             .unwrap();
     }

@@ -268,13 +268,21 @@ async fn host_users_cannot_reach_a_running_executions_egress_socket() {
     let (status, created) = gw.post(&key, "/v1/executions", &body).await;
     assert_eq!(status, 202, "{created}");
     let id = created["id"].as_str().unwrap().to_owned();
-    let socket = data.join("egress").join(&id).join("egress.sock");
-    let mut waited = 0;
-    while !socket.exists() {
-        assert!(waited < 300, "no egress socket at {}", socket.display());
+    // The socket directory is named by the sandbox (warm or cold); this execution's is the only
+    // one with a socket in it.
+    let mut socket = None;
+    for _ in 0..300 {
+        socket = std::fs::read_dir(data.join("egress"))
+            .into_iter()
+            .flatten()
+            .map(|entry| entry.unwrap().path().join("egress.sock"))
+            .find(|path| path.exists());
+        if socket.is_some() {
+            break;
+        }
         tokio::time::sleep(Duration::from_millis(100)).await;
-        waited += 1;
     }
+    let socket = socket.unwrap_or_else(|| panic!("no egress socket for {id}"));
     assert_eq!(connect_as_nobody(&socket), "PermissionError");
     let root_mode = std::fs::metadata(data.join("egress"))
         .unwrap()

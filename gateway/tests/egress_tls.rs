@@ -456,6 +456,7 @@ async fn gateway_on_all_addresses(
     )
     .unwrap();
     let mut config = test_config(database_url.clone(), data_dir.path());
+    common::warm::configure(&mut config);
     config.policy_dir = policies;
     for (name, ip) in hosts {
         config.egress_hosts.insert(name, vec![ip]);
@@ -478,6 +479,7 @@ async fn gateway_on_all_addresses(
         server,
         database_url,
         data_dir,
+        mirror: common::warm::Mirror::default(),
     };
     for _ in 0..600 {
         assert!(

@@ -15,41 +15,60 @@ use tokio_util::sync::CancellationToken;
 
 use gateway::audit::AuditStore;
 use gateway::runtime::{
-    CappedOutput, RunOutcome, RuntimeError, RuntimeHealth, SandboxInfo, SandboxRuntime, SandboxSpec,
+    CappedOutput, Ending, Job, Owner, Ran, RunControl, RuntimeError, RuntimeHealth, Sandbox,
+    SandboxInfo, SandboxPlan, SandboxRuntime,
 };
+
+/// What the fake was asked to run: the sandbox's plan and, once handed over, its job.
+type Run = (SandboxPlan, Option<Job<'static>>);
 
 /// A runtime that records what it was asked to run and answers from a script. Its containers
 /// exist only as entries in `containers` (left-overs a test plants for the reaper).
 #[derive(Default)]
 struct FakeRuntime {
     runs: AtomicUsize,
-    specs: Mutex<Vec<SandboxSpec>>,
+    specs: Arc<Mutex<Vec<Run>>>,
     containers: Mutex<Vec<SandboxInfo>>,
     fail: bool,
     /// When set, each run waits for a permit: the test decides when sandboxes finish.
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Pooled sandboxes end shortly after they said they were ready.
+    pooled_die: bool,
 }
 
-impl SandboxRuntime for FakeRuntime {
-    fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>> {
+#[derive(Debug)]
+struct FakeSandbox {
+    name: String,
+    index: usize,
+    specs: Arc<Mutex<Vec<Run>>>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    dies: bool,
+}
+
+impl Sandbox for FakeSandbox {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn closed(&mut self) -> BoxFuture<'_, ()> {
+        if self.dies {
+            return tokio::time::sleep(Duration::from_millis(50)).boxed();
+        }
+        futures_util::future::pending().boxed()
+    }
+
+    fn run(
+        self: Box<Self>,
+        job: Job<'static>,
+        _control: RunControl,
+    ) -> BoxFuture<'static, Result<Ran, RuntimeError>> {
         async move {
-            self.runs.fetch_add(1, Ordering::SeqCst);
-            self.specs.lock().unwrap().push(spec);
+            self.specs.lock().unwrap()[self.index].1 = Some(job);
             if let Some(gate) = &self.gate {
                 gate.acquire().await.unwrap().forget();
             }
-            if self.fail {
-                return Err(RuntimeError::Docker {
-                    operation: "create container",
-                    message: "secret daemon detail".to_owned(),
-                });
-            }
-            Ok(RunOutcome {
-                exit_code: Some(0),
-                timed_out: false,
-                cancelled: false,
-                oom_killed: false,
-                init_exit: Some(0),
+            Ok(Ran {
+                ending: Ending::Exited(0),
                 removed: true,
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),
@@ -59,6 +78,36 @@ impl SandboxRuntime for FakeRuntime {
                 started_at: gateway::ids::now_micros(),
                 duration: Duration::from_millis(5),
             })
+        }
+        .boxed()
+    }
+
+    fn discard(self: Box<Self>) -> BoxFuture<'static, ()> {
+        async {}.boxed()
+    }
+}
+
+impl SandboxRuntime for FakeRuntime {
+    fn start(&self, plan: SandboxPlan) -> BoxFuture<'_, Result<Box<dyn Sandbox>, RuntimeError>> {
+        async move {
+            self.runs.fetch_add(1, Ordering::SeqCst);
+            if self.fail {
+                return Err(RuntimeError::Docker {
+                    operation: "create container",
+                    message: "secret daemon detail".to_owned(),
+                });
+            }
+            let name = plan.container_name();
+            let dies = self.pooled_die && matches!(plan.owner, Owner::Pool { .. });
+            let mut specs = self.specs.lock().unwrap();
+            specs.push((plan, None));
+            Ok(Box::new(FakeSandbox {
+                name,
+                index: specs.len() - 1,
+                specs: Arc::clone(&self.specs),
+                gate: self.gate.clone(),
+                dies,
+            }) as Box<dyn Sandbox>)
         }
         .boxed()
     }
@@ -170,15 +219,16 @@ async fn limits_are_clamped_to_ceilings_and_the_floor_is_applied() {
     assert_eq!(body["limits"]["timeout_ms"], 1500, "{body}");
     assert_eq!(body["limits"]["memory_mb"], 100, "{body}");
     let specs = runtime.specs.lock().unwrap();
-    let spec = &specs[0];
-    assert_eq!(spec.runtime, "runsc");
-    assert_eq!(spec.image, "sandgate/python");
-    assert_eq!(spec.limits.timeout_ms, 1500);
-    assert!(spec.limits.pids >= gateway::app::floor::MIN_PIDS);
-    assert_eq!(spec.job.argv, ["python3", "/tmp/sandgate/main.py"]);
-    let paths: Vec<&str> = spec.job.files.iter().map(|f| f.path.as_str()).collect();
-    assert_eq!(paths, ["/tmp/sandgate/main.py", "/workspace/data/in.csv"]);
-    let env: Vec<&String> = spec.job.env.keys().collect();
+    let (plan, job) = &specs[0];
+    let job = job.as_ref().expect("the job was handed over");
+    assert_eq!(plan.runtime, "runsc");
+    assert_eq!(plan.image, "sandgate/python");
+    assert_eq!(plan.limits.memory_mb, 100);
+    assert!(plan.limits.pids >= gateway::app::floor::MIN_PIDS);
+    assert_eq!(job.argv, ["python3", "/workspace/main.py"]);
+    let paths: Vec<&str> = job.files.iter().map(|f| f.path.as_str()).collect();
+    assert_eq!(paths, ["/workspace/main.py", "/workspace/data/in.csv"]);
+    let env: Vec<&String> = job.env.as_ref().unwrap().keys().collect();
     assert!(
         env.iter()
             .all(|k| !k.contains("SANDGATE") && !k.contains("DATABASE")),
@@ -266,6 +316,8 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         outputs_skipped: sqlx::types::Json(json!([])),
         outputs_truncated: false,
         purged_at: None,
+        start: None,
+        container: None,
     };
     let event = gateway::audit::NewEvent {
         kind: "execution.decision",
@@ -285,12 +337,22 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
     runtime.containers.lock().unwrap().extend([
         SandboxInfo {
             container_id: "c-orphan".into(),
-            execution_id: "ex_orphan".into(),
+            name: "sandgate-ex_orphan".into(),
+            owner: Owner::Execution("ex_orphan".into()),
+            instance: Some(instance.into()),
+        },
+        SandboxInfo {
+            container_id: "c-pooled-before-a-restart".into(),
+            name: "sandgate-sb_old".into(),
+            owner: Owner::Pool {
+                language: "python".into(),
+            },
             instance: Some(instance.into()),
         },
         SandboxInfo {
             container_id: "c-someone-else".into(),
-            execution_id: "ex_other".into(),
+            name: "sandgate-ex_other".into(),
+            owner: Owner::Execution("ex_other".into()),
             instance: Some("gw_another_gateway".into()),
         },
     ]);
@@ -470,5 +532,144 @@ async fn control_characters_in_free_text_fields_are_400_not_503() {
         assert_eq!(answer["error"]["code"], "invalid_request");
     }
     assert_eq!(runtime.runs.load(Ordering::SeqCst), 0);
+    h.shutdown.cancel();
+}
+
+impl FakeRuntime {
+    /// Waits until the pool has started `count` sandboxes of this memory size.
+    async fn pooled(&self, count: usize, memory_mb: u64) {
+        for _ in 0..400 {
+            let started = self
+                .specs
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|(plan, _)| {
+                    matches!(plan.owner, Owner::Pool { .. }) && plan.limits.memory_mb == memory_mb
+                })
+                .count();
+            if started >= count {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the pool never started {count} sandboxes of {memory_mb} MB");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_sandbox_serves_a_decision_of_its_shape_and_others_run_cold() {
+    let runtime = Arc::new(FakeRuntime::default());
+    let h = start(runtime.clone(), |config| {
+        config.warm_pool = [("bash".to_owned(), 1)].into();
+    })
+    .await;
+    runtime.pooled(1, 512).await;
+    // acme's decision: 512 MB, 1 CPU, 256 pids, 256 MB disk: the seeded shape.
+    let (status, warm) = h
+        .execute(json!({"language": "bash", "code": "true", "limits": {"timeout_ms": 2000}}))
+        .await;
+    assert_eq!(status, 200, "{warm}");
+    assert_eq!(warm["start"], "warm", "{warm}");
+    let container = warm["container"].as_str().unwrap();
+    assert!(container.starts_with("sandgate-sb_"), "{warm}");
+    {
+        let specs = runtime.specs.lock().unwrap();
+        let (plan, job) = specs
+            .iter()
+            .find(|(plan, _)| plan.container_name() == container)
+            .unwrap();
+        assert_eq!(
+            plan.owner,
+            Owner::Pool {
+                language: "bash".into()
+            }
+        );
+        assert_eq!(
+            plan.waits,
+            gateway::runtime::Waits::Pool(gateway::runtime::PoolRunner::Plain)
+        );
+        let job = job.as_ref().expect("the claim handed the job over");
+        assert_eq!(job.argv, ["bash", "/workspace/main.sh"]);
+    }
+    // Another shape runs cold, and the pool is re-shaped to it.
+    let (status, cold) = h
+        .execute(json!({"language": "bash", "code": "true", "limits": {"memory_mb": 256}}))
+        .await;
+    assert_eq!(status, 200, "{cold}");
+    assert_eq!(cold["start"], "cold", "{cold}");
+    assert_eq!(
+        cold["container"],
+        format!("sandgate-{}", cold["id"].as_str().unwrap())
+    );
+    runtime.pooled(1, 256).await;
+    let (_, again) = h
+        .execute(json!({"language": "bash", "code": "true", "limits": {"memory_mb": 256}}))
+        .await;
+    assert_eq!(again["start"], "warm", "{again}");
+    h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pooled_sandbox_that_died_waiting_is_never_handed_out() {
+    let runtime = Arc::new(FakeRuntime {
+        pooled_die: true,
+        ..FakeRuntime::default()
+    });
+    let h = start(runtime.clone(), |config| {
+        config.warm_pool = [("bash".to_owned(), 1)].into();
+    })
+    .await;
+    // Each pooled sandbox ends 50 ms after it is ready; the pool replaces it.
+    runtime.pooled(3, 512).await;
+    for _ in 0..5 {
+        let (status, body) = h.execute(json!({"language": "bash", "code": "true"})).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["status"], "succeeded", "{body}");
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        if body["start"] == "warm" {
+            // Claimed within its 50 ms of life: it must have run the job, not died first.
+            let specs = runtime.specs.lock().unwrap();
+            let (_, job) = specs
+                .iter()
+                .find(|(plan, _)| plan.container_name() == body["container"].as_str().unwrap())
+                .unwrap();
+            assert!(job.is_some(), "{body}");
+        }
+    }
+    h.shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failing_pool_is_not_ready_and_executions_run_cold() {
+    let runtime = Arc::new(FakeRuntime {
+        fail: true,
+        ..FakeRuntime::default()
+    });
+    let h = start(runtime.clone(), |config| {
+        config.warm_pool = [("bash".to_owned(), 1)].into();
+    })
+    .await;
+    let mut ready = serde_json::Value::Null;
+    for _ in 0..200 {
+        ready = h
+            .http
+            .get(format!("{}/readyz", h.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ready["checks"]["warm_pool"]["ok"] == json!(false) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(ready["checks"]["warm_pool"]["ok"], json!(false), "{ready}");
+    assert!(
+        ready["missing"].to_string().contains("warm_pool"),
+        "{ready}"
+    );
     h.shutdown.cancel();
 }

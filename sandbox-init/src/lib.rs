@@ -74,6 +74,7 @@
 pub mod bridge;
 pub mod exec;
 pub mod files;
+pub mod pool;
 pub mod process;
 pub mod spec;
 
@@ -97,25 +98,16 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 pub const EXIT_INIT_ERROR: u8 = 125;
 /// First argument that selects the exec trampoline.
 pub const EXEC_MODE: &str = "exec";
-/// Starts the trailer `\0sandgate-exit:<nonce>:<code>\n` that the init writes last on stderr
-/// when the spec carries an `exit_nonce`: the gateway's proof that the init itself saw the end
-/// (without it, the sandbox died under the program, e.g. gVisor's own kernel giving up on a
-/// fork bomb). The program cannot forge it: the nonce reaches only the init, on stdin, and the
-/// init makes itself non-dumpable first, so the program cannot read its memory.
-pub const EXIT_TRAILER_PREFIX: &[u8] = b"\0sandgate-exit:";
-
-/// The trailer for `nonce` and `code`.
-pub fn exit_trailer(nonce: &str, code: u8) -> Vec<u8> {
-    let mut trailer = EXIT_TRAILER_PREFIX.to_vec();
-    trailer.extend_from_slice(format!("{nonce}:{code}\n").as_bytes());
-    trailer
-}
+pub use sandbox_protocol::{exit_trailer, EXIT_TRAILER_PREFIX};
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Mode {
     /// No arguments: be PID 1 for the job on stdin.
     Init,
+    /// `pool [python [MODULE...]]`: be PID 1 of a pooled sandbox, waiting for its job
+    /// ([`pool`]).
+    Pool(pool::Runner),
     /// `exec -- PROGRAM [ARG...]`: the trampoline.
     Exec(Vec<OsString>),
 }
@@ -125,6 +117,9 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
     let mut args = args.into_iter();
     match args.next() {
         None => Ok(Mode::Init),
+        Some(mode) if mode == sandbox_protocol::POOL_MODE => {
+            pool::Runner::parse(args).map(Mode::Pool)
+        }
         Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
             Ok(Mode::Exec(args.collect()))
         }
@@ -147,8 +142,10 @@ pub enum InitError {
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
-    #[error("unexpected arguments: run with none (or `exec -- PROGRAM [ARG...]`)")]
+    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]` or `exec -- PROGRAM [ARG...]`")]
     Args,
+    #[error(transparent)]
+    Pool(pool::PoolError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
 }
@@ -164,20 +161,23 @@ impl InitError {
 }
 
 /// Does everything described in the crate docs; returns the exit code for the init (the
-/// program's) or the error to report.
-/// `exit_nonce` receives the spec's nonce as soon as the spec is parsed.
-pub fn run(stdin: impl BufRead, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
+/// program's) or the error to report. `exit_nonce` receives the job's nonce as soon as the job
+/// is parsed.
+pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
     // Before anything secret is read: the program (same uid) must not read this process's
     // memory or file descriptors through /proc or ptrace.
     nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
-    // First, so that a SIGTERM arriving while the spec is read stays pending (PID 1 would
+    // First, so that a SIGTERM arriving while the job is read stays pending (PID 1 would
     // otherwise drop it) and reaches the program as soon as it runs.
     let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
-    let line = spec::read_spec_line(stdin, spec::MAX_SPEC_LINE).map_err(InitError::Spec)?;
-    let job = spec::parse_job(&line).map_err(InitError::Spec)?;
-    drop(line);
+    let (job, runner) = match mode {
+        None => (read_job(std::io::stdin().lock())?, None),
+        Some(runner) => {
+            let waiting = pool::Waiting::start(&supervisor, runner).map_err(InitError::Pool)?;
+            waiting.job(&supervisor).map_err(InitError::Pool)?
+        }
+    };
     exit_nonce.clone_from(&job.exit_nonce);
-    files::write_files(&job.files).map_err(InitError::Files)?;
     let spec::Job {
         argv,
         cwd,
@@ -186,19 +186,33 @@ pub fn run(stdin: impl BufRead, exit_nonce: &mut Option<String>) -> Result<u8, I
         proxy,
         exit_nonce: _,
     } = job;
+    files::write_files(&files).map_err(InitError::Files)?;
     drop(files);
     // The init itself moves into cwd and the trampoline inherits it: a missing cwd is an init
     // error (125), not a 127 from the exec, and a relative argv[0] ("./run.sh") is from cwd.
-    std::env::set_current_dir(&cwd).map_err(|err| InitError::Cwd { cwd, err })?;
+    std::env::set_current_dir(&cwd).map_err(|err| InitError::Cwd {
+        cwd: cwd.clone(),
+        err,
+    })?;
     if let Some(proxy) = &proxy {
         bridge::start(proxy).map_err(InitError::Bridge)?;
     }
-
-    let child = supervisor
-        .spawn(&argv, env.as_ref())
-        .map_err(InitError::Supervise)?;
+    let child = match runner {
+        Some(runner) => runner
+            .hand_over(&argv, &cwd, env)
+            .map_err(InitError::Pool)?,
+        None => supervisor
+            .spawn(&argv, env.as_ref())
+            .map_err(InitError::Supervise)?,
+    };
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
     Ok(outcome.exit_code())
+}
+
+/// Reads and validates the one job line.
+pub fn read_job(stdin: impl BufRead) -> Result<spec::Job, InitError> {
+    let line = spec::read_spec_line(stdin, spec::MAX_SPEC_LINE).map_err(InitError::Spec)?;
+    spec::parse_job(&line).map_err(InitError::Spec)
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ fn main() -> ExitCode {
     let mut exit_nonce = None;
     let result =
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
-            Mode::Init => sandbox_init::run(std::io::stdin().lock(), &mut exit_nonce),
+            Mode::Init => sandbox_init::run(None, &mut exit_nonce),
+            Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut exit_nonce),
             // Returns only if the exec failed.
             Mode::Exec(argv) => Err(InitError::Exec(sandbox_init::exec::exec(&argv))),
         });

@@ -114,6 +114,7 @@ impl Supervisor {
             signals.add(signal);
         }
         signals.add(Signal::SIGCHLD);
+        signals.add(WAKE_SIGNAL);
         signals.thread_block().map_err(SuperviseError::Block)?;
         // As PID 1 this changes nothing; when something else is PID 1 (tests, `docker --init`)
         // it makes orphans re-parent to us, so the reaping below stays the same. Failing to
@@ -131,19 +132,50 @@ impl Supervisor {
         argv: &[String],
         env: Option<&BTreeMap<String, String>>,
     ) -> Result<Child, SuperviseError> {
-        let mut command = trampoline(argv);
+        let mut command = trampoline(argv, Stdio::null());
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
         command.spawn().map_err(SuperviseError::Spawn)
     }
 
+    /// As [`Supervisor::spawn`] with the init's environment, but stdin is a pipe the caller
+    /// writes (the resident runner of a pooled sandbox reads its job there).
+    pub fn spawn_piped(&self, argv: &[String]) -> Result<Child, SuperviseError> {
+        trampoline(argv, Stdio::piped())
+            .spawn()
+            .map_err(SuperviseError::Spawn)
+    }
+
+    /// Forwards signals and reaps until `arrived()` says yes after a [`WAKE_SIGNAL`] (`None`),
+    /// or the child exits first (its outcome).
+    pub fn until(
+        &self,
+        child: &mut Child,
+        mut arrived: impl FnMut() -> bool,
+    ) -> Result<Option<Outcome>, SuperviseError> {
+        let pid = pid_of(child)?;
+        loop {
+            match self.signals.wait().map_err(SuperviseError::Wait)? {
+                WAKE_SIGNAL => {
+                    if arrived() {
+                        return Ok(None);
+                    }
+                }
+                Signal::SIGCHLD => {
+                    if let Some(outcome) = reap(child, pid)? {
+                        return Ok(Some(outcome));
+                    }
+                }
+                signal => forward(pid, signal),
+            }
+        }
+    }
+
     /// Forwards signals and reaps every child until the program exits, then SIGKILLs the
     /// program's process group (its leftover background processes) and returns how it ended.
     pub fn run(&self, mut child: Child) -> Result<Outcome, SuperviseError> {
-        let raw_pid = child.id();
-        let pid =
-            Pid::from_raw(i32::try_from(raw_pid).map_err(|_| SuperviseError::BadPid(raw_pid))?);
+        let pid = pid_of(&child)?;
         loop {
             match self.signals.wait().map_err(SuperviseError::Wait)? {
                 Signal::SIGCHLD => {
@@ -158,17 +190,28 @@ impl Supervisor {
     }
 }
 
+/// Sent by the init to itself when something it waits for has arrived (see [`Supervisor::until`]);
+/// blocked with the rest, so it only ever wakes the loop.
+pub const WAKE_SIGNAL: Signal = Signal::SIGUSR1;
+
+fn pid_of(child: &Child) -> Result<Pid, SuperviseError> {
+    let raw_pid = child.id();
+    Ok(Pid::from_raw(
+        i32::try_from(raw_pid).map_err(|_| SuperviseError::BadPid(raw_pid))?,
+    ))
+}
+
 /// The init binary itself, by a path that works even if its mount point name changes.
 pub const TRAMPOLINE: &str = "/proc/self/exe";
 
-fn trampoline(argv: &[String]) -> Command {
+fn trampoline(argv: &[String], stdin: Stdio) -> Command {
     let mut command = Command::new(TRAMPOLINE);
     command
         .arg0("sandgate-init")
         .arg(crate::EXEC_MODE)
         .arg("--")
         .args(argv)
-        .stdin(Stdio::null())
+        .stdin(stdin)
         .stdout(Stdio::inherit())
         .stderr(Stdio::inherit())
         .process_group(0);

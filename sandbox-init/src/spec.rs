@@ -3,18 +3,15 @@
 //! Everything here is pure (no file system, no processes) so that the trust boundary, notably
 //! file-name validation, can be tested exhaustively.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 
 use base64::Engine as _;
-use serde::Deserialize;
 use thiserror::Error;
 
 mod proxy;
 
-use proxy::WireProxy;
 pub use proxy::{validate_listen, validate_socket_path, ListenError, Proxy, MAX_SOCKET_PATH_LEN};
 
 /// Longest accepted spec line, in bytes, not counting the final newline.
@@ -32,33 +29,9 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Highest accepted file mode: permission bits only, no setuid, setgid or sticky bit.
 pub const MAX_FILE_MODE: u32 = 0o777;
 
-/// The wire form, exactly as the gateway sends it. File contents borrow from the line (when
-/// they hold no JSON escape, which base64 never needs) so that a large spec is not held twice.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WireJob<'a> {
-    argv: Vec<String>,
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    env: Option<BTreeMap<String, String>>,
-    #[serde(default, borrow)]
-    files: Vec<WireFile<'a>>,
-    #[serde(default)]
-    proxy: Option<WireProxy>,
-    #[serde(default)]
-    exit_nonce: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct WireFile<'a> {
-    path: String,
-    #[serde(borrow)]
-    content_b64: Cow<'a, str>,
-    #[serde(default)]
-    mode: Option<u32>,
-}
+/// The wire form is [`sandbox_protocol::Job`], the one definition both sides share.
+type WireJob<'a> = sandbox_protocol::Job<'a>;
+type WireFile<'a> = sandbox_protocol::JobFile<'a>;
 
 /// A validated job: safe to act on.
 #[derive(Debug, PartialEq, Eq)]

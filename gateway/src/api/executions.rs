@@ -47,6 +47,12 @@ pub struct ExecutionView {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// `warm` (a pooled sandbox) or `cold`; absent until it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start: Option<String>,
+    /// The container that ran it (`sandgate-...`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// Set for status `error`; the detail stays in the gateway's log and audit store.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -102,6 +108,8 @@ impl From<ExecutionRow> for ExecutionView {
             created_at: row.created_at,
             started_at: row.started_at,
             finished_at: row.finished_at,
+            start: row.start,
+            container: row.container,
         }
     }
 }

@@ -67,6 +67,8 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
             ))
         },
     );
+    // Not ready: requests still succeed, cold (the pool's failure is its cause).
+    check("warm_pool".to_owned(), app.pool.readiness());
     let missing: Vec<&String> = checks
         .iter()
         .filter(|(_, value)| value["ok"] == json!(false))

@@ -11,11 +11,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use policy_engine::{PolicyInput, Reason, RequestedLimits};
+use policy_engine::{PolicyInput, Reason};
 
-use super::executions::{ExecutionRequest, FileUpload};
 use super::floor::Runnable;
 use super::refusals::Refusal;
+use super::request::{ExecutionRequest, FileUpload};
 use super::validate::decode_files;
 use super::{App, AppError};
 use crate::audit::approvals::{ApprovalRow, Held, NewApproval, PendingCaps, Verdict};
@@ -298,17 +298,18 @@ impl App {
             .ok_or_else(|| broken("request", &"missing"))
             .and_then(|v| serde_json::from_value(v).map_err(|err| broken("request", &err)))?;
         let files = decode_files(&stored.files)?;
-        let request = ExecutionRequest {
+        let program = super::launch::Program {
             language: stored.language,
             code: stored.code,
-            files: Vec::new(),
-            network: Vec::new(),
-            mounts: Vec::new(),
-            limits: RequestedLimits::default(),
-            labels: Default::default(),
-            wait: false,
+            files,
         };
-        self.launch_reviewed(row, &request, files, runnable, live, ticket);
+        self.launch(super::launch::Launch {
+            row,
+            program,
+            runnable,
+            live,
+            ticket,
+        });
         Ok(())
     }
 

@@ -4,13 +4,17 @@
 pub mod approvals;
 pub mod executions;
 pub mod floor;
+pub mod home;
 pub mod keys;
+pub mod launch;
 pub mod listing;
 pub mod payloads;
 pub mod policy;
+pub mod pool;
 pub mod reaper;
 pub mod refusals;
 pub mod replay;
+pub mod request;
 pub mod scheduler;
 pub mod stream;
 pub mod validate;
@@ -52,6 +56,8 @@ pub struct App {
     pub scratch_root: PathBuf,
     /// Collected output files, `<outputs_root>/<execution id>/<path>`.
     pub outputs_root: PathBuf,
+    /// Sandboxes started ahead (`warm_pool`); empty when off.
+    pub pool: Arc<pool::WarmPool>,
 }
 
 impl std::fmt::Debug for App {
@@ -77,7 +83,13 @@ impl App {
             let path = config.data_dir.join(name);
             std::path::absolute(&path).unwrap_or(path)
         };
+        let pool = pool::WarmPool::new(
+            config.warm_pool.clone(),
+            config.python_preload.clone(),
+            |language| seed_shape(&config, language),
+        );
         App {
+            pool,
             egress,
             egress_root: under_data("egress"),
             scratch_root: under_data("scratch"),
@@ -99,6 +111,29 @@ impl App {
             config,
         }
     }
+}
+
+/// The shape a language's pool starts with: its image, the first configured backend's runtime
+/// (`gvisor` if configured), `warm_pool_limits`.
+fn seed_shape(config: &Config, language: &str) -> Option<pool::Shape> {
+    let image = config.images.get(language)?.clone();
+    let backend = config
+        .backends
+        .get("gvisor")
+        .or_else(|| config.backends.values().next())?;
+    let w = &config.warm_pool_limits;
+    Some(pool::Shape {
+        image,
+        runtime: backend.runtime.clone(),
+        limits: policy_engine::Limits {
+            timeout_ms: 0,
+            output_bytes: 0,
+            memory_mb: w.memory_mb.min(config.ceilings.memory_mb),
+            cpus: w.cpus.min(config.ceilings.cpus),
+            pids: w.pids.min(config.ceilings.pids).max(floor::MIN_PIDS),
+            disk_mb: w.disk_mb.min(config.ceilings.disk_mb),
+        },
+    })
 }
 
 /// Errors of the use cases, mapped to HTTP by `api::error`.

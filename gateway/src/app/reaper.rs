@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use super::App;
+use crate::runtime::Owner;
 
 /// Time between two sweeps.
 pub const INTERVAL: Duration = Duration::from_secs(30);
@@ -172,6 +173,11 @@ pub struct SweepReport {
     pub purged: usize,
 }
 
+/// The sandbox id a container name carries (`sandgate-<id>`).
+fn sandbox_id(name: &str) -> &str {
+    name.strip_prefix("sandgate-").unwrap_or(name)
+}
+
 pub async fn sweep(app: &App) -> SweepReport {
     let mut report = SweepReport::default();
     match app.runtime.list().await {
@@ -181,11 +187,15 @@ pub async fn sweep(app: &App) -> SweepReport {
                     continue;
                 }
                 // Asked now, after the listing: a sandbox is created only once its execution
-                // is tracked, so one that is listed and not tracked has no owner.
-                let keep = match app.live.deadline(&sandbox.execution_id) {
-                    Some(Some(deadline)) => Instant::now() < deadline + GRACE,
-                    Some(None) => true,
-                    None => false,
+                // is tracked (or the pool holds its id), so one that is listed and neither
+                // tracked nor held has no owner.
+                let keep = match &sandbox.owner {
+                    Owner::Execution(id) => match app.live.deadline(id) {
+                        Some(Some(deadline)) => Instant::now() < deadline + GRACE,
+                        Some(None) => true,
+                        None => false,
+                    },
+                    Owner::Pool { .. } => app.pool.holds(sandbox_id(&sandbox.name)),
                 };
                 if keep {
                     continue;
@@ -193,7 +203,7 @@ pub async fn sweep(app: &App) -> SweepReport {
                 match app.runtime.destroy(&sandbox.container_id).await {
                     Ok(()) => report.containers += 1,
                     Err(err) => tracing::error!(
-                        execution_id = %sandbox.execution_id,
+                        container = %sandbox.name,
                         error = %err,
                         "reaper could not remove a sandbox"
                     ),
@@ -212,8 +222,9 @@ pub async fn sweep(app: &App) -> SweepReport {
     }
     let scratch = app.scratch_root.clone();
     let live = Arc::clone(&app.live);
+    let pool = Arc::clone(&app.pool);
     report.output_areas = tokio::task::spawn_blocking(move || {
-        crate::outputs::sweep(&scratch, |id| live.contains(id))
+        crate::outputs::sweep(&scratch, |id| live.contains(id) || pool.holds(id))
     })
     .await
     .unwrap_or(0);

@@ -110,6 +110,13 @@ impl Scheduler {
         Ok(Ticket::Waiting(Arc::clone(self), rx))
     }
 
+    /// Whether an execution could start now (nothing waits and a slot is free): the warm pool
+    /// starts sandboxes only then.
+    pub fn has_free_slot(&self) -> bool {
+        let state = self.lock();
+        state.running < self.max_running && state.waiting == 0
+    }
+
     fn release(&self) {
         let mut state = self.lock();
         state.running -= 1;

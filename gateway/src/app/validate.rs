@@ -3,7 +3,7 @@
 
 use base64::Engine as _;
 
-use super::executions::{ExecutionRequest, FileUpload};
+use super::request::{ExecutionRequest, FileUpload};
 use super::AppError;
 
 const MAX_FILES: usize = 256;

@@ -70,6 +70,10 @@ pub struct ExecutionRow {
     pub outputs_truncated: bool,
     /// When retention removed stdout, stderr and the output files.
     pub purged_at: Option<DateTime<Utc>>,
+    /// `warm` (a pooled sandbox) or `cold`; unset until it runs.
+    pub start: Option<String>,
+    /// The container that ran it.
+    pub container: Option<String>,
 }
 
 /// How an execution ended, written once the sandbox is gone.
@@ -174,12 +178,24 @@ impl AuditStore {
         Ok(())
     }
 
-    pub async fn mark_running(&self, id: &str, at: DateTime<Utc>) -> Result<(), AuditError> {
-        sqlx::query("UPDATE executions SET status = 'running', started_at = $2 WHERE id = $1")
-            .bind(id)
-            .bind(at)
-            .execute(&self.pool)
-            .await?;
+    /// The run began, in this container, started warm or cold.
+    pub async fn mark_running(
+        &self,
+        id: &str,
+        at: DateTime<Utc>,
+        start: &str,
+        container: &str,
+    ) -> Result<(), AuditError> {
+        sqlx::query(
+            "UPDATE executions SET status = 'running', started_at = $2, start = $3, \
+             container = $4 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(at)
+        .bind(start)
+        .bind(container)
+        .execute(&self.pool)
+        .await?;
         Ok(())
     }
 

@@ -1,7 +1,12 @@
 //! The container runtime seam: what the gateway needs from a sandbox, and nothing about Docker.
-//! `docker.rs` is the only file that imports bollard.
+//! Only `docker/` imports bollard.
+//!
+//! A sandbox is described by a [`SandboxPlan`] (what it is, fixed at creation) and started
+//! with [`SandboxRuntime::start`]; it then waits for its job. [`Sandbox::run`] hands the job
+//! over and runs it under a [`RunControl`] (deadline, output cap, live sink, cancel) to an
+//! [`Ending`]. A cold execution starts its sandbox and runs it at once; a warm one claims a
+//! sandbox the pool started earlier. Both run through the same [`Sandbox::run`].
 
-pub mod cleanup;
 pub mod docker;
 
 use std::collections::BTreeMap;
@@ -15,41 +20,24 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use policy_engine::Limits;
+pub use sandbox_protocol::{ExitTrailer, Job, JobFile, JobProxy};
 
-/// Label carried by every sandbox container; its value is the execution id.
+/// Label carried by a sandbox started for one execution; its value is the execution id.
 pub const EXECUTION_LABEL: &str = "sandgate.execution";
-/// Label naming the gateway instance that created the container.
+/// Label carried by a sandbox the warm pool started; its value is the language.
+pub const POOL_LABEL: &str = "sandgate.pool";
+/// Label naming the gateway instance that created the container (every sandbox has it).
 pub const INSTANCE_LABEL: &str = "sandgate.instance";
 /// Where the `sandbox-init` binary is mounted, read-only, inside every sandbox.
 pub const INIT_PATH: &str = "/sandgate/init";
-
-/// What `sandbox-init` reads from its stdin: one JSON line.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct JobSpec {
-    pub argv: Vec<String>,
-    pub cwd: String,
-    pub env: BTreeMap<String, String>,
-    pub files: Vec<JobFile>,
-    /// The in-sandbox bridge to the egress socket; absent without a network grant.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub proxy: Option<JobProxy>,
-    /// Set by the runtime per run: the secret that authenticates sandbox-init's exit trailer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub exit_nonce: Option<String>,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct JobProxy {
-    pub listen: String,
-    pub socket: String,
-}
-
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct JobFile {
-    pub path: String,
-    pub content_b64: String,
-    pub mode: u32,
-}
+/// Inside the sandbox: the directory holding the egress socket, the socket, and the bridge.
+pub const SANDBOX_SOCKET_DIR: &str = "/run/sandgate";
+pub const SANDBOX_SOCKET: &str = "/run/sandgate/egress.sock";
+pub const SANDBOX_PROXY_LISTEN: &str = "127.0.0.1:3128";
+/// Where the output area is mounted inside the sandbox.
+pub const OUTPUT_PATH: &str = "/output";
+/// The working directory, where uploaded files and the program land.
+pub const WORKSPACE: &str = "/workspace";
 
 /// A host directory mounted read-only into the sandbox (a dataset).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -58,34 +46,92 @@ pub struct ReadOnlyMount {
     pub target: String,
 }
 
-/// Everything needed to run one sandbox.
+/// Whose a sandbox is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owner {
+    /// Started for this execution (cold).
+    Execution(String),
+    /// Started ahead by the warm pool for this language; no execution yet.
+    Pool { language: String },
+}
+
+/// What waits in a sandbox for its job.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Waits {
+    /// Only the init: the job follows the start at once (cold).
+    Init,
+    /// A pooled init, waiting as a resident runner (`sandbox-init pool ...`).
+    Pool(PoolRunner),
+}
+
+/// The resident runner of a pooled sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PoolRunner {
+    /// The init alone waits; it spawns the program when the job arrives.
+    Plain,
+    /// A Python interpreter with these modules imported runs the program itself.
+    Python { preload: Vec<String> },
+}
+
+impl PoolRunner {
+    /// The init's arguments (see `sandbox_protocol::POOL_MODE`).
+    pub fn init_args(&self) -> Vec<String> {
+        let mut args = vec![sandbox_protocol::POOL_MODE.to_owned()];
+        if let PoolRunner::Python { preload } = self {
+            args.push(sandbox_protocol::PYTHON_RUNNER_NAME.to_owned());
+            args.extend(preload.iter().cloned());
+        }
+        args
+    }
+}
+
+/// What a sandbox is, fixed when it is created: image, runtime, the container limits (memory,
+/// CPU, pids, disk), mounts, its egress socket directory and output area, its environment.
 #[derive(Debug, Clone)]
-pub struct SandboxSpec {
-    pub execution_id: String,
+pub struct SandboxPlan {
+    /// Names the sandbox (`sandgate-<id>` is the container) and its host directories.
+    pub id: String,
+    pub owner: Owner,
     pub instance: String,
     pub image: String,
     /// Docker runtime name (`runsc`).
     pub runtime: String,
     pub init_binary: PathBuf,
+    /// Container limits; `timeout_ms` and `output_bytes` are the run's ([`RunControl`]).
     pub limits: Limits,
     pub mounts: Vec<ReadOnlyMount>,
-    /// The execution's egress socket directory, mounted at `/run/sandgate`: the one host path
-    /// a sandbox may reach that is not read-only data.
-    pub egress_dir: Option<PathBuf>,
-    /// The execution's output area on the host, mounted at `/output`; `None`: a tmpfs inside
-    /// the sandbox whose contents are discarded.
-    pub output_dir: Option<PathBuf>,
-    pub job: JobSpec,
+    /// The sandbox's egress socket directory, mounted at `/run/sandgate`: the one host path a
+    /// sandbox may reach that is not read-only data. Empty until a grant is served in it.
+    pub egress_dir: PathBuf,
+    /// The sandbox's output area on the host (a tmpfs of its own), mounted at `/output`.
+    pub output_dir: PathBuf,
+    /// The container's environment (the init's; a job may replace the program's).
+    pub env: BTreeMap<String, String>,
+    pub waits: Waits,
+}
+
+impl SandboxPlan {
+    /// The container's name.
+    pub fn container_name(&self) -> String {
+        container_name(&self.id)
+    }
+}
+
+/// The container name of sandbox `id`.
+pub fn container_name(id: &str) -> String {
+    format!("sandgate-{id}")
+}
+
+/// The control handles of one run: none of it is known before the execution claims a sandbox.
+#[derive(Debug, Clone)]
+pub struct RunControl {
+    pub timeout: Duration,
+    /// Bytes of stdout, and of stderr, kept.
+    pub output_cap: usize,
     /// Receives every byte of output that is kept, as it arrives (for streaming).
     pub sink: Option<Arc<dyn OutputSink>>,
     /// Fires when the execution is cancelled: the sandbox is killed at once.
     pub cancel: CancellationToken,
-}
-
-impl SandboxSpec {
-    pub fn timeout(&self) -> Duration {
-        Duration::from_millis(self.limits.timeout_ms)
-    }
 }
 
 /// Which stream output came from.
@@ -124,102 +170,52 @@ impl CappedOutput {
     }
 }
 
-/// The longest code a trailer carries (0..=255).
-const TRAILER_DIGITS: usize = 3;
-
-/// Takes sandbox-init's exit trailer, `\0sandgate-exit:<nonce>:<code>\n` (see its crate docs),
-/// out of the stderr stream. Only a trailer with this run's nonce counts: the program never
-/// learns the nonce, so it cannot forge one. Bytes that might begin the trailer (from a NUL on)
-/// are held back until they cannot, so it never reaches the record or the event stream, and
-/// ordinary stderr (which holds no NUL) is passed on at once.
-#[derive(Debug)]
-pub struct ExitTrailer {
-    prefix: Vec<u8>,
-    held: Vec<u8>,
-    code: Option<u8>,
-}
-
-impl ExitTrailer {
-    pub fn new(nonce: &str) -> ExitTrailer {
-        ExitTrailer {
-            prefix: format!("\0sandgate-exit:{nonce}:").into_bytes(),
-            held: Vec::new(),
-            code: None,
-        }
-    }
-
-    /// Feeds a stderr chunk; returns what may be passed on.
-    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
-        if self.code.is_some() {
-            // After the trailer the init is gone: nothing that follows is the program's.
-            return Vec::new();
-        }
-        self.held.extend_from_slice(chunk);
-        let mut last_nul = None;
-        let mut from = 0;
-        while let Some(offset) = self.held[from..].iter().position(|byte| *byte == 0) {
-            let start = from + offset;
-            if let Some(code) = complete_trailer(&self.prefix, &self.held[start..]) {
-                self.code = Some(code);
-                let released = self.held[..start].to_vec();
-                self.held.clear();
-                return released;
-            }
-            last_nul = Some(start);
-            from = start + 1;
-        }
-        match last_nul {
-            Some(start) if could_begin_trailer(&self.prefix, &self.held[start..]) => {
-                let tail = self.held.split_off(start);
-                std::mem::replace(&mut self.held, tail)
-            }
-            _ => std::mem::take(&mut self.held),
-        }
-    }
-
-    /// The end of the stream: what was held back, and the code if the trailer came.
-    pub fn finish(&mut self) -> (Vec<u8>, Option<u8>) {
-        (std::mem::take(&mut self.held), self.code)
-    }
-}
-
-fn complete_trailer(prefix: &[u8], bytes: &[u8]) -> Option<u8> {
-    let rest = bytes.strip_prefix(prefix)?;
-    let end = rest.iter().position(|byte| *byte == b'\n')?;
-    let digits = &rest[..end];
-    if digits.is_empty() || digits.len() > TRAILER_DIGITS {
-        return None;
-    }
-    std::str::from_utf8(digits).ok()?.parse().ok()
-}
-
-fn could_begin_trailer(prefix: &[u8], bytes: &[u8]) -> bool {
-    if bytes.len() <= prefix.len() {
-        return prefix.starts_with(bytes);
-    }
-    bytes.strip_prefix(prefix).is_some_and(|digits| {
-        digits.len() <= TRAILER_DIGITS && digits.iter().all(u8::is_ascii_digit)
-    })
-}
-
-/// How a sandbox ended.
-#[derive(Debug, Clone)]
-pub struct RunOutcome {
-    pub exit_code: Option<i64>,
-    pub timed_out: bool,
+/// How a run ended: exactly one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// sandbox-init reported the program's end with this code (the exit trailer).
+    Exited(u8),
+    /// The deadline passed: the sandbox was killed.
+    TimedOut,
     /// Stopped on request (`POST /v1/executions/{id}/cancel`).
-    pub cancelled: bool,
-    pub oom_killed: bool,
-    /// The exit code `sandbox-init` reported itself. `None` with neither timeout nor cancel:
-    /// the sandbox died under the program (gVisor's kernel gave up, or the container was killed).
-    pub init_exit: Option<i64>,
+    Cancelled,
+    /// The memory limit was hit (the runtime's OOM flag).
+    Oom { exit: Option<i64> },
+    /// sandbox-init never reported an end: the sandbox died under the program (gVisor's kernel
+    /// gave up, or the container was killed).
+    Died { container_exit: Option<i64> },
+}
+
+/// A finished run.
+#[derive(Debug, Clone)]
+pub struct Ran {
+    pub ending: Ending,
     /// The container is confirmed gone: nothing in the sandbox runs any more, so what it left
     /// (the output area) can no longer change under the gateway.
     pub removed: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
+    /// When the job was handed over, and how long the run took from there.
     pub started_at: DateTime<Utc>,
     pub duration: Duration,
+}
+
+/// A started sandbox, waiting for its job.
+pub trait Sandbox: Send + std::fmt::Debug {
+    /// The container's name.
+    fn name(&self) -> &str;
+    /// Resolves if the sandbox ends before it got a job (a pooled one that died waiting);
+    /// drops whatever it prints meanwhile. Cancel-safe: nothing is lost by dropping it.
+    fn closed(&mut self) -> BoxFuture<'_, ()>;
+    /// Hands the job over, keeps output under the control's cap until the program ends, the
+    /// deadline passes or the run is cancelled, and always removes the sandbox.
+    fn run(
+        self: Box<Self>,
+        job: Job<'static>,
+        control: RunControl,
+    ) -> BoxFuture<'static, Result<Ran, RuntimeError>>;
+    /// Removes the sandbox without running anything.
+    fn discard(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -251,15 +247,18 @@ pub struct RuntimeHealth {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxInfo {
     pub container_id: String,
-    pub execution_id: String,
+    /// The container's name, without Docker's leading `/`.
+    pub name: String,
+    pub owner: Owner,
     pub instance: Option<String>,
 }
 
 /// The one seam where a fake is allowed (fast tests of orchestration); security properties are
 /// only ever shown through the Docker implementation.
 pub trait SandboxRuntime: Send + Sync + 'static {
-    /// Creates, starts, waits for and always removes one sandbox.
-    fn run(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<RunOutcome, RuntimeError>>;
+    /// Creates and starts a sandbox that waits for its job. With [`Waits::Pool`] it returns
+    /// once the resident runner said it is ready; a sandbox that fails on the way is removed.
+    fn start(&self, plan: SandboxPlan) -> BoxFuture<'_, Result<Box<dyn Sandbox>, RuntimeError>>;
     /// Checks the daemon and which of `runtimes` it has registered.
     fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth>;
     /// Every sandbox container, whoever created it.
@@ -272,59 +271,6 @@ pub trait SandboxRuntime: Send + Sync + 'static {
 mod tests {
     use super::*;
 
-    const NONCE: &str = "n0nce";
-
-    fn through(chunks: &[&[u8]]) -> (Vec<u8>, Option<u8>) {
-        let mut trailer = ExitTrailer::new(NONCE);
-        let mut out = Vec::new();
-        for chunk in chunks {
-            out.extend(trailer.feed(chunk));
-        }
-        let (rest, code) = trailer.finish();
-        out.extend(rest);
-        (out, code)
-    }
-
-    #[test]
-    fn exit_trailer_is_taken_out_wherever_the_chunks_split() {
-        let stream = b"warn\n\0sandgate-exit:n0nce:137\n";
-        for split in 0..stream.len() {
-            let (before, after) = stream.split_at(split);
-            assert_eq!(
-                through(&[before, after]),
-                (b"warn\n".to_vec(), Some(137)),
-                "{split}"
-            );
-        }
-        // Byte by byte, too.
-        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
-        assert_eq!(through(&bytes), (b"warn\n".to_vec(), Some(137)));
-    }
-
-    #[test]
-    fn stderr_without_a_trailer_passes_through_and_says_so() {
-        assert_eq!(through(&[b"a\0b\n", b"c"]), (b"a\0b\nc".to_vec(), None));
-        assert_eq!(
-            through(&[b"x\0sandgate-ex"]),
-            (b"x\0sandgate-ex".to_vec(), None)
-        );
-        assert_eq!(
-            through(&[b"\0sandgate-exit:n0nce:1234\n"]),
-            (b"\0sandgate-exit:n0nce:1234\n".to_vec(), None)
-        );
-        // A trailer with another nonce (a forgery by the program) is ordinary stderr.
-        let forged: &[u8] = b"\0sandgate-exit:guess:0\n\0sandgate-exit:0\n";
-        assert_eq!(through(&[forged]), (forged.to_vec(), None));
-        // Ordinary text is released at once, not held back.
-        let mut trailer = ExitTrailer::new(NONCE);
-        assert_eq!(trailer.feed(b"line\n"), b"line\n");
-        // A NUL in the program's own output before the real trailer is kept.
-        assert_eq!(
-            through(&[b"\0\0data", b"\0sandgate-exit:n0nce:0\n"]),
-            (b"\0\0data".to_vec(), Some(0))
-        );
-    }
-
     #[test]
     fn capped_output_keeps_prefix_and_flags_truncation() {
         let mut out = CappedOutput::default();
@@ -335,5 +281,14 @@ mod tests {
         assert!(out.truncated);
         out.push(b"more", 8);
         assert_eq!(out.bytes, b"hello wo");
+    }
+
+    #[test]
+    fn pool_runners_name_their_init_arguments() {
+        assert_eq!(PoolRunner::Plain.init_args(), ["pool"]);
+        let python = PoolRunner::Python {
+            preload: vec!["pandas".into()],
+        };
+        assert_eq!(python.init_args(), ["pool", "python", "pandas"]);
     }
 }

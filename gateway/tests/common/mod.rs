@@ -22,6 +22,7 @@ use gateway::runtime::docker::DockerRuntime;
 pub mod egress;
 pub mod payloads;
 pub mod upstream;
+pub mod warm;
 
 const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
 
@@ -117,6 +118,9 @@ pub fn test_config(database_url: Option<String>, data_dir: &Path) -> Config {
         data_dir: data_dir.to_owned(),
         policy_dir: workspace_root().join("policies"),
         sandbox_init: Some(sandbox_init()),
+        // Cold unless a test asks for the pool (`warm_config`): a waiting Python sandbox costs
+        // seconds of CPU to preload, which every test binary would otherwise pay.
+        warm_pool: Default::default(),
         ..Config::default()
     };
     config.listen = "127.0.0.1:0".parse().unwrap();
@@ -131,6 +135,8 @@ pub struct TestGateway {
     pub server: JoinHandle<Result<(), gateway::ServeError>>,
     pub database_url: Option<String>,
     pub data_dir: tempfile::TempDir,
+    /// The warm pool's shape per language, in warm mode ([`warm`]).
+    pub mirror: warm::Mirror,
 }
 
 impl TestGateway {
@@ -178,6 +184,7 @@ impl TestGateway {
         )
         .unwrap();
         let mut config = test_config(database_url.clone(), data_dir.path());
+        warm::configure(&mut config);
         tweak(&mut config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -198,6 +205,7 @@ impl TestGateway {
             server,
             database_url,
             data_dir,
+            mirror: warm::Mirror::default(),
         };
         gw.wait_healthy().await;
         gw
@@ -262,7 +270,9 @@ impl TestGateway {
             .await
             .expect("request");
         let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let body = response.json().await.unwrap_or(Value::Null);
+        note_container(&body);
+        (status, body)
     }
 
     pub async fn get(&self, key: &str, path: &str) -> (u16, Value) {
@@ -274,7 +284,9 @@ impl TestGateway {
             .await
             .expect("request");
         let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
+        let body = response.json().await.unwrap_or(Value::Null);
+        note_container(&body);
+        (status, body)
     }
 
     /// Runs `code` and returns (HTTP status, body).
@@ -289,7 +301,14 @@ impl TestGateway {
         if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
             body.extend(extra.clone());
         }
-        self.post(key, "/v1/executions", &body).await
+        if self.mirror.pools(language, &body) {
+            warm::wait_for_waiting(&self.http, &self.url, language).await;
+        }
+        let (status, record) = self.post(key, "/v1/executions", &body).await;
+        if status == 200 && self.mirror.expect_warm(language, &body, &record) {
+            assert_eq!(record["start"], "warm", "expected a warm start: {record}");
+        }
+        (status, record)
     }
 
     /// Stops the gateway and hands back its data directory, for a restart.
@@ -313,8 +332,47 @@ impl TestGateway {
     }
 }
 
-/// Containers (running or not) labelled with this execution id.
+/// Container names the harness saw in records, by execution id (a pooled sandbox carries no
+/// execution label: its record names it).
+static CONTAINERS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+/// Remembers `record`'s container, if it names one.
+pub fn note_container(record: &Value) {
+    if let (Some(id), Some(container)) = (record["id"].as_str(), record["container"].as_str()) {
+        CONTAINERS
+            .lock()
+            .unwrap()
+            .push((id.to_owned(), container.to_owned()));
+    }
+}
+
+/// Containers (running or not) labelled with this execution id, or named in its record.
 pub fn containers_of(execution_id: &str) -> Vec<String> {
+    let named: Vec<String> = CONTAINERS
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|(id, _)| id == execution_id)
+        .map(|(_, container)| container.clone())
+        .collect();
+    let mut found: Vec<String> = named
+        .iter()
+        .flat_map(|name| {
+            let output = Command::new("docker")
+                .args(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")])
+                .output()
+                .expect("docker ps");
+            String::from_utf8_lossy(&output.stdout)
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    found.extend(containers_labelled(execution_id));
+    found
+}
+
+fn containers_labelled(execution_id: &str) -> Vec<String> {
     let output = Command::new("docker")
         .args([
             "ps",
@@ -337,8 +395,9 @@ pub fn docker_now() -> String {
     format!("{}.{:09}", now.timestamp(), now.timestamp_subsec_nanos())
 }
 
-/// Container-create events carrying `label` between `since` ([`docker_now`]) and now: proves
-/// no container was created, even one removed again at once.
+/// Names of the execution containers created with `label` between `since` ([`docker_now`])
+/// and now: proves no container was created for an execution, even one removed again at once.
+/// Sandboxes the warm pool starts (`sandgate-sb_*`, no execution yet) are not counted.
 pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
     let until = chrono::Utc::now().timestamp() + 1;
     let output = Command::new("docker")
@@ -355,13 +414,14 @@ pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
             "--filter",
             &format!("label={label}"),
             "--format",
-            "{{.Actor.ID}}",
+            "{{.Actor.Attributes.name}}",
         ])
         .output()
         .expect("docker events");
     assert!(output.status.success(), "docker events failed");
     String::from_utf8_lossy(&output.stdout)
         .lines()
+        .filter(|name| !name.starts_with("sandgate-sb_"))
         .map(str::to_owned)
         .collect()
 }

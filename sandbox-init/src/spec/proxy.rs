@@ -4,7 +4,6 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-use serde::Deserialize;
 use thiserror::Error;
 
 use super::{normal_components, shown, PathError, SpecError};
@@ -13,12 +12,7 @@ use super::{normal_components, shown, PathError, SpecError};
 pub const MAX_SOCKET_PATH_LEN: usize = 107;
 
 /// The wire form: both fields required, nothing else.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct WireProxy {
-    listen: String,
-    socket: String,
-}
+pub(super) type WireProxy = sandbox_protocol::JobProxy;
 
 /// The proxy bridge's settings, validated.
 #[derive(Debug, Clone, PartialEq, Eq)]

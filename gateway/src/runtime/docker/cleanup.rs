@@ -10,8 +10,10 @@ use bollard::Docker;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 
-use super::docker::bounded;
-use super::{RuntimeError, SandboxInfo, EXECUTION_LABEL, INSTANCE_LABEL};
+use super::call::bounded;
+use crate::runtime::{
+    Owner, RuntimeError, SandboxInfo, EXECUTION_LABEL, INSTANCE_LABEL, POOL_LABEL,
+};
 
 const REMOVE_ATTEMPTS: u32 = 3;
 
@@ -93,9 +95,9 @@ fn kill_runsc_processes(container_id: &str) -> usize {
     killed
 }
 
-/// Every container carrying the execution label.
+/// Every sandbox container: each carries the instance label, and an execution or pool label.
 pub async fn list(docker: &Docker) -> Result<Vec<SandboxInfo>, RuntimeError> {
-    let filters = HashMap::from([("label", vec![EXECUTION_LABEL])]);
+    let filters = HashMap::from([("label", vec![INSTANCE_LABEL])]);
     let options = ListContainersOptionsBuilder::new()
         .all(true)
         .filters(&filters)
@@ -105,9 +107,18 @@ pub async fn list(docker: &Docker) -> Result<Vec<SandboxInfo>, RuntimeError> {
         .into_iter()
         .filter_map(|c| {
             let labels = c.labels?;
+            let owner = match (labels.get(EXECUTION_LABEL), labels.get(POOL_LABEL)) {
+                (Some(execution), _) => Owner::Execution(execution.clone()),
+                (None, Some(language)) => Owner::Pool {
+                    language: language.clone(),
+                },
+                (None, None) => return None,
+            };
+            let name = c.names?.first()?.trim_start_matches('/').to_owned();
             Some(SandboxInfo {
                 container_id: c.id?,
-                execution_id: labels.get(EXECUTION_LABEL)?.clone(),
+                name,
+                owner,
                 instance: labels.get(INSTANCE_LABEL).cloned(),
             })
         })

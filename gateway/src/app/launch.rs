@@ -1,0 +1,472 @@
+//! The one launch path. Every execution that may run (allowed at once, approved by a reviewer)
+//! comes here with its committed decision: wait for a slot -> a sandbox (claimed from the warm
+//! pool, or started cold) -> its grant served in the sandbox's socket directory -> the job
+//! handed over and run -> `/output` collected once the sandbox is gone -> the record completed
+//! -> the event stream closed.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use base64::Engine as _;
+use serde_json::json;
+use sqlx::types::Json;
+use tokio::task::JoinHandle;
+
+use super::floor::Runnable;
+use super::home::SandboxHome;
+use super::pool::{Claimed, Shape};
+use super::reaper::LiveGuard;
+use super::scheduler::Ticket;
+use super::stream::Stream;
+use super::{error_chain, App};
+use crate::audit::{Completion, ExecutionRow};
+use crate::egress::{self, ExecutionEgress};
+use crate::outputs::Collected;
+use crate::runtime::{
+    Ending, Job, JobFile, JobProxy, Owner, Ran, RunControl, RuntimeError, SandboxPlan, Waits,
+    WORKSPACE,
+};
+
+const COMPLETE_ATTEMPTS: u32 = 5;
+
+/// What the agent sent that the sandbox runs.
+#[derive(Debug)]
+pub(super) struct Program {
+    pub language: String,
+    pub code: String,
+    /// Checked upload names (relative to `/workspace`) and contents.
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+/// An execution whose decision is committed, waiting for its slot.
+#[derive(Debug)]
+pub(super) struct Launch {
+    pub row: ExecutionRow,
+    pub program: Program,
+    pub runnable: Runnable,
+    pub live: LiveGuard,
+    pub ticket: Ticket,
+}
+
+/// How the execution got its sandbox (`start` in the record).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    Warm,
+    Cold,
+}
+
+impl Start {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Start::Warm => "warm",
+            Start::Cold => "cold",
+        }
+    }
+}
+
+impl App {
+    /// Runs the execution in a task of its own (a dropped HTTP request cannot abandon it);
+    /// the task's result is the final record.
+    pub(super) fn launch(self: &Arc<Self>, launch: Launch) -> JoinHandle<ExecutionRow> {
+        let stream = self.streams.open(&launch.row.id);
+        let app = Arc::clone(self);
+        self.tasks
+            .spawn(async move { app.run_launched(launch, stream).await })
+    }
+
+    async fn run_launched(&self, launch: Launch, stream: Arc<Stream>) -> ExecutionRow {
+        let Launch {
+            row,
+            program,
+            runnable,
+            live,
+            ticket,
+        } = launch;
+        let id = row.id.clone();
+        let done = match ticket.slot().await {
+            Some(_slot) => {
+                let control = RunControl {
+                    timeout: std::time::Duration::from_millis(runnable.limits.timeout_ms),
+                    output_cap: usize::try_from(runnable.limits.output_bytes).unwrap_or(usize::MAX),
+                    sink: Some(stream),
+                    cancel: live.cancel_token(),
+                };
+                live.started(control.timeout);
+                self.run_in_sandbox(&row, program, runnable, control).await
+            }
+            None => failed(
+                &id,
+                &RuntimeError::Unavailable("the gateway is shutting down".into()),
+            ),
+        };
+        let stored = self.complete_with_retry(row, done).await;
+        // Subscribers get the end only once the record is stored: a late reader of the record
+        // sees the same thing the stream said.
+        if let Some(stream) = self.streams.get(&id) {
+            stream.close(super::executions::exit_summary(&stored));
+        }
+        self.streams.remove(&id);
+        stored
+    }
+
+    /// A sandbox, the grant, the run, the collection.
+    async fn run_in_sandbox(
+        &self,
+        row: &ExecutionRow,
+        program: Program,
+        runnable: Runnable,
+        control: RunControl,
+    ) -> Completion {
+        let (claimed, start) = match self
+            .sandbox_for(&row.id, &program.language, &runnable)
+            .await
+        {
+            Ok(got) => got,
+            Err(err) => return failed(&row.id, &err),
+        };
+        let Claimed {
+            sandbox,
+            home,
+            member,
+        } = claimed;
+        if let Err(err) = self
+            .audit
+            .mark_running(
+                &row.id,
+                crate::ids::now_micros(),
+                start.as_str(),
+                sandbox.name(),
+            )
+            .await
+        {
+            tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
+        }
+        let egress = match self.serve_grant(row, &runnable, &home) {
+            Ok(egress) => egress,
+            Err(err) => {
+                sandbox.discard().await;
+                home.remove();
+                return failed(&row.id, &err);
+            }
+        };
+        let job = job_for(program, egress.is_some());
+        let ran = sandbox.run(job, control).await;
+        if let Some(egress) = egress {
+            egress.finish().await;
+        }
+        let collectable = matches!(&ran, Ok(ran) if ran.removed);
+        let mut done = completion(ran, &row.id);
+        done.outputs = collect(
+            home,
+            collectable,
+            &self.outputs_root.join(&row.id),
+            runnable.limits.output_bytes,
+        )
+        .await;
+        drop(member);
+        done
+    }
+
+    /// A pooled sandbox of this decision's shape, or a cold one started now.
+    async fn sandbox_for(
+        &self,
+        execution_id: &str,
+        language: &str,
+        runnable: &Runnable,
+    ) -> Result<(Claimed, Start), RuntimeError> {
+        if let Some(claimed) = self.pool.claim(language, runnable).await {
+            return Ok((claimed, Start::Warm));
+        }
+        let shape = Shape::of(runnable);
+        let home = SandboxHome::create(
+            &self.egress_root,
+            &self.scratch_root,
+            execution_id,
+            shape.limits.disk_mb,
+        )
+        .map_err(|err| RuntimeError::Unavailable(format!("preparing the sandbox: {err}")))?;
+        let mut plan = self.plan(
+            execution_id,
+            Owner::Execution(execution_id.to_owned()),
+            &shape,
+            &home,
+            Waits::Init,
+        );
+        plan.mounts.clone_from(&runnable.mounts);
+        match self.runtime.start(plan).await {
+            Ok(sandbox) => Ok((
+                Claimed {
+                    sandbox,
+                    home,
+                    member: None,
+                },
+                Start::Cold,
+            )),
+            Err(err) => {
+                home.remove();
+                Err(err)
+            }
+        }
+    }
+
+    /// The sandbox a shape becomes (no dataset mounts: the caller adds a decision's).
+    pub(super) fn plan(
+        &self,
+        id: &str,
+        owner: Owner,
+        shape: &Shape,
+        home: &SandboxHome,
+        waits: Waits,
+    ) -> SandboxPlan {
+        SandboxPlan {
+            id: id.to_owned(),
+            owner,
+            instance: self.instance.clone(),
+            image: shape.image.clone(),
+            runtime: shape.runtime.clone(),
+            init_binary: self.init_binary.clone(),
+            limits: shape.limits.clone(),
+            mounts: Vec::new(),
+            egress_dir: home.egress_dir.clone(),
+            output_dir: home.output.dir().to_owned(),
+            env: sandbox_env(),
+            waits,
+        }
+    }
+
+    /// With a network grant, the execution's own listener in the sandbox's socket directory,
+    /// for exactly as long as the run.
+    fn serve_grant(
+        &self,
+        row: &ExecutionRow,
+        runnable: &Runnable,
+        home: &SandboxHome,
+    ) -> Result<Option<ExecutionEgress>, RuntimeError> {
+        let (Some(grant), Some(proxy)) = (&runnable.network, self.egress.as_ref()) else {
+            return Ok(None);
+        };
+        ExecutionEgress::start(
+            proxy,
+            &home.egress_dir,
+            &row.id,
+            &row.tenant,
+            grant,
+            self.shutdown.child_token(),
+        )
+        .map(Some)
+        .map_err(|err| RuntimeError::Unavailable(error_chain(&err)))
+    }
+
+    /// Completion is retried; if the store stays down the caller still gets the truth, and the
+    /// row stays `running` for the reconciler.
+    async fn complete_with_retry(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
+        for attempt in 1..=COMPLETE_ATTEMPTS {
+            match self.audit.complete_execution(&row.id, &done).await {
+                Ok(stored) => return stored,
+                Err(err) => {
+                    tracing::warn!(execution_id = %row.id, attempt, error = %err, "completing execution failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
+                        .await;
+                }
+            }
+        }
+        tracing::error!(execution_id = %row.id, "execution result not stored");
+        ExecutionRow {
+            status: done.status.to_owned(),
+            exit_code: done.exit_code,
+            duration_ms: Some(done.duration_ms),
+            stdout: Some(done.stdout),
+            stderr: Some(done.stderr),
+            stdout_truncated: done.stdout_truncated,
+            stderr_truncated: done.stderr_truncated,
+            error: done.error,
+            outputs: Json(json!(done.outputs.files)),
+            outputs_skipped: Json(json!(done.outputs.skipped)),
+            outputs_truncated: done.outputs.truncated,
+            ..row
+        }
+    }
+}
+
+/// Copies what the program left in `/output` (only from a sandbox confirmed gone: one still
+/// running could swap a directory for a symlink while the gateway walks it), then removes the
+/// sandbox's host side.
+async fn collect(
+    home: SandboxHome,
+    collectable: bool,
+    dest: &std::path::Path,
+    budget: u64,
+) -> Collected {
+    let dest = dest.to_owned();
+    let collected = tokio::task::spawn_blocking(move || {
+        let collected = if collectable {
+            home.output.collect(&dest, budget)
+        } else {
+            Err(std::io::Error::other(
+                "the sandbox was not confirmed removed; /output not collected",
+            ))
+        };
+        home.remove();
+        collected
+    })
+    .await;
+    match collected {
+        Ok(Ok(outputs)) => outputs,
+        Ok(Err(err)) => {
+            tracing::error!(error = %err, "collecting /output failed");
+            Collected {
+                truncated: true,
+                skipped: vec![crate::outputs::Skipped {
+                    path: String::new(),
+                    bytes: None,
+                    reason: "collection_failed".to_owned(),
+                }],
+                ..Collected::default()
+            }
+        }
+        Err(err) => {
+            tracing::error!(error = %err, "collecting /output panicked");
+            Collected {
+                truncated: true,
+                ..Collected::default()
+            }
+        }
+    }
+}
+
+/// The job line for a program: the program itself in `/workspace` (so it is the program's
+/// directory and its siblings import), the uploads beside it, the environment, the bridge.
+fn job_for(program: Program, proxied: bool) -> Job<'static> {
+    let (argv, path) = command_for(&program.language);
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut files = vec![JobFile {
+        path: path.to_owned(),
+        content_b64: b64.encode(program.code.as_bytes()).into(),
+        // Executable: languages without an interpreter run the file itself.
+        mode: Some(0o755),
+    }];
+    files.extend(program.files.into_iter().map(|(name, content)| JobFile {
+        path: format!("{WORKSPACE}/{name}"),
+        content_b64: b64.encode(content).into(),
+        mode: Some(0o644),
+    }));
+    let mut env = sandbox_env();
+    let proxy = proxied.then(|| {
+        env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        JobProxy {
+            listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
+            socket: egress::SANDBOX_SOCKET.to_owned(),
+        }
+    });
+    Job {
+        argv,
+        cwd: Some(WORKSPACE.to_owned()),
+        env: Some(env),
+        files,
+        proxy,
+        exit_nonce: None,
+    }
+}
+
+/// The interpreter and where the program text goes: `/workspace/main.<ext>`.
+pub fn command_for(language: &str) -> (Vec<String>, &'static str) {
+    match language {
+        "python" => (
+            vec!["python3".into(), PYTHON_PROGRAM.into()],
+            PYTHON_PROGRAM,
+        ),
+        "bash" => (vec!["bash".into(), BASH_PROGRAM.into()], BASH_PROGRAM),
+        // Anything else the policy allowed and an image exists for: run the file as given.
+        _ => (vec![OTHER_PROGRAM.into()], OTHER_PROGRAM),
+    }
+}
+
+const PYTHON_PROGRAM: &str = "/workspace/main.py";
+const BASH_PROGRAM: &str = "/workspace/main.sh";
+const OTHER_PROGRAM: &str = "/workspace/main";
+
+/// Upload names the program's own file takes.
+pub fn program_names() -> [&'static str; 3] {
+    ["main.py", "main.sh", "main"]
+}
+
+/// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
+pub fn sandbox_env() -> BTreeMap<String, String> {
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/tmp"),
+        ("LANG", "C.UTF-8"),
+        ("PYTHONUNBUFFERED", "1"),
+        ("PYTHONDONTWRITEBYTECODE", "1"),
+        ("MPLBACKEND", "Agg"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect()
+}
+
+fn failed(id: &str, err: &RuntimeError) -> Completion {
+    completion(Err(RuntimeError::Unavailable(err.to_string())), id)
+}
+
+/// The record's ending, from the run's.
+fn completion(ran: Result<Ran, RuntimeError>, id: &str) -> Completion {
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(err) => {
+            tracing::error!(execution_id = %id, error = %err, "sandbox failed");
+            return Completion {
+                status: "error",
+                exit_code: None,
+                duration_ms: 0,
+                stdout: String::new(),
+                stderr: String::new(),
+                stdout_truncated: false,
+                stderr_truncated: false,
+                error: Some(err.to_string()),
+                outputs: Collected::default(),
+            };
+        }
+    };
+    let (status, exit_code, error) = match ran.ending {
+        Ending::Cancelled => ("cancelled", None, None),
+        Ending::TimedOut => ("timeout", None, None),
+        Ending::Oom { exit } => ("oom", exit, None),
+        Ending::Exited(0) => ("succeeded", Some(0), None),
+        Ending::Exited(code) => ("failed", Some(i64::from(code)), None),
+        Ending::Died { container_exit } => {
+            tracing::warn!(execution_id = %id, exit = ?container_exit, "sandbox died under its program");
+            let error = format!(
+                "the sandbox stopped before its program ended (container exit {container_exit:?}); \
+                 its kernel gave up (e.g. a fork bomb at the pids limit) or it was killed"
+            );
+            ("killed", container_exit, Some(error))
+        }
+    };
+    Completion {
+        status,
+        exit_code: exit_code.and_then(|code| i32::try_from(code).ok()),
+        duration_ms: i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX),
+        stdout: ran.stdout.text(),
+        stderr: ran.stderr.text(),
+        stdout_truncated: ran.stdout.truncated,
+        stderr_truncated: ran.stderr.truncated,
+        error,
+        outputs: Collected::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn programs_live_in_the_workspace() {
+        assert_eq!(command_for("python").0, ["python3", "/workspace/main.py"]);
+        assert_eq!(command_for("bash").0, ["bash", "/workspace/main.sh"]);
+        assert_eq!(command_for("ruby").0, ["/workspace/main"]);
+    }
+}

@@ -1,0 +1,118 @@
+//! The Docker implementation of [`SandboxRuntime`], through bollard: the only module that
+//! imports it. Every call has a timeout (`call.rs`); every container carries the instance
+//! label and an owner label (`body.rs`) and is removed after its run, whatever happened
+//! (`run.rs`, `cleanup.rs`).
+
+mod body;
+mod call;
+pub mod cleanup;
+mod run;
+
+use std::time::Duration;
+
+use bollard::Docker;
+use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
+use tokio::sync::OnceCell;
+
+use super::{
+    RuntimeError, RuntimeHealth, Sandbox, SandboxInfo, SandboxPlan, SandboxRuntime, Waits,
+};
+use call::bounded;
+pub use call::API_TIMEOUT;
+use run::DockerSandbox;
+
+/// How long a pooled sandbox may take to say it is ready (the Python runner imports the
+/// preload under gVisor: seconds).
+const READY_TIMEOUT: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Default)]
+pub struct DockerRuntime {
+    client: OnceCell<Docker>,
+}
+
+impl DockerRuntime {
+    pub fn new() -> DockerRuntime {
+        DockerRuntime::default()
+    }
+
+    /// The client, connected and version-negotiated on first use (dockerd 20.10 refuses the
+    /// newer API version bollard asks for by default).
+    async fn client(&self) -> Result<&Docker, RuntimeError> {
+        self.client
+            .get_or_try_init(|| async {
+                let docker = Docker::connect_with_local_defaults()
+                    .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
+                let docker =
+                    bounded("negotiate Docker API version", docker.negotiate_version()).await?;
+                Ok(docker.with_timeout(API_TIMEOUT))
+            })
+            .await
+    }
+
+    /// Create, attach (before the start, so no output is lost), start; a pooled sandbox is
+    /// then waited for until its runner is ready. Whatever fails on the way removes it.
+    async fn start_sandbox(&self, plan: SandboxPlan) -> Result<Box<dyn Sandbox>, RuntimeError> {
+        if !plan.init_binary.is_file() {
+            return Err(RuntimeError::MissingInit {
+                path: plan.init_binary.clone(),
+            });
+        }
+        let docker = self.client().await?.clone();
+        let mut sandbox = DockerSandbox::create(docker, &plan).await?;
+        let started = match sandbox.start().await {
+            Ok(()) if plan.waits == Waits::Init => Ok(()),
+            Ok(()) => sandbox.ready(READY_TIMEOUT).await,
+            Err(err) => Err(err),
+        };
+        match started {
+            Ok(()) => Ok(Box::new(sandbox)),
+            Err(err) => {
+                Box::new(sandbox).discard().await;
+                Err(err)
+            }
+        }
+    }
+}
+
+impl SandboxRuntime for DockerRuntime {
+    fn start(&self, plan: SandboxPlan) -> BoxFuture<'_, Result<Box<dyn Sandbox>, RuntimeError>> {
+        self.start_sandbox(plan).boxed()
+    }
+
+    fn health<'a>(&'a self, runtimes: &'a [String]) -> BoxFuture<'a, RuntimeHealth> {
+        async move {
+            let mut health = RuntimeHealth {
+                docker: Err("not checked".to_owned()),
+                runtimes: runtimes.iter().map(|name| (name.clone(), false)).collect(),
+            };
+            let docker = match self.client().await {
+                Ok(docker) => docker,
+                Err(err) => {
+                    health.docker = Err(err.to_string());
+                    return health;
+                }
+            };
+            match bounded("docker info", docker.info()).await {
+                Ok(info) => {
+                    health.docker = Ok(info.server_version.unwrap_or_default());
+                    let registered = info.runtimes.unwrap_or_default();
+                    for (name, present) in health.runtimes.iter_mut() {
+                        *present = registered.contains_key(name);
+                    }
+                }
+                Err(err) => health.docker = Err(err.to_string()),
+            }
+            health
+        }
+        .boxed()
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>> {
+        async move { cleanup::list(self.client().await?).await }.boxed()
+    }
+
+    fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        async move { cleanup::remove(self.client().await?, container_id).await }.boxed()
+    }
+}

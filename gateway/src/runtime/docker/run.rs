@@ -1,0 +1,418 @@
+//! One sandbox's life, phase by phase: create and attach, start, (pooled) wait until ready;
+//! then, with its job: hand over, pump output, the deadline, inspect, remove.
+
+use std::pin::Pin;
+use std::time::{Duration, Instant};
+
+use bollard::container::LogOutput;
+use bollard::errors::Error as BollardError;
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, KillContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures_util::future::BoxFuture;
+use futures_util::{FutureExt, Stream, StreamExt};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+
+use super::body::container_body;
+use super::call::{bounded, docker_error};
+use super::cleanup;
+use crate::runtime::{
+    CappedOutput, Channel, Ending, ExitTrailer, Job, Ran, RunControl, RuntimeError, Sandbox,
+    SandboxPlan,
+};
+
+/// After the program's deadline: how long to wait for the killed container to report its end.
+const KILL_GRACE: Duration = Duration::from_secs(10);
+/// How long (steps of [`OOM_EVENT_POLL`]) to wait for dockerd's OOM flag after a SIGKILL end.
+const OOM_EVENT_POLLS: u32 = 20;
+const OOM_EVENT_POLL: Duration = Duration::from_millis(100);
+/// Most stdout a pooled sandbox may print before its ready line.
+const MAX_BEFORE_READY: usize = 64 * 1024;
+
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, BollardError>> + Send>>;
+type Input = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// A created, attached container.
+pub struct DockerSandbox {
+    docker: Docker,
+    name: String,
+    input: Input,
+    output: Output,
+}
+
+impl std::fmt::Debug for DockerSandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerSandbox")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How the wait for the program stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// The container exited (with this code, if dockerd said).
+    Exited(Option<i64>),
+    TimedOut,
+    Cancelled,
+}
+
+impl DockerSandbox {
+    /// Creates the container and attaches to it (before the start, so no output is lost).
+    pub async fn create(docker: Docker, plan: &SandboxPlan) -> Result<DockerSandbox, RuntimeError> {
+        let name = plan.container_name();
+        let options = CreateContainerOptionsBuilder::new().name(&name).build();
+        bounded(
+            "create container",
+            docker.create_container(Some(options), container_body(plan)),
+        )
+        .await?;
+        let attach = AttachContainerOptionsBuilder::new()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .build();
+        match bounded(
+            "attach container",
+            docker.attach_container(&name, Some(attach)),
+        )
+        .await
+        {
+            Ok(attached) => Ok(DockerSandbox {
+                docker,
+                name,
+                input: attached.input,
+                output: attached.output,
+            }),
+            Err(err) => {
+                remove(&docker, &name).await;
+                Err(err)
+            }
+        }
+    }
+
+    pub async fn start(&mut self) -> Result<(), RuntimeError> {
+        bounded(
+            "start container",
+            self.docker.start_container(&self.name, None),
+        )
+        .await
+    }
+
+    /// Reads stdout until the pooled init's ready line; drops what comes before it.
+    pub async fn ready(&mut self, timeout: Duration) -> Result<(), RuntimeError> {
+        let wanted = format!("{}\n", sandbox_protocol::READY_LINE).into_bytes();
+        let mut seen = Vec::new();
+        let wait = async {
+            while let Some(frame) = self.output.next().await {
+                match frame {
+                    Ok(LogOutput::StdOut { message }) => {
+                        seen.extend_from_slice(&message);
+                        if seen.windows(wanted.len()).any(|window| window == wanted) {
+                            return Ok(());
+                        }
+                        if seen.len() > MAX_BEFORE_READY {
+                            return Err("printed too much before its ready line".to_owned());
+                        }
+                    }
+                    Ok(LogOutput::StdErr { message }) => {
+                        tracing::debug!(container = %self.name, stderr = %String::from_utf8_lossy(&message), "pooled sandbox");
+                    }
+                    Ok(_) => {}
+                    Err(err) => return Err(err.to_string()),
+                }
+            }
+            Err("ended before it was ready".to_owned())
+        };
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(message)) => Err(RuntimeError::Docker {
+                operation: "wait for the pooled sandbox",
+                message,
+            }),
+            Err(_) => Err(RuntimeError::Timeout {
+                operation: "wait for the pooled sandbox",
+                seconds: timeout.as_secs(),
+            }),
+        }
+    }
+
+    /// Hand-over, pump and deadline, then inspect; the caller removes the container.
+    async fn run_job(
+        &mut self,
+        mut job: Job<'static>,
+        control: &RunControl,
+    ) -> Result<Ran, RuntimeError> {
+        // A fresh secret per run authenticates sandbox-init's exit trailer.
+        let nonce = hex::encode(rand::random::<[u8; 16]>());
+        job.exit_nonce = Some(nonce.clone());
+        let mut line = serde_json::to_vec(&job).map_err(|err| RuntimeError::Docker {
+            operation: "encode job",
+            message: err.to_string(),
+        })?;
+        line.push(b'\n');
+        drop(job);
+        let started_at = crate::ids::now_micros();
+        let started = Instant::now();
+        let mut pump = Pump::new(control, &nonce);
+        let stop = self.until_stop(&line, &mut pump, control).await?;
+        let duration = started.elapsed();
+        let ending = self.inspect(stop, pump.init_exit).await?;
+        Ok(Ran {
+            ending,
+            removed: false,
+            stdout: pump.stdout,
+            stderr: pump.stderr,
+            started_at,
+            duration,
+        })
+    }
+
+    /// Hands the job over and pumps output until the container exits, the deadline passes or
+    /// the run is cancelled (the last two kill it).
+    async fn until_stop(
+        &mut self,
+        line: &[u8],
+        pump: &mut Pump,
+        control: &RunControl,
+    ) -> Result<Stop, RuntimeError> {
+        let DockerSandbox {
+            docker,
+            name,
+            input,
+            output,
+        } = self;
+        let run = async {
+            hand_over(input, line).await;
+            pump.drain(output).await;
+            wait_exit(docker, name).await
+        };
+        tokio::select! {
+            finished = tokio::time::timeout(control.timeout, run) => match finished {
+                Ok(exit) => Ok(Stop::Exited(exit?)),
+                Err(_) => {
+                    kill(docker, name).await;
+                    Ok(Stop::TimedOut)
+                }
+            },
+            () = control.cancel.cancelled() => {
+                kill(docker, name).await;
+                Ok(Stop::Cancelled)
+            }
+        }
+    }
+
+    /// Asks dockerd how the container ended. Under runsc an OOM kills gVisor's kernel, not
+    /// just the program: the init reports nothing and the container ends with SIGKILL. dockerd
+    /// learns of the OOM from a separate cgroup event that can trail the exit, so look again
+    /// for a moment before calling it anything else.
+    async fn inspect(&mut self, stop: Stop, init_exit: Option<u8>) -> Result<Ending, RuntimeError> {
+        let died = matches!(stop, Stop::Exited(_)) && init_exit.is_none();
+        let mut polls = 0;
+        loop {
+            let state = bounded(
+                "inspect container",
+                self.docker.inspect_container(&self.name, None),
+            )
+            .await?
+            .state
+            .unwrap_or_default();
+            let oom = state.oom_killed == Some(true);
+            let settled = !died || oom || state.exit_code != Some(137);
+            if settled || polls >= OOM_EVENT_POLLS {
+                return Ok(ending(stop, init_exit, oom, state.exit_code));
+            }
+            polls += 1;
+            tokio::time::sleep(OOM_EVENT_POLL).await;
+        }
+    }
+}
+
+/// The ending, from how the wait stopped, the init's report and dockerd's view.
+fn ending(stop: Stop, init_exit: Option<u8>, oom: bool, container_exit: Option<i64>) -> Ending {
+    match stop {
+        Stop::Cancelled => Ending::Cancelled,
+        Stop::TimedOut => Ending::TimedOut,
+        Stop::Exited(exit) if oom => Ending::Oom {
+            exit: init_exit.map(i64::from).or(exit).or(container_exit),
+        },
+        Stop::Exited(exit) => match init_exit {
+            Some(code) => Ending::Exited(code),
+            None => Ending::Died {
+                container_exit: exit.or(container_exit),
+            },
+        },
+    }
+}
+
+impl Sandbox for DockerSandbox {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn closed(&mut self) -> BoxFuture<'_, ()> {
+        async move { while let Some(Ok(_)) = self.output.next().await {} }.boxed()
+    }
+
+    fn run(
+        mut self: Box<Self>,
+        job: Job<'static>,
+        control: RunControl,
+    ) -> BoxFuture<'static, Result<Ran, RuntimeError>> {
+        async move {
+            let mut ran = self.run_job(job, &control).await;
+            let removed = remove(&self.docker, &self.name).await;
+            if let Ok(ran) = &mut ran {
+                ran.removed = removed;
+            }
+            ran
+        }
+        .boxed()
+    }
+
+    fn discard(self: Box<Self>) -> BoxFuture<'static, ()> {
+        async move {
+            remove(&self.docker, &self.name).await;
+        }
+        .boxed()
+    }
+}
+
+/// Output kept under the cap, handed to the live sink as it arrives, the trailer taken out.
+struct Pump {
+    cap: usize,
+    sink: Option<std::sync::Arc<dyn crate::runtime::OutputSink>>,
+    stdout: CappedOutput,
+    stderr: CappedOutput,
+    trailer: ExitTrailer,
+    init_exit: Option<u8>,
+}
+
+impl Pump {
+    fn new(control: &RunControl, nonce: &str) -> Pump {
+        Pump {
+            cap: control.output_cap,
+            sink: control.sink.clone(),
+            stdout: CappedOutput::default(),
+            stderr: CappedOutput::default(),
+            trailer: ExitTrailer::new(nonce),
+            init_exit: None,
+        }
+    }
+
+    /// Keeps what fits under the cap and hands exactly that to the live stream.
+    fn keep(&mut self, channel: Channel, bytes: &[u8]) {
+        let out = match channel {
+            Channel::Stdout => &mut self.stdout,
+            Channel::Stderr => &mut self.stderr,
+        };
+        let kept = out.push(bytes, self.cap);
+        if let Some(sink) = &self.sink {
+            sink.push(channel, kept);
+        }
+    }
+
+    async fn drain(&mut self, output: &mut Output) {
+        while let Some(frame) = output.next().await {
+            match frame {
+                Ok(LogOutput::StdOut { message }) => self.keep(Channel::Stdout, &message),
+                Ok(LogOutput::StdErr { message }) => {
+                    let passed = self.trailer.feed(&message);
+                    self.keep(Channel::Stderr, &passed);
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "reading sandbox output failed");
+                    break;
+                }
+            }
+        }
+        let (held, code) = self.trailer.finish();
+        self.keep(Channel::Stderr, &held);
+        self.init_exit = code;
+    }
+}
+
+/// Writes the job line and closes stdin. A program that never reads stdin must not stall the
+/// hand-over: errors here show up as the program's own failure.
+async fn hand_over(input: &mut Input, line: &[u8]) {
+    let written = async {
+        input.write_all(line).await?;
+        input.shutdown().await
+    };
+    if let Err(err) = written.await {
+        tracing::warn!(error = %err, "writing the job to sandbox-init failed");
+    }
+}
+
+/// The container's exit code once it has stopped.
+async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>, RuntimeError> {
+    match docker.wait_container(name, None).next().await {
+        Some(Ok(response)) => Ok(Some(response.status_code)),
+        // bollard reports a non-zero exit as an error carrying the code.
+        Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(Some(code)),
+        Some(Err(err)) => Err(docker_error("wait container", err)),
+        None => Ok(None),
+    }
+}
+
+async fn kill(docker: &Docker, name: &str) {
+    let options = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
+    if let Err(err) = bounded("kill container", docker.kill_container(name, Some(options))).await {
+        tracing::warn!(container = name, error = %err, "kill failed");
+    }
+    if tokio::time::timeout(KILL_GRACE, wait_exit(docker, name))
+        .await
+        .is_err()
+    {
+        tracing::warn!(container = name, "container did not stop after SIGKILL");
+    }
+}
+
+/// Removes the container; says whether it is confirmed gone.
+async fn remove(docker: &Docker, name: &str) -> bool {
+    match cleanup::remove(docker, name).await {
+        Ok(()) => true,
+        Err(err) => {
+            tracing::error!(container = %name, error = %err, "container left behind for the reaper");
+            false
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endings_follow_stop_then_oom_then_the_trailer() {
+        assert_eq!(
+            ending(Stop::Cancelled, Some(0), true, Some(137)),
+            Ending::Cancelled
+        );
+        assert_eq!(
+            ending(Stop::TimedOut, None, false, Some(137)),
+            Ending::TimedOut
+        );
+        assert_eq!(
+            ending(Stop::Exited(Some(137)), None, true, Some(137)),
+            Ending::Oom { exit: Some(137) }
+        );
+        assert_eq!(
+            ending(Stop::Exited(Some(2)), None, false, Some(2)),
+            Ending::Died {
+                container_exit: Some(2)
+            }
+        );
+        assert_eq!(
+            ending(Stop::Exited(Some(3)), Some(3), false, Some(3)),
+            Ending::Exited(3)
+        );
+        assert_eq!(
+            ending(Stop::Exited(None), Some(0), false, None),
+            Ending::Exited(0)
+        );
+    }
+}
