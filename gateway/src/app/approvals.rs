@@ -14,7 +14,7 @@ use serde_json::json;
 use policy_engine::{PolicyInput, Reason};
 
 use super::floor::Runnable;
-use super::refusals::Refusal;
+use super::overflow::Refusal;
 use super::request::{ExecutionRequest, FileUpload};
 use super::validate::decode_files;
 use super::{App, AppError};

@@ -98,12 +98,12 @@ impl App {
             return Ok(Created::PendingApproval { row, approval_id });
         }
         // A place in the queue before anything runs: a full queue refuses (429), and the
-        // refusal is recorded with the decision (app::refusals).
+        // refusal is recorded with the decision (app::overflow).
         let ticket = match &runnable {
             Some(_) => match self.scheduler.admit(&caller.tenant) {
                 Ok(ticket) => Some(ticket),
                 Err(full) => {
-                    let refusal = super::refusals::Refusal::QueueFull;
+                    let refusal = super::overflow::Refusal::QueueFull;
                     let held = (row, event);
                     return Err(self
                         .refuse_after_decision(held, refusal, full.to_string())
