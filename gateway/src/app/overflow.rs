@@ -1,5 +1,4 @@
-//! Overflow: refusals after an allowing decision: the policy said yes, but the gateway could not take the
-//! request (the queue or the tenant's share of it is full, or too much already waits for
+//! Overflow: requests the policy allowed but the gateway could not take (the queue or the tenant's share of it is full, or too much already waits for
 //! review). The request is still recorded, so a 429 after an allow leaves a trace: the execution
 //! row (`denied`, the policy's own answer kept in the decision event's `decision`) and its
 //! `execution.decision` event, whose `allow` is false and whose reasons name the refusal.
