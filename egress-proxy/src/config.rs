@@ -49,10 +49,20 @@ pub struct ExecutionLimits {
     pub header_read_timeout: Duration,
     /// Time for the upstream to accept the connection.
     pub connect_timeout: Duration,
+    /// Denied attempts recorded one by one; past it, they are refused and counted.
+    pub max_denied: u32,
+    /// Denied attempts recorded one by one in any second; past it, the same.
+    pub max_denied_per_s: u32,
 }
 
+/// Denied attempts of one execution recorded on their own when the grant does not say.
+pub const DEFAULT_MAX_DENIED: u32 = 256;
+/// The same per second.
+pub const DEFAULT_MAX_DENIED_PER_S: u32 = 20;
+
 impl ExecutionLimits {
-    /// The grant's counts with the default timeouts (idle 60 s, header 10 s, connect 10 s).
+    /// The grant's counts with the default timeouts (idle 60 s, header 10 s, connect 10 s) and,
+    /// where the grant names none, the default denial bounds.
     pub fn from_grant(grant: &NetworkGrant) -> ExecutionLimits {
         ExecutionLimits {
             max_connections: grant.max_connections,
@@ -60,6 +70,8 @@ impl ExecutionLimits {
             idle_timeout: Duration::from_secs(60),
             header_read_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
+            max_denied: grant.max_denied.unwrap_or(DEFAULT_MAX_DENIED),
+            max_denied_per_s: grant.max_denied_per_s.unwrap_or(DEFAULT_MAX_DENIED_PER_S),
         }
     }
 }

@@ -153,6 +153,12 @@ impl Conn<'_> {
     pub(crate) async fn deny(&mut self, denial: Denial) {
         self.attempt.allow = false;
         self.attempt.reason = denial.reason;
+        if !self.execution.denials.admit(denial.reason) {
+            // Past the execution's denial bounds: refused and counted, without a row.
+            self.summarise_denials().await;
+            let message = "too many denied attempts: this one is counted, not recorded";
+            return self.answer(ReasonCode::TooManyDenials, message).await;
+        }
         self.attempt.message = one_line(&denial.message);
         warn!(
             reason = denial.reason.code(),
@@ -319,6 +325,22 @@ impl Conn<'_> {
             ReasonCode::AuditUnavailable,
             "the audit log is unavailable, so no connection can be made",
         ))
+    }
+
+    /// Hands the recorder the window's count of denials without a row, once it is due.
+    async fn summarise_denials(&self) {
+        let execution = self.execution;
+        let Some(summary) = execution
+            .denials
+            .take(&execution.id, &execution.tenant, false)
+        else {
+            return;
+        };
+        let timeout = self.shared.config.record_timeout;
+        let record = self.shared.recorder.suppressed(&summary);
+        if tokio::time::timeout(timeout, record).await.is_err() {
+            warn!("recording a denial summary timed out");
+        }
     }
 
     async fn close_record(&self, id: ConnectionId, closed: Closed) {

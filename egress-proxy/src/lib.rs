@@ -15,7 +15,9 @@
 //!   SNI, is refused);
 //! - every attempt, allowed or denied, is recorded through the [`ConnectionRecorder`], durably,
 //!   before anything is dialled; a recorder failure refuses the attempt (503);
-//! - per-execution limits: concurrent connections, total bytes, idle and header-read timeouts;
+//! - per-execution limits: concurrent connections, total bytes, idle and header-read timeouts,
+//!   and denied attempts (rate and total: past them a denial is refused and only counted, the
+//!   counts recorded as one summary per window through [`ConnectionRecorder::suppressed`]);
 //! - denials are answered with a status and `sandgate-egress: <code>: <message>` ([`ReasonCode`]).
 //!
 //! It is **not** a policy engine (what is allowed is Rego in `policies/`, reached through
@@ -30,6 +32,7 @@ mod admit;
 mod body;
 mod config;
 mod conn;
+mod denials;
 #[cfg(test)]
 mod fuzz;
 mod head;
@@ -42,13 +45,17 @@ mod seams;
 mod tls;
 
 pub use addr::{classify, AddressClass, AddressDenied, AddressPolicy, GrantedRange};
-pub use config::{local_interface_addresses, ExecutionGrant, ExecutionLimits, ProxyConfig};
+pub use config::{
+    local_interface_addresses, ExecutionGrant, ExecutionLimits, ProxyConfig, DEFAULT_MAX_DENIED,
+    DEFAULT_MAX_DENIED_PER_S,
+};
+pub use denials::SUMMARY_WINDOW;
 pub use host::{canonical_host, Host, HostError};
 pub use listener::{EgressProxy, ExecutionListener, ProxyError};
 pub use reason::{ReasonCode, ReasonSource};
 pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
 pub use seams::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, RecordError, Resolve,
-    ResolveError, Scheme,
+    ResolveError, Scheme, Suppressed,
 };
 pub use tls::{parse_client_hello, ClientHello, HelloError};

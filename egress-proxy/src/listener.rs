@@ -17,6 +17,7 @@ use tracing::{info, warn};
 use crate::addr::{AddressPolicy, GrantedRange};
 use crate::config::{ExecutionGrant, ExecutionLimits, ProxyConfig};
 use crate::conn::{self, Admission};
+use crate::denials::Denials;
 use crate::relay::Budget;
 use crate::seams::{ConnectionRecorder, EgressPolicy, Resolve};
 
@@ -62,6 +63,8 @@ pub(crate) struct Execution {
     pub limits: ExecutionLimits,
     pub addresses: AddressPolicy,
     pub budget: Budget,
+    /// Denials recorded on their own so far, and those only counted.
+    pub denials: Denials,
 }
 
 /// The filtering forward proxy. Cheap to clone; serves any number of executions, each on its
@@ -134,6 +137,7 @@ impl EgressProxy {
             socket_path: socket_path.to_path_buf(),
             grace: self.shared.config.close_grace,
             execution,
+            shared: self.shared.clone(),
         })
     }
 }
@@ -148,6 +152,7 @@ fn execution(grant: ExecutionGrant, config: &ProxyConfig) -> Execution {
     Execution {
         addresses: AddressPolicy::new(config.denied_addresses.clone(), granted),
         budget: Budget::new(grant.limits.max_bytes),
+        denials: Denials::new(&grant.limits),
         id: grant.execution_id,
         tenant: grant.tenant,
         grant: grant.grant,
@@ -209,6 +214,7 @@ pub struct ExecutionListener {
     socket_path: PathBuf,
     grace: Duration,
     execution: Arc<Execution>,
+    shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for ExecutionListener {
@@ -231,8 +237,9 @@ impl ExecutionListener {
     }
 
     /// Stops accepting, removes the socket, cancels every connection and waits up to the
-    /// configured grace period for them to record their close. Returns how many were still
-    /// running when it gave up (0: all finished).
+    /// configured grace period for them to record their close, then records the last summary
+    /// of denials counted without a row. Returns how many connections were still running when
+    /// it gave up (0: all finished).
     pub async fn close(self) -> usize {
         self.cancel.cancel();
         self.tracker.close();
@@ -245,6 +252,19 @@ impl ExecutionListener {
                 running = self.tracker.len(),
                 "egress connections still running after the close grace period"
             );
+        }
+        let execution = &self.execution;
+        if let Some(summary) = execution
+            .denials
+            .take(&execution.id, &execution.tenant, true)
+        {
+            let record = self.shared.recorder.suppressed(&summary);
+            if tokio::time::timeout(self.shared.config.record_timeout, record)
+                .await
+                .is_err()
+            {
+                warn!(execution_id = %execution.id, "recording the last denial summary timed out");
+            }
         }
         self.tracker.len()
     }

@@ -54,6 +54,9 @@ pub enum ReasonCode {
     SniUnreadable,
     /// The execution already has as many connections open as it may.
     TooManyConnections,
+    /// The execution was refused more attempts than it may be (rate or total): this one is
+    /// counted into a summary, not recorded on its own.
+    TooManyDenials,
     /// The execution's byte budget (up and down, all connections) is spent.
     ByteLimit,
     /// Neither side sent anything for the idle timeout.
@@ -78,7 +81,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ReasonCode; 25] = [
+    pub const ALL: [ReasonCode; 26] = [
         ReasonCode::Allowed,
         ReasonCode::Completed,
         ReasonCode::HostNotGranted,
@@ -95,6 +98,7 @@ impl ReasonCode {
         ReasonCode::SniMissing,
         ReasonCode::SniUnreadable,
         ReasonCode::TooManyConnections,
+        ReasonCode::TooManyDenials,
         ReasonCode::ByteLimit,
         ReasonCode::IdleTimeout,
         ReasonCode::ClientFailed,
@@ -126,6 +130,7 @@ impl ReasonCode {
             SniMissing => "egress.sni_missing",
             SniUnreadable => "egress.sni_unreadable",
             TooManyConnections => "egress.too_many_connections",
+            TooManyDenials => "egress.too_many_denials",
             ByteLimit => "egress.byte_limit",
             IdleTimeout => "egress.idle_timeout",
             ClientFailed => "egress.client_failed",
@@ -147,8 +152,8 @@ impl ReasonCode {
                 ReasonSource::Policy
             }
             BadRequest | HostInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
-            | SniMissing | SniUnreadable | TooManyConnections | ByteLimit | IdleTimeout
-            | ClientFailed => ReasonSource::Client,
+            | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials | ByteLimit
+            | IdleTimeout | ClientFailed => ReasonSource::Client,
             DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout => ReasonSource::Upstream,
             AuditUnavailable | Shutdown => ReasonSource::Internal,
         })
@@ -163,7 +168,7 @@ impl ReasonCode {
             | SniMismatch | SniMissing | SniUnreadable | ByteLimit => 403,
             BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed => 400,
             ClientTimeout => 408,
-            TooManyConnections => 429,
+            TooManyConnections | TooManyDenials => 429,
             DnsFailed | UpstreamFailed => 502,
             DnsTimeout | UpstreamTimeout | IdleTimeout => 504,
             AuditUnavailable | Shutdown => 503,
@@ -245,7 +250,7 @@ mod tests {
         let mut codes: Vec<&str> = ReasonCode::ALL.iter().map(|r| r.code()).collect();
         codes.sort_unstable();
         codes.dedup();
-        assert_eq!(codes.len(), 25);
+        assert_eq!(codes.len(), ReasonCode::ALL.len());
         for code in codes {
             assert!(
                 code.starts_with("egress.") || code == "policy.error",

@@ -110,6 +110,20 @@ pub struct Closed {
     pub error: Option<String>,
 }
 
+/// Denied attempts of one execution that were refused without a record of their own (past its
+/// denial bounds), counted over one window.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Suppressed {
+    pub execution_id: String,
+    pub tenant: String,
+    /// Attempts refused in the window.
+    pub count: u64,
+    /// The same, by the reason each would have been denied for.
+    pub by_reason: Vec<(String, u64)>,
+    pub from: SystemTime,
+    pub until: SystemTime,
+}
+
 /// Audits every attempt. The gateway implements it with Postgres (`egress_connections` plus an
 /// `audit_events` row).
 ///
@@ -137,4 +151,7 @@ pub trait ConnectionRecorder: Send + Sync + 'static {
     fn open<'a>(&'a self, attempt: &'a Attempt)
         -> BoxFuture<'a, Result<ConnectionId, RecordError>>;
     fn close<'a>(&'a self, id: ConnectionId, closed: &'a Closed) -> BoxFuture<'a, ()>;
+    /// Records one summary of denials that had no record of their own: one per execution per
+    /// window in which there were any, and a last one when its listener closes.
+    fn suppressed<'a>(&'a self, summary: &'a Suppressed) -> BoxFuture<'a, ()>;
 }

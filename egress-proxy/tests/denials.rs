@@ -439,3 +439,68 @@ async fn upstream_failures_are_answered_and_recorded() {
         .unwrap_or("")
         .contains("refused"));
 }
+
+#[tokio::test]
+async fn past_its_denial_bounds_an_execution_is_refused_and_only_counted() {
+    // The grant names the bounds (the decision's network grant); 5 rows, then counts.
+    let mut granted = grant(&["pypi.org"], &[443]);
+    granted.max_denied = Some(5);
+    granted.max_denied_per_s = Some(1000);
+    let mut harness = Setup::new(granted).start();
+    for attempt in 0..20 {
+        let response = harness
+            .exchange_text(&format!(
+                "CONNECT flood{attempt}.exfil.test:443 HTTP/1.1\r\n\r\n"
+            ))
+            .await;
+        if attempt < 5 {
+            assert_denied(&response, 403, ReasonCode::HostNotGranted);
+        } else {
+            assert_denied(&response, 429, ReasonCode::TooManyDenials);
+        }
+    }
+    let records = harness.recorder.settled(5).await;
+    assert_eq!(records.len(), 5, "only the first five have rows");
+    // Closing the listener records the last summary: every attempt is a row or a count.
+    harness.listener.take().unwrap().close().await;
+    let summaries = harness.recorder.suppressed.lock().unwrap().clone();
+    assert_eq!(summaries.len(), 1, "{summaries:?}");
+    assert_eq!(summaries[0].count, 15);
+    assert_eq!(summaries[0].execution_id, "ex_test");
+    assert_eq!(
+        summaries[0].by_reason,
+        [("egress.host_not_granted".to_owned(), 15)]
+    );
+}
+
+#[tokio::test]
+async fn the_default_rate_bounds_a_burst_of_denials() {
+    let mut harness = Setup::new(grant(&["pypi.org"], &[443])).start();
+    let burst = 3 * egress_proxy::DEFAULT_MAX_DENIED_PER_S as usize;
+    let mut refused = 0;
+    for attempt in 0..burst {
+        let response = harness
+            .exchange_text(&format!(
+                "CONNECT b{attempt}.exfil.test:443 HTTP/1.1\r\n\r\n"
+            ))
+            .await;
+        refused += usize::from(response.contains("egress.too_many_denials"));
+    }
+    harness.listener.take().unwrap().close().await;
+    let rows = harness.recorder.records().len();
+    let counted: u64 = harness
+        .recorder
+        .suppressed
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s.count)
+        .sum();
+    assert!(refused >= 1, "a burst past the rate is refused");
+    assert_eq!(
+        rows + counted as usize,
+        burst,
+        "every attempt is a row or a count"
+    );
+    assert_eq!(counted as usize, refused);
+}

@@ -202,7 +202,6 @@ fn baseline_spec(
     (plan, job, control)
 }
 
-/// Milliseconds from `from` to `to`.
 fn ms_between(from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
     (to - from).num_microseconds().unwrap_or(i64::MAX) as f64 / 1e3
 }

@@ -123,6 +123,9 @@ pub struct Config {
     pub python_preload: Vec<String>,
     /// The limits pooled sandboxes start with, until requests ask for others.
     pub warm_pool_limits: WarmPoolLimits,
+    /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
+    /// a full queue): the aggregation window and the per-source and per-key rates.
+    pub refusals: crate::app::refusals::RefusalLimits,
 }
 
 impl Default for Config {
@@ -158,6 +161,7 @@ impl Default for Config {
                 .map(str::to_owned)
                 .to_vec(),
             warm_pool_limits: WarmPoolLimits::default(),
+            refusals: crate::app::refusals::RefusalLimits::default(),
         }
     }
 }
@@ -214,6 +218,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("warm_pool", EnvValue::Yaml),
     ("python_preload", EnvValue::Yaml),
     ("warm_pool_limits", EnvValue::Yaml),
+    ("refusals", EnvValue::Yaml),
 ];
 
 #[derive(Clone, Copy)]
@@ -317,6 +322,13 @@ impl Config {
             return invalid(
                 "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
                  (gVisor's own threads count against the pids limit)"
+                    .to_owned(),
+            );
+        }
+        let r = &self.refusals;
+        if r.window_s == 0 || r.window_s > 86_400 || r.per_source == 0 || r.per_key == 0 {
+            return invalid(
+                "refusals: window_s between 1 and 86400, per_source >= 1 and per_key >= 1"
                     .to_owned(),
             );
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::UNIX_EPOCH;
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, DnsResolver, EgressPolicy, EgressProxy,
     ExecutionGrant, ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, Resolve,
-    ResolveError,
+    ResolveError, Suppressed,
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
@@ -24,7 +24,6 @@ use crate::audit::egress::{ConnectionClose, ConnectionOpen};
 use crate::audit::AuditStore;
 
 pub use crate::runtime::{SANDBOX_PROXY_LISTEN, SANDBOX_SOCKET, SANDBOX_SOCKET_DIR};
-const CLOSE_ATTEMPTS: u32 = 5;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -213,11 +212,51 @@ impl ConnectionRecorder for Recorder {
                     .and_then(|d| chrono::DateTime::from_timestamp_micros(d.as_micros() as i64))
                     .unwrap_or_else(crate::ids::now_micros),
             };
+            // What the journal holds (closes, completions from the last outage) goes first, so
+            // nothing newer is recorded ahead of it; until it has, attempts fail closed.
+            if !self.audit.journal_drained().await {
+                return Err(RecordError(
+                    "the audit journal has not been written back to the database yet".to_owned(),
+                ));
+            }
             self.audit
                 .open_connection(&open)
                 .await
                 .map(ConnectionId)
                 .map_err(|err| RecordError(crate::app::error_chain(&err)))
+        }
+        .boxed()
+    }
+
+    /// One `egress.denied.repeated` event: the denials of one window that had no row.
+    fn suppressed<'a>(&'a self, summary: &'a Suppressed) -> BoxFuture<'a, ()> {
+        async move {
+            let time = |at: std::time::SystemTime| {
+                let micros = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
+                chrono::DateTime::from_timestamp_micros(i64::try_from(micros).unwrap_or(0))
+            };
+            let event = crate::audit::NewEvent {
+                kind: "egress.denied.repeated",
+                execution_id: Some(summary.execution_id.clone()),
+                key_id: None,
+                tenant: Some(summary.tenant.clone()),
+                decision_id: None,
+                allow: Some(false),
+                reasons: serde_json::json!([{"code": "egress.too_many_denials",
+                    "message": "denied attempts past the execution's bounds, counted"}]),
+                input: serde_json::json!({
+                    "from": time(summary.from), "until": time(summary.until),
+                }),
+                decision: serde_json::json!({
+                    "allow": false,
+                    "count": summary.count,
+                    "by_reason": summary.by_reason.iter().cloned().collect::<BTreeMap<_, _>>(),
+                }),
+                policy_revision: Some(self.policy.current().state.revision().to_owned()),
+            };
+            if let Err(err) = self.audit.record_event(&event).await {
+                tracing::error!(execution_id = %summary.execution_id, count = summary.count, error = %crate::app::error_chain(&err), "a denial summary was not recorded");
+            }
         }
         .boxed()
     }
@@ -230,15 +269,11 @@ impl ConnectionRecorder for Recorder {
                 duration_ms: i64::try_from(closed.duration.as_millis()).unwrap_or(i64::MAX),
                 close_reason: closed.reason.to_string(),
                 error: closed.error.clone(),
+                closed_at: crate::ids::now_micros(),
             };
-            for attempt in 1..=CLOSE_ATTEMPTS {
-                match self.audit.close_connection(&id.0, &close).await {
-                    Ok(()) => return,
-                    Err(err) => {
-                        tracing::warn!(connection = %id.0, attempt, error = %err, "recording a connection close failed");
-                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
-                    }
-                }
+            // To the database, or else to the local journal (replayed when it returns).
+            if let Err(err) = self.audit.close_connection_durably(&id.0, &close).await {
+                tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a connection close was lost");
             }
         }
         .boxed()

@@ -49,6 +49,8 @@ pub enum ServeError {
     Audit(#[from] AuditError),
     #[error("HTTP server failed")]
     Http(#[source] std::io::Error),
+    #[error("the local audit journal")]
+    Journal(#[from] audit::journal::JournalError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -90,7 +92,17 @@ async fn run(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let audit = AuditStore::new(db.pool.clone());
+    // Completions and connection closes the database could not take (now or before a restart)
+    // wait here, and are written back first.
+    let journal = audit::journal::Journal::open(&config.data_dir.join("journal"))?;
+    let audit = AuditStore::new(db.pool.clone()).with_journal(Arc::new(journal));
+    let replayed = audit.replay_journal().await?;
+    if replayed > 0 {
+        tracing::warn!(
+            records = replayed,
+            "journal from an earlier outage written back"
+        );
+    }
     let active = policy.current();
     audit
         .record_policy_revision(active.state.revision(), active.state.files(), "startup")
@@ -110,16 +122,24 @@ async fn run(
         instance,
         egress,
     ));
+    app.tasks.spawn(audit::durable::replay_periodically(
+        app.audit.clone(),
+        shutdown.clone(),
+    ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     app.tasks.spawn(app::pool::refill(Arc::clone(&app)));
+    app.tasks
+        .spawn(app::refusals::summarise_periodically(Arc::clone(&app)));
     app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
     tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
-    let server = axum::serve(listener, api::router(Arc::clone(&app)))
-        .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+    // The peer address reaches the handlers (refusals are counted per source address).
+    let service = api::router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
+    let server =
+        axum::serve(listener, service).with_graceful_shutdown(shutdown.clone().cancelled_owned());
     let served = server.await.map_err(ServeError::Http);
 
     tracing::info!("shutting down: waiting for running executions");

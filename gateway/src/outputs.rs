@@ -44,7 +44,8 @@ pub struct Skipped {
 }
 
 /// The manifest of one collection.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Collected {
     pub files: Vec<OutputFile>,
     pub skipped: Vec<Skipped>,

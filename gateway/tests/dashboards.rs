@@ -214,14 +214,17 @@ async fn seed(app: &PgPool) {
         status: "succeeded",
         exit_code: Some(0),
         duration_ms: 120,
-        stdout: "1\n".into(),
-        stderr: String::new(),
+        stdout: b"1\n".to_vec(),
+        stderr: Vec::new(),
         stdout_truncated: false,
         stderr_truncated: false,
         error: None,
         outputs: Default::default(),
     };
-    store.complete_execution("ex_done", &done).await.unwrap();
+    store
+        .complete_execution("ex_done", &done, gateway::ids::now_micros())
+        .await
+        .unwrap();
     let allowed = store
         .open_connection(&attempt("ex_done", "pypi.org", true))
         .await
@@ -232,6 +235,7 @@ async fn seed(app: &PgPool) {
         duration_ms: 80,
         close_reason: "eof".into(),
         error: None,
+        closed_at: gateway::ids::now_micros(),
     };
     store.close_connection(&allowed, &close).await.unwrap();
     for host in ["evil.example", "evil.example", "169.254.169.254"] {

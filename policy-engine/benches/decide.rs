@@ -148,6 +148,8 @@ fn egress_input() -> EgressInput {
                 ],
                 max_connections: 32,
                 max_bytes: 104_857_600,
+                max_denied: None,
+                max_denied_per_s: None,
             },
         },
         connection: Connection {

@@ -144,6 +144,13 @@ pub struct NetworkGrant {
     pub allow: Vec<HostRule>,
     pub max_connections: u32,
     pub max_bytes: u64,
+    /// Denied attempts recorded one by one for the execution; past it they are refused and
+    /// counted into summaries (absent: the proxy's default, 256).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_denied: Option<u32>,
+    /// The same per second (absent: the proxy's default, 20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_denied_per_s: Option<u32>,
 }
 
 /// One allowed host (exact, or `*.example.com` for subdomains) and its ports. The engine refuses a

@@ -27,6 +27,8 @@ fn grant(rules: &[(&str, &[u16])]) -> NetworkGrant {
             .collect(),
         max_connections: 8,
         max_bytes: 1 << 20,
+        max_denied: None,
+        max_denied_per_s: None,
     }
 }
 

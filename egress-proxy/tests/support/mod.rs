@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, EgressProxy, ExecutionGrant,
-    ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, StaticResolver,
+    ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, StaticResolver, Suppressed,
 };
 use futures_util::future::BoxFuture;
 use policy_engine::{HostRule, NetworkGrant, PolicyEngine};
@@ -242,6 +242,8 @@ pub struct Recorded {
 pub struct MemoryRecorder {
     pub records: Mutex<Vec<Recorded>>,
     pub fail: AtomicBool,
+    /// Summaries of denials that had no record of their own.
+    pub suppressed: Mutex<Vec<Suppressed>>,
 }
 
 impl MemoryRecorder {
@@ -299,6 +301,12 @@ impl ConnectionRecorder for MemoryRecorder {
                 .push(closed.clone());
         })
     }
+
+    fn suppressed<'a>(&'a self, summary: &'a Suppressed) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            self.suppressed.lock().unwrap().push(summary.clone());
+        })
+    }
 }
 
 /// The real policy bundle of this repository.
@@ -328,6 +336,8 @@ pub fn grant(hosts: &[&str], ports: &[u16]) -> NetworkGrant {
             .collect(),
         max_connections: 8,
         max_bytes: 10 << 20,
+        max_denied: None,
+        max_denied_per_s: None,
     }
 }
 

@@ -170,6 +170,7 @@ impl Gateway {
     }
 }
 
+/// Milliseconds, sorted.
 pub struct Series(pub Vec<f64>);
 
 impl Series {

@@ -1,5 +1,7 @@
-//! Authentication: `Authorization: Bearer <key>`, looked up by hash. Every failure is audited
-//! before the 401 goes out; if it cannot be audited the answer is 503.
+//! Authentication: `Authorization: Bearer <key>`, looked up by hash. Failures are audited
+//! before the 401 goes out, bounded (`app::refusals`: the first of each source's window as its
+//! own event, the rest counted into one summary, 429 past the rate); if the first cannot be
+//! audited the answer is 503.
 
 use std::sync::Arc;
 
@@ -9,8 +11,13 @@ use axum::http::request::Parts;
 use serde_json::json;
 
 use super::error::{ApiError, ErrorCode};
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+
+use crate::app::refusals::{bounded_text, Refusal, RefusalKind, Verdict};
 use crate::app::App;
-use crate::audit::{claimed_key_id, ApiKey, NewEvent};
+use crate::audit::{claimed_key_id, ApiKey};
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]
@@ -49,25 +56,29 @@ impl FromRequestParts<Arc<App>> for Caller {
                 }
             },
         };
-        let event = NewEvent {
-            kind: "auth.failure",
-            execution_id: None,
-            key_id: None,
+        // Bounded: a row keeps at most MAX_TEXT bytes of the path (plus its length and hash),
+        // repeats within a window become one summary event, and a flood gets 429.
+        let refusal = Refusal {
+            kind: RefusalKind::AuthFailure,
+            source: parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|info| info.0.ip()),
+            key_id: secret.and_then(claimed_key_id),
             tenant: None,
-            decision_id: None,
-            allow: Some(false),
-            reasons: json!([{"code": format!("auth.{failure}"), "message": "authentication failed"}]),
-            input: json!({
-                "method": parts.method.as_str(),
-                "path": parts.uri.path(),
-                "claimed_key_id": secret.and_then(claimed_key_id),
+            code: format!("auth.{failure}"),
+            detail: json!({
+                "method": bounded_text(parts.method.as_str()),
+                "path": bounded_text(parts.uri.path()),
             }),
-            decision: json!({"allow": false}),
-            policy_revision: None,
         };
-        if let Err(err) = app.audit.record_event(&event).await {
-            tracing::error!(error = %crate::app::error_chain(&err), "auditing an authentication failure failed");
-            return Err(ApiError::unavailable());
+        match app.refuse(refusal).await {
+            Ok(Verdict::Throttled { retry_after }) => return Err(ApiError::throttled(retry_after)),
+            Ok(Verdict::Record | Verdict::Counted) => {}
+            Err(err) => {
+                tracing::error!(error = %crate::app::error_chain(&err), "auditing an authentication failure failed");
+                return Err(ApiError::unavailable());
+            }
         }
         Err(ApiError::new(
             ErrorCode::Unauthenticated,

@@ -51,6 +51,8 @@ pub struct ApiError {
     pub message: String,
     pub reasons: Option<Vec<Reason>>,
     pub execution_id: Option<String>,
+    /// Sent as `retry-after` (seconds) with a 429.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl ApiError {
@@ -60,6 +62,18 @@ impl ApiError {
             message: message.into(),
             reasons: None,
             execution_id: None,
+            retry_after: None,
+        }
+    }
+
+    /// 429 with `retry-after`: too many refusals from this source or for this key.
+    pub fn throttled(retry_after: std::time::Duration) -> ApiError {
+        ApiError {
+            retry_after: Some(retry_after),
+            ..ApiError::new(
+                ErrorCode::RateLimited,
+                "too many refused requests from this address or for this key; try again later",
+            )
         }
     }
 
@@ -76,6 +90,7 @@ impl ApiError {
             message: "the policy denied this execution".to_owned(),
             reasons: Some(reasons),
             execution_id: Some(execution_id),
+            retry_after: None,
         }
     }
 }
@@ -89,7 +104,15 @@ impl IntoResponse for ApiError {
         if let Some(id) = self.execution_id {
             error["execution_id"] = json!(id);
         }
-        (self.code.status(), Json(json!({ "error": error }))).into_response()
+        let mut response = (self.code.status(), Json(json!({ "error": error }))).into_response();
+        if let Some(after) = self.retry_after {
+            // Whole seconds, rounded up: a client that waits that long is inside a new window.
+            let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.max(1).into());
+        }
+        response
     }
 }
 

@@ -28,8 +28,15 @@ pub struct ExecutionView {
     pub tenant: String,
     pub language: String,
     pub exit_code: Option<i32>,
+    /// The output as text: exactly what the program wrote when that is UTF-8 (NUL included,
+    /// as `\u0000`); otherwise each invalid sequence shows as U+FFFD and the exact bytes are in
+    /// `stdout_base64`.
     pub stdout: String,
     pub stderr: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stdout_base64: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stderr_base64: Option<String>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub duration_ms: Option<i64>,
@@ -75,6 +82,19 @@ fn public_error(status: &str) -> &'static str {
     }
 }
 
+fn as_text(bytes: Option<&[u8]>) -> String {
+    String::from_utf8_lossy(bytes.unwrap_or_default()).into_owned()
+}
+
+/// The exact bytes (base64) of output that is not valid UTF-8, whose text form lost some.
+fn exact_unless_text(bytes: Option<&[u8]>) -> Option<String> {
+    use base64::Engine as _;
+    let bytes = bytes?;
+    std::str::from_utf8(bytes)
+        .is_err()
+        .then(|| base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
 impl From<ExecutionRow> for ExecutionView {
     fn from(row: ExecutionRow) -> ExecutionView {
         ExecutionView {
@@ -94,8 +114,10 @@ impl From<ExecutionRow> for ExecutionView {
             tenant: row.tenant,
             language: row.language,
             exit_code: row.exit_code,
-            stdout: row.stdout.unwrap_or_default(),
-            stderr: row.stderr.unwrap_or_default(),
+            stdout: as_text(row.stdout.as_deref()),
+            stderr: as_text(row.stderr.as_deref()),
+            stdout_base64: exact_unless_text(row.stdout.as_deref()),
+            stderr_base64: exact_unless_text(row.stderr.as_deref()),
             stdout_truncated: row.stdout_truncated,
             stderr_truncated: row.stderr_truncated,
             duration_ms: row.duration_ms,

@@ -21,7 +21,7 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::handler::Handler;
 use axum::http::{HeaderValue, Method};
 use axum::middleware::{self, Next};
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{self, MethodRouter};
 use axum::Router;
 use tracing::Instrument;
@@ -119,6 +119,7 @@ pub fn router(app: Arc<App>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(refuse_nul_in_target))
         .layer(middleware::from_fn(request_span))
         .with_state(app)
 }
@@ -133,6 +134,34 @@ async fn method_not_allowed() -> ApiError {
         ErrorCode::MethodNotAllowed,
         "this route does not take that method",
     )
+}
+
+/// A NUL byte (`%00`) anywhere in the path or the query string is a 400 before any route
+/// sees it: no id, filter or name may carry one to the database (whose text refuses it, which
+/// would otherwise read as the store being down, 503) or into an audit row.
+async fn refuse_nul_in_target(request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    let carries_nul = [Some(uri.path()), uri.query()]
+        .into_iter()
+        .flatten()
+        .any(decodes_to_nul);
+    if carries_nul {
+        return ApiError::new(
+            ErrorCode::InvalidRequest,
+            "the request path and query must not contain a NUL byte (%00)",
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+/// Whether `text` holds NUL, raw or percent-encoded (`%00`).
+fn decodes_to_nul(text: &str) -> bool {
+    text.contains('\0')
+        || text
+            .as_bytes()
+            .windows(3)
+            .any(|w| w[0] == b'%' && w[1] == b'0' && w[2] == b'0')
 }
 
 /// One span per request, and its id echoed in `x-request-id`.

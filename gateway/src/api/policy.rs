@@ -14,6 +14,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
 use crate::app::policy::ReloadError;
+use crate::app::refusals::bounded_json;
 use crate::app::App;
 use crate::audit::NewEvent;
 
@@ -54,6 +55,13 @@ pub async fn evaluate(
     caller.require_role(&["admin", "reviewer"])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<EvaluateRequest>::from_request(body, &app).await?;
+    // The policy may echo input into its reasons, which the audit row stores as jsonb (no NUL).
+    if request.input.to_string().contains("\\u0000") {
+        return Err(ApiError::new(
+            ErrorCode::InvalidRequest,
+            "input must not contain a NUL character",
+        ));
+    }
     let active = app.policy.current();
     let (decision, allow, reasons): (Value, bool, Vec<Reason>) = match request.entry_point {
         EntryPoint::Execution => {
@@ -75,7 +83,8 @@ pub async fn evaluate(
         decision_id: None,
         allow: Some(allow),
         reasons: json!(reasons),
-        input: json!({"entry_point": request.entry_point, "input": request.input}),
+        // Bounded: a large input (or one with NUL) is kept as its size and SHA-256.
+        input: json!({"entry_point": request.entry_point, "input": bounded_json(&request.input)}),
         decision: decision.clone(),
         policy_revision: Some(active.state.revision().to_owned()),
     };
@@ -113,6 +122,7 @@ pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<
                 message,
             }]),
             execution_id: None,
+            retry_after: None,
         }),
         Err(ReloadError::App(err)) => Err(err.into()),
     }

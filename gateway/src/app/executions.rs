@@ -13,7 +13,7 @@ use policy_engine::{Decision, Environment, FileInput, PolicyInput, Principal, Re
 use super::floor::Runnable;
 use super::launch::{command_for, Launch, Program};
 pub use super::request::{ExecutionRequest, FileUpload, MAX_CODE_BYTES};
-use super::validate::{check_fields, decode_files};
+use super::validate::check_fields;
 use super::{App, AppError};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 
@@ -41,7 +41,7 @@ impl App {
         caller: &ApiKey,
         request: ExecutionRequest,
     ) -> Result<Created, AppError> {
-        let files = decode_files(&request.files)?;
+        let files = self.checked_uploads(caller, &request.files).await?;
         check_fields(&request)?;
         let (_, program_path) = command_for(&request.language);
         if let Some((name, _)) = files
@@ -140,9 +140,11 @@ impl App {
 
     pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
         match self.audit.get_execution(id).await? {
-            // Another tenant's execution is indistinguishable from a missing one.
             Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
-            _ => Err(AppError::NotFound),
+            // Another tenant's execution is indistinguishable from a missing one, but audited
+            // (bounded: `refusals`) as the probe it is.
+            Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),
+            None => Err(AppError::NotFound),
         }
     }
 

@@ -19,6 +19,7 @@ use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
 use super::stream::Stream;
 use super::{error_chain, App};
+use crate::audit::durable::Durable;
 use crate::audit::{Completion, ExecutionRow};
 use crate::egress::{self, ExecutionEgress};
 use crate::outputs::Collected;
@@ -26,8 +27,6 @@ use crate::runtime::{
     Ending, Job, JobFile, JobProxy, Owner, Ran, RunControl, RuntimeError, SandboxPlan, Waits,
     WORKSPACE,
 };
-
-const COMPLETE_ATTEMPTS: u32 = 5;
 
 /// What the agent sent that the sandbox runs.
 #[derive(Debug)]
@@ -99,7 +98,7 @@ impl App {
                 &RuntimeError::Unavailable("the gateway is shutting down".into()),
             ),
         };
-        let stored = self.complete_with_retry(row, done).await;
+        let stored = self.complete_durably(row, done).await;
         // Subscribers get the end only once the record is stored: a late reader of the record
         // sees the same thing the stream said.
         if let Some(stream) = self.streams.get(&id) {
@@ -257,20 +256,16 @@ impl App {
         .map_err(|err| RuntimeError::Unavailable(error_chain(&err)))
     }
 
-    /// Completion is retried; if the store stays down the caller still gets the truth, and the
-    /// row stays `running` for the reconciler.
-    async fn complete_with_retry(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
-        for attempt in 1..=COMPLETE_ATTEMPTS {
-            match self.audit.complete_execution(&row.id, &done).await {
-                Ok(stored) => return stored,
-                Err(err) => {
-                    tracing::warn!(execution_id = %row.id, attempt, error = %err, "completing execution failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(200 * u64::from(attempt)))
-                        .await;
-                }
+    /// Stored, or journaled under the data directory while PostgreSQL is away (replayed when it
+    /// returns); either way the caller gets the truth.
+    async fn complete_durably(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
+        match self.audit.complete_durably(&row.id, &done).await {
+            Ok(Durable::Stored(stored)) => return stored,
+            Ok(Durable::Journaled) => {}
+            Err(err) => {
+                tracing::error!(execution_id = %row.id, error = %error_chain(&err), "execution result not stored");
             }
         }
-        tracing::error!(execution_id = %row.id, "execution result not stored");
         ExecutionRow {
             status: done.status.to_owned(),
             exit_code: done.exit_code,
@@ -422,8 +417,8 @@ fn completion(ran: Result<Ran, RuntimeError>, id: &str) -> Completion {
                 status: "error",
                 exit_code: None,
                 duration_ms: 0,
-                stdout: String::new(),
-                stderr: String::new(),
+                stdout: Vec::new(),
+                stderr: Vec::new(),
                 stdout_truncated: false,
                 stderr_truncated: false,
                 error: Some(err.to_string()),
@@ -450,8 +445,8 @@ fn completion(ran: Result<Ran, RuntimeError>, id: &str) -> Completion {
         status,
         exit_code: exit_code.and_then(|code| i32::try_from(code).ok()),
         duration_ms: i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX),
-        stdout: ran.stdout.text(),
-        stderr: ran.stderr.text(),
+        stdout: ran.stdout.bytes,
+        stderr: ran.stderr.bytes,
         stdout_truncated: ran.stdout.truncated,
         stderr_truncated: ran.stderr.truncated,
         error,

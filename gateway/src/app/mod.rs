@@ -13,6 +13,7 @@ pub mod payloads;
 pub mod policy;
 pub mod pool;
 pub mod reaper;
+pub mod refusals;
 pub mod replay;
 pub mod request;
 pub mod scheduler;
@@ -58,6 +59,8 @@ pub struct App {
     pub outputs_root: PathBuf,
     /// Sandboxes started ahead (`warm_pool`); empty when off.
     pub pool: Arc<pool::WarmPool>,
+    /// Refusals anyone can cause in bulk, counted per window (bounded audit, 429 past the rate).
+    pub refusals: refusals::Refusals,
 }
 
 impl std::fmt::Debug for App {
@@ -95,6 +98,7 @@ impl App {
             scratch_root: under_data("scratch"),
             outputs_root: under_data("outputs"),
             streams: stream::Streams::default(),
+            refusals: refusals::Refusals::new(config.refusals),
             scheduler: scheduler::Scheduler::new(
                 config.max_concurrent,
                 config.max_queued,

@@ -145,11 +145,12 @@ impl App {
 /// A finished record as the events a live follower would have seen.
 fn stored_events(row: &ExecutionRow) -> Vec<StreamEvent> {
     let mut events = Vec::new();
-    if let Some(stdout) = row.stdout.as_ref().filter(|text| !text.is_empty()) {
-        events.push(StreamEvent::Stdout(stdout.clone()));
+    let text = |bytes: &Vec<u8>| String::from_utf8_lossy(bytes).into_owned();
+    if let Some(stdout) = row.stdout.as_ref().filter(|bytes| !bytes.is_empty()) {
+        events.push(StreamEvent::Stdout(text(stdout)));
     }
-    if let Some(stderr) = row.stderr.as_ref().filter(|text| !text.is_empty()) {
-        events.push(StreamEvent::Stderr(stderr.clone()));
+    if let Some(stderr) = row.stderr.as_ref().filter(|bytes| !bytes.is_empty()) {
+        events.push(StreamEvent::Stderr(text(stderr)));
     }
     events.push(StreamEvent::Exit(exit_summary(row)));
     events

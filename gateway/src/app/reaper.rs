@@ -18,8 +18,15 @@ use crate::runtime::Owner;
 pub const INTERVAL: Duration = Duration::from_secs(30);
 /// How long past its deadline a tracked sandbox may still exist before it is destroyed anyway.
 const GRACE: Duration = Duration::from_secs(30);
-const ABANDONED: &str =
-    "the gateway stopped tracking this execution (restart or crash); its sandbox was removed";
+/// Why a record is closed: at the first sweep, what an earlier process of this gateway left
+/// open (it restarted or crashed before recording the end); later, a run this process lost
+/// track of without recording its end (the audit store and the local journal both refused it).
+/// A record whose end waits in the journal is never closed: the replay writes the real end.
+const LEFT_BY_RESTART: &str = "the gateway restarted or crashed before this execution's end was \
+    recorded; its sandbox was removed";
+const END_NOT_STORED: &str = "this gateway lost track of this execution before its end was \
+    recorded (the audit store and the local journal both refused it, or its task failed); its \
+    sandbox was removed";
 
 /// One execution in flight: its deadline once its sandbox has started, and how to cancel it.
 #[derive(Debug, Clone)]
@@ -143,8 +150,10 @@ impl Drop for LiveGuard {
 
 /// Sweeps once at start, then every [`INTERVAL`] until shutdown.
 pub async fn run(app: Arc<App>) {
+    let mut first = true;
     loop {
-        let report = sweep(&app).await;
+        let report = sweep(&app, first).await;
+        first = false;
         if report.containers > 0 || report.records > 0 || report.output_areas > 0 {
             tracing::warn!(
                 containers = report.containers,
@@ -178,7 +187,8 @@ fn sandbox_id(name: &str) -> &str {
     name.strip_prefix("sandgate-").unwrap_or(name)
 }
 
-pub async fn sweep(app: &App) -> SweepReport {
+/// One sweep; `first` is the one at start-up (see [`LEFT_BY_RESTART`]).
+pub async fn sweep(app: &App, first: bool) -> SweepReport {
     let mut report = SweepReport::default();
     match app.runtime.list().await {
         Ok(sandboxes) => {
@@ -212,11 +222,13 @@ pub async fn sweep(app: &App) -> SweepReport {
         }
         Err(err) => tracing::warn!(error = %err, "reaper cannot list sandboxes"),
     }
-    match app
-        .audit
-        .close_abandoned(&app.instance, |id| app.live.contains(id), ABANDONED)
-        .await
-    {
+    let why = if first {
+        LEFT_BY_RESTART
+    } else {
+        END_NOT_STORED
+    };
+    let owned = |id: &str| app.live.contains(id) || app.audit.journal_holds(id);
+    match app.audit.close_abandoned(&app.instance, owned, why).await {
         Ok(closed) => report.records = closed,
         Err(err) => tracing::warn!(error = %err, "reaper cannot close abandoned records"),
     }

@@ -3,8 +3,10 @@
 
 use base64::Engine as _;
 
+use super::refusals::{bounded_text, Refusal, RefusalKind, Verdict};
 use super::request::{ExecutionRequest, FileUpload};
-use super::AppError;
+use super::{App, AppError};
+use crate::audit::ApiKey;
 
 const MAX_FILES: usize = 256;
 /// Most labels, and most network destinations, in one request.
@@ -44,10 +46,63 @@ pub(super) fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
     Ok(())
 }
 
+/// Why an upload was refused. Both are 400; a traversal is also audited as a hostile refusal.
+#[derive(Debug)]
+pub enum UploadError {
+    /// A name that would leave `/workspace` (absolute, `..`, `.`, empty parts, a backslash),
+    /// however it is spelt.
+    Traversal {
+        name: String,
+        message: String,
+    },
+    Invalid(String),
+}
+
+impl From<UploadError> for AppError {
+    fn from(err: UploadError) -> AppError {
+        match err {
+            UploadError::Traversal { message, .. } | UploadError::Invalid(message) => {
+                AppError::Invalid(message)
+            }
+        }
+    }
+}
+
+impl App {
+    /// [`decode_files`], with a traversal attempt audited (bounded, see `refusals`) before the
+    /// 400; past the caller's rate it is a 429.
+    pub(super) async fn checked_uploads(
+        &self,
+        caller: &ApiKey,
+        files: &[FileUpload],
+    ) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+        let err = match decode_files(files) {
+            Ok(files) => return Ok(files),
+            Err(err) => err,
+        };
+        if let UploadError::Traversal { name, .. } = &err {
+            let refusal = Refusal {
+                kind: RefusalKind::UploadTraversal,
+                source: None,
+                key_id: Some(caller.id.clone()),
+                tenant: Some(caller.tenant.clone()),
+                code: "request.path_traversal".to_owned(),
+                detail: serde_json::json!({"file": bounded_text(name)}),
+            };
+            if let Verdict::Throttled { .. } = self.refuse(refusal).await? {
+                return Err(AppError::RateLimited(
+                    "too many refused uploads from this key".to_owned(),
+                ));
+            }
+        }
+        Err(err.into())
+    }
+}
+
 /// Decodes uploads and checks their names: relative, inside `/workspace`, bounded.
-pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)>, UploadError> {
     if files.len() > MAX_FILES {
-        return Err(AppError::Invalid(format!(
+        return Err(UploadError::Invalid(format!(
             "{} files; the limit is {MAX_FILES}",
             files.len()
         )));
@@ -59,13 +114,13 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
         .map(|file| {
             let path = normalise_path(&file.path)?;
             if !seen.insert(path.clone()) {
-                return Err(AppError::Invalid(format!(
+                return Err(UploadError::Invalid(format!(
                     "file {:?}: given more than once",
                     file.path
                 )));
             }
             let content = b64.decode(&file.content_b64).map_err(|err| {
-                AppError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+                UploadError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
             })?;
             Ok((path, content))
         })
@@ -74,18 +129,26 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
 
 /// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
 /// form and every form reached by percent-decoding and NFKC-normalising again (until nothing
-/// changes, at most [`MAX_DECODE_ROUNDS`] rounds; a name still changing after that is refused)
-/// all pass [`check_path`]. So look-alikes (fullwidth dots and slashes), encoded separators
-/// (`%2e%2e/x`), names encoded twice (`%252e%252e/x`) and encoded look-alikes
-/// (`%EF%BC%8E%EF%BC%8E/x`) cannot smuggle a traversal past the check into something that later
-/// normalises or decodes it. (Found by `gateway/tests/fuzz_names.rs`.)
-pub fn normalise_path(path: &str) -> Result<String, AppError> {
+/// changes, at most [`MAX_DECODE_ROUNDS`] rounds; a name still changing after that is refused),
+/// from the name as sent and from its NFKC form, all pass [`check_path`]. So look-alikes
+/// (fullwidth dots and slashes), encoded separators (`%2e%2e/x`), names encoded twice
+/// (`%252e%252e/x`), encoded look-alikes (`%EF%BC%8E%EF%BC%8E/x`) and encodings that
+/// composing hides (`%5c` and a combining accent) cannot smuggle a traversal past the check
+/// into something that later normalises or decodes it. (Found by `gateway/tests/fuzz_names.rs`.)
+pub fn normalise_path(path: &str) -> Result<String, UploadError> {
     use unicode_normalization::UnicodeNormalization;
-    let refuse = |why: String| AppError::Invalid(format!("file {path:?}: {why}"));
+    let refuse = |fault: NameFault| {
+        let message = format!("file {path:?}: {}", fault.why());
+        match fault {
+            NameFault::Escapes(_) => UploadError::Traversal {
+                name: path.to_owned(),
+                message,
+            },
+            NameFault::Malformed(_) => UploadError::Invalid(message),
+        }
+    };
     let nfc: String = path.nfc().collect();
     check_path(&nfc).map_err(refuse)?;
-    // From the name as sent and from its NFKC form: composing can hide an escape (`%5c` and a
-    // combining accent compose to `%5ć`, but decode to a backslash first).
     let nfkc: String = path.nfkc().collect();
     for start in [path.to_owned(), nfkc] {
         decoded_forms_pass(start).map_err(refuse)?;
@@ -95,7 +158,7 @@ pub fn normalise_path(path: &str) -> Result<String, AppError> {
 
 /// Checks `form` and every form reached from it by percent-decoding, then NFKC, until nothing
 /// changes (at most [`MAX_DECODE_ROUNDS`] rounds).
-fn decoded_forms_pass(mut form: String) -> Result<(), String> {
+fn decoded_forms_pass(mut form: String) -> Result<(), NameFault> {
     use unicode_normalization::UnicodeNormalization;
     check_path(&form)?;
     for _ in 0..MAX_DECODE_ROUNDS {
@@ -108,9 +171,25 @@ fn decoded_forms_pass(mut form: String) -> Result<(), String> {
         }
         form = next;
     }
-    Err(format!(
-        "path is still percent-encoded after {MAX_DECODE_ROUNDS} rounds of decoding"
+    Err(NameFault::Escapes(
+        "path is still percent-encoded after several rounds of decoding",
     ))
+}
+
+/// What is wrong with an upload name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NameFault {
+    /// It would leave `/workspace`: a traversal attempt.
+    Escapes(&'static str),
+    Malformed(&'static str),
+}
+
+impl NameFault {
+    fn why(self) -> &'static str {
+        match self {
+            NameFault::Escapes(why) | NameFault::Malformed(why) => why,
+        }
+    }
 }
 
 /// `%XX` sequences decoded (lossily); anything else kept.
@@ -137,25 +216,28 @@ fn percent_decode(text: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn check_path(path: &str) -> Result<(), String> {
-    let bad = |why: &str| Err(why.to_owned());
+fn check_path(path: &str) -> Result<(), NameFault> {
     if path.is_empty() || path.len() > MAX_PATH_BYTES {
-        return bad("path must be 1 to 255 bytes");
-    }
-    if path.starts_with('/') {
-        return bad("path must be relative to /workspace");
+        return Err(NameFault::Malformed("path must be 1 to 255 bytes"));
     }
     if path.chars().any(char::is_control) {
-        return bad("path must not contain control characters");
+        return Err(NameFault::Malformed(
+            "path must not contain control characters",
+        ));
+    }
+    if path.starts_with('/') {
+        return Err(NameFault::Escapes("path must be relative to /workspace"));
     }
     if path.contains('\\') {
-        return bad("path must not contain a backslash");
+        return Err(NameFault::Escapes("path must not contain a backslash"));
     }
     if path
         .split('/')
         .any(|part| part.is_empty() || part == "." || part == "..")
     {
-        return bad("path must not contain empty, '.' or '..' components");
+        return Err(NameFault::Escapes(
+            "path must not contain empty, '.' or '..' components",
+        ));
     }
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! dials, completed when the connection closes.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{chain, AuditError, AuditStore, NewEvent};
@@ -27,13 +27,16 @@ pub struct ConnectionOpen {
     pub opened_at: DateTime<Utc>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ConnectionClose {
     pub bytes_up: i64,
     pub bytes_down: i64,
     pub duration_ms: i64,
     pub close_reason: String,
     pub error: Option<String>,
+    /// When it closed (a replay from the journal writes this, not the time of the replay).
+    pub closed_at: DateTime<Utc>,
 }
 
 /// A row of `egress_connections`, as the API returns it.
@@ -113,7 +116,7 @@ impl AuditStore {
         close: &ConnectionClose,
     ) -> Result<(), AuditError> {
         sqlx::query(
-            "UPDATE egress_connections SET closed_at = now(), bytes_up = $2, bytes_down = $3, \
+            "UPDATE egress_connections SET closed_at = $7, bytes_up = $2, bytes_down = $3, \
              duration_ms = $4, close_reason = $5, error = $6 WHERE id = $1",
         )
         .bind(id)
@@ -121,7 +124,8 @@ impl AuditStore {
         .bind(close.bytes_down)
         .bind(close.duration_ms)
         .bind(&close.close_reason)
-        .bind(&close.error)
+        .bind(close.error.as_deref().map(super::durable::without_nul))
+        .bind(close.closed_at)
         .execute(&self.pool)
         .await?;
         Ok(())

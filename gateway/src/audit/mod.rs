@@ -3,7 +3,9 @@
 
 pub mod approvals;
 pub mod chain;
+pub mod durable;
 pub mod egress;
+pub mod journal;
 pub mod keys;
 pub mod read;
 pub mod verify;
@@ -58,8 +60,9 @@ pub struct ExecutionRow {
     pub finished_at: Option<DateTime<Utc>>,
     pub exit_code: Option<i32>,
     pub duration_ms: Option<i64>,
-    pub stdout: Option<String>,
-    pub stderr: Option<String>,
+    /// Exactly the bytes the program wrote (NUL and invalid UTF-8 included), up to the cap.
+    pub stdout: Option<Vec<u8>>,
+    pub stderr: Option<Vec<u8>>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub outputs: Json<Value>,
@@ -76,14 +79,24 @@ pub struct ExecutionRow {
     pub container: Option<String>,
 }
 
-/// How an execution ended, written once the sandbox is gone.
-#[derive(Debug, Clone)]
+/// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
+/// [`durable::known_status`] instead of borrowing it from the input).
+pub type Status = &'static str;
+
+/// How an execution ended, written once the sandbox is gone (or journaled, see
+/// [`journal`], when the database cannot take it).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Completion {
-    pub status: &'static str,
+    #[serde(deserialize_with = "durable::known_status")]
+    pub status: Status,
     pub exit_code: Option<i32>,
     pub duration_ms: i64,
-    pub stdout: String,
-    pub stderr: String,
+    /// The program's bytes as they are: stored as `bytea`, journaled as base64.
+    #[serde(with = "durable::base64_bytes")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "durable::base64_bytes")]
+    pub stderr: Vec<u8>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
     pub error: Option<String>,
@@ -93,11 +106,25 @@ pub struct Completion {
 #[derive(Debug, Clone)]
 pub struct AuditStore {
     pool: PgPool,
+    /// Where completions and connection closes go while the database is down (the server's
+    /// store has one; the command line's does not need one).
+    journal: Option<std::sync::Arc<journal::Journal>>,
 }
 
 impl AuditStore {
     pub fn new(pool: PgPool) -> AuditStore {
-        AuditStore { pool }
+        AuditStore {
+            pool,
+            journal: None,
+        }
+    }
+
+    /// The same store, keeping what it cannot write in `journal` (see [`durable`]).
+    pub fn with_journal(self, journal: std::sync::Arc<journal::Journal>) -> AuditStore {
+        AuditStore {
+            journal: Some(journal),
+            ..self
+        }
     }
 
     pub async fn ping(&self) -> Result<(), AuditError> {
@@ -199,16 +226,20 @@ impl AuditStore {
         Ok(())
     }
 
+    /// Writes how an execution ended, as it happened at `finished_at` (a replay from the
+    /// journal writes the time it really ended, not the time of the replay). No column can
+    /// refuse what a program wrote: output is `bytea`, and NUL is taken out of the error text.
     pub async fn complete_execution(
         &self,
         id: &str,
         done: &Completion,
+        finished_at: DateTime<Utc>,
     ) -> Result<ExecutionRow, AuditError> {
         let row = sqlx::query_as(
             "UPDATE executions SET status = $2, exit_code = $3, duration_ms = $4, stdout = $5, \
              stderr = $6, stdout_truncated = $7, stderr_truncated = $8, error = $9, \
              outputs = $10, outputs_skipped = $11, outputs_truncated = $12, \
-             finished_at = now() WHERE id = $1 RETURNING *",
+             finished_at = $13 WHERE id = $1 RETURNING *",
         )
         .bind(id)
         .bind(done.status)
@@ -218,10 +249,11 @@ impl AuditStore {
         .bind(&done.stderr)
         .bind(done.stdout_truncated)
         .bind(done.stderr_truncated)
-        .bind(&done.error)
+        .bind(done.error.as_deref().map(durable::without_nul))
         .bind(Json(&done.outputs.files))
         .bind(Json(&done.outputs.skipped))
         .bind(done.outputs.truncated)
+        .bind(finished_at)
         .fetch_one(&self.pool)
         .await?;
         Ok(row)
