@@ -52,8 +52,8 @@ run: setup build ## set up, build and start the gateway (SANDGATE_* variables pa
 test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
 
-policy-test: check-cargo ## the policy bundle's YAML cases (policies/tests), failing under 90% line coverage
-	cargo run -q --bin sandgate -- policy test policies --min-coverage 90
+policy-test: gateway ## the policy bundle's YAML cases and golden decision matrix (policies/tests), failing under 90% line coverage
+	$(GATEWAY) policy test policies --min-coverage 90
 
 bench: check-cargo init ## measure, with baselines in the same run: policy decision latency, proxy throughput and CONNECT latency, cold execution vs raw Docker, 16 concurrent executions, audit writes vs COPY, audit rows per 10,000 failed authentications before/after bounding (DESIGN 8; root, after setup)
 	cargo bench -p policy-engine --bench decide

@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use chrono::{DateTime, Utc};
 
+use policy_engine::matrix::{self, MatrixCheck};
 use policy_engine::{cases, PolicyEngine};
 
 use crate::app::keys::{check_new_key, CheckedKey};
@@ -118,21 +119,53 @@ pub fn expiry_from_now(text: &str) -> anyhow::Result<DateTime<Utc>> {
 pub struct PolicyTestOutcome {
     pub report: cases::CaseReport,
     pub coverage: f64,
+    /// The golden decision matrix (`tests/decisions.out`) against the bundle's decisions.
+    pub matrix: MatrixCheck,
 }
 
 impl PolicyTestOutcome {
     pub fn ok(&self, min_coverage: f64) -> bool {
-        self.report.failed() == 0 && self.coverage >= min_coverage
+        self.report.failed() == 0
+            && self.coverage >= min_coverage
+            && !matches!(self.matrix, MatrixCheck::Differs(_))
+    }
+
+    /// What the matrix check found, as `sandgate policy test` prints it.
+    pub fn matrix_summary(&self, dir: &Path) -> String {
+        let path = dir.join(matrix::MATRIX_FILE);
+        match &self.matrix {
+            MatrixCheck::Matches => format!("decision matrix {}: matches\n", path.display()),
+            MatrixCheck::Absent => {
+                format!("decision matrix {}: none (not checked)\n", path.display())
+            }
+            MatrixCheck::Blessed => {
+                format!("decision matrix {}: rewritten (--bless)\n", path.display())
+            }
+            MatrixCheck::Differs(changes) => format!(
+                "FAIL decision matrix {}: the bundle decides differently:\n{changes}\
+                 If the change is intended, rewrite it with `sandgate policy test {} --bless` \
+                 and commit it with the policy change.\n",
+                path.display(),
+                dir.display()
+            ),
+        }
     }
 }
 
-/// `sandgate policy test [DIR]`: the bundle's YAML cases, with line coverage.
-pub fn policy_test(dir: &Path) -> anyhow::Result<PolicyTestOutcome> {
+/// `sandgate policy test [DIR] [--bless]`: the bundle's YAML cases, with line coverage, and
+/// its golden decision matrix (rewritten instead of checked when `bless`).
+pub fn policy_test(dir: &Path, bless: bool) -> anyhow::Result<PolicyTestOutcome> {
     let engine = load(dir)?;
     let report = cases::run_cases(&engine, &dir.join("tests"))
         .with_context(|| format!("running the cases in {}", dir.join("tests").display()))?;
     let coverage = report.coverage_percent();
-    Ok(PolicyTestOutcome { report, coverage })
+    let matrix = matrix::check(&engine, dir, bless)
+        .with_context(|| format!("checking {}", dir.join(matrix::MATRIX_FILE).display()))?;
+    Ok(PolicyTestOutcome {
+        report,
+        coverage,
+        matrix,
+    })
 }
 
 /// `sandgate policy replay`: re-decides the execution decisions of the last `since` with the

@@ -221,6 +221,44 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("refusals", EnvValue::Yaml),
 ];
 
+/// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,
+/// `exec --url/--key`) and `images/build.sh`'s. Any other `SANDGATE_*` is a warning at start.
+const OTHER_ENV_VARS: &[&str] = &[
+    "SANDGATE_CONFIG",
+    "SANDGATE_URL",
+    "SANDGATE_KEY",
+    "SANDGATE_IMAGE_MIRROR",
+    "SANDGATE_IMAGE_SUITE",
+    "SANDGATE_IMAGE_TMPDIR",
+    "SANDGATE_IMAGE_EXTRA_CA",
+    "SANDGATE_IMAGE_TRUST_HOST_CA",
+];
+
+/// The `SANDGATE_*` names among `names` that nothing reads (a typo such as
+/// `SANDGATE_MAX_CONCURENT`), sorted.
+pub fn unknown_env_vars(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let known = known_env_vars();
+    let mut unknown: Vec<String> = names
+        .into_iter()
+        .filter(|name| name.starts_with("SANDGATE_") && !known.contains(name))
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+/// Every variable the gateway reads, for the warning about an unknown one.
+pub fn known_env_vars() -> Vec<String> {
+    ENV_KEYS
+        .iter()
+        .map(|(key, _)| env_var(key))
+        .chain(OTHER_ENV_VARS.iter().map(|var| (*var).to_owned()))
+        .collect()
+}
+
+fn env_var(key: &str) -> String {
+    format!("SANDGATE_{}", key.to_ascii_uppercase())
+}
+
 #[derive(Clone, Copy)]
 enum EnvValue {
     Text,
@@ -256,19 +294,21 @@ impl Config {
         let map = doc
             .as_mapping_mut()
             .ok_or_else(|| invalid("the config file must be a YAML mapping".to_owned()))?;
+        let mut from_env = Vec::new();
         for (key, kind) in ENV_KEYS {
-            let var = format!("SANDGATE_{}", key.to_ascii_uppercase());
+            let var = env_var(key);
             let Some(raw) = env(&var) else { continue };
             let value = match kind {
                 EnvValue::Text => serde_yaml_ng::Value::String(raw),
-                EnvValue::Yaml => {
-                    serde_yaml_ng::from_str(&raw).map_err(|err| invalid(format!("{var}: {err}")))?
-                }
+                EnvValue::Yaml => serde_yaml_ng::from_str(&raw).map_err(|err| {
+                    invalid(format!("{var}: {}", crate::plain::plain(&err.to_string())))
+                })?,
             };
             map.insert(serde_yaml_ng::Value::String((*key).to_owned()), value);
+            from_env.push(*key);
         }
-        let config: Config =
-            serde_yaml_ng::from_value(doc).map_err(|err| invalid(err.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(doc)
+            .map_err(|err| invalid(type_error(&err, &from_env)))?;
         config.validate()?;
         Ok(config)
     }
@@ -347,6 +387,24 @@ impl Config {
     }
 }
 
+/// A deserialisation error naming where it is: the key path (`ceilings.pids`), and the
+/// `SANDGATE_*` variable when the value came from the environment; no Rust type names.
+fn type_error(err: &serde_path_to_error::Error<serde_yaml_ng::Error>, from_env: &[&str]) -> String {
+    let inner = crate::plain::plain(&err.inner().to_string());
+    let path = err.path().to_string();
+    if path == "." {
+        return inner;
+    }
+    let top = path.split(['.', '[']).next().unwrap_or_default();
+    match from_env.iter().find(|key| **key == top) {
+        Some(key) => format!(
+            "{} (from the environment, key {path}): {inner}",
+            env_var(key)
+        ),
+        None => format!("{path}: {inner}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -380,6 +438,36 @@ mod tests {
         assert_eq!(config.listen.port(), 9999);
         assert_eq!(config.max_concurrent, 3);
         assert_eq!(config.database_url.as_deref(), Some("postgres://u@h/db"));
+    }
+
+    #[test]
+    fn type_errors_name_the_key_or_the_variable_in_plain_words() {
+        let err = Config::from_yaml_and_env("max_concurrent: lots\n", no_env).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("max_concurrent: "), "{text}");
+        assert!(text.contains("a whole number"), "{text}");
+        assert!(!text.contains("usize"), "{text}");
+
+        let env = |key: &str| (key == "SANDGATE_MAX_QUEUED").then(|| "many".to_owned());
+        let text = Config::from_yaml_and_env("", env).unwrap_err().to_string();
+        assert!(text.contains("SANDGATE_MAX_QUEUED"), "{text}");
+
+        let text = Config::from_yaml_and_env("ceilings: {pids: x}\n", no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("ceilings.pids: "), "{text}");
+    }
+
+    #[test]
+    fn unknown_sandgate_variables_are_found_and_known_ones_are_not() {
+        let names = [
+            "SANDGATE_MAX_CONCURENT",
+            "SANDGATE_MAX_CONCURRENT",
+            "SANDGATE_KEY",
+            "HOME",
+        ]
+        .map(str::to_owned);
+        assert_eq!(unknown_env_vars(names), ["SANDGATE_MAX_CONCURENT"]);
     }
 
     #[test]

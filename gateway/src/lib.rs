@@ -15,6 +15,7 @@ pub mod database;
 pub mod egress;
 pub mod ids;
 pub mod outputs;
+pub mod plain;
 pub mod principal;
 pub mod runtime;
 

@@ -52,7 +52,8 @@ struct ExecArgs {
     /// The program (`-` for stdin).
     #[arg(long)]
     file: PathBuf,
-    #[arg(long, default_value = "python")]
+    /// The language to run it as: python or bash (the gateway's configured `images`).
+    #[arg(long, default_value = "python", value_name = "python|bash")]
     lang: String,
     /// A file to upload into /workspace under its own name (repeatable); `PATH=NAME` names it.
     #[arg(long = "file-in")]
@@ -63,7 +64,9 @@ struct ExecArgs {
     /// A mount to ask for, e.g. `dataset:census` (repeatable).
     #[arg(long)]
     mount: Vec<String>,
-    #[arg(long)]
+    /// Wall-time limit to ask for, in milliseconds (the policy and the configured ceilings
+    /// may lower it; default: the policy's).
+    #[arg(long, value_name = "MS")]
     timeout_ms: Option<u64>,
     /// Download the files the program wrote to /output into this directory: only as new
     /// regular files (never through a symlink, never over an existing file), no dot-files.
@@ -78,9 +81,9 @@ struct ExecArgs {
     /// The gateway (default: http:// + the configured listen address).
     #[arg(long, env = "SANDGATE_URL")]
     url: Option<String>,
-    /// An agent API key.
+    /// An agent API key (or set SANDGATE_KEY, which keeps it out of the process list).
     #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
-    key: String,
+    key: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -127,14 +130,20 @@ enum KeysCommand {
 
 #[derive(Subcommand)]
 enum PolicyCommand {
-    /// Run the YAML decision cases in DIR/tests; print failures, line coverage and
-    /// "N passed, N failed". Exits non-zero on a failure or coverage under the minimum.
+    /// Run the YAML decision cases in DIR/tests and check the golden decision matrix
+    /// DIR/tests/decisions.out; print failures, line coverage, "N passed, N failed" and the
+    /// matrix's changed lines. Exits non-zero on a failure, a matrix that differs, or coverage
+    /// under the minimum.
     Test {
         /// Policy directory (default: the configured policy_dir).
         dir: Option<PathBuf>,
         /// Minimum line coverage, in percent, over all .rego files.
         #[arg(long, default_value_t = 0.0)]
         min_coverage: f64,
+        /// Rewrite DIR/tests/decisions.out from the bundle's decisions instead of checking it
+        /// (commit it with the policy change, for reviewers to read as a diff).
+        #[arg(long)]
+        bless: bool,
     },
     /// Print the decision for one input (JSON or YAML file), without running anything.
     Eval {
@@ -155,10 +164,24 @@ enum PolicyCommand {
         /// Candidate policy directory (default: the configured policy_dir).
         #[arg(long)]
         policy_dir: Option<PathBuf>,
-        /// How many changed cases to print.
+        /// How many changed cases to print (text format).
         #[arg(long, default_value_t = 20)]
         first: usize,
+        /// Exit 1 when a changed decision is of one of these kinds (comma-separated):
+        /// allow-to-deny, review-to-allow, ... (any two of allow, review, deny), backend,
+        /// network, limits, mounts, policy-error, any.
+        #[arg(long, value_delimiter = ',', value_name = "CHANGE,...")]
+        fail_on: Vec<gateway::app::replay::FailOn>,
+        /// text (a summary and the first changed cases) or json (the whole report).
+        #[arg(long, value_enum, default_value = "text")]
+        format: ReportFormat,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -181,19 +204,35 @@ impl Role {
 }
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, not in files, pipes or journald.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+    warn_unknown_env_vars();
     match main_exit(Cli::parse()) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("sandgate: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A `SANDGATE_*` variable nothing reads is most likely a typo: say so, with the known names.
+fn warn_unknown_env_vars() {
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for var in gateway::config::unknown_env_vars(names) {
+        tracing::warn!(
+            variable = %var,
+            known = %gateway::config::known_env_vars().join(", "),
+            "{var} is set but sandgate reads no such variable; ignored"
+        );
     }
 }
 
@@ -209,6 +248,10 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
+    let key = args.key.clone().context(
+        "no API key: set SANDGATE_KEY (export SANDGATE_KEY=sgk_...) or pass --key; \
+         an admin creates one with `sandgate keys create --role agent --tenant NAME`",
+    )?;
     let code = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the program from stdin")?
     } else {
@@ -247,7 +290,7 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         url: args
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen)),
-        key: args.key,
+        key,
         language: args.lang,
         code,
         files,
@@ -370,14 +413,23 @@ async fn keys(command: KeysCommand, config: &Config) -> anyhow::Result<()> {
 
 async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
     match command {
-        PolicyCommand::Test { dir, min_coverage } => {
+        PolicyCommand::Test {
+            dir,
+            min_coverage,
+            bless,
+        } => {
             let dir = dir.unwrap_or_else(|| config.policy_dir.clone());
-            let outcome = gateway::commands::policy_test(&dir)?;
+            let outcome = gateway::commands::policy_test(&dir, bless)?;
             print!("{}", outcome.report.render());
+            print!("{}", outcome.matrix_summary(&dir));
             if !outcome.ok(min_coverage) {
                 anyhow::bail!(
-                    "{} failed, line coverage {:.1}% (minimum {min_coverage}%)",
+                    "{} cases failed, decision matrix {}, line coverage {:.1}% (minimum {min_coverage}%)",
                     outcome.report.failed(),
+                    match outcome.matrix {
+                        policy_engine::matrix::MatrixCheck::Differs(_) => "differs",
+                        _ => "ok",
+                    },
                     outcome.coverage
                 );
             }
@@ -408,10 +460,25 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
             since,
             policy_dir,
             first,
+            fail_on,
+            format,
         } => {
             let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
             let (revision, report) = gateway::commands::policy_replay(config, &dir, &since).await?;
-            print!("{}", report.render(&revision, first));
+            match format {
+                ReportFormat::Text => print!("{}", report.render(&revision, first)),
+                ReportFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "candidate": revision,
+                        "report": report,
+                    }))?
+                ),
+            }
+            let failures = report.failures(&fail_on);
+            if failures > 0 {
+                anyhow::bail!("{failures} changed decisions match --fail-on");
+            }
         }
     }
     Ok(())

@@ -55,8 +55,10 @@ pub struct HostPort {
     pub port: u16,
 }
 
-/// Limits the client asked for; absent fields are left out of the policy input entirely.
+/// Limits the client asked for; absent fields are left out of the policy input entirely. An
+/// unknown name (`timeout` for `timeout_ms`) is refused, naming the allowed ones.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RequestedLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,

@@ -12,7 +12,7 @@ use super::error::{ApiError, ErrorCode};
 use super::listing::non_empty;
 use super::query::{page_size, ApiQuery};
 use crate::app::{App, AppError};
-use crate::audit::read::{AuditEvent, EventFilter};
+use crate::audit::read::{AuditEvent, EventFilter, KindFilter, EVENT_KINDS};
 use crate::audit::verify::Verification;
 
 /// Page size when `limit` is absent.
@@ -52,8 +52,12 @@ pub async fn events(
         Some(since) => Some(parse_since(&since)?),
         None => None,
     };
+    let kind = match non_empty(query.kind) {
+        Some(kind) => Some(KindFilter::parse(&kind).ok_or_else(|| unknown_kind(&kind))?),
+        None => None,
+    };
     let filter = EventFilter {
-        kind: non_empty(query.kind),
+        kind,
         execution_id: non_empty(query.execution_id),
         since,
         before: query.before,
@@ -71,6 +75,27 @@ pub async fn events(
         events,
         next_before,
     }))
+}
+
+/// 400 for a `kind` no event can have, listing the kinds and families that exist.
+fn unknown_kind(kind: &str) -> ApiError {
+    let mut families: Vec<&str> = EVENT_KINDS
+        .iter()
+        .filter_map(|kind| kind.split_once('.').map(|(family, _)| family))
+        .collect();
+    families.dedup();
+    ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!(
+            "no event has kind {kind:?}: kind must be one of {}, or a family: {}",
+            EVENT_KINDS.join(", "),
+            families
+                .iter()
+                .map(|family| format!("{family}.*"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
 }
 
 fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {

@@ -191,5 +191,13 @@ pub async fn get(
     Path(id): Path<String>,
 ) -> Result<Json<ExecutionView>, ApiError> {
     let row = app.get_execution(&caller.0, &id).await?;
-    Ok(Json(ExecutionView::from(row)))
+    let live = (row.finished_at.is_none())
+        .then(|| app.streams.get(&row.id))
+        .flatten();
+    let mut view = ExecutionView::from(row);
+    // While it runs here: the output so far, as the live stream has it.
+    if let Some(stream) = live {
+        (view.stdout, view.stderr) = stream.text_so_far();
+    }
+    Ok(Json(view))
 }

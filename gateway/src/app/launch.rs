@@ -98,6 +98,7 @@ impl App {
                 &RuntimeError::Unavailable("the gateway is shutting down".into()),
             ),
         };
+        self.save_stream_layout(&id).await;
         let stored = self.complete_durably(row, done).await;
         // Subscribers get the end only once the record is stored: a late reader of the record
         // sees the same thing the stream said.

@@ -120,11 +120,30 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
                 )));
             }
             let content = b64.decode(&file.content_b64).map_err(|err| {
-                UploadError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+                UploadError::Invalid(format!(
+                    "file {:?}: content_b64 is not base64 ({}); use the standard alphabet \
+                     (A-Z a-z 0-9 + /) with = padding and no spaces or line breaks",
+                    file.path,
+                    base64_problem(&err)
+                ))
             })?;
             Ok((path, content))
         })
         .collect()
+}
+
+/// What is wrong with a base64 text, in words (the crate's own text says "Invalid symbol 32").
+fn base64_problem(err: &base64::DecodeError) -> String {
+    match err {
+        base64::DecodeError::InvalidByte(offset, byte)
+        | base64::DecodeError::InvalidLastSymbol(offset, byte) => {
+            format!("character {:?} at offset {offset}", char::from(*byte))
+        }
+        base64::DecodeError::InvalidLength(length) => {
+            format!("{length} characters, a length no padding can make whole")
+        }
+        base64::DecodeError::InvalidPadding => "wrong or missing = padding".to_owned(),
+    }
 }
 
 /// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)

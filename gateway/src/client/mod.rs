@@ -333,8 +333,13 @@ async fn call(
 }
 
 fn api_error(status: StatusCode, body: &Value) -> String {
+    let hint = if status == StatusCode::UNAUTHORIZED {
+        "; the key comes from --key or SANDGATE_KEY"
+    } else {
+        ""
+    };
     format!(
-        "the gateway answered {status}: {} ({})",
+        "the gateway answered {status}: {} ({}){hint}",
         body["error"]["message"].as_str().unwrap_or("no message"),
         body["error"]["code"].as_str().unwrap_or("no code")
     )

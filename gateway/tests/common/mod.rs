@@ -92,7 +92,7 @@ pub async fn fresh_database() -> String {
     gateway::database::create_database_if_missing(pg, &name)
         .await
         .expect("create test database");
-    let socket_dir = pg.pgdata().parent().unwrap().join("run");
+    let socket_dir = pg.socket_dir();
     format!(
         "postgres://postgres@localhost/{name}?host={}&port=5432",
         socket_dir.display()
