@@ -23,7 +23,7 @@ INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh images/build.sh .ci/run
 
 .PHONY: help setup images build gateway init run test policy-test bench lint fmt fmt-check \
-	clippy shellcheck clean check-cargo
+	clippy shellcheck clean check-cargo fuzz
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -67,6 +67,13 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 	cargo bench -p gateway --bench refusals
+
+# Each fuzz harness also runs in `make test` with proptest's default number of cases.
+FUZZ_CASES ?= 200000
+fuzz: check-cargo ## long fuzzing runs of the parsers facing the sandbox (FUZZ_CASES per property, default 200000); failures land in proptest-regressions files: commit them
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p egress-proxy --lib fuzz::
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p sandbox-init --test fuzz_spec
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p gateway --test fuzz_names
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
 

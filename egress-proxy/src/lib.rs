@@ -42,6 +42,8 @@ mod config;
 mod conn;
 mod credentials;
 mod denials;
+#[cfg(test)]
+mod fuzz;
 mod head;
 mod host;
 mod inspect;

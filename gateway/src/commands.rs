@@ -4,11 +4,14 @@
 use std::path::Path;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 
 use policy_engine::matrix::{self, MatrixCheck};
 use policy_engine::{cases, PolicyEngine};
 
+use crate::app::keys::{check_new_key, CheckedKey};
 use crate::app::replay::{self, ReplayReport};
+use crate::audit::keys::{KeyRow, Revoked};
 use crate::audit::verify::Verification;
 use crate::audit::{AuditStore, NewKey};
 use crate::config::Config;
@@ -27,13 +30,88 @@ pub async fn create_key_for(
     tenant: &str,
     principal: Option<&str>,
 ) -> anyhow::Result<NewKey> {
-    crate::app::keys::check_new_key(role, tenant, principal).map_err(anyhow::Error::msg)?;
+    let checked = check_new_key(role, tenant, principal, None).map_err(anyhow::Error::msg)?;
+    create_checked_key(config, &checked).await
+}
+
+/// `sandgate keys create [--principal NAME] [--expires-in D]`: stores a checked key.
+pub async fn create_checked_key(config: &Config, checked: &CheckedKey) -> anyhow::Result<NewKey> {
     let db = Database::open(config).await?;
     let key = AuditStore::new(db.pool.clone())
-        .create_key_for(role, tenant, principal)
+        .create_key_by(&checked.spec(), None)
         .await;
     db.close().await;
     key.context("storing the key")
+}
+
+/// What to warn about a new key's tenant: absent from the configured policy bundle's data, or
+/// the bundle cannot be read to tell. `None`: the policy knows the tenant.
+pub fn tenant_warning(config: &Config, tenant: &str) -> Option<String> {
+    match PolicyEngine::load(&config.policy_dir) {
+        Ok(engine) if engine.tenants().iter().any(|t| t == tenant) => None,
+        Ok(_) => Some(crate::app::keys::unknown_tenant_warning(tenant)),
+        Err(err) => Some(format!(
+            "could not check tenant {tenant} against the policy in {}: {err}",
+            config.policy_dir.display()
+        )),
+    }
+}
+
+/// `sandgate keys list [--tenant T]`: every key (never a hash), newest first.
+pub async fn list_keys(config: &Config, tenant: Option<&str>) -> anyhow::Result<Vec<KeyRow>> {
+    let db = Database::open(config).await?;
+    let store = AuditStore::new(db.pool.clone());
+    let mut keys = Vec::new();
+    let mut before: Option<String> = None;
+    let listed = loop {
+        let page = match store.list_keys(tenant, before.as_deref(), 500).await {
+            Ok(page) => page,
+            Err(err) => break Err(err),
+        };
+        let full = page.len() == 500;
+        before = page.last().map(|row| row.id.clone());
+        keys.extend(page);
+        if !full {
+            break Ok(keys);
+        }
+    };
+    db.close().await;
+    listed.context("listing keys")
+}
+
+/// `sandgate keys revoke ID`.
+pub async fn revoke_key(config: &Config, id: &str) -> anyhow::Result<Revoked> {
+    let db = Database::open(config).await?;
+    let revoked = AuditStore::new(db.pool.clone()).revoke_key(id, None).await;
+    db.close().await;
+    revoked.context("revoking the key")
+}
+
+/// `sandgate keys rotate ID [--expires-in D]`: a new key of the same role, tenant and principal;
+/// the old one is revoked in the same transaction. Fails when no live key has that id.
+pub async fn rotate_key(
+    config: &Config,
+    id: &str,
+    expires_in: Option<&str>,
+) -> anyhow::Result<NewKey> {
+    let expires_at = expires_in.map(expiry_from_now).transpose()?;
+    let db = Database::open(config).await?;
+    let rotated = AuditStore::new(db.pool.clone())
+        .rotate_key(id, expires_at)
+        .await;
+    db.close().await;
+    rotated
+        .context("rotating the key")?
+        .with_context(|| format!("no live key {id} (unknown, revoked or expired)"))
+}
+
+/// `--expires-in 30d`: that long from now.
+pub fn expiry_from_now(text: &str) -> anyhow::Result<DateTime<Utc>> {
+    let span = replay::parse_duration(text).map_err(anyhow::Error::msg)?;
+    let span = chrono::Duration::from_std(span).context("--expires-in is too long")?;
+    Utc::now()
+        .checked_add_signed(span)
+        .context("--expires-in is too long")
 }
 
 /// What `sandgate policy test` found.

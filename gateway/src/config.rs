@@ -115,6 +115,11 @@ pub struct Config {
     pub max_concurrent: usize,
     /// Executions that may wait for a slot (all tenants together); beyond: 429.
     pub max_queued: usize,
+    /// Executions one tenant may have waiting for a slot (its share of `max_queued`; a larger
+    /// value counts as `max_queued`); beyond: 429, while other tenants still queue.
+    pub max_queued_per_tenant: usize,
+    /// Bounds on requests held for human review (count and stored bytes, per tenant and per key).
+    pub pending_approvals: PendingApprovalLimits,
     /// The static `sandbox-init` binary; default: `sandbox-init` next to the `sandgate` executable.
     pub sandbox_init: Option<PathBuf>,
     /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
@@ -186,6 +191,8 @@ impl Default for Config {
             ceilings: Ceilings::default(),
             max_concurrent: 8,
             max_queued: 64,
+            max_queued_per_tenant: 16,
+            pending_approvals: PendingApprovalLimits::default(),
             sandbox_init: None,
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
@@ -199,6 +206,29 @@ impl Default for Config {
             refusals: crate::app::refusals::RefusalLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
+        }
+    }
+}
+
+/// How many requests, and how many stored bytes (code and files), may wait for a reviewer at
+/// once; beyond either bound a request the policy sends to review is refused (429) and recorded
+/// as denied (`approval.pending_limit`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PendingApprovalLimits {
+    pub per_tenant: u32,
+    pub per_key: u32,
+    pub bytes_per_tenant: u64,
+    pub bytes_per_key: u64,
+}
+
+impl Default for PendingApprovalLimits {
+    fn default() -> Self {
+        PendingApprovalLimits {
+            per_tenant: 200,
+            per_key: 50,
+            bytes_per_tenant: 512 * 1024 * 1024,
+            bytes_per_key: 128 * 1024 * 1024,
         }
     }
 }
@@ -223,6 +253,8 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("ceilings", EnvValue::Yaml),
     ("max_concurrent", EnvValue::Yaml),
     ("max_queued", EnvValue::Yaml),
+    ("max_queued_per_tenant", EnvValue::Yaml),
+    ("pending_approvals", EnvValue::Yaml),
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
@@ -332,6 +364,18 @@ impl Config {
         let invalid = |message: String| Err(ConfigError::Invalid { message });
         if self.max_concurrent == 0 {
             return invalid("max_concurrent must be at least 1".to_owned());
+        }
+        let pending = &self.pending_approvals;
+        if pending.per_key == 0 || pending.per_key > pending.per_tenant {
+            return invalid(
+                "pending_approvals: per_key must be at least 1 and at most per_tenant".to_owned(),
+            );
+        }
+        if pending.bytes_per_key == 0 || pending.bytes_per_key > pending.bytes_per_tenant {
+            return invalid(
+                "pending_approvals: bytes_per_key must be at least 1 and at most bytes_per_tenant"
+                    .to_owned(),
+            );
         }
         if self.approval_ttl_s == 0 || self.approval_ttl_s > MAX_APPROVAL_TTL_S {
             return invalid(format!(

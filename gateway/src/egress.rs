@@ -259,6 +259,32 @@ impl ExecutionEgress {
     }
 }
 
+/// The directory holding every execution's socket directory: created mode 0700, and made 0700
+/// again if something widened it, so no host user but its owner (the gateway's, root) can
+/// traverse it to a socket. A symlink in its place is refused.
+pub fn private_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+    {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::other(
+            "the egress socket root is not a directory (a symlink?)",
+        ));
+    }
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
 /// The sandbox environment that sends standard tools through the bridge.
 pub fn proxy_env() -> impl Iterator<Item = (&'static str, String)> {
     let url = format!("http://{SANDBOX_PROXY_LISTEN}");

@@ -18,6 +18,7 @@ pub mod mcp;
 pub mod metrics;
 pub mod outputs;
 pub mod plain;
+pub mod principal;
 pub mod runtime;
 pub mod status;
 pub mod tls;

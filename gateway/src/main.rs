@@ -84,9 +84,16 @@ struct ExecArgs {
     /// may lower it; default: the policy's).
     #[arg(long, value_name = "MS")]
     timeout_ms: Option<u64>,
-    /// Download the files the program wrote to /output into this directory.
+    /// Download the files the program wrote to /output into this directory: only as new
+    /// regular files (never through a symlink, never over an existing file), no dot-files.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// With --output-dir: replace existing regular files of the same name.
+    #[arg(long, requires = "output_dir")]
+    force: bool,
+    /// With --output-dir: also write names with a component starting with `.`.
+    #[arg(long, requires = "output_dir")]
+    allow_dotfiles: bool,
     /// The gateway (default: http:// + the configured listen address).
     #[arg(long, env = "SANDGATE_URL")]
     url: Option<String>,
@@ -118,6 +125,25 @@ enum KeysCommand {
         /// cannot approve requests made by a key of the same principal.
         #[arg(long)]
         principal: Option<String>,
+        /// The key stops working this long from now (30d, 12h, 90m); default: never.
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// List keys (never their secrets or hashes): id, role, tenant, principal, state, expiry,
+    /// last use.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a key: it is refused from the next request on.
+    Revoke { id: String },
+    /// Replace a live key by a new one of the same role, tenant and principal, and revoke the
+    /// old one; the new key is printed once, as the last line of stdout.
+    Rotate {
+        id: String,
+        /// The new key stops working this long from now; default: never.
+        #[arg(long)]
+        expires_in: Option<String>,
     },
 }
 
@@ -307,6 +333,10 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         mounts: args.mount,
         timeout_ms: args.timeout_ms,
         output_dir: args.output_dir,
+        save: gateway::client::save::SaveOptions {
+            force: args.force,
+            allow_dotfiles: args.allow_dotfiles,
+        },
     };
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -322,29 +352,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
                 gateway::serve(config, shutdown).await?;
             }
-            Command::Keys {
-                command:
-                    KeysCommand::Create {
-                        role,
-                        tenant,
-                        principal,
-                    },
-            } => {
-                let key = gateway::commands::create_key_for(
-                    &config,
-                    role.as_str(),
-                    &tenant,
-                    principal.as_deref(),
-                )
-                .await?;
-                println!(
-                    "created {} key {} for tenant {tenant}, principal {}",
-                    role.as_str(),
-                    key.id,
-                    principal.as_deref().unwrap_or(&key.id)
-                );
-                println!("{}", key.secret);
-            }
+            Command::Keys { command } => keys(command, &config).await?,
             Command::Policy { command } => policy(command, &config).await?,
             Command::Exec(_) | Command::Mcp(_) => unreachable!("handled in main_exit"),
             Command::Audit { command } => {
@@ -366,6 +374,76 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
         }
         Ok(())
     })
+}
+
+async fn keys(command: KeysCommand, config: &Config) -> anyhow::Result<()> {
+    use gateway::commands;
+    match command {
+        KeysCommand::Create {
+            role,
+            tenant,
+            principal,
+            expires_in,
+        } => {
+            let expires_at = expires_in
+                .as_deref()
+                .map(commands::expiry_from_now)
+                .transpose()?;
+            let checked = gateway::app::keys::check_new_key(
+                role.as_str(),
+                &tenant,
+                principal.as_deref(),
+                expires_at,
+            )
+            .map_err(anyhow::Error::msg)?;
+            if let Some(warning) = commands::tenant_warning(config, &tenant) {
+                eprintln!("warning: {warning}");
+            }
+            let key = commands::create_checked_key(config, &checked).await?;
+            let expiry = expires_at.map_or("never".to_owned(), |at| at.to_rfc3339());
+            println!(
+                "created {} key {} for tenant {tenant}, principal {}, expires {expiry}",
+                role.as_str(),
+                key.id,
+                key.principal
+            );
+            println!("{}", key.secret);
+        }
+        KeysCommand::List { tenant } => {
+            let now = chrono::Utc::now();
+            let when = |at: Option<chrono::DateTime<chrono::Utc>>| {
+                at.map_or("-".to_owned(), |at| at.to_rfc3339())
+            };
+            println!("ID\tROLE\tTENANT\tPRINCIPAL\tSTATE\tCREATED\tEXPIRES\tLAST_USED");
+            for key in commands::list_keys(config, tenant.as_deref()).await? {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    key.id,
+                    key.role,
+                    key.tenant,
+                    key.principal,
+                    key.state(now),
+                    key.created_at.to_rfc3339(),
+                    when(key.expires_at),
+                    when(key.last_used_at)
+                );
+            }
+        }
+        KeysCommand::Revoke { id } => match commands::revoke_key(config, &id).await? {
+            gateway::audit::keys::Revoked::Now(_) => println!("revoked {id}"),
+            gateway::audit::keys::Revoked::Already(_) => println!("{id} was already revoked"),
+            gateway::audit::keys::Revoked::Unknown => anyhow::bail!("no key {id}"),
+        },
+        KeysCommand::Rotate { id, expires_in } => {
+            let key = commands::rotate_key(config, &id, expires_in.as_deref()).await?;
+            println!(
+                "revoked {id}; created key {} for principal {}",
+                key.id, key.principal
+            );
+            println!("{}", key.secret);
+        }
+    }
+    Ok(())
 }
 
 async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {

@@ -366,6 +366,139 @@ async fn exec_client_streams_and_gateway_memory_stays_flat_under_a_flood() {
     assert!(status.success(), "{status}");
 }
 
+/// `sandgate exec --output-dir` writes only new regular files, refuses dot-files and never
+/// replaces what is there, unless asked (`--allow-dotfiles`, `--force`); it prints what it wrote
+/// and what it refused (issue 15, item 11: a planted `.git/config` ran a command at the next
+/// `git status`). `keys list|revoke` and the unknown-tenant warning, as the binary prints them.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_writes_only_new_regular_files_and_keys_can_be_revoked() {
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let http = reqwest::Client::new();
+    let server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
+    let work = tempfile::tempdir().unwrap();
+    let program = work.path().join("plant.py");
+    std::fs::write(
+        &program,
+        "import os\nos.makedirs('/output/.git')\n\
+         open('/output/.git/config', 'w').write('[core]\\n\\tfsmonitor = touch /tmp/pwned\\n')\n\
+         open('/output/report.txt', 'w').write('theirs')\n\
+         os.makedirs('/output/notes')\nopen('/output/notes/a.txt', 'w').write('a')\n",
+    )
+    .unwrap();
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("report.txt"), "mine").unwrap();
+    let exec = |extra: &[&str]| {
+        sandgate(data.path(), &listen)
+            .arg("exec")
+            .arg("--file")
+            .arg(&program)
+            .arg("--output-dir")
+            .arg(&out)
+            .args(extra)
+            .env("SANDGATE_KEY", &key)
+            .output()
+            .unwrap()
+    };
+    // The gateway is another process: blocking here holds nothing it needs.
+    let first = exec(&[]);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "mine"
+    );
+    assert!(
+        !out.join(".git").exists(),
+        "a dot-directory was written: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes/a.txt")).unwrap(),
+        "a"
+    );
+    assert!(
+        stderr.contains("wrote") && stderr.contains("notes/a.txt"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\".git/config\"") && stderr.contains("--allow-dotfiles"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("report.txt") && stderr.contains("--force"),
+        "{stderr}"
+    );
+
+    let second = exec(&["--force", "--allow-dotfiles"]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "theirs"
+    );
+    assert!(out.join(".git/config").is_file(), "{stderr}");
+    // notes/a.txt exists from the first run: replaced, as asked.
+    assert!(stderr.contains("notes/a.txt"), "{stderr}");
+
+    // Keys from the command line: an unknown tenant warns; list shows last use; revoke refuses.
+    let made = sandgate(data.path(), &listen)
+        .args([
+            "keys",
+            "create",
+            "--role",
+            "agent",
+            "--tenant",
+            "nosuchtenant",
+        ])
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let warned = String::from_utf8_lossy(&made.stderr);
+    assert!(
+        warned.contains("warning: tenant nosuchtenant is not in the policy data"),
+        "{warned}"
+    );
+    let key_id = format!("key_{}", &key[4..20]);
+    let listed = sandgate(data.path(), &listen)
+        .args(["keys", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let row = listed
+        .lines()
+        .find(|line| line.starts_with(&key_id))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        row.contains("\tactive\t") && !row.ends_with("\t-"),
+        "used, so a last use: {row}"
+    );
+    let revoked = sandgate(data.path(), &listen)
+        .args(["keys", "revoke", &key_id])
+        .output()
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    let base = format!("http://{listen}");
+    let answer = http
+        .get(format!("{base}/v1/executions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status().as_u16(),
+        401,
+        "a revoked key is refused at once"
+    );
+    let status = terminate(server).await;
+    assert!(status.success(), "{status}");
+}
+
 /// The shell commands of README.md's "Try it" section, in order, as one script.
 fn readme_try_it() -> String {
     let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();

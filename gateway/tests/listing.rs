@@ -86,7 +86,8 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
     assert_eq!(input["via"], "api");
     assert_eq!(decision["created_key_id"], id);
 
-    // A named principal is stored with the key and named in its event.
+    // A named principal is stored with the key, normalised (issue 15, item 12), and named in
+    // its event.
     let (status, named) = gw
         .post(
             &admin,
@@ -95,7 +96,7 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
         )
         .await;
     assert_eq!(status, 201, "{named}");
-    assert_eq!(named["principal"], "Ana Ruiz");
+    assert_eq!(named["principal"], "ana ruiz");
     let stored: (String, Value) = sqlx::query_as(
         "SELECT k.principal, e.input FROM api_keys k JOIN audit_events e \
          ON e.kind = 'key.create' AND e.decision ->> 'created_key_id' = k.id WHERE k.id = $1",
@@ -104,8 +105,8 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(stored.0, "Ana Ruiz");
-    assert_eq!(stored.1["principal"], "Ana Ruiz");
+    assert_eq!(stored.0, "ana ruiz");
+    assert_eq!(stored.1["principal"], "ana ruiz");
     assert_eq!(
         created["principal"], id,
         "default principal: the key itself"

@@ -63,6 +63,7 @@ pub struct PolicyEngine {
     has_egress: bool,
     revision: String,
     files: Vec<String>,
+    tenants: Vec<String>,
 }
 
 impl PolicyEngine {
@@ -79,6 +80,7 @@ impl PolicyEngine {
             });
         }
         let data = bundle::merge_data(&files)?;
+        let tenants = tenant_names(&data);
         let mut engine = new_engine();
         add_policies(&mut engine, &files)?;
         let data_err = |message: String| PolicyError::Data {
@@ -110,7 +112,14 @@ impl PolicyEngine {
             has_egress,
             revision: bundle::revision(&files),
             files: files.into_iter().map(|file| file.rel).collect(),
+            tenants,
         })
+    }
+
+    /// The tenants the bundle's data names (`tenants:` keys), sorted. Key creation warns about
+    /// a tenant missing here: the shipped policy denies its every request (`tenant.unknown`).
+    pub fn tenants(&self) -> &[String] {
+        &self.tenants
     }
 
     /// `sha256:<hex>` identifying the bundle's files (paths and contents); see `policies/README.md`.
@@ -385,4 +394,15 @@ fn log_prints(engine: &mut regorus::Engine) {
             tracing::debug!(target: "sandgate::policy::print", line = %line, "policy print");
         }
     }
+}
+
+/// The keys of the data's `tenants` mapping, sorted (empty when there is none).
+fn tenant_names(data: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = data
+        .get("tenants")
+        .and_then(serde_json::Value::as_object)
+        .map(|tenants| tenants.keys().cloned().collect())
+        .unwrap_or_default();
+    names.sort();
+    names
 }

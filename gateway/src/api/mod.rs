@@ -68,6 +68,18 @@ where
     }
 }
 
+fn delete<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::DELETE,
+        path,
+        handler: routing::delete(handler),
+    }
+}
+
 /// Every route. Who may call each one is decided in its handler (`Caller::require_role`, and
 /// tenant scoping in `app`); `tests/routes.table` states it for every route and role.
 pub fn routes() -> Vec<Route> {
@@ -93,6 +105,8 @@ pub fn routes() -> Vec<Route> {
         post("/v1/policy/evaluate", policy::evaluate),
         post("/v1/policy/reload", policy::reload),
         post("/v1/keys", keys::create),
+        get("/v1/keys", keys::list),
+        delete("/v1/keys/{id}", keys::revoke),
         // The review page: static, no key; it calls the API above with the user's key.
         get("/ui", ui::redirect),
         get("/ui/", ui::index),

@@ -8,6 +8,7 @@ pub mod home;
 pub mod keys;
 pub mod launch;
 pub mod listing;
+pub mod overflow;
 pub mod payloads;
 pub mod policy;
 pub mod pool;
@@ -98,7 +99,11 @@ impl App {
             outputs_root: under_data("outputs"),
             streams: stream::Streams::default(),
             refusals: refusals::Refusals::new(config.refusals),
-            scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
+            scheduler: scheduler::Scheduler::new(
+                config.max_concurrent,
+                config.max_queued,
+                config.max_queued_per_tenant,
+            ),
             init_binary: config.sandbox_init_path(),
             instance,
             live: Arc::default(),

@@ -50,6 +50,14 @@ impl PolicyState {
         }
     }
 
+    /// Whether the bundle's data names `tenant`; `None` when no bundle is loaded.
+    pub fn knows_tenant(&self, tenant: &str) -> Option<bool> {
+        match self {
+            PolicyState::Loaded(engine) => Some(engine.tenants().iter().any(|t| t == tenant)),
+            PolicyState::Failed { .. } => None,
+        }
+    }
+
     pub fn revision(&self) -> &str {
         match self {
             PolicyState::Loaded(engine) => engine.revision(),

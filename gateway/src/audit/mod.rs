@@ -6,6 +6,7 @@ pub mod chain;
 pub mod durable;
 pub mod egress;
 pub mod journal;
+pub mod keys;
 pub mod read;
 pub mod verify;
 
@@ -13,7 +14,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use rand::RngCore;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
@@ -40,22 +40,7 @@ impl From<sqlx::Error> for AuditError {
 
 pub const ROLES: &[&str] = &["agent", "reviewer", "auditor", "admin"];
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ApiKey {
-    pub id: String,
-    pub role: String,
-    pub tenant: String,
-    /// The person or system behind the key (default: the key id). A reviewer key of the
-    /// requesting principal cannot approve that principal's requests.
-    pub principal: String,
-}
-
-/// A freshly created key: `secret` is shown once and never stored.
-#[derive(Debug)]
-pub struct NewKey {
-    pub id: String,
-    pub secret: String,
-}
+pub use keys::{ApiKey, NewKey};
 
 /// One row of `executions`.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -181,88 +166,6 @@ impl AuditStore {
         .execute(&self.pool)
         .await?;
         Ok(())
-    }
-
-    /// Creates a key on the operator's behalf (`sandgate keys create`): see [`Self::create_key_by`].
-    pub async fn create_key(&self, role: &str, tenant: &str) -> Result<NewKey, AuditError> {
-        self.create_key_for(role, tenant, None).await
-    }
-
-    /// Creates a key for `principal` (default: the new key's own id) on the operator's behalf.
-    pub async fn create_key_for(
-        &self,
-        role: &str,
-        tenant: &str,
-        principal: Option<&str>,
-    ) -> Result<NewKey, AuditError> {
-        self.create_key_by(role, tenant, principal, None).await
-    }
-
-    /// Creates a key for `principal` (default: the new key's own id); only the SHA-256 of the
-    /// returned secret is stored. The `key.create` audit event (naming `creator`, the admin key
-    /// that asked, or none for the command line) commits with it.
-    pub async fn create_key_by(
-        &self,
-        role: &str,
-        tenant: &str,
-        principal: Option<&str>,
-        creator: Option<&ApiKey>,
-    ) -> Result<NewKey, AuditError> {
-        let mut id_bytes = [0u8; 8];
-        let mut secret_bytes = [0u8; 32];
-        rand::rngs::OsRng.fill_bytes(&mut id_bytes);
-        rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
-        let id = format!("key_{}", hex::encode(id_bytes));
-        let secret = format!(
-            "sgk_{}_{}",
-            hex::encode(id_bytes),
-            hex::encode(secret_bytes)
-        );
-        let principal = principal.unwrap_or(&id);
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, key_hash, role, tenant, principal) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&id)
-        .bind(key_hash(&secret))
-        .bind(role)
-        .bind(tenant)
-        .bind(principal)
-        .execute(&mut *tx)
-        .await?;
-        let event = NewEvent {
-            kind: "key.create",
-            execution_id: None,
-            key_id: creator.map(|key| key.id.clone()),
-            tenant: creator.map(|key| key.tenant.clone()),
-            decision_id: None,
-            allow: Some(true),
-            reasons: serde_json::json!([]),
-            input: serde_json::json!({
-                "role": role,
-                "tenant": tenant,
-                "principal": principal,
-                "via": if creator.is_some() { "api" } else { "command_line" },
-            }),
-            decision: serde_json::json!({"created_key_id": id}),
-            policy_revision: None,
-        };
-        chain::append(&mut tx, &event).await?;
-        tx.commit().await?;
-        Ok(NewKey { id, secret })
-    }
-
-    /// The live key whose secret this is, if any.
-    pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
-        let key = sqlx::query_as(
-            "SELECT id, role, tenant, COALESCE(principal, id) AS principal FROM api_keys \
-             WHERE key_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(key_hash(secret))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(key)
     }
 
     /// Appends one event on its own (decisions that have no execution row).

@@ -40,6 +40,8 @@ pub const EVENT_KINDS: &[&str] = &[
     "execution.decision",
     "execution.reaped",
     "key.create",
+    "key.revoke",
+    "key.rotate",
     "policy.evaluate",
     "policy.reload",
     "queue.refused",

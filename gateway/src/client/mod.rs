@@ -1,10 +1,13 @@
 //! `sandgate exec`: a small client for humans. It creates an execution (`wait: false`), prints
 //! its stdout and stderr as they arrive through `GET /v1/executions/{id}/events`, optionally
-//! downloads its output files, and exits with the program's exit code. `http://` or `https://`
-//! (reqwest with rustls; `ca_file` adds a private CA to the system roots).
+//! downloads its output files (only as new regular files: `save`), and exits with the
+//! program's exit code. `http://` or `https://` (reqwest with rustls; `ca_file` adds a private
+//! CA to the system roots).
+
+pub mod save;
 
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
@@ -38,6 +41,8 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Where to download `/output` files to, if anywhere.
     pub output_dir: Option<PathBuf>,
+    /// Whether existing files may be replaced and dot-files written there.
+    pub save: save::SaveOptions,
 }
 
 type HttpClient = reqwest::Client;
@@ -239,19 +244,12 @@ async fn download_outputs(
     if !status.is_success() {
         bail!("{}", api_error(status, &record));
     }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for output in record["outputs"].as_array().into_iter().flatten() {
         let path = output["path"].as_str().unwrap_or_default();
-        // Only plain relative paths are written: the manifest comes from a sandbox.
-        let relative = Path::new(path);
-        if path.is_empty()
-            || !relative
-                .components()
-                .all(|c| matches!(c, Component::Normal(_)))
-        {
-            writeln!(
-                stderr,
-                "sandgate: skipping output {path:?}: not a plain relative path"
-            )?;
+        // Checked before anything is fetched: the manifest comes from a sandbox.
+        if let Err(why) = save::check_name(path, request.save) {
+            writeln!(stderr, "sandgate: not written: {path:?}: {why}")?;
             continue;
         }
         let url = format!("{base}/v1/executions/{id}/outputs/{}", encode_path(path));
@@ -265,18 +263,15 @@ async fn download_outputs(
             continue;
         }
         let bytes = response.bytes().await.context("reading an output file")?;
-        let target = dir.join(relative);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+        match save::save(dir, path, &bytes, request.save) {
+            Ok(target) => writeln!(
+                stderr,
+                "sandgate: wrote {} ({} bytes)",
+                target.display(),
+                bytes.len()
+            )?,
+            Err(why) => writeln!(stderr, "sandgate: not written: {path:?}: {why}")?,
         }
-        std::fs::write(&target, &bytes).with_context(|| format!("writing {}", target.display()))?;
-        writeln!(
-            stderr,
-            "sandgate: saved {} ({} bytes)",
-            target.display(),
-            bytes.len()
-        )?;
     }
     for skipped in record["outputs_skipped"].as_array().into_iter().flatten() {
         writeln!(
