@@ -78,16 +78,17 @@ fn main() -> ExitCode {
 async fn run(root: &Path) -> bool {
     let (pg, url) = private_postgres(root).await;
     let init = sandbox_init();
+    let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
+
+    let rss_before = rss_kib();
+    let cold = Gateway::start(url.clone(), &root.join("cold"), &init, |_| {}).await;
+    // After the first gateway's start: it ran the migrations (the pool's role among them).
     let store = AuditStore::new(
         gateway::database::pool(pg.0.connect_options(DATABASE))
             .await
             .unwrap(),
     );
     let key = store.create_key("agent", "acme").await.unwrap().secret;
-    let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
-
-    let rss_before = rss_kib();
-    let cold = Gateway::start(url.clone(), &root.join("cold"), &init, |_| {}).await;
     let warm = Gateway::start(url.clone(), &root.join("warm"), &init, |config| {
         config.warm_pool = BTreeMap::from([("python".to_owned(), 2)]);
     })

@@ -99,6 +99,23 @@ pub struct KeyQuery {
     before: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/keys",
+    tag = "keys",
+    operation_id = "keys_list",
+    summary = "API keys (never their secrets), newest first, a page at a time.",
+    security(("bearer" = ["admin"])),
+    params(
+        ("tenant" = Option<String>, Query),
+        ("limit" = Option<u32>, Query),
+        ("before" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "`{\"keys\": [...], \"next_before\"?}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -123,6 +140,21 @@ pub async fn list(
     Ok(Json(page))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/keys/{id}",
+    tag = "keys",
+    operation_id = "keys_revoke",
+    summary = "Revokes a key: refused on its next request.",
+    security(("bearer" = ["admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the revoked key", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn revoke(
     State(app): State<Arc<App>>,
     caller: Caller,

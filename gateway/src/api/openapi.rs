@@ -54,6 +54,8 @@ use super::{
         policy::evaluate,
         policy::reload,
         keys::create,
+        keys::list,
+        keys::revoke,
         ui::redirect,
         ui::index,
         ui::script,
