@@ -36,6 +36,7 @@ pub const EVENT_KINDS: &[&str] = &[
     "auth.failure.repeated",
     "egress.connection",
     "egress.denied.repeated",
+    "egress.request",
     "execution.cancel",
     "execution.decision",
     "execution.reaped",
