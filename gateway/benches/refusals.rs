@@ -26,6 +26,9 @@ use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
 
+mod common;
+use common::workspace_root;
+
 /// Bytes of the path each bad request carries (the issue saw up to ~64 KiB).
 const PATH_BYTES: usize = 16 * 1024;
 const CONCURRENCY: usize = 16;
@@ -256,11 +259,4 @@ async fn send_bad_requests(url: &str, path: &str, count: usize) -> Vec<(u16, usi
         }
     }
     total.into_iter().collect()
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("workspace root")
-        .to_owned()
 }
