@@ -220,7 +220,10 @@ mod tests {
     #[test]
     fn the_python_runner_reads_the_turn_fields() {
         for name in ["\"program\"", "\"nonce\"", "sandgate-end"] {
-            assert!(PYTHON_SESSION_RUNNER.contains(name), "session.py lost {name}");
+            assert!(
+                PYTHON_SESSION_RUNNER.contains(name),
+                "session.py lost {name}"
+            );
         }
     }
 }
