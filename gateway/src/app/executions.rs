@@ -219,6 +219,8 @@ impl App {
                 mounts: request.mounts.clone(),
                 limits: request.limits.clone(),
                 labels: request.labels.clone(),
+                kind: policy_engine::RequestKind::Execution,
+                session: None,
             },
             environment: Environment {
                 backends: self.config.backends.keys().cloned().collect(),
