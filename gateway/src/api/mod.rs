@@ -13,6 +13,7 @@ pub mod listing;
 pub mod payloads;
 pub mod policy;
 pub mod query;
+pub mod sessions;
 pub mod ui;
 
 use std::sync::Arc;
@@ -53,6 +54,18 @@ where
     }
 }
 
+fn delete<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::DELETE,
+        path,
+        handler: routing::delete(handler),
+    }
+}
+
 fn post<H, T>(path: &'static str, handler: H) -> Route
 where
     H: Handler<T, Arc<App>>,
@@ -78,6 +91,11 @@ pub fn routes() -> Vec<Route> {
         get("/v1/executions/{id}/connections", executions::connections),
         get("/v1/executions/{id}/events", payloads::events),
         get("/v1/executions/{id}/outputs/{*path}", payloads::download),
+        post("/v1/sessions", sessions::create),
+        get("/v1/sessions", sessions::list),
+        get("/v1/sessions/{id}", sessions::get),
+        delete("/v1/sessions/{id}", sessions::delete),
+        post("/v1/sessions/{id}/executions", sessions::execute),
         get("/v1/approvals", approvals::list),
         get("/v1/approvals/{id}", approvals::get),
         post("/v1/approvals/{id}", approvals::decide),

@@ -192,7 +192,7 @@ impl App {
         self.get_execution(caller, id).await
     }
 
-    fn policy_input(
+    pub(super) fn policy_input(
         &self,
         caller: &ApiKey,
         request: &ExecutionRequest,
@@ -244,7 +244,7 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
     })
 }
 
-fn new_row(
+pub(super) fn new_row(
     caller: &ApiKey,
     request: &ExecutionRequest,
     input: &PolicyInput,
@@ -292,5 +292,7 @@ fn new_row(
         purged_at: None,
         start: None,
         container: None,
+        session_id: None,
+        result: None,
     }
 }

@@ -258,7 +258,7 @@ impl App {
 
     /// Stored, or journaled under the data directory while PostgreSQL is away (replayed when it
     /// returns); either way the caller gets the truth.
-    async fn complete_durably(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
+    pub(super) async fn complete_durably(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
         match self.audit.complete_durably(&row.id, &done).await {
             Ok(Durable::Stored(stored)) => return stored,
             Ok(Durable::Journaled) => {}
@@ -331,7 +331,7 @@ async fn collect(
 
 /// The job line for a program: the program itself in `/workspace` (so it is the program's
 /// directory and its siblings import), the uploads beside it, the environment, the bridge.
-fn job_for(program: Program, proxied: bool) -> Job<'static> {
+pub(super) fn job_for(program: Program, proxied: bool) -> Job<'static> {
     let (argv, path) = command_for(&program.language);
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = vec![JobFile {
