@@ -1,5 +1,6 @@
 //! Sessions through the real stack (DESIGN 10): the gateway, PostgreSQL, dockerd + runsc and
 //! the static sandbox-init's session runner.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
 
@@ -52,7 +53,13 @@ async fn python_state_files_and_imports_persist_and_other_tenants_see_nothing() 
     let agent = gw.key("agent", "acme").await;
     let id = open(&gw, &agent, json!({"language": "python"})).await;
 
-    let (status, first) = run(&gw, &agent, &id, json!({"code": "x = 41\nimport pandas as pd"})).await;
+    let (status, first) = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "x = 41\nimport pandas as pd"}),
+    )
+    .await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["status"], "succeeded", "{first}");
     assert_eq!(first["session_id"], id.as_str());
@@ -66,14 +73,23 @@ async fn python_state_files_and_imports_persist_and_other_tenants_see_nothing() 
     )
     .await;
     assert_eq!(wrote["status"], "succeeded", "{wrote}");
-    let (_, read) = run(&gw, &agent, &id, json!({"code": "int(pd.read_csv('t.csv')['a'].sum())"})).await;
+    let (_, read) = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "int(pd.read_csv('t.csv')['a'].sum())"}),
+    )
+    .await;
     assert_eq!(read["result"], "3", "{read}");
 
     // Another tenant's agent: 404 on every route, and its listing does not show it.
     let other = gw.key("agent", "forge").await;
     assert_eq!(gw.get(&other, &format!("/v1/sessions/{id}")).await.0, 404);
     assert_eq!(run(&gw, &other, &id, json!({"code": "x"})).await.0, 404);
-    assert_eq!(delete(&gw, &other, &format!("/v1/sessions/{id}")).await.0, 404);
+    assert_eq!(
+        delete(&gw, &other, &format!("/v1/sessions/{id}")).await.0,
+        404
+    );
     let (_, listed) = gw.get(&other, "/v1/sessions").await;
     assert_eq!(listed["sessions"], json!([]), "{listed}");
     let (_, mine) = gw.get(&agent, "/v1/sessions").await;
@@ -126,7 +142,12 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
     let id = open(&gw, &agent, json!({"language": "python"})).await;
-    let slow = run(&gw, &agent, &id, json!({"code": "import time\ntime.sleep(3)\n'slept'"}));
+    let slow = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "import time\ntime.sleep(3)\n'slept'"}),
+    );
     let second = async {
         tokio::time::sleep(Duration::from_millis(1000)).await;
         run(&gw, &agent, &id, json!({"code": "1"})).await
@@ -140,7 +161,10 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
         .post(&student, "/v1/sessions", &json!({"language": "python"}))
         .await;
     assert_eq!(status, 403, "{denied}");
-    assert_eq!(denied["error"]["reasons"][0]["code"], "session.not_allowed", "{denied}");
+    assert_eq!(
+        denied["error"]["reasons"][0]["code"], "session.not_allowed",
+        "{denied}"
+    );
     gw.stop().await;
 }
 
@@ -149,9 +173,21 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
     let id = open(&gw, &agent, json!({"language": "bash"})).await;
-    let (_, first) = run(&gw, &agent, &id, json!({"code": "cd /tmp; export A=1; f() { echo fn; }"})).await;
+    let (_, first) = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "cd /tmp; export A=1; f() { echo fn; }"}),
+    )
+    .await;
     assert_eq!(first["status"], "succeeded", "{first}");
-    let (_, second) = run(&gw, &agent, &id, json!({"code": "pwd; echo $A; f; exit_code() { return 3; }; exit_code"})).await;
+    let (_, second) = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "pwd; echo $A; f; exit_code() { return 3; }; exit_code"}),
+    )
+    .await;
     assert_eq!(second["stdout"], "/tmp\n1\nfn\n", "{second}");
     assert_eq!(second["exit_code"], 3);
     assert_eq!(second["status"], "failed");
@@ -162,7 +198,12 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
 async fn an_oom_closes_the_session() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
-    let id = open(&gw, &agent, json!({"language": "python", "limits": {"memory_mb": 128}})).await;
+    let id = open(
+        &gw,
+        &agent,
+        json!({"language": "python", "limits": {"memory_mb": 128}}),
+    )
+    .await;
     let (_, hog) = run(
         &gw,
         &agent,
@@ -182,7 +223,12 @@ async fn an_oom_closes_the_session() {
 async fn idle_expiry_closes_the_session_and_removes_its_sandbox() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
-    let id = open(&gw, &agent, json!({"language": "bash", "idle_timeout_s": 1})).await;
+    let id = open(
+        &gw,
+        &agent,
+        json!({"language": "bash", "idle_timeout_s": 1}),
+    )
+    .await;
     let container = session(&gw, &agent, &id).await["container"]
         .as_str()
         .unwrap()
@@ -211,7 +257,12 @@ async fn a_restart_closes_open_sessions_and_removes_their_containers() {
     ];
     let mut containers = Vec::new();
     for id in &ids {
-        containers.push(session(&gw, &agent, id).await["container"].as_str().unwrap().to_owned());
+        containers.push(
+            session(&gw, &agent, id).await["container"]
+                .as_str()
+                .unwrap()
+                .to_owned(),
+        );
     }
     let data = gw.stop_keeping_data().await;
     let gw = TestGateway::start_in(Some(url), data, |_| {}).await;

@@ -48,7 +48,8 @@ pub async fn create(
     match app.create_session(&caller.0, request).await? {
         Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row))).into_response()),
         Opened::Denied(decision) => {
-            let mut denied = ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");
+            let mut denied =
+                ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");
             denied.reasons = Some(decision.reasons);
             Err(denied)
         }
@@ -63,7 +64,9 @@ pub async fn execute(
 ) -> Result<Response, ApiError> {
     caller.require_role(&["agent"])?;
     let ApiJson(request) = ApiJson::<SessionExecutionRequest>::from_request(body, &app).await?;
-    let row = app.create_session_execution(&caller.0, &id, request).await?;
+    let row = app
+        .create_session_execution(&caller.0, &id, request)
+        .await?;
     if !row.allow {
         return Err(ApiError::policy_denied(row.id, row.reasons.0));
     }
@@ -78,12 +81,11 @@ pub async fn get(
     Ok(Json(view(app.get_session(&caller.0, &id).await?)))
 }
 
-pub async fn list(
-    State(app): State<Arc<App>>,
-    caller: Caller,
-) -> Result<Json<Value>, ApiError> {
+pub async fn list(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let rows = app.list_sessions(&caller.0).await?;
-    Ok(Json(json!({"sessions": rows.into_iter().map(view).collect::<Vec<_>>()})))
+    Ok(Json(
+        json!({"sessions": rows.into_iter().map(view).collect::<Vec<_>>()}),
+    ))
 }
 
 pub async fn delete(

@@ -185,7 +185,14 @@ impl App {
         let (idle, ttl) = self.session_lifetimes(&request);
         let live = self.live.track(&id);
         let held = self
-            .start_session(&id, caller, runner, &request.language, runnable, (slot, live))
+            .start_session(
+                &id,
+                caller,
+                runner,
+                &request.language,
+                runnable,
+                (slot, live),
+            )
             .await?;
         let now = crate::ids::now_micros();
         let row = SessionRow {
@@ -323,7 +330,10 @@ impl App {
         let expires = Instant::now() + Duration::from_secs(ttl);
         self.tasks.spawn(async move {
             loop {
-                let last = *open.last_used.lock().unwrap_or_else(PoisonError::into_inner);
+                let last = *open
+                    .last_used
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 let idle_at = last + Duration::from_secs(idle);
                 let (wake, reason) = if idle_at < expires {
                     (idle_at, "idle")
@@ -334,7 +344,10 @@ impl App {
                     () = tokio::time::sleep_until(wake.into()) => {}
                     () = open.closing.cancelled() => return,
                 }
-                let still = *open.last_used.lock().unwrap_or_else(PoisonError::into_inner);
+                let still = *open
+                    .last_used
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
                 if reason == "ttl" || still == last {
                     // A busy session closes once its execution ended (the lock waits for it).
                     app.close_session(&id, reason).await;
@@ -390,7 +403,8 @@ impl App {
     /// Closes what a previous run of the gateway left open (their sandboxes ended with it;
     /// the reaper removes the containers).
     pub async fn close_sessions_left(&self) {
-        match self.audit.close_sessions_left(&self.instance).await {
+        let open: Vec<String> = self.sessions.lock().keys().cloned().collect();
+        match self.audit.close_sessions_left(&self.instance, &open).await {
             Ok(rows) => {
                 for row in &rows {
                     self.record_session_closed(row).await;
@@ -446,7 +460,10 @@ impl App {
         };
         let _ = self.audit.set_session_status(id, "busy", false).await;
         let ran = self.run_in_session(caller, id, held, request).await;
-        *open.last_used.lock().unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        *open
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
         let (record, closes) = match ran {
             Ok(ran) => ran,
             Err(err) => {
@@ -541,7 +558,9 @@ impl App {
             return Ok((row, None));
         }
         held.executions += 1;
-        let ran = self.run_turn(&row, held, as_execution.code, files, &live, &runnable).await;
+        let ran = self
+            .run_turn(&row, held, as_execution.code, files, &live, &runnable)
+            .await;
         let closes = match &ran {
             Ok(ran) if ran.ending.session_lives() => None,
             Ok(TurnRan {
@@ -604,7 +623,9 @@ impl App {
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
     AppError::Conflict(format!(
         "session {id} is closed ({})",
-        row.closed_reason.as_deref().unwrap_or("not open on this gateway")
+        row.closed_reason
+            .as_deref()
+            .unwrap_or("not open on this gateway")
     ))
 }
 

@@ -111,14 +111,20 @@ impl AuditStore {
         .await?)
     }
 
-    /// Closes every open session another gateway instance (one that has since stopped)
-    /// left: its sandbox ended with it. Returns them.
-    pub async fn close_sessions_left(&self, instance: &str) -> Result<Vec<SessionRow>, AuditError> {
+    /// Closes every session of this gateway instance still open in the store but not held by
+    /// this run (`open`): a previous run left it, and its sandbox does not outlive that run.
+    pub async fn close_sessions_left(
+        &self,
+        instance: &str,
+        open: &[String],
+    ) -> Result<Vec<SessionRow>, AuditError> {
         Ok(sqlx::query_as(
             "UPDATE sessions SET status = 'closed', closed_reason = 'gateway_restart', \
-             closed_at = now() WHERE status <> 'closed' AND instance <> $1 RETURNING *",
+             closed_at = now() WHERE status <> 'closed' AND instance = $1 \
+             AND NOT (id = ANY($2)) RETURNING *",
         )
         .bind(instance)
+        .bind(open)
         .fetch_all(&self.pool)
         .await?)
     }

@@ -19,6 +19,8 @@ use crate::runtime::{
 
 /// After an interrupt: how long the runner has to answer before the sandbox is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// After the output ended under a turn: how long to wait for dockerd to report the exit.
+const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Writes the opening line; stdin stays open for the turns.
 pub(super) async fn open(
@@ -157,7 +159,8 @@ async fn sandbox_ended(
     if let Some(why) = interrupted {
         return Ok(unrecovered(why));
     }
-    let exit = tokio::time::timeout(INTERRUPT_GRACE, wait_exit(&sandbox.docker, &sandbox.name))
+    // As for a run: the exit first (its code), then dockerd's OOM flag, which can trail it.
+    let exit = tokio::time::timeout(EXIT_WAIT, wait_exit(&sandbox.docker, &sandbox.name))
         .await
         .unwrap_or(Ok(None))?;
     let ending = sandbox.inspect(Stop::Exited(exit), None).await?;
