@@ -15,6 +15,7 @@ pub mod database;
 pub mod egress;
 pub mod ids;
 pub mod outputs;
+pub mod outputs_live;
 pub mod runtime;
 
 use std::net::SocketAddr;

@@ -82,6 +82,34 @@ async fn python_state_files_and_imports_persist_and_other_tenants_see_nothing() 
     .await;
     assert_eq!(read["result"], "3", "{read}");
 
+    // /output is collected after each execution, without a symlink or a hardlink.
+    let (_, left) = run(
+        &gw,
+        &agent,
+        &id,
+        json!({"code": "import os\nopen('/output/a.txt', 'w').write('hi')\n\
+os.symlink('/etc/passwd', '/output/pw')\nopen('/output/h1', 'w').write('x')\n\
+os.link('/output/h1', '/output/h2')"}),
+    )
+    .await;
+    assert_eq!(left["status"], "succeeded", "{left}");
+    assert_eq!(left["outputs"].as_array().unwrap().len(), 1, "{left}");
+    assert_eq!(left["outputs"][0]["path"], "a.txt", "{left}");
+    let reasons: Vec<(&str, &str)> = left["outputs_skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["path"].as_str().unwrap(), s["reason"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [("h1", "hardlink"), ("h2", "hardlink"), ("pw", "symlink")],
+        "{left}"
+    );
+    let exec_id = left["id"].as_str().unwrap();
+    let (status, bytes, _) = gw.download(&agent, exec_id, "a.txt").await;
+    assert_eq!((status, bytes.as_slice()), (200, &b"hi"[..]));
+
     // Another tenant's agent: 404 on every route, and its listing does not show it.
     let other = gw.key("agent", "forge").await;
     assert_eq!(gw.get(&other, &format!("/v1/sessions/{id}")).await.0, 404);
@@ -120,7 +148,7 @@ async fn python_state_files_and_imports_persist_and_other_tenants_see_nothing() 
     assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
     let (_, still) = run(&gw, &agent, &id, json!({"code": "x"})).await;
     assert_eq!(still["result"], "41", "{still}");
-    assert_eq!(session(&gw, &agent, &id).await["executions"], 7);
+    assert_eq!(session(&gw, &agent, &id).await["executions"], 8);
 
     // Closing removes the sandbox.
     let container = session(&gw, &agent, &id).await["container"]

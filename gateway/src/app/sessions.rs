@@ -576,7 +576,12 @@ impl App {
             }) => result.clone(),
             _ => None,
         };
-        let mut stored = self.complete_durably(row, completion(ran)).await;
+        let mut done = completion(ran);
+        let output_dir = held.home.output.dir().to_owned();
+        done.outputs = self
+            .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
+            .await;
+        let mut stored = self.complete_durably(row, done).await;
         if let Some(result) = result {
             if let Err(err) = self.audit.set_result(&stored.id, &result).await {
                 tracing::warn!(execution_id = %stored.id, error = %err, "result not stored");
@@ -585,6 +590,43 @@ impl App {
         }
         drop(live);
         Ok((stored, closes))
+    }
+
+    /// `/output` as the execution left it, collected while the sandbox may still run
+    /// (`outputs_live`: nothing the program can swap is followed).
+    async fn collect_session_output(
+        &self,
+        src: std::path::PathBuf,
+        execution_id: &str,
+        budget: u64,
+    ) -> Collected {
+        let dest = self.outputs_root.join(execution_id);
+        let collected = tokio::task::spawn_blocking(move || {
+            crate::outputs_live::collect_live(&src, &dest, budget)
+        })
+        .await;
+        match collected {
+            Ok(Ok(collected)) => collected,
+            Ok(Err(err)) => {
+                tracing::error!(execution_id, error = %err, "collecting /output failed");
+                Collected {
+                    truncated: true,
+                    skipped: vec![crate::outputs::Skipped {
+                        path: String::new(),
+                        bytes: None,
+                        reason: "collection_failed".to_owned(),
+                    }],
+                    ..Collected::default()
+                }
+            }
+            Err(err) => {
+                tracing::error!(execution_id, error = %err, "collecting /output panicked");
+                Collected {
+                    truncated: true,
+                    ..Collected::default()
+                }
+            }
+        }
     }
 
     async fn run_turn(
