@@ -275,7 +275,7 @@ async fn idle_expiry_closes_the_session_and_removes_its_sandbox() {
 }
 
 #[tokio::test]
-async fn a_restart_closes_open_sessions_and_removes_their_containers() {
+async fn a_shutdown_closes_open_sessions_and_removes_their_containers() {
     let url = common::fresh_database().await;
     let gw = TestGateway::start_with(Some(url.clone()), |_| {}).await;
     let agent = gw.key("agent", "acme").await;

@@ -342,7 +342,13 @@ impl App {
                 };
                 tokio::select! {
                     () = tokio::time::sleep_until(wake.into()) => {}
-                    () = open.closing.cancelled() => return,
+                    () = open.closing.cancelled() => {
+                        // Shutting down: the session does not outlive its gateway.
+                        if app.shutdown.is_cancelled() {
+                            app.close_session(&id, "gateway_restart").await;
+                        }
+                        return;
+                    }
                 }
                 let still = *open
                     .last_used
