@@ -184,6 +184,25 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
     assert_eq!(status, 409, "{busy}");
     assert_eq!(slow["result"], "'slept'", "{slow}");
 
+    // A cancel interrupts the running code; the session goes on.
+    let spin = run(&gw, &agent, &id, json!({"code": "while True:\n    pass"}));
+    let cancel = async {
+        for _ in 0..100 {
+            let (_, listed) = gw.get(&agent, "/v1/executions?status=running").await;
+            if let Some(running) = listed["executions"][0]["id"].as_str() {
+                let path = format!("/v1/executions/{running}/cancel");
+                return gw.post(&agent, &path, &json!({})).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("the session execution never ran");
+    };
+    let ((_, spun), (status, _)) = tokio::join!(spin, cancel);
+    assert_eq!(status, 200);
+    assert_eq!(spun["status"], "cancelled", "{spun}");
+    let (_, after) = run(&gw, &agent, &id, json!({"code": "'still here'"})).await;
+    assert_eq!(after["result"], "'still here'", "{after}");
+
     let student = gw.key("agent", "classroom").await;
     let (status, denied) = gw
         .post(&student, "/v1/sessions", &json!({"language": "python"}))
