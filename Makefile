@@ -61,6 +61,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	cargo bench -p egress-proxy --bench throughput
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session
 	cargo bench -p gateway --bench refusals
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
