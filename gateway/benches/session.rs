@@ -54,15 +54,16 @@ fn main() -> ExitCode {
 }
 
 async fn run(root: &Path) -> bool {
-    let (_pg, url) = private_postgres(root).await;
+    let (pg, url) = private_postgres(root).await;
+    let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
+    // The gateway runs the migrations (which create the role its pool acts as) first.
+    let gw = Gateway::start(url, &root.join("gw"), &sandbox_init(), |_| {}).await;
     let store = AuditStore::new(
-        gateway::database::pool(_pg.0.connect_options(DATABASE))
+        gateway::database::pool(pg.0.connect_options(DATABASE))
             .await
             .unwrap(),
     );
     let key = store.create_key("agent", "acme").await.unwrap().secret;
-    let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
-    let gw = Gateway::start(url, &root.join("gw"), &sandbox_init(), |_| {}).await;
     let mut ok = true;
 
     let session = open(&gw, &key).await;
