@@ -68,6 +68,10 @@ struct ExecArgs {
     /// Download the files the program wrote to /output into this directory.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Run in this open session (`POST /v1/sessions`) instead of a sandbox of its own; prints
+    /// the final expression's `repr` after the output.
+    #[arg(long)]
+    session: Option<String>,
     /// The gateway (default: http:// + the configured listen address).
     #[arg(long, env = "SANDGATE_URL")]
     url: Option<String>,
@@ -229,6 +233,7 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         mounts: args.mount,
         timeout_ms: args.timeout_ms,
         output_dir: args.output_dir,
+        session: args.session,
     };
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();

@@ -203,6 +203,16 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
     let (_, after) = run(&gw, &agent, &id, json!({"code": "'still here'"})).await;
     assert_eq!(after["result"], "'still here'", "{after}");
 
+    // Network in a session is refused until egress rows can name a session's execution.
+    let (status, refused) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "python", "network": [{"host": "pypi.org", "port": 443}]}),
+        )
+        .await;
+    assert_eq!(status, 400, "{refused}");
+
     let student = gw.key("agent", "classroom").await;
     let (status, denied) = gw
         .post(&student, "/v1/sessions", &json!({"language": "python"}))
@@ -238,6 +248,26 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
     assert_eq!(second["stdout"], "/tmp\n1\nfn\n", "{second}");
     assert_eq!(second["exit_code"], 3);
     assert_eq!(second["status"], "failed");
+
+    // `sandgate exec --session`: the client runs in the open session, exits with its code.
+    let request = gateway::client::ExecRequest {
+        url: gw.url.clone(),
+        key: agent.clone(),
+        language: "bash".into(),
+        code: "echo $A from $(pwd); exit_code".into(),
+        files: vec![],
+        network: vec![],
+        mounts: vec![],
+        timeout_ms: None,
+        output_dir: None,
+        session: Some(id.clone()),
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let code = gateway::client::exec(&request, &mut out, &mut err)
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out), "1 from /tmp\n");
+    assert_eq!(code, 3, "{}", String::from_utf8_lossy(&err));
     gw.stop().await;
 }
 

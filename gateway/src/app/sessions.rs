@@ -133,6 +133,13 @@ impl App {
                 request.language
             ))
         })?;
+        if !request.network.is_empty() {
+            // Egress rows reference an execution; a session's connections have none to name
+            // until the proxy learns about sessions. Refused rather than run half-audited.
+            return Err(AppError::Invalid(
+                "sessions cannot ask for network destinations yet; use a plain execution".into(),
+            ));
+        }
         if self.sessions.open_for(&caller.tenant) >= self.config.max_sessions {
             return Err(AppError::RateLimited(format!(
                 "tenant {} already has {} open sessions (max_sessions); close one first",
