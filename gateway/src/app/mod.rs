@@ -16,6 +16,7 @@ pub mod refusals;
 pub mod replay;
 pub mod request;
 pub mod scheduler;
+mod session_runs;
 pub mod sessions;
 pub mod stream;
 pub mod validate;

@@ -16,7 +16,7 @@ use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
-use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits, SessionInput};
+use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits};
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
@@ -27,12 +27,9 @@ use super::request::{ExecutionRequest, FileUpload};
 use super::scheduler::Slot;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
-use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
+use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
-use crate::outputs::Collected;
-use crate::runtime::{
-    Ending, Job, JobFile, JobProxy, Owner, Sandbox, SessionRunner, TurnEnding, TurnRan, Waits,
-};
+use crate::runtime::{Job, JobProxy, Owner, Sandbox, SessionRunner, Waits};
 
 /// Body of `POST /v1/sessions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -85,26 +82,26 @@ pub struct Sessions {
 }
 
 #[derive(Debug)]
-struct OpenSession {
-    tenant: String,
+pub(super) struct OpenSession {
+    pub(super) tenant: String,
     /// `None` once closed; held for the length of an execution (busy: 409).
-    held: tokio::sync::Mutex<Option<Held>>,
-    last_used: Mutex<Instant>,
-    closing: CancellationToken,
+    pub(super) held: tokio::sync::Mutex<Option<Held>>,
+    pub(super) last_used: Mutex<Instant>,
+    pub(super) closing: CancellationToken,
 }
 
 /// What an open session owns.
 #[derive(Debug)]
-struct Held {
-    sandbox: Box<dyn Sandbox>,
-    home: SandboxHome,
-    egress: Option<ExecutionEgress>,
-    runnable: Runnable,
-    language: String,
-    created_at: chrono::DateTime<chrono::Utc>,
-    executions: u64,
-    _slot: Slot,
-    _live: LiveGuard,
+pub(super) struct Held {
+    pub(super) sandbox: Box<dyn Sandbox>,
+    pub(super) home: SandboxHome,
+    pub(super) egress: Option<ExecutionEgress>,
+    pub(super) runnable: Runnable,
+    pub(super) language: String,
+    pub(super) created_at: chrono::DateTime<chrono::Utc>,
+    pub(super) executions: u64,
+    pub(super) _slot: Slot,
+    pub(super) _live: LiveGuard,
 }
 
 impl Sessions {
@@ -116,7 +113,7 @@ impl Sessions {
         self.lock().values().filter(|s| s.tenant == tenant).count()
     }
 
-    fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
+    pub(super) fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
         self.lock().get(id).cloned()
     }
 }
@@ -450,238 +447,6 @@ impl App {
             None => self.get_session(caller, id).await,
         }
     }
-
-    /// One execution in a session: decided, recorded, run as a turn, completed.
-    pub async fn create_session_execution(
-        self: &Arc<Self>,
-        caller: &ApiKey,
-        id: &str,
-        request: SessionExecutionRequest,
-    ) -> Result<ExecutionRow, AppError> {
-        let row = self.get_session(caller, id).await?;
-        let open = self
-            .sessions
-            .get(id)
-            .ok_or_else(|| closed_conflict(id, &row))?;
-        let Ok(mut guard) = open.held.try_lock() else {
-            return Err(AppError::Conflict(format!(
-                "session {id} is busy: one execution at a time"
-            )));
-        };
-        let Some(held) = guard.as_mut() else {
-            return Err(closed_conflict(id, &row));
-        };
-        let _ = self.audit.set_session_status(id, "busy", false).await;
-        let ran = self.run_in_session(caller, id, held, request).await;
-        *open
-            .last_used
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
-        let (record, closes) = match ran {
-            Ok(ran) => ran,
-            Err(err) => {
-                let _ = self.audit.set_session_status(id, "ready", false).await;
-                return Err(err);
-            }
-        };
-        let _ = self
-            .audit
-            .set_session_status(id, "ready", record.allow)
-            .await;
-        drop(guard);
-        if let Some(reason) = closes {
-            self.close_session(id, reason).await;
-        }
-        Ok(record)
-    }
-
-    /// Decide, record, run; says why the session must close, if it must.
-    async fn run_in_session(
-        self: &Arc<Self>,
-        caller: &ApiKey,
-        session_id: &str,
-        held: &mut Held,
-        request: SessionExecutionRequest,
-    ) -> Result<(ExecutionRow, Option<&'static str>), AppError> {
-        let files = self.checked_uploads(caller, &request.files).await?;
-        let as_execution = ExecutionRequest {
-            language: held.language.clone(),
-            code: request.code,
-            files: request.files,
-            network: Vec::new(),
-            mounts: Vec::new(),
-            limits: RequestedLimits {
-                timeout_ms: request.limits.timeout_ms,
-                ..RequestedLimits::default()
-            },
-            labels: Default::default(),
-            wait: true,
-        };
-        if as_execution.code.len() > super::request::MAX_CODE_BYTES {
-            return Err(AppError::Invalid(format!(
-                "code is {} bytes; the limit is {}",
-                as_execution.code.len(),
-                super::request::MAX_CODE_BYTES
-            )));
-        }
-        let mut input = self.policy_input(caller, &as_execution, &files);
-        input.request.kind = RequestKind::SessionExecution;
-        input.request.session = Some(SessionInput {
-            id: session_id.to_owned(),
-            executions: held.executions,
-            created_at: held.created_at.to_rfc3339(),
-        });
-        let policy = self.policy.current();
-        let said = policy.state.decide(&input);
-        let mut decision = said.clone();
-        let allowed = self
-            .enforce_floor(&held.language, &mut decision)
-            .filter(|_| !decision.require_approval);
-        // The session's limits stay those decided at creation; only the deadline is per call.
-        let timeout_ms = allowed
-            .as_ref()
-            .map_or(0, |r| r.limits.timeout_ms)
-            .min(held.runnable.limits.timeout_ms);
-        let mut runnable = held.runnable.clone();
-        runnable.limits.timeout_ms = timeout_ms;
-        let mut row = super::executions::new_row(
-            caller,
-            &as_execution,
-            &input,
-            &decision,
-            allowed.is_some().then_some(&runnable),
-            (policy.state.revision(), &self.instance),
-        );
-        row.session_id = Some(session_id.to_owned());
-        let event = NewEvent {
-            kind: "execution.decision",
-            execution_id: Some(row.id.clone()),
-            key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
-            decision_id: Some(row.decision_id.clone()),
-            allow: Some(decision.allow && allowed.is_some()),
-            reasons: json!(decision.reasons),
-            input: json!(input),
-            decision: json!(said),
-            policy_revision: Some(row.policy_revision.clone()),
-        };
-        let live = self.live.track(&row.id);
-        self.audit.record_execution_decision(&row, &event).await?;
-        if allowed.is_none() {
-            return Ok((row, None));
-        }
-        held.executions += 1;
-        let ran = self
-            .run_turn(&row, held, as_execution.code, files, &live, &runnable)
-            .await;
-        let closes = match &ran {
-            Ok(ran) if ran.ending.session_lives() => None,
-            Ok(TurnRan {
-                ending: TurnEnding::Ended(Ending::Oom { .. }),
-                ..
-            }) => Some("oom"),
-            _ => Some("crashed"),
-        };
-        let result = match &ran {
-            Ok(TurnRan {
-                ending: TurnEnding::Exited { result, .. },
-                ..
-            }) => result.clone(),
-            _ => None,
-        };
-        let mut done = completion(ran);
-        let output_dir = held.home.output.dir().to_owned();
-        done.outputs = self
-            .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
-            .await;
-        let mut stored = self.complete_durably(row, done).await;
-        if let Some(result) = result {
-            if let Err(err) = self.audit.set_result(&stored.id, &result).await {
-                tracing::warn!(execution_id = %stored.id, error = %err, "result not stored");
-            }
-            stored.result = Some(result);
-        }
-        drop(live);
-        Ok((stored, closes))
-    }
-
-    /// `/output` as the execution left it, collected while the sandbox may still run
-    /// (`outputs_live`: nothing the program can swap is followed).
-    async fn collect_session_output(
-        &self,
-        src: std::path::PathBuf,
-        execution_id: &str,
-        budget: u64,
-    ) -> Collected {
-        let dest = self.outputs_root.join(execution_id);
-        let collected = tokio::task::spawn_blocking(move || {
-            crate::outputs_live::collect_live(&src, &dest, budget)
-        })
-        .await;
-        match collected {
-            Ok(Ok(collected)) => collected,
-            Ok(Err(err)) => {
-                tracing::error!(execution_id, error = %err, "collecting /output failed");
-                Collected {
-                    truncated: true,
-                    skipped: vec![crate::outputs::Skipped {
-                        path: String::new(),
-                        bytes: None,
-                        reason: "collection_failed".to_owned(),
-                    }],
-                    ..Collected::default()
-                }
-            }
-            Err(err) => {
-                tracing::error!(execution_id, error = %err, "collecting /output panicked");
-                Collected {
-                    truncated: true,
-                    ..Collected::default()
-                }
-            }
-        }
-    }
-
-    async fn run_turn(
-        &self,
-        row: &ExecutionRow,
-        held: &mut Held,
-        code: String,
-        files: Vec<(String, Vec<u8>)>,
-        live: &LiveGuard,
-        runnable: &Runnable,
-    ) -> Result<TurnRan, crate::runtime::RuntimeError> {
-        let control = crate::runtime::RunControl {
-            timeout: Duration::from_millis(runnable.limits.timeout_ms),
-            output_cap: usize::try_from(runnable.limits.output_bytes).unwrap_or(usize::MAX),
-            sink: None,
-            cancel: live.cancel_token(),
-        };
-        if let Err(err) = self
-            .audit
-            .mark_running(
-                &row.id,
-                crate::ids::now_micros(),
-                "warm",
-                held.sandbox.name(),
-            )
-            .await
-        {
-            tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
-        }
-        held.sandbox
-            .turn(turn_job(&held.language, &row.id, code, files), control)
-            .await
-    }
-}
-
-fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
-    AppError::Conflict(format!(
-        "session {id} is closed ({})",
-        row.closed_reason
-            .as_deref()
-            .unwrap_or("not open on this gateway")
-    ))
 }
 
 /// Removes the sandbox and its host side; the slot and the live entry go with `held`.
@@ -717,74 +482,4 @@ fn opening_line(proxied: bool) -> Job<'static> {
         proxy,
         exit_nonce: None,
     }
-}
-
-/// A turn: the cell under `/tmp/sandgate-cells/` (named by the execution), the uploads in
-/// `/workspace`.
-fn turn_job(
-    language: &str,
-    execution_id: &str,
-    code: String,
-    files: Vec<(String, Vec<u8>)>,
-) -> Job<'static> {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let ext = if language == "python" { "py" } else { "sh" };
-    let cell = format!("/tmp/sandgate-cells/{execution_id}.{ext}");
-    let mut job_files = vec![JobFile {
-        path: cell.clone(),
-        content_b64: b64.encode(code.as_bytes()).into(),
-        mode: Some(0o644),
-    }];
-    job_files.extend(files.into_iter().map(|(name, content)| JobFile {
-        path: format!("{}/{name}", crate::runtime::WORKSPACE),
-        content_b64: b64.encode(content).into(),
-        mode: Some(0o644),
-    }));
-    Job {
-        argv: vec![cell],
-        cwd: None,
-        env: None,
-        files: job_files,
-        proxy: None,
-        exit_nonce: None,
-    }
-}
-
-/// The record's ending, from the turn's.
-fn completion(ran: Result<TurnRan, crate::runtime::RuntimeError>) -> Completion {
-    let mut done = Completion {
-        status: "error",
-        exit_code: None,
-        duration_ms: 0,
-        stdout: Vec::new(),
-        stderr: Vec::new(),
-        stdout_truncated: false,
-        stderr_truncated: false,
-        error: None,
-        outputs: Collected::default(),
-    };
-    let ran = match ran {
-        Ok(ran) => ran,
-        Err(err) => {
-            done.error = Some(err.to_string());
-            return done;
-        }
-    };
-    let (status, exit_code) = match ran.ending {
-        TurnEnding::Exited { code: 0, .. } => ("succeeded", Some(0)),
-        TurnEnding::Exited { code, .. } => ("failed", Some(i32::from(code))),
-        TurnEnding::TimedOut { .. } => ("timeout", None),
-        TurnEnding::Cancelled { .. } => ("cancelled", None),
-        TurnEnding::Ended(Ending::Oom { .. }) => ("oom", None),
-        TurnEnding::Ended(_) => ("killed", None),
-    };
-    done.status = status;
-    done.exit_code = exit_code;
-    done.duration_ms = i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX);
-    done.stdout_truncated = ran.stdout.truncated;
-    done.stderr_truncated = ran.stderr.truncated;
-    done.stdout = ran.stdout.bytes;
-    done.stderr = ran.stderr.bytes;
-    done
 }

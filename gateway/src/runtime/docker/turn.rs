@@ -14,11 +14,13 @@ use tokio::io::AsyncWriteExt;
 use super::call::bounded;
 use super::run::{kill, wait_exit, DockerSandbox, Stop};
 use crate::runtime::{
-    CappedOutput, Channel, Job, OutputSink, RunControl, RuntimeError, TurnEnding, TurnRan,
+    CappedOutput, Channel, Ending, Job, OutputSink, RunControl, RuntimeError, TurnEnding, TurnRan,
 };
 
 /// After an interrupt: how long the runner has to answer before the sandbox is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// Extra one-second looks for dockerd's OOM flag after a SIGKILL end of a session.
+const OOM_LATE_POLLS: u32 = 3;
 /// After the output ended under a turn: how long to wait for dockerd to report the exit.
 const EXIT_WAIT: Duration = Duration::from_secs(10);
 
@@ -163,7 +165,20 @@ async fn sandbox_ended(
     let exit = tokio::time::timeout(EXIT_WAIT, wait_exit(&sandbox.docker, &sandbox.name))
         .await
         .unwrap_or(Ok(None))?;
-    let ending = sandbox.inspect(Stop::Exited(exit), None).await?;
+    let mut ending = sandbox.inspect(Stop::Exited(exit), None).await?;
+    // Under load dockerd's OOM flag can trail a SIGKILL end by more than `inspect`'s own wait;
+    // a session is closed by what this says (`oom` or `crashed`), so look a little longer.
+    for _ in 0..OOM_LATE_POLLS {
+        if ending
+            != (Ending::Died {
+                container_exit: Some(137),
+            })
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        ending = sandbox.inspect(Stop::Exited(exit), None).await?;
+    }
     Ok(TurnEnding::Ended(ending))
 }
 
@@ -236,7 +251,6 @@ impl TurnPump {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::runtime::Ending;
 
     #[test]
     fn answers_after_an_interrupt_say_the_session_recovered() {
