@@ -23,7 +23,7 @@ INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh images/build.sh .ci/run
 
 .PHONY: help setup images build gateway init run test policy-test bench lint fmt fmt-check \
-	clippy shellcheck clean check-cargo
+	clippy shellcheck clean check-cargo fuzz
 
 help: ## list the targets
 	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
@@ -49,11 +49,16 @@ init: check-cargo ## build the static sandbox-init into target/<triple>/release
 run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
 	exec $(GATEWAY) serve
 
-test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests
-	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
+# The isolation and limit suites run a second time against warm (pooled) sandboxes.
+WARM_SUITES := --test executions --test limits --test situations --test egress --test egress_tls
 
-policy-test: check-cargo ## the policy bundle's YAML cases (policies/tests), failing under 90% line coverage
-	cargo run -q --bin sandgate -- policy test policies --min-coverage 90
+test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests, the isolation suites warm
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" SANDGATE_TEST_START=warm \
+		cargo test -p gateway --no-fail-fast $(WARM_SUITES)
+
+policy-test: gateway ## the policy bundle's YAML cases and golden decision matrix (policies/tests), failing under 90% line coverage
+	$(GATEWAY) policy test policies --min-coverage 90
 
 bench: check-cargo init ## measure, with baselines in the same run: policy decision latency, proxy throughput and CONNECT latency, cold execution vs raw Docker, 16 concurrent executions, audit writes vs COPY, audit rows per 10,000 failed authentications before/after bounding (DESIGN 8; root, after setup)
 	cargo bench -p policy-engine --bench decide
@@ -63,6 +68,13 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session
 	cargo bench -p gateway --bench refusals
+
+# Each fuzz harness also runs in `make test` with proptest's default number of cases.
+FUZZ_CASES ?= 200000
+fuzz: check-cargo ## long fuzzing runs of the parsers facing the sandbox (FUZZ_CASES per property, default 200000); failures land in proptest-regressions files: commit them
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p egress-proxy --lib fuzz::
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p sandbox-init --test fuzz_spec
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p gateway --test fuzz_names
 
 lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
 

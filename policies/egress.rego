@@ -10,13 +10,14 @@
 #                     {allow: [{host, ports}], max_connections, max_bytes})
 #   input.connection  what the sandbox asks to reach: host, port, scheme (`https`: CONNECT to a
 #                     TLS port; `connect`: CONNECT to another port; `http`: plain HTTP), and for
-#                     plain HTTP only: method, path
+#                     plain HTTP: method, path; for a request inside an inspected tunnel (scheme
+#                     `https` with a method): method, path, query, headers (names)
 #
 # `input.connection.host` is canonical before it gets here (lower case, no trailing dot, IDNA,
 # dotted-quad IPv4), so comparing strings is enough. Grant patterns were checked when the
 # execution was decided: no `*`, no `*.com`, no upper case, no port 0.
 #
-# Output: {"allow": bool, "reasons": [{code, message}]}. Anything else (an unknown field, an
+# Output: {"allow": bool, "reasons": [{code, message}], "credentials": [names]?}. Anything else (an unknown field, an
 # undefined decision, an error) denies the connection with `policy.error`.
 
 package sandgate.egress
@@ -40,16 +41,21 @@ matching contains rule if {
 }
 
 # Allowed: some matching rule lists the port.
-decision := {"allow": true, "reasons": []} if port_granted
+decision := {"allow": true, "reasons": []} if {
+	not is_request
+	port_granted
+}
 
 # egress.host_not_granted: no rule of the grant matches the host.
 decision := {"allow": false, "reasons": [{"code": "egress.host_not_granted", "message": msg}]} if {
+	not is_request
 	matching == set()
 	msg := sprintf("%s is not granted to execution %s", [input.connection.host, input.execution.id])
 }
 
 # egress.port_not_granted: the host is granted, but not on this port.
 decision := {"allow": false, "reasons": [{"code": "egress.port_not_granted", "message": msg}]} if {
+	not is_request
 	matching != set()
 	not port_granted
 	ports := sort({port | some rule in matching; some port in rule.ports})
@@ -62,4 +68,71 @@ decision := {"allow": false, "reasons": [{"code": "egress.port_not_granted", "me
 port_granted if {
 	some rule in matching
 	input.connection.port in rule.ports
+}
+
+# ---------------------------------------------------------------------------------------------
+# Requests inside an inspected tunnel (grant rule with `inspect: true`, DESIGN section 11)
+# ---------------------------------------------------------------------------------------------
+#
+# The tunnel itself was decided above (no `method`). The proxy then terminates TLS and asks again
+# for every HTTP request in it, with `connection.method`, `.path` (no query), `.query` and
+# `.headers` (names only). The rules are the tenant's `requests` on its allowlist entry for the
+# host (policies/data/tenants.yaml):
+#   requests: [{methods: [GET, HEAD], paths: ["/repos/"], credentials: [github]}]
+# A request is allowed when some rule lists its method and one of the rule's path prefixes starts
+# its path; the output's `credentials` are that rule's, which the proxy attaches (a name the
+# grant does not list for the host is a `policy.error`). No rule, no request: fail closed.
+
+is_request if {
+	input.connection.scheme == "https"
+	input.connection.method
+}
+
+tenant_requests contains r if {
+	some rule in data.tenants[input.execution.tenant].network.allow
+	rule.host == input.connection.host
+	some r in object.get(rule, "requests", [])
+}
+
+request_matches contains r if {
+	some r in tenant_requests
+	input.connection.method in r.methods
+	some prefix in r.paths
+	startswith(input.connection.path, prefix)
+}
+
+decision := {"allow": true, "reasons": [], "credentials": sort(credentials)} if {
+	is_request
+	port_granted
+	request_matches != set()
+	credentials := {name | some r in request_matches; some name in object.get(r, "credentials", [])}
+}
+
+# egress.method_not_allowed: no request rule for the host lists the method.
+decision := {"allow": false, "reasons": [{"code": "egress.method_not_allowed", "message": msg}]} if {
+	is_request
+	not method_listed
+	msg := sprintf("%s requests to %s are not allowed for tenant %q", [input.connection.method, input.connection.host, input.execution.tenant])
+}
+
+# egress.path_not_allowed: the method is listed, but not for this path.
+decision := {"allow": false, "reasons": [{"code": "egress.path_not_allowed", "message": msg}]} if {
+	is_request
+	method_listed
+	request_matches == set()
+	msg := sprintf("%s %s on %s is not allowed for tenant %q", [input.connection.method, input.connection.path, input.connection.host, input.execution.tenant])
+}
+
+# egress.port_not_granted for a request: cannot happen through the proxy (the tunnel was
+# decided first), but a request is never allowed on a port the grant does not list.
+decision := {"allow": false, "reasons": [{"code": "egress.port_not_granted", "message": msg}]} if {
+	is_request
+	request_matches != set()
+	not port_granted
+	msg := sprintf("%s is not granted on port %d", [input.connection.host, input.connection.port])
+}
+
+method_listed if {
+	some r in tenant_requests
+	input.connection.method in r.methods
 }

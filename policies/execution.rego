@@ -280,12 +280,24 @@ review := {
 # it), plus the tenant's connection and volume caps: what is covered by the allowlist and, in a
 # review, what the reviewer approves. Never a pattern from the allowlist, never another host.
 grant := {
-	"allow": [{"host": host, "ports": sort({d.port | some d in input.request.network; d.host == host})} |
+	"allow": [object.union(
+		{"host": host, "ports": sort({d.port | some d in input.request.network; d.host == host})},
+		inspection(host),
+	) |
 		some host in {d.host | some d in input.request.network}
 	],
 	"max_connections": tenant.network.max_connections,
 	"max_bytes": tenant.network.max_bytes,
 }
+
+# A requested host that the tenant's allowlist names exactly with `inspect: true` is granted for
+# inspection, with the credentials that rule lists (DESIGN section 11): the proxy then terminates
+# TLS to it and decides each request (egress.rego). Any other host is a plain tunnel.
+inspection(host) := {"inspect": true, "credentials": object.get(rule, "credentials", [])} if {
+	some rule in tenant.network.allow
+	rule.host == host
+	object.get(rule, "inspect", false) == true
+} else := {}
 
 # ---------------------------------------------------------------------------------------------
 # The decision. Exactly one of the two definitions applies.

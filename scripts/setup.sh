@@ -4,7 +4,9 @@
 #   2. register the gVisor runtime `runsc` in dockerd with the flags sandgate relies on;
 #   3. start dockerd when it is not running (there may be no init system to do it);
 #   4. build the sandbox images (images/build.sh) and run one sandbox as a smoke test;
-#   5. check that the PostgreSQL binaries are present (sandgate runs its own private cluster).
+#   5. check that the PostgreSQL binaries are present (sandgate runs its own private cluster);
+#   6. make the Python environment the toolkit tests use (target/py: the SDK's and the MCP
+#      tests' packages from PyPI).
 # Idempotent: a second run changes nothing and takes seconds.
 set -euo pipefail
 
@@ -15,13 +17,18 @@ SG_LOG_PREFIX=setup
 
 # gcc and libc6-dev: cargo needs a linker, and the static sandbox-init needs libc.a;
 # `make lint` runs shellcheck over the scripts; chromium: gateway/tests/review_page.rs drives the
-# review page in headless Chromium.
+# review page in headless Chromium; prometheus: gateway/tests/metrics.rs checks /metrics with
+# its `promtool`; python3-venv: the toolkit tests' Python environment (target/py).
 readonly PACKAGES=(
     docker.io runsc postgresql debootstrap
     ca-certificates curl iproute2 jq procps
     gcc libc6-dev shellcheck
-    chromium
+    chromium prometheus python3 python3-venv
 )
+# What the Python tests import (clients/python/tests, gateway/tests/toolkit_python.rs); the SDK
+# itself is imported from clients/python/src, so it is never stale.
+readonly PY_VENV=${SANDGATE_PY_VENV:-$ROOT/target/py}
+readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 wheel)
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.
 readonly RUNSC_ARGS=(--network=none --host-uds=open)
@@ -187,6 +194,18 @@ check_postgres() {
     log "postgres binaries present (${initdbs[*]}); sandgate starts its own private cluster"
 }
 
+python_env() {
+    if [[ -x $PY_VENV/bin/python ]] \
+        && "$PY_VENV/bin/python" -c 'import httpx, pytest, pytest_asyncio, openapi_spec_validator, mcp, wheel' 2>/dev/null; then
+        log "python test environment ready ($PY_VENV)"
+        return
+    fi
+    /usr/bin/python3 -m venv "$PY_VENV" || die "/usr/bin/python3 -m venv failed: apt-get install python3-venv"
+    "$PY_VENV/bin/pip" install -q "${PY_PACKAGES[@]}" >>"$APT_LOG" 2>&1 \
+        || die "pip install ${PY_PACKAGES[*]} into $PY_VENV failed; read $APT_LOG"
+    log "python test environment made ($PY_VENV: ${PY_PACKAGES[*]})"
+}
+
 main() {
     require_root
     local start=$SECONDS
@@ -202,6 +221,7 @@ main() {
     build_images
     smoke_test
     check_postgres
+    python_env
     log "done in $((SECONDS - start))s"
 }
 

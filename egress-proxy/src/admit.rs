@@ -56,7 +56,33 @@ impl Conn<'_> {
         self.attempt.port = port;
         let host = self.canonical(&raw_host)?;
         let kind = self.plan_kind(&head, &target, &host)?;
+        if let PlanKind::Http(forward) = &kind {
+            self.refuse_placeholders(&forward.head)?;
+        }
         Ok((host, port, kind))
+    }
+
+    /// A plain HTTP request is never inspected, so no credential is ever granted on it: any
+    /// placeholder in its head or in the body bytes already read is misdirected.
+    fn refuse_placeholders(&self, head: &[u8]) -> Result<(), Denial> {
+        let Some(inspection) = &self.execution.inspection else {
+            return Ok(());
+        };
+        let credentials = &inspection.credentials;
+        let mut found = credentials.placeholders_in(head);
+        found.extend(credentials.placeholders_in(&self.buffered));
+        if found.is_empty() {
+            return Ok(());
+        }
+        let names: Vec<String> = found.into_iter().collect();
+        Err(Denial::new(
+            ReasonCode::CredentialMisdirected,
+            format!(
+                "the request carries the placeholder of credential {}, which is only ever \
+                 attached inside an inspected tunnel",
+                names.join(", ")
+            ),
+        ))
     }
 
     pub(crate) fn over_limit(&self) -> Denial {
@@ -148,6 +174,8 @@ impl Conn<'_> {
                 scheme: self.attempt.scheme.map_or("", Scheme::as_str).to_string(),
                 method: self.attempt.method.clone(),
                 path: self.attempt.path.clone(),
+                query: None,
+                headers: None,
             },
         };
         let decision = self.shared.policy.decide(&input);

@@ -1,9 +1,14 @@
 //! Proxy-wide settings and the per-execution grant a listener serves.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use policy_engine::NetworkGrant;
+
+use crate::ca::{ExecutionCa, TlsSetupError};
+use crate::credentials::{Credential, ExecutionCredentials};
 
 /// Settings shared by every execution's listener.
 #[derive(Debug, Clone)]
@@ -21,6 +26,12 @@ pub struct ProxyConfig {
     pub record_timeout: Duration,
     /// How long `ExecutionListener::close` waits for its connections to finish recording.
     pub close_grace: Duration,
+    /// What inspected upstreams are verified against ([`crate::upstream_tls`]). `None`: no
+    /// destination can be inspected (such tunnels are refused with `egress.upstream_tls_failed`).
+    pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
+    /// Credentials by name (the gateway's `credentials` config, values loaded); their values
+    /// never print ([`crate::Secret`]).
+    pub credentials: BTreeMap<String, Credential>,
 }
 
 impl Default for ProxyConfig {
@@ -32,6 +43,8 @@ impl Default for ProxyConfig {
             dns_timeout: Duration::from_secs(5),
             record_timeout: Duration::from_secs(5),
             close_grace: Duration::from_secs(5),
+            upstream_tls: None,
+            credentials: BTreeMap::new(),
         }
     }
 }
@@ -83,6 +96,66 @@ pub struct ExecutionGrant {
     pub tenant: String,
     pub grant: NetworkGrant,
     pub limits: ExecutionLimits,
+    /// For a grant with `inspect: true` rules: the execution's CA and credentials.
+    pub inspection: Option<Arc<Inspection>>,
+}
+
+/// What an execution whose grant inspects some destination holds: its own CA (whose key never
+/// leaves this process) and its credentials with their placeholders. Dropped with the
+/// execution's listener.
+#[derive(Debug)]
+pub struct Inspection {
+    pub ca: ExecutionCa,
+    pub credentials: ExecutionCredentials,
+}
+
+/// An execution's inspection could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum InspectionError {
+    #[error(
+        "the grant names credential {name:?} for {host}, but this gateway has no credential of \
+         that name (add it under `credentials` in the config)"
+    )]
+    UnknownCredential { name: String, host: String },
+    #[error("the grant inspects {host}, but this gateway has no upstream TLS trust configured")]
+    NoUpstreamTrust { host: String },
+    #[error("preparing the execution's TLS")]
+    Tls(#[source] TlsSetupError),
+}
+
+impl Inspection {
+    /// For a grant with an `inspect: true` rule: a fresh CA and the credentials its rules name
+    /// (each with a fresh placeholder). `None` when nothing is inspected.
+    pub fn for_grant(
+        execution_id: &str,
+        grant: &NetworkGrant,
+        config: &ProxyConfig,
+    ) -> Result<Option<Inspection>, InspectionError> {
+        let Some(first) = grant.allow.iter().find(|rule| rule.inspect) else {
+            return Ok(None);
+        };
+        if config.upstream_tls.is_none() {
+            return Err(InspectionError::NoUpstreamTrust {
+                host: first.host.clone(),
+            });
+        }
+        let mut credentials: BTreeMap<String, Credential> = BTreeMap::new();
+        for rule in grant.allow.iter().filter(|rule| rule.inspect) {
+            for name in &rule.credentials {
+                let credential = config.credentials.get(name).ok_or_else(|| {
+                    InspectionError::UnknownCredential {
+                        name: name.clone(),
+                        host: rule.host.clone(),
+                    }
+                })?;
+                credentials.insert(name.clone(), credential.clone());
+            }
+        }
+        Ok(Some(Inspection {
+            ca: ExecutionCa::new(execution_id).map_err(InspectionError::Tls)?,
+            credentials: ExecutionCredentials::new(credentials.into_values().collect()),
+        }))
+    }
 }
 
 /// This machine's interface addresses (every family, every interface, loopback included): what

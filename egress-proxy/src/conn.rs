@@ -71,8 +71,8 @@ pub(crate) enum PlanKind {
 
 /// The state of one connection.
 pub(crate) struct Conn<'a> {
-    pub shared: &'a Shared,
-    pub execution: &'a Execution,
+    pub shared: Arc<Shared>,
+    pub execution: Arc<Execution>,
     pub client: UnixStream,
     pub cancel: &'a CancellationToken,
     pub attempt: Attempt,
@@ -104,8 +104,8 @@ pub(crate) async fn serve(
 ) {
     let span = info_span!("conn", execution_id = %execution.id, host = field::Empty);
     let mut conn = Conn {
-        shared: &shared,
-        execution: &execution,
+        shared: Arc::clone(&shared),
+        execution: Arc::clone(&execution),
         client,
         cancel: &cancel,
         attempt: new_attempt(&execution),
@@ -178,20 +178,32 @@ impl Conn<'_> {
 
     /// Runs an allowed attempt: SNI check on TLS ports, record, dial, relay, record the close.
     async fn proceed(&mut self, plan: Plan) {
+        let mut inspection = None;
         if matches!(plan.kind, PlanKind::Tls) {
             if let Err(denial) = self.check_sni(&plan.host).await {
                 return self.deny(denial).await;
             }
+            inspection = self.inspection_for(&plan.host, plan.address.port());
         }
         self.attempt.allow = true;
         self.attempt.reason = ReasonCode::Allowed;
-        self.attempt.message = format!("allowed to {}", plan.address);
+        self.attempt.message = match inspection {
+            Some(_) => format!("allowed to {}, inspected", plan.address),
+            None => format!("allowed to {}", plan.address),
+        };
         let id = match self.open_record().await {
             Ok(id) => id,
             Err(unavailable) => return self.answer(unavailable.reason, &unavailable.message).await,
         };
         info!(address = %plan.address, scheme = self.scheme_str(), "egress allowed");
-        let (up, down, ended) = self.dial_and_relay(plan).await;
+        let (up, down, ended) = match inspection {
+            Some(inspection) => {
+                let served = self.run_inspected(&plan, inspection, id.clone()).await;
+                let _ = self.client.shutdown().await;
+                served
+            }
+            None => self.dial_and_relay(plan).await,
+        };
         let (reason, error) = match ended {
             Ok(()) => (ReasonCode::Completed, None),
             Err(ended) => (ended.reason, ended.error),
@@ -215,7 +227,8 @@ impl Conn<'_> {
                 return (0, 0, Err(Ended::new(denial.reason, denial.message)));
             }
         };
-        let meter = Meter::new(&self.execution.budget);
+        let execution = Arc::clone(&self.execution);
+        let meter = Meter::new(&execution.budget);
         let result = self.start(&plan.kind, &mut upstream, &meter).await;
         let result = match result {
             Ok(upward) => self.run_relay(&mut upstream, &meter, upward).await,
@@ -329,7 +342,7 @@ impl Conn<'_> {
 
     /// Hands the recorder the window's count of denials without a row, once it is due.
     async fn summarise_denials(&self) {
-        let execution = self.execution;
+        let execution = &self.execution;
         let Some(summary) = execution
             .denials
             .take(&execution.id, &execution.tenant, false)

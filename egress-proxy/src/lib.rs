@@ -20,32 +20,50 @@
 //!   counts recorded as one summary per window through [`ConnectionRecorder::suppressed`]);
 //! - denials are answered with a status and `sandgate-egress: <code>: <message>` ([`ReasonCode`]).
 //!
+//! - only where the grant marks a destination `inspect: true` (DESIGN section 11): the tunnel is
+//!   terminated with the execution's own CA ([`ExecutionCa`], key in memory only), TLS to the
+//!   upstream is re-originated and verified ([`upstream_tls`]), and every HTTP/1.1 request inside
+//!   is decided by the policy, recorded ([`ConnectionRecorder::open_request`]) and only then
+//!   forwarded, with the credentials the decision names attached ([`Credential`], whose value
+//!   never prints) and a placeholder anywhere else refused (`credential.misdirected`).
+//!
 //! It is **not** a policy engine (what is allowed is Rego in `policies/`, reached through
 //! [`EgressPolicy`]), not an audit store (the gateway's [`ConnectionRecorder`] writes Postgres),
-//! not a TLS terminator (it never decrypts, so it cannot see inside HTTPS: domain fronting
-//! behind an allowed SNI is a known residual risk) and not a general proxy: no HTTP/2, no
-//! keep-alive, no caching, no redirects followed, no credentials injected. It does not depend on
-//! the gateway.
+//! not a TLS terminator except for inspected destinations (elsewhere it never decrypts, so
+//! domain fronting behind an allowed SNI is a known residual risk there) and not a general
+//! proxy: no HTTP/2, no keep-alive outside inspected tunnels, no caching, no redirects followed.
+//! It does not depend on the gateway.
 
 mod addr;
 mod admit;
 mod body;
+mod ca;
 mod config;
 mod conn;
+mod credentials;
 mod denials;
+#[cfg(test)]
+mod fuzz;
 mod head;
 mod host;
+mod inspect;
 mod listener;
 mod reason;
 mod relay;
 mod resolve;
 mod seams;
+mod streams;
 mod tls;
 
 pub use addr::{classify, AddressClass, AddressDenied, AddressPolicy, GrantedRange};
+pub use ca::{trust_bundle, upstream_tls, ExecutionCa, TlsSetupError};
 pub use config::{
-    local_interface_addresses, ExecutionGrant, ExecutionLimits, ProxyConfig, DEFAULT_MAX_DENIED,
-    DEFAULT_MAX_DENIED_PER_S,
+    local_interface_addresses, ExecutionGrant, ExecutionLimits, Inspection, InspectionError,
+    ProxyConfig, DEFAULT_MAX_DENIED, DEFAULT_MAX_DENIED_PER_S,
+};
+pub use credentials::{
+    placeholder_env_name, Credential, ExecutionCredentials, Secret, PLACEHOLDER_ENV_PREFIX,
+    PLACEHOLDER_PREFIX,
 };
 pub use denials::SUMMARY_WINDOW;
 pub use host::{canonical_host, Host, HostError};
@@ -53,7 +71,7 @@ pub use listener::{EgressProxy, ExecutionListener, ProxyError};
 pub use reason::{ReasonCode, ReasonSource};
 pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
 pub use seams::{
-    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, RecordError, Resolve,
-    ResolveError, Scheme, Suppressed,
+    Attempt, Closed, ConnectionId, ConnectionRecorder, EgressPolicy, InspectedRequest, RecordError,
+    RequestDone, RequestId, Resolve, ResolveError, Scheme, Suppressed,
 };
 pub use tls::{parse_client_hello, ClientHello, HelloError};

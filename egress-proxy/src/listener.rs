@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::addr::{AddressPolicy, GrantedRange};
-use crate::config::{ExecutionGrant, ExecutionLimits, ProxyConfig};
+use crate::config::{ExecutionGrant, ExecutionLimits, Inspection, ProxyConfig};
 use crate::conn::{self, Admission};
 use crate::denials::Denials;
 use crate::relay::Budget;
@@ -65,6 +65,8 @@ pub(crate) struct Execution {
     pub budget: Budget,
     /// Denials recorded on their own so far, and those only counted.
     pub denials: Denials,
+    /// The CA and credentials, when the grant inspects some destination.
+    pub inspection: Option<Arc<Inspection>>,
 }
 
 /// The filtering forward proxy. Cheap to clone; serves any number of executions, each on its
@@ -97,6 +99,11 @@ impl EgressProxy {
                 recorder,
             }),
         }
+    }
+
+    /// The settings every listener shares.
+    pub fn config(&self) -> &ProxyConfig {
+        &self.shared.config
     }
 
     /// Binds `socket_path` (which must not exist; mode 0666) and serves the execution's
@@ -157,6 +164,7 @@ fn execution(grant: ExecutionGrant, config: &ProxyConfig) -> Execution {
         tenant: grant.tenant,
         grant: grant.grant,
         limits: grant.limits,
+        inspection: grant.inspection,
     }
 }
 

@@ -35,6 +35,12 @@ pub enum ReasonCode {
     PolicyError,
     /// A resolved or literal address is in a denied range or is the gateway's own.
     AddressDenied,
+    /// Inside an inspected tunnel: no request rule lists the method (`egress.method_not_allowed`).
+    MethodNotAllowed,
+    /// Inside an inspected tunnel: the method is listed, not for this path (`egress.path_not_allowed`).
+    PathNotAllowed,
+    /// A request carries a credential placeholder the policy did not grant for that request.
+    CredentialMisdirected,
 
     /// The request head is malformed, too large or not a form the proxy serves.
     BadRequest,
@@ -63,6 +69,9 @@ pub enum ReasonCode {
     IdleTimeout,
     /// The connection to the sandbox failed while relaying.
     ClientFailed,
+    /// Inside an inspected tunnel: the sandbox's TLS handshake with the proxy failed (a client
+    /// that pins another certificate, or does not trust the execution's CA).
+    ClientTlsFailed,
 
     /// The name did not resolve (or resolved to nothing).
     DnsFailed,
@@ -72,6 +81,8 @@ pub enum ReasonCode {
     UpstreamFailed,
     /// The upstream did not accept the connection in time.
     UpstreamTimeout,
+    /// Inside an inspected tunnel: the upstream's certificate did not verify, or its TLS failed.
+    UpstreamTlsFailed,
 
     /// The audit recorder could not record the attempt: nothing was dialled.
     AuditUnavailable,
@@ -81,7 +92,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ReasonCode; 26] = [
+    pub const ALL: [ReasonCode; 31] = [
         ReasonCode::Allowed,
         ReasonCode::Completed,
         ReasonCode::HostNotGranted,
@@ -89,6 +100,9 @@ impl ReasonCode {
         ReasonCode::PolicyDenied,
         ReasonCode::PolicyError,
         ReasonCode::AddressDenied,
+        ReasonCode::MethodNotAllowed,
+        ReasonCode::PathNotAllowed,
+        ReasonCode::CredentialMisdirected,
         ReasonCode::BadRequest,
         ReasonCode::HostInvalid,
         ReasonCode::HostMismatch,
@@ -102,10 +116,12 @@ impl ReasonCode {
         ReasonCode::ByteLimit,
         ReasonCode::IdleTimeout,
         ReasonCode::ClientFailed,
+        ReasonCode::ClientTlsFailed,
         ReasonCode::DnsFailed,
         ReasonCode::DnsTimeout,
         ReasonCode::UpstreamFailed,
         ReasonCode::UpstreamTimeout,
+        ReasonCode::UpstreamTlsFailed,
         ReasonCode::AuditUnavailable,
         ReasonCode::Shutdown,
     ];
@@ -121,6 +137,9 @@ impl ReasonCode {
             PolicyDenied => "egress.policy_denied",
             PolicyError => "policy.error",
             AddressDenied => "egress.address_denied",
+            MethodNotAllowed => "egress.method_not_allowed",
+            PathNotAllowed => "egress.path_not_allowed",
+            CredentialMisdirected => "credential.misdirected",
             BadRequest => "egress.bad_request",
             HostInvalid => "egress.host_invalid",
             HostMismatch => "egress.host_mismatch",
@@ -134,10 +153,12 @@ impl ReasonCode {
             ByteLimit => "egress.byte_limit",
             IdleTimeout => "egress.idle_timeout",
             ClientFailed => "egress.client_failed",
+            ClientTlsFailed => "egress.client_tls_failed",
             DnsFailed => "egress.dns_failed",
             DnsTimeout => "egress.dns_timeout",
             UpstreamFailed => "egress.upstream_failed",
             UpstreamTimeout => "egress.upstream_timeout",
+            UpstreamTlsFailed => "egress.upstream_tls_failed",
             AuditUnavailable => "egress.audit_unavailable",
             Shutdown => "egress.shutdown",
         }
@@ -148,13 +169,20 @@ impl ReasonCode {
         use ReasonCode::*;
         Some(match self {
             Allowed | Completed => return None,
-            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied => {
-                ReasonSource::Policy
-            }
+            HostNotGranted
+            | PortNotGranted
+            | PolicyDenied
+            | PolicyError
+            | AddressDenied
+            | MethodNotAllowed
+            | PathNotAllowed
+            | CredentialMisdirected => ReasonSource::Policy,
             BadRequest | HostInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
             | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials | ByteLimit
-            | IdleTimeout | ClientFailed => ReasonSource::Client,
-            DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout => ReasonSource::Upstream,
+            | IdleTimeout | ClientFailed | ClientTlsFailed => ReasonSource::Client,
+            DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout | UpstreamTlsFailed => {
+                ReasonSource::Upstream
+            }
             AuditUnavailable | Shutdown => ReasonSource::Internal,
         })
     }
@@ -164,12 +192,23 @@ impl ReasonCode {
         use ReasonCode::*;
         match self {
             Allowed | Completed => 200,
-            HostNotGranted | PortNotGranted | PolicyDenied | PolicyError | AddressDenied
-            | SniMismatch | SniMissing | SniUnreadable | ByteLimit => 403,
-            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed => 400,
+            HostNotGranted
+            | PortNotGranted
+            | PolicyDenied
+            | PolicyError
+            | AddressDenied
+            | MethodNotAllowed
+            | PathNotAllowed
+            | CredentialMisdirected
+            | SniMismatch
+            | SniMissing
+            | SniUnreadable
+            | ByteLimit => 403,
+            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed
+            | ClientTlsFailed => 400,
             ClientTimeout => 408,
             TooManyConnections | TooManyDenials => 429,
-            DnsFailed | UpstreamFailed => 502,
+            DnsFailed | UpstreamFailed | UpstreamTlsFailed => 502,
             DnsTimeout | UpstreamTimeout | IdleTimeout => 504,
             AuditUnavailable | Shutdown => 503,
         }
@@ -180,6 +219,8 @@ impl ReasonCode {
         match code {
             "egress.host_not_granted" => ReasonCode::HostNotGranted,
             "egress.port_not_granted" => ReasonCode::PortNotGranted,
+            "egress.method_not_allowed" => ReasonCode::MethodNotAllowed,
+            "egress.path_not_allowed" => ReasonCode::PathNotAllowed,
             policy_engine::POLICY_ERROR_CODE => ReasonCode::PolicyError,
             _ => ReasonCode::PolicyDenied,
         }
@@ -253,7 +294,9 @@ mod tests {
         assert_eq!(codes.len(), ReasonCode::ALL.len());
         for code in codes {
             assert!(
-                code.starts_with("egress.") || code == "policy.error",
+                code.starts_with("egress.")
+                    || code == "policy.error"
+                    || code == "credential.misdirected",
                 "{code}"
             );
         }

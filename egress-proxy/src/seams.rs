@@ -124,6 +124,50 @@ pub struct Suppressed {
     pub until: SystemTime,
 }
 
+/// The id the recorder gave one inspected request (e.g. the `egress_requests` row id).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RequestId(pub String);
+
+/// One HTTP request inside an inspected tunnel, allowed or denied, as the proxy decided it. It
+/// never holds a credential's value: only names, and the sandbox's own path and header names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InspectedRequest {
+    pub execution_id: String,
+    pub tenant: String,
+    /// The tunnel's connection row.
+    pub connection: ConnectionId,
+    pub host: String,
+    pub port: u16,
+    pub method: String,
+    /// As the sandbox sent it, without the query.
+    pub path: String,
+    /// SHA-256 (hex) of the query string, when there is one (the query may carry secrets).
+    pub query_sha256: Option<String>,
+    /// Lower case, sorted, each once.
+    pub header_names: Vec<String>,
+    /// Credentials attached (allowed) or misdirected (a `credential.misdirected` denial).
+    pub credentials: Vec<String>,
+    /// A WebSocket (or other) `Upgrade` request.
+    pub upgrade: bool,
+    pub allow: bool,
+    pub reason: ReasonCode,
+    pub message: String,
+    pub policy_reasons: Vec<Reason>,
+    pub started_at: SystemTime,
+}
+
+/// How an inspected request ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestDone {
+    /// The upstream's status, or the proxy's own answer's.
+    pub status: u16,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub duration: Duration,
+    /// What failed, when something did (no request data, no credential).
+    pub error: Option<String>,
+}
+
 /// Audits every attempt. The gateway implements it with Postgres (`egress_connections` plus an
 /// `audit_events` row).
 ///
@@ -154,4 +198,12 @@ pub trait ConnectionRecorder: Send + Sync + 'static {
     /// Records one summary of denials that had no record of their own: one per execution per
     /// window in which there were any, and a last one when its listener closes.
     fn suppressed<'a>(&'a self, summary: &'a Suppressed) -> BoxFuture<'a, ()>;
+    /// Records one request inside an inspected tunnel, durably, before anything of it is
+    /// forwarded (a failure refuses the request with 503); called for denied requests too.
+    fn open_request<'a>(
+        &'a self,
+        request: &'a InspectedRequest,
+    ) -> BoxFuture<'a, Result<RequestId, RecordError>>;
+    /// Called once per id `open_request` returned, when the request (and its response) ended.
+    fn close_request<'a>(&'a self, id: RequestId, done: &'a RequestDone) -> BoxFuture<'a, ()>;
 }

@@ -176,13 +176,13 @@ fn baseline_spec(
         mounts: vec![],
         egress_dir,
         output_dir,
-        env: gateway::app::launch::sandbox_env(),
+        env: gateway::app::launch::sandbox_env(limits.cpus),
         waits: Waits::Init,
     };
     let job = Job {
         argv,
         cwd: Some("/workspace".to_owned()),
-        env: Some(gateway::app::launch::sandbox_env()),
+        env: Some(gateway::app::launch::sandbox_env(limits.cpus)),
         files: vec![JobFile {
             path: program.to_owned(),
             content_b64: base64::engine::general_purpose::STANDARD

@@ -4,10 +4,14 @@
 use std::path::Path;
 
 use anyhow::Context;
+use chrono::{DateTime, Utc};
 
+use policy_engine::matrix::{self, MatrixCheck};
 use policy_engine::{cases, PolicyEngine};
 
+use crate::app::keys::{check_new_key, CheckedKey};
 use crate::app::replay::{self, ReplayReport};
+use crate::audit::keys::{KeyRow, Revoked};
 use crate::audit::verify::Verification;
 use crate::audit::{AuditStore, NewKey};
 use crate::config::Config;
@@ -26,13 +30,88 @@ pub async fn create_key_for(
     tenant: &str,
     principal: Option<&str>,
 ) -> anyhow::Result<NewKey> {
-    crate::app::keys::check_new_key(role, tenant, principal).map_err(anyhow::Error::msg)?;
+    let checked = check_new_key(role, tenant, principal, None).map_err(anyhow::Error::msg)?;
+    create_checked_key(config, &checked).await
+}
+
+/// `sandgate keys create [--principal NAME] [--expires-in D]`: stores a checked key.
+pub async fn create_checked_key(config: &Config, checked: &CheckedKey) -> anyhow::Result<NewKey> {
     let db = Database::open(config).await?;
     let key = AuditStore::new(db.pool.clone())
-        .create_key_for(role, tenant, principal)
+        .create_key_by(&checked.spec(), None)
         .await;
     db.close().await;
     key.context("storing the key")
+}
+
+/// What to warn about a new key's tenant: absent from the configured policy bundle's data, or
+/// the bundle cannot be read to tell. `None`: the policy knows the tenant.
+pub fn tenant_warning(config: &Config, tenant: &str) -> Option<String> {
+    match PolicyEngine::load(&config.policy_dir) {
+        Ok(engine) if engine.tenants().iter().any(|t| t == tenant) => None,
+        Ok(_) => Some(crate::app::keys::unknown_tenant_warning(tenant)),
+        Err(err) => Some(format!(
+            "could not check tenant {tenant} against the policy in {}: {err}",
+            config.policy_dir.display()
+        )),
+    }
+}
+
+/// `sandgate keys list [--tenant T]`: every key (never a hash), newest first.
+pub async fn list_keys(config: &Config, tenant: Option<&str>) -> anyhow::Result<Vec<KeyRow>> {
+    let db = Database::open(config).await?;
+    let store = AuditStore::new(db.pool.clone());
+    let mut keys = Vec::new();
+    let mut before: Option<String> = None;
+    let listed = loop {
+        let page = match store.list_keys(tenant, before.as_deref(), 500).await {
+            Ok(page) => page,
+            Err(err) => break Err(err),
+        };
+        let full = page.len() == 500;
+        before = page.last().map(|row| row.id.clone());
+        keys.extend(page);
+        if !full {
+            break Ok(keys);
+        }
+    };
+    db.close().await;
+    listed.context("listing keys")
+}
+
+/// `sandgate keys revoke ID`.
+pub async fn revoke_key(config: &Config, id: &str) -> anyhow::Result<Revoked> {
+    let db = Database::open(config).await?;
+    let revoked = AuditStore::new(db.pool.clone()).revoke_key(id, None).await;
+    db.close().await;
+    revoked.context("revoking the key")
+}
+
+/// `sandgate keys rotate ID [--expires-in D]`: a new key of the same role, tenant and principal;
+/// the old one is revoked in the same transaction. Fails when no live key has that id.
+pub async fn rotate_key(
+    config: &Config,
+    id: &str,
+    expires_in: Option<&str>,
+) -> anyhow::Result<NewKey> {
+    let expires_at = expires_in.map(expiry_from_now).transpose()?;
+    let db = Database::open(config).await?;
+    let rotated = AuditStore::new(db.pool.clone())
+        .rotate_key(id, expires_at)
+        .await;
+    db.close().await;
+    rotated
+        .context("rotating the key")?
+        .with_context(|| format!("no live key {id} (unknown, revoked or expired)"))
+}
+
+/// `--expires-in 30d`: that long from now.
+pub fn expiry_from_now(text: &str) -> anyhow::Result<DateTime<Utc>> {
+    let span = replay::parse_duration(text).map_err(anyhow::Error::msg)?;
+    let span = chrono::Duration::from_std(span).context("--expires-in is too long")?;
+    Utc::now()
+        .checked_add_signed(span)
+        .context("--expires-in is too long")
 }
 
 /// What `sandgate policy test` found.
@@ -40,21 +119,53 @@ pub async fn create_key_for(
 pub struct PolicyTestOutcome {
     pub report: cases::CaseReport,
     pub coverage: f64,
+    /// The golden decision matrix (`tests/decisions.out`) against the bundle's decisions.
+    pub matrix: MatrixCheck,
 }
 
 impl PolicyTestOutcome {
     pub fn ok(&self, min_coverage: f64) -> bool {
-        self.report.failed() == 0 && self.coverage >= min_coverage
+        self.report.failed() == 0
+            && self.coverage >= min_coverage
+            && !matches!(self.matrix, MatrixCheck::Differs(_))
+    }
+
+    /// What the matrix check found, as `sandgate policy test` prints it.
+    pub fn matrix_summary(&self, dir: &Path) -> String {
+        let path = dir.join(matrix::MATRIX_FILE);
+        match &self.matrix {
+            MatrixCheck::Matches => format!("decision matrix {}: matches\n", path.display()),
+            MatrixCheck::Absent => {
+                format!("decision matrix {}: none (not checked)\n", path.display())
+            }
+            MatrixCheck::Blessed => {
+                format!("decision matrix {}: rewritten (--bless)\n", path.display())
+            }
+            MatrixCheck::Differs(changes) => format!(
+                "FAIL decision matrix {}: the bundle decides differently:\n{changes}\
+                 If the change is intended, rewrite it with `sandgate policy test {} --bless` \
+                 and commit it with the policy change.\n",
+                path.display(),
+                dir.display()
+            ),
+        }
     }
 }
 
-/// `sandgate policy test [DIR]`: the bundle's YAML cases, with line coverage.
-pub fn policy_test(dir: &Path) -> anyhow::Result<PolicyTestOutcome> {
+/// `sandgate policy test [DIR] [--bless]`: the bundle's YAML cases, with line coverage, and
+/// its golden decision matrix (rewritten instead of checked when `bless`).
+pub fn policy_test(dir: &Path, bless: bool) -> anyhow::Result<PolicyTestOutcome> {
     let engine = load(dir)?;
     let report = cases::run_cases(&engine, &dir.join("tests"))
         .with_context(|| format!("running the cases in {}", dir.join("tests").display()))?;
     let coverage = report.coverage_percent();
-    Ok(PolicyTestOutcome { report, coverage })
+    let matrix = matrix::check(&engine, dir, bless)
+        .with_context(|| format!("checking {}", dir.join(matrix::MATRIX_FILE).display()))?;
+    Ok(PolicyTestOutcome {
+        report,
+        coverage,
+        matrix,
+    })
 }
 
 /// `sandgate policy replay`: re-decides the execution decisions of the last `since` with the

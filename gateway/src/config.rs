@@ -87,6 +87,20 @@ pub struct Dataset {
     pub description: String,
 }
 
+/// The API over HTTPS (rustls). With `client_ca_file`, every client must present a
+/// certificate that CA signed; one without is refused during the handshake.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Tls {
+    /// PEM: the server's certificate, then any intermediates.
+    pub cert_file: PathBuf,
+    /// PEM: its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: PathBuf,
+    /// PEM: the CA(s) whose client certificates are accepted.
+    #[serde(default)]
+    pub client_ca_file: Option<PathBuf>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -109,6 +123,11 @@ pub struct Config {
     pub max_sessions: usize,
     /// Executions that may wait for a slot (all tenants together); beyond: 429.
     pub max_queued: usize,
+    /// Executions one tenant may have waiting for a slot (its share of `max_queued`; a larger
+    /// value counts as `max_queued`); beyond: 429, while other tenants still queue.
+    pub max_queued_per_tenant: usize,
+    /// Bounds on requests held for human review (count and stored bytes, per tenant and per key).
+    pub pending_approvals: PendingApprovalLimits,
     /// The static `sandbox-init` binary; default: `sandbox-init` next to the `sandgate` executable.
     pub sandbox_init: Option<PathBuf>,
     /// Directory holding `initdb` and `pg_ctl` for the embedded database; default: the newest
@@ -120,6 +139,8 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Serve the API over HTTPS; absent: plain HTTP (keep it on loopback then).
+    pub tls: Option<Tls>,
     /// Sandboxes started ahead per language (`{}`: no pool).
     pub warm_pool: BTreeMap<String, usize>,
     /// Modules the waiting Python interpreter imports (and warms) before its job.
@@ -129,6 +150,31 @@ pub struct Config {
     /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
     /// a full queue): the aggregation window and the per-source and per-key rates.
     pub refusals: crate::app::refusals::RefusalLimits,
+    /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
+    /// inspected upstream (DESIGN section 11): e.g. an internal CA.
+    pub egress_ca_file: Option<PathBuf>,
+    /// Credentials the proxy may attach to inspected requests, by name. Only where their values
+    /// come from is configured here; the values are read at start-up and never printed.
+    pub credentials: BTreeMap<String, CredentialConfig>,
+}
+
+/// Where one credential's value comes from and how it is sent: exactly one of `value_env` (an
+/// environment variable of the gateway) and `value_file` (a file; one trailing newline is
+/// dropped), in the header `header`, as `format` with `{value}` replaced (`Bearer {value}`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialConfig {
+    #[serde(default)]
+    pub value_env: Option<String>,
+    #[serde(default)]
+    pub value_file: Option<PathBuf>,
+    pub header: String,
+    #[serde(default = "default_credential_format")]
+    pub format: String,
+}
+
+fn default_credential_format() -> String {
+    "{value}".to_owned()
 }
 
 impl Default for Config {
@@ -154,16 +200,44 @@ impl Default for Config {
             max_concurrent: 8,
             max_sessions: 4,
             max_queued: 64,
+            max_queued_per_tenant: 16,
+            pending_approvals: PendingApprovalLimits::default(),
             sandbox_init: None,
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            tls: None,
             warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
             python_preload: ["numpy", "pandas", "matplotlib"]
                 .map(str::to_owned)
                 .to_vec(),
             warm_pool_limits: WarmPoolLimits::default(),
             refusals: crate::app::refusals::RefusalLimits::default(),
+            egress_ca_file: None,
+            credentials: BTreeMap::new(),
+        }
+    }
+}
+
+/// How many requests, and how many stored bytes (code and files), may wait for a reviewer at
+/// once; beyond either bound a request the policy sends to review is refused (429) and recorded
+/// as denied (`approval.pending_limit`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PendingApprovalLimits {
+    pub per_tenant: u32,
+    pub per_key: u32,
+    pub bytes_per_tenant: u64,
+    pub bytes_per_key: u64,
+}
+
+impl Default for PendingApprovalLimits {
+    fn default() -> Self {
+        PendingApprovalLimits {
+            per_tenant: 200,
+            per_key: 50,
+            bytes_per_tenant: 512 * 1024 * 1024,
+            bytes_per_key: 128 * 1024 * 1024,
         }
     }
 }
@@ -189,15 +263,58 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("max_concurrent", EnvValue::Yaml),
     ("max_sessions", EnvValue::Yaml),
     ("max_queued", EnvValue::Yaml),
+    ("max_queued_per_tenant", EnvValue::Yaml),
+    ("pending_approvals", EnvValue::Yaml),
     ("sandbox_init", EnvValue::Text),
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("tls", EnvValue::Yaml),
     ("warm_pool", EnvValue::Yaml),
     ("python_preload", EnvValue::Yaml),
     ("warm_pool_limits", EnvValue::Yaml),
     ("refusals", EnvValue::Yaml),
+    ("egress_ca_file", EnvValue::Text),
+    ("credentials", EnvValue::Yaml),
 ];
+
+/// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,
+/// `exec --url/--key`) and `images/build.sh`'s. Any other `SANDGATE_*` is a warning at start.
+const OTHER_ENV_VARS: &[&str] = &[
+    "SANDGATE_CONFIG",
+    "SANDGATE_URL",
+    "SANDGATE_KEY",
+    "SANDGATE_IMAGE_MIRROR",
+    "SANDGATE_IMAGE_SUITE",
+    "SANDGATE_IMAGE_TMPDIR",
+    "SANDGATE_IMAGE_EXTRA_CA",
+    "SANDGATE_IMAGE_TRUST_HOST_CA",
+];
+
+/// The `SANDGATE_*` names among `names` that nothing reads (a typo such as
+/// `SANDGATE_MAX_CONCURENT`), sorted.
+pub fn unknown_env_vars(names: impl IntoIterator<Item = String>) -> Vec<String> {
+    let known = known_env_vars();
+    let mut unknown: Vec<String> = names
+        .into_iter()
+        .filter(|name| name.starts_with("SANDGATE_") && !known.contains(name))
+        .collect();
+    unknown.sort();
+    unknown
+}
+
+/// Every variable the gateway reads, for the warning about an unknown one.
+pub fn known_env_vars() -> Vec<String> {
+    ENV_KEYS
+        .iter()
+        .map(|(key, _)| env_var(key))
+        .chain(OTHER_ENV_VARS.iter().map(|var| (*var).to_owned()))
+        .collect()
+}
+
+fn env_var(key: &str) -> String {
+    format!("SANDGATE_{}", key.to_ascii_uppercase())
+}
 
 #[derive(Clone, Copy)]
 enum EnvValue {
@@ -234,19 +351,21 @@ impl Config {
         let map = doc
             .as_mapping_mut()
             .ok_or_else(|| invalid("the config file must be a YAML mapping".to_owned()))?;
+        let mut from_env = Vec::new();
         for (key, kind) in ENV_KEYS {
-            let var = format!("SANDGATE_{}", key.to_ascii_uppercase());
+            let var = env_var(key);
             let Some(raw) = env(&var) else { continue };
             let value = match kind {
                 EnvValue::Text => serde_yaml_ng::Value::String(raw),
-                EnvValue::Yaml => {
-                    serde_yaml_ng::from_str(&raw).map_err(|err| invalid(format!("{var}: {err}")))?
-                }
+                EnvValue::Yaml => serde_yaml_ng::from_str(&raw).map_err(|err| {
+                    invalid(format!("{var}: {}", crate::plain::plain(&err.to_string())))
+                })?,
             };
             map.insert(serde_yaml_ng::Value::String((*key).to_owned()), value);
+            from_env.push(*key);
         }
-        let config: Config =
-            serde_yaml_ng::from_value(doc).map_err(|err| invalid(err.to_string()))?;
+        let config: Config = serde_path_to_error::deserialize(doc)
+            .map_err(|err| invalid(type_error(&err, &from_env)))?;
         config.validate()?;
         Ok(config)
     }
@@ -255,6 +374,18 @@ impl Config {
         let invalid = |message: String| Err(ConfigError::Invalid { message });
         if self.max_concurrent == 0 {
             return invalid("max_concurrent must be at least 1".to_owned());
+        }
+        let pending = &self.pending_approvals;
+        if pending.per_key == 0 || pending.per_key > pending.per_tenant {
+            return invalid(
+                "pending_approvals: per_key must be at least 1 and at most per_tenant".to_owned(),
+            );
+        }
+        if pending.bytes_per_key == 0 || pending.bytes_per_key > pending.bytes_per_tenant {
+            return invalid(
+                "pending_approvals: bytes_per_key must be at least 1 and at most bytes_per_tenant"
+                    .to_owned(),
+            );
         }
         if self.approval_ttl_s == 0 || self.approval_ttl_s > MAX_APPROVAL_TTL_S {
             return invalid(format!(
@@ -278,13 +409,27 @@ impl Config {
                 "warm_pool.{language}: no image is configured for {language} (images.{language})"
             ));
         }
+        let w = &self.warm_pool_limits;
+        if w.memory_mb < 16 || !(w.cpus.is_finite() && w.cpus > 0.0) || w.disk_mb == 0 {
+            return invalid(
+                "warm_pool_limits: memory_mb >= 16, a finite cpus > 0 and disk_mb >= 1 are required"
+                    .to_owned(),
+            );
+        }
         if self.warm_pool.values().any(|count| *count > MAX_POOLED) {
             return invalid(format!(
                 "warm_pool: at most {MAX_POOLED} sandboxes per language"
             ));
         }
+        for (name, credential) in &self.credentials {
+            validate_credential(name, credential)?;
+        }
         let c = &self.ceilings;
-        if c.timeout_ms == 0 || c.memory_mb < 16 || c.cpus <= 0.0 || c.pids < 256 {
+        if c.timeout_ms == 0
+            || c.memory_mb < 16
+            || !(c.cpus.is_finite() && c.cpus > 0.0)
+            || c.pids < 256
+        {
             return invalid(
                 "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
                  (gVisor's own threads count against the pids limit)"
@@ -311,6 +456,59 @@ impl Config {
             .and_then(|exe| exe.parent().map(|dir| dir.join("sandbox-init")))
             .unwrap_or_else(|| PathBuf::from("sandbox-init"))
     }
+}
+
+/// A deserialisation error naming where it is: the key path (`ceilings.pids`), and the
+/// `SANDGATE_*` variable when the value came from the environment; no Rust type names.
+fn type_error(err: &serde_path_to_error::Error<serde_yaml_ng::Error>, from_env: &[&str]) -> String {
+    let inner = crate::plain::plain(&err.inner().to_string());
+    let path = err.path().to_string();
+    if path == "." {
+        return inner;
+    }
+    let top = path.split(['.', '[']).next().unwrap_or_default();
+    match from_env.iter().find(|key| **key == top) {
+        Some(key) => format!(
+            "{} (from the environment, key {path}): {inner}",
+            env_var(key)
+        ),
+        None => format!("{path}: {inner}"),
+    }
+}
+
+/// A credential's name and settings; its value is only read later, at start-up.
+fn validate_credential(name: &str, credential: &CredentialConfig) -> Result<(), ConfigError> {
+    let invalid = |why: &str| {
+        Err(ConfigError::Invalid {
+            message: format!("credentials.{name}: {why}"),
+        })
+    };
+    let name_ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-');
+    if !name_ok {
+        return invalid("a credential name is 1-64 of a-z, 0-9, `_`, `-`");
+    }
+    if credential.value_env.is_some() == credential.value_file.is_some() {
+        return invalid("set exactly one of value_env and value_file");
+    }
+    let header_ok = !credential.header.is_empty()
+        && credential
+            .header
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+    if !header_ok {
+        return invalid("header must be a lower-case header name (a-z, 0-9, `-`)");
+    }
+    if credential.header == "host" || credential.header.starts_with("proxy-") {
+        return invalid("header may not be Host or a Proxy-* header");
+    }
+    if !credential.format.contains("{value}") {
+        return invalid("format must contain {value}");
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -346,6 +544,56 @@ mod tests {
         assert_eq!(config.listen.port(), 9999);
         assert_eq!(config.max_concurrent, 3);
         assert_eq!(config.database_url.as_deref(), Some("postgres://u@h/db"));
+    }
+
+    #[test]
+    fn type_errors_name_the_key_or_the_variable_in_plain_words() {
+        let err = Config::from_yaml_and_env("max_concurrent: lots\n", no_env).unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("max_concurrent: "), "{text}");
+        assert!(text.contains("a whole number"), "{text}");
+        assert!(!text.contains("usize"), "{text}");
+
+        let env = |key: &str| (key == "SANDGATE_MAX_QUEUED").then(|| "many".to_owned());
+        let text = Config::from_yaml_and_env("", env).unwrap_err().to_string();
+        assert!(text.contains("SANDGATE_MAX_QUEUED"), "{text}");
+
+        let text = Config::from_yaml_and_env("ceilings: {pids: x}\n", no_env)
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("ceilings.pids: "), "{text}");
+    }
+
+    #[test]
+    fn unknown_sandgate_variables_are_found_and_known_ones_are_not() {
+        let names = [
+            "SANDGATE_MAX_CONCURENT",
+            "SANDGATE_MAX_CONCURRENT",
+            "SANDGATE_KEY",
+            "HOME",
+        ]
+        .map(str::to_owned);
+        assert_eq!(unknown_env_vars(names), ["SANDGATE_MAX_CONCURENT"]);
+    }
+
+    #[test]
+    fn credentials_name_exactly_one_source_and_a_header() {
+        let ok = "credentials:\n  github: {value_env: GH, header: authorization, format: 'Bearer {value}'}\n";
+        let config = Config::from_yaml_and_env(ok, no_env).unwrap();
+        assert_eq!(
+            config.credentials["github"].value_env.as_deref(),
+            Some("GH")
+        );
+        for bad in [
+            "credentials: {github: {header: authorization}}\n",
+            "credentials: {github: {value_env: A, value_file: /b, header: authorization}}\n",
+            "credentials: {github: {value_env: A, header: Authorization}}\n",
+            "credentials: {github: {value_env: A, header: authorization, format: x}}\n",
+            "credentials: {GitHub: {value_env: A, header: authorization}}\n",
+        ] {
+            let err = Config::from_yaml_and_env(bad, no_env).unwrap_err();
+            assert!(err.to_string().contains("credentials."), "{bad}: {err}");
+        }
     }
 
     #[test]

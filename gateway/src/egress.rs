@@ -6,24 +6,40 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::UNIX_EPOCH;
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use egress_proxy::{
-    Attempt, Closed, ConnectionId, ConnectionRecorder, DnsResolver, EgressPolicy, EgressProxy,
-    ExecutionGrant, ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, Resolve,
-    ResolveError, Suppressed,
+    Attempt, Closed, ConnectionId, ConnectionRecorder, Credential, DnsResolver, EgressPolicy,
+    EgressProxy, ExecutionGrant, ExecutionLimits, ExecutionListener, InspectedRequest, Inspection,
+    ProxyConfig, RecordError, RequestDone, RequestId, Resolve, ResolveError, Secret, Suppressed,
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
 use crate::app::policy::PolicyHandle;
-use crate::audit::egress::{ConnectionClose, ConnectionOpen};
+use crate::audit::egress::{ConnectionClose, ConnectionOpen, RequestClose, RequestOpen};
 use crate::audit::AuditStore;
+use crate::config::CredentialConfig;
 
 pub use crate::runtime::{SANDBOX_PROXY_LISTEN, SANDBOX_SOCKET, SANDBOX_SOCKET_DIR};
+const CLOSE_ATTEMPTS: u32 = 5;
+/// Inside the sandbox: the trust bundle of an execution with inspected destinations (system
+/// roots + the execution's CA), written by sandbox-init from the job's files.
+pub const SANDBOX_CA_BUNDLE: &str = "/tmp/sandgate/ca-bundle.pem";
+/// The variables common TLS clients read their trust from; each names [`SANDBOX_CA_BUNDLE`].
+pub const CA_BUNDLE_ENV: [&str; 6] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "PIP_CERT",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+/// Longest credential value read from a file or variable.
+const MAX_CREDENTIAL_BYTES: usize = 16 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
@@ -37,6 +53,89 @@ pub enum EgressError {
     Listen(#[source] egress_proxy::ProxyError),
     #[error("egress resolver")]
     Resolver(#[source] egress_proxy::ResolverSetupError),
+    #[error("credential {name}: environment variable {var} is not set (or not UTF-8)")]
+    CredentialEnv { name: String, var: String },
+    #[error("credential {name}: cannot read {path}")]
+    CredentialFile {
+        name: String,
+        path: PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error(
+        "credential {name}: the value is empty, longer than 16 KiB or holds a control character"
+    )]
+    CredentialValue { name: String },
+    #[error("upstream TLS trust (egress_ca_file)")]
+    UpstreamTls(#[source] egress_proxy::TlsSetupError),
+    #[error("inspection for the execution")]
+    Inspection(#[source] egress_proxy::InspectionError),
+}
+
+/// What the proxy needs to inspect: the upstream trust and the credentials' values. Loaded once
+/// at start-up; a missing variable or file is an error naming the credential, never the value.
+#[derive(Debug)]
+pub struct EgressTrust {
+    pub upstream_tls: Arc<rustls::ClientConfig>,
+    pub credentials: BTreeMap<String, Credential>,
+}
+
+impl EgressTrust {
+    pub fn load(
+        egress_ca_file: Option<&Path>,
+        configured: &BTreeMap<String, CredentialConfig>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<EgressTrust, EgressError> {
+        let upstream_tls =
+            egress_proxy::upstream_tls(egress_ca_file).map_err(EgressError::UpstreamTls)?;
+        let mut credentials = BTreeMap::new();
+        for (name, config) in configured {
+            let value = credential_value(name, config, &env)?;
+            credentials.insert(
+                name.clone(),
+                Credential {
+                    name: name.clone(),
+                    header: config.header.clone(),
+                    format: config.format.clone(),
+                    value,
+                },
+            );
+        }
+        Ok(EgressTrust {
+            upstream_tls,
+            credentials,
+        })
+    }
+}
+
+fn credential_value(
+    name: &str,
+    config: &CredentialConfig,
+    env: &impl Fn(&str) -> Option<String>,
+) -> Result<Secret, EgressError> {
+    let raw = match (&config.value_env, &config.value_file) {
+        (Some(var), _) => env(var).ok_or_else(|| EgressError::CredentialEnv {
+            name: name.to_owned(),
+            var: var.clone(),
+        })?,
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).map_err(|err| EgressError::CredentialFile {
+                name: name.to_owned(),
+                path: path.clone(),
+                err,
+            })?
+        }
+        (None, None) => String::new(),
+    };
+    let value = raw.strip_suffix('\n').unwrap_or(&raw);
+    let value = value.strip_suffix('\r').unwrap_or(value);
+    if value.is_empty() || value.len() > MAX_CREDENTIAL_BYTES || value.chars().any(char::is_control)
+    {
+        return Err(EgressError::CredentialValue {
+            name: name.to_owned(),
+        });
+    }
+    Ok(Secret::new(value))
 }
 
 /// Builds the proxy the gateway serves every execution's socket with.
@@ -45,9 +144,12 @@ pub fn proxy(
     audit: AuditStore,
     static_hosts: &BTreeMap<String, Vec<IpAddr>>,
     own_addresses: Vec<IpAddr>,
+    trust: EgressTrust,
 ) -> Result<EgressProxy, EgressError> {
     let config = ProxyConfig {
         denied_addresses: own_addresses,
+        upstream_tls: Some(trust.upstream_tls),
+        credentials: trust.credentials,
         ..ProxyConfig::default()
     };
     let resolver = LayeredResolver {
@@ -68,6 +170,45 @@ pub fn proxy(
 pub struct ExecutionEgress {
     socket: PathBuf,
     listener: Option<ExecutionListener>,
+    /// What the sandbox must get for inspected destinations (empty without any).
+    pub sandbox: SandboxTrust,
+}
+
+/// Environment and files an execution's sandbox gets for its inspected destinations: the trust
+/// bundle (system roots + the execution's CA; never a key) at [`SANDBOX_CA_BUNDLE`], the
+/// variables naming it, and `SANDGATE_CREDENTIAL_<NAME>=sgph_…` placeholders. Never a
+/// credential's value.
+#[derive(Debug, Default)]
+pub struct SandboxTrust {
+    pub env: Vec<(String, String)>,
+    pub files: Vec<SandboxFile>,
+}
+
+/// A file the sandbox gets (written by sandbox-init from the job's `files`).
+#[derive(Debug)]
+pub struct SandboxFile {
+    pub path: String,
+    pub contents: Vec<u8>,
+    pub mode: u32,
+}
+
+impl SandboxTrust {
+    fn for_inspection(inspection: &Inspection) -> SandboxTrust {
+        let mut env: Vec<(String, String)> = CA_BUNDLE_ENV
+            .iter()
+            .map(|name| ((*name).to_owned(), SANDBOX_CA_BUNDLE.to_owned()))
+            .collect();
+        env.extend(inspection.credentials.env());
+        let bundle = egress_proxy::trust_bundle(&inspection.ca);
+        SandboxTrust {
+            env,
+            files: vec![SandboxFile {
+                path: SANDBOX_CA_BUNDLE.to_owned(),
+                contents: bundle.into_bytes(),
+                mode: 0o444,
+            }],
+        }
+    }
 }
 
 impl ExecutionEgress {
@@ -80,11 +221,19 @@ impl ExecutionEgress {
         grant: &NetworkGrant,
         shutdown: CancellationToken,
     ) -> Result<ExecutionEgress, EgressError> {
+        let inspection = Inspection::for_grant(execution_id, grant, proxy.config())
+            .map_err(EgressError::Inspection)?
+            .map(Arc::new);
+        let sandbox = inspection
+            .as_deref()
+            .map(SandboxTrust::for_inspection)
+            .unwrap_or_default();
         let grant = ExecutionGrant {
             execution_id: execution_id.to_owned(),
             tenant: tenant.to_owned(),
             grant: grant.clone(),
             limits: ExecutionLimits::from_grant(grant),
+            inspection,
         };
         let socket = dir.join("egress.sock");
         let listener = proxy
@@ -93,6 +242,7 @@ impl ExecutionEgress {
         Ok(ExecutionEgress {
             socket,
             listener: Some(listener),
+            sandbox,
         })
     }
 
@@ -107,6 +257,32 @@ impl ExecutionEgress {
             }
         }
     }
+}
+
+/// The directory holding every execution's socket directory: created mode 0700, and made 0700
+/// again if something widened it, so no host user but its owner (the gateway's, root) can
+/// traverse it to a socket. A symlink in its place is refused.
+pub fn private_root(root: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    match std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(root)
+    {
+        Ok(()) => {}
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(err) => return Err(err),
+    }
+    let meta = std::fs::symlink_metadata(root)?;
+    if !meta.file_type().is_dir() {
+        return Err(std::io::Error::other(
+            "the egress socket root is not a directory (a symlink?)",
+        ));
+    }
+    if meta.permissions().mode() & 0o777 != 0o700 {
+        std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
 }
 
 /// The sandbox environment that sends standard tools through the bridge.
@@ -252,4 +428,66 @@ impl ConnectionRecorder for Recorder {
         }
         .boxed()
     }
+
+    fn open_request<'a>(
+        &'a self,
+        request: &'a InspectedRequest,
+    ) -> BoxFuture<'a, Result<RequestId, RecordError>> {
+        async move {
+            let open = RequestOpen {
+                connection_id: request.connection.0.clone(),
+                execution_id: request.execution_id.clone(),
+                tenant: request.tenant.clone(),
+                host: request.host.clone(),
+                port: i32::from(request.port),
+                method: request.method.clone(),
+                path: request.path.clone(),
+                query_sha256: request.query_sha256.clone(),
+                header_names: request.header_names.clone(),
+                credentials: request.credentials.clone(),
+                upgrade: request.upgrade,
+                allow: request.allow,
+                reason: request.reason.to_string(),
+                message: request.message.clone(),
+                policy_reasons: serde_json::json!(request.policy_reasons),
+                policy_revision: self.policy.current().state.revision().to_owned(),
+                started_at: timestamp(request.started_at),
+            };
+            self.audit
+                .open_request(&open)
+                .await
+                .map(RequestId)
+                .map_err(|err| RecordError(crate::app::error_chain(&err)))
+        }
+        .boxed()
+    }
+
+    fn close_request<'a>(&'a self, id: RequestId, done: &'a RequestDone) -> BoxFuture<'a, ()> {
+        async move {
+            let close = RequestClose {
+                status_code: i32::from(done.status),
+                bytes_up: i64::try_from(done.bytes_up).unwrap_or(i64::MAX),
+                bytes_down: i64::try_from(done.bytes_down).unwrap_or(i64::MAX),
+                duration_ms: i64::try_from(done.duration.as_millis()).unwrap_or(i64::MAX),
+                error: done.error.clone(),
+            };
+            for attempt in 1..=CLOSE_ATTEMPTS {
+                match self.audit.close_request(&id.0, &close).await {
+                    Ok(()) => return,
+                    Err(err) => {
+                        tracing::warn!(request = %id.0, attempt, error = %err, "recording a request's end failed");
+                        tokio::time::sleep(Duration::from_millis(200 * u64::from(attempt))).await;
+                    }
+                }
+            }
+        }
+        .boxed()
+    }
+}
+
+fn timestamp(at: std::time::SystemTime) -> chrono::DateTime<chrono::Utc> {
+    at.duration_since(UNIX_EPOCH)
+        .ok()
+        .and_then(|d| chrono::DateTime::from_timestamp_micros(d.as_micros() as i64))
+        .unwrap_or_else(crate::ids::now_micros)
 }

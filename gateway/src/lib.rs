@@ -14,9 +14,15 @@ pub mod config;
 pub mod database;
 pub mod egress;
 pub mod ids;
+pub mod mcp;
+pub mod metrics;
 pub mod outputs;
 pub mod outputs_live;
+pub mod plain;
+pub mod principal;
 pub mod runtime;
+pub mod status;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -51,6 +57,10 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
     #[error("the local audit journal")]
     Journal(#[from] audit::journal::JournalError),
+    #[error("TLS configuration")]
+    Tls(#[from] tls::TlsError),
+    #[error("egress set-up")]
+    Egress(#[source] egress::EgressError),
     #[error("data directory {path}")]
     DataDir {
         path: std::path::PathBuf,
@@ -95,7 +105,9 @@ async fn run(
     // Completions and connection closes the database could not take (now or before a restart)
     // wait here, and are written back first.
     let journal = audit::journal::Journal::open(&config.data_dir.join("journal"))?;
-    let audit = AuditStore::new(db.pool.clone()).with_journal(Arc::new(journal));
+    let metrics = metrics::Metrics::new(config.images.keys().map(String::as_str));
+    let audit = AuditStore::with_metrics(db.pool.clone(), Arc::new(metrics))
+        .with_journal(Arc::new(journal));
     let replayed = audit.replay_journal().await?;
     if replayed > 0 {
         tracing::warn!(
@@ -112,7 +124,16 @@ async fn run(
         path: config.data_dir.clone(),
         err,
     })?;
-    let egress = egress_proxy_for(&config, &policy, &audit, &listener);
+    // Read before anything starts, so a bad certificate or a missing credential stops start-up
+    // with its reason.
+    let acceptor = config.tls.as_ref().map(tls::acceptor).transpose()?;
+    let trust = egress::EgressTrust::load(
+        config.egress_ca_file.as_deref(),
+        &config.credentials,
+        |var| std::env::var(var).ok(),
+    )
+    .map_err(ServeError::Egress)?;
+    let egress = egress_proxy_for(&config, &policy, &audit, &listener, trust);
     let app = Arc::new(App::new(
         config,
         policy,
@@ -133,14 +154,25 @@ async fn run(
     app.tasks
         .spawn(app::approvals::expire_periodically(Arc::clone(&app)));
     let addr = listener.local_addr().map_err(ServeError::Http)?;
-    tracing::info!(%addr, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, scheme, policy_revision = active.state.revision(), instance = %app.instance, "sandgate listening");
 
     app.tasks.spawn(reload_on_sighup(Arc::clone(&app)));
-    // The peer address reaches the handlers (refusals are counted per source address).
-    let service = api::router(Arc::clone(&app)).into_make_service_with_connect_info::<SocketAddr>();
-    let server =
-        axum::serve(listener, service).with_graceful_shutdown(shutdown.clone().cancelled_owned());
-    let served = server.await.map_err(ServeError::Http);
+    let router = api::router(Arc::clone(&app));
+    let served = match acceptor {
+        Some(acceptor) => {
+            tls::serve(listener, acceptor, router, shutdown.clone(), &app.tasks).await;
+            Ok(())
+        }
+        // The peer address reaches the handlers (refusals are counted per source address).
+        None => axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(shutdown.clone().cancelled_owned())
+        .await
+        .map_err(ServeError::Http),
+    };
 
     tracing::info!("shutting down: waiting for running executions");
     app.tasks.close();
@@ -157,12 +189,19 @@ fn egress_proxy_for(
     policy: &Arc<PolicyHandle>,
     audit: &AuditStore,
     listener: &TcpListener,
+    trust: egress::EgressTrust,
 ) -> Option<egress_proxy::EgressProxy> {
     let mut own = egress_proxy::local_interface_addresses().unwrap_or_default();
     if let Ok(addr) = listener.local_addr() {
         own.push(addr.ip());
     }
-    match egress::proxy(Arc::clone(policy), audit.clone(), &config.egress_hosts, own) {
+    match egress::proxy(
+        Arc::clone(policy),
+        audit.clone(),
+        &config.egress_hosts,
+        own,
+        trust,
+    ) {
         Ok(proxy) => Some(proxy),
         Err(err) => {
             tracing::error!(error = %app::error_chain(&err), "egress proxy unavailable; network grants will be denied");

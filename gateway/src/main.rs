@@ -45,6 +45,22 @@ enum Command {
     /// Run a program through a gateway and print its output as it arrives; exits with the
     /// program's exit code (124 timeout, 137 oom or killed, 130 cancelled, 77 denied, 70 error).
     Exec(ExecArgs),
+    /// Serve the MCP tool `run_code` over stdio (one JSON-RPC message per line), sending each
+    /// call to a gateway, where it is decided and audited like any execution.
+    Mcp(McpArgs),
+}
+
+#[derive(clap::Args)]
+struct McpArgs {
+    /// The gateway (default: http:// + the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An agent API key.
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: String,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -52,7 +68,8 @@ struct ExecArgs {
     /// The program (`-` for stdin).
     #[arg(long)]
     file: PathBuf,
-    #[arg(long, default_value = "python")]
+    /// The language to run it as: python or bash (the gateway's configured `images`).
+    #[arg(long, default_value = "python", value_name = "python|bash")]
     lang: String,
     /// A file to upload into /workspace under its own name (repeatable); `PATH=NAME` names it.
     #[arg(long = "file-in")]
@@ -63,21 +80,33 @@ struct ExecArgs {
     /// A mount to ask for, e.g. `dataset:census` (repeatable).
     #[arg(long)]
     mount: Vec<String>,
-    #[arg(long)]
+    /// Wall-time limit to ask for, in milliseconds (the policy and the configured ceilings
+    /// may lower it; default: the policy's).
+    #[arg(long, value_name = "MS")]
     timeout_ms: Option<u64>,
-    /// Download the files the program wrote to /output into this directory.
+    /// Download the files the program wrote to /output into this directory: only as new
+    /// regular files (never through a symlink, never over an existing file), no dot-files.
     #[arg(long)]
     output_dir: Option<PathBuf>,
     /// Run in this open session (`POST /v1/sessions`) instead of a sandbox of its own; prints
     /// the final expression's `repr` after the output.
     #[arg(long)]
     session: Option<String>,
+    /// With --output-dir: replace existing regular files of the same name.
+    #[arg(long, requires = "output_dir")]
+    force: bool,
+    /// With --output-dir: also write names with a component starting with `.`.
+    #[arg(long, requires = "output_dir")]
+    allow_dotfiles: bool,
     /// The gateway (default: http:// + the configured listen address).
     #[arg(long, env = "SANDGATE_URL")]
     url: Option<String>,
-    /// An agent API key.
+    /// An agent API key (or set SANDGATE_KEY, which keeps it out of the process list).
     #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
-    key: String,
+    key: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -100,19 +129,44 @@ enum KeysCommand {
         /// cannot approve requests made by a key of the same principal.
         #[arg(long)]
         principal: Option<String>,
+        /// The key stops working this long from now (30d, 12h, 90m); default: never.
+        #[arg(long)]
+        expires_in: Option<String>,
+    },
+    /// List keys (never their secrets or hashes): id, role, tenant, principal, state, expiry,
+    /// last use.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke a key: it is refused from the next request on.
+    Revoke { id: String },
+    /// Replace a live key by a new one of the same role, tenant and principal, and revoke the
+    /// old one; the new key is printed once, as the last line of stdout.
+    Rotate {
+        id: String,
+        /// The new key stops working this long from now; default: never.
+        #[arg(long)]
+        expires_in: Option<String>,
     },
 }
 
 #[derive(Subcommand)]
 enum PolicyCommand {
-    /// Run the YAML decision cases in DIR/tests; print failures, line coverage and
-    /// "N passed, N failed". Exits non-zero on a failure or coverage under the minimum.
+    /// Run the YAML decision cases in DIR/tests and check the golden decision matrix
+    /// DIR/tests/decisions.out; print failures, line coverage, "N passed, N failed" and the
+    /// matrix's changed lines. Exits non-zero on a failure, a matrix that differs, or coverage
+    /// under the minimum.
     Test {
         /// Policy directory (default: the configured policy_dir).
         dir: Option<PathBuf>,
         /// Minimum line coverage, in percent, over all .rego files.
         #[arg(long, default_value_t = 0.0)]
         min_coverage: f64,
+        /// Rewrite DIR/tests/decisions.out from the bundle's decisions instead of checking it
+        /// (commit it with the policy change, for reviewers to read as a diff).
+        #[arg(long)]
+        bless: bool,
     },
     /// Print the decision for one input (JSON or YAML file), without running anything.
     Eval {
@@ -133,10 +187,24 @@ enum PolicyCommand {
         /// Candidate policy directory (default: the configured policy_dir).
         #[arg(long)]
         policy_dir: Option<PathBuf>,
-        /// How many changed cases to print.
+        /// How many changed cases to print (text format).
         #[arg(long, default_value_t = 20)]
         first: usize,
+        /// Exit 1 when a changed decision is of one of these kinds (comma-separated):
+        /// allow-to-deny, review-to-allow, ... (any two of allow, review, deny), backend,
+        /// network, limits, mounts, policy-error, any.
+        #[arg(long, value_delimiter = ',', value_name = "CHANGE,...")]
+        fail_on: Vec<gateway::app::replay::FailOn>,
+        /// text (a summary and the first changed cases) or json (the whole report).
+        #[arg(long, value_enum, default_value = "text")]
+        format: ReportFormat,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Text,
+    Json,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -159,19 +227,35 @@ impl Role {
 }
 
 fn main() -> ExitCode {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,sqlx=warn".into()),
         )
         .with_writer(std::io::stderr)
+        // Colours only for a person at a terminal, not in files, pipes or journald.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
+    warn_unknown_env_vars();
     match main_exit(Cli::parse()) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("sandgate: {err:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A `SANDGATE_*` variable nothing reads is most likely a typo: say so, with the known names.
+fn warn_unknown_env_vars() {
+    let names = std::env::vars_os().filter_map(|(name, _)| name.into_string().ok());
+    for var in gateway::config::unknown_env_vars(names) {
+        tracing::warn!(
+            variable = %var,
+            known = %gateway::config::known_env_vars().join(", "),
+            "{var} is set but sandgate reads no such variable; ignored"
+        );
     }
 }
 
@@ -182,11 +266,30 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
         let code = runtime.block_on(exec(args, &config))?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
+    if let Command::Mcp(args) = cli.command {
+        let url = args
+            .url
+            .unwrap_or_else(|| format!("http://{}", config.listen));
+        let remote = gateway::mcp::remote::Remote::new(&url, &args.key, args.ca_file.as_deref())?;
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        runtime
+            .block_on(gateway::mcp::stdio::serve(
+                &remote,
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+            ))
+            .context("the MCP stdio transport failed")?;
+        return Ok(ExitCode::SUCCESS);
+    }
     run(cli.command, config)?;
     Ok(ExitCode::SUCCESS)
 }
 
 async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
+    let key = args.key.clone().context(
+        "no API key: set SANDGATE_KEY (export SANDGATE_KEY=sgk_...) or pass --key; \
+         an admin creates one with `sandgate keys create --role agent --tenant NAME`",
+    )?;
     let code = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the program from stdin")?
     } else {
@@ -225,7 +328,8 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         url: args
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen)),
-        key: args.key,
+        key,
+        ca_file: args.ca_file,
         language: args.lang,
         code,
         files,
@@ -234,6 +338,10 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         timeout_ms: args.timeout_ms,
         output_dir: args.output_dir,
         session: args.session,
+        save: gateway::client::save::SaveOptions {
+            force: args.force,
+            allow_dotfiles: args.allow_dotfiles,
+        },
     };
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
@@ -249,31 +357,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                 tokio::spawn(cancel_on_signal(shutdown.clone()));
                 gateway::serve(config, shutdown).await?;
             }
-            Command::Keys {
-                command:
-                    KeysCommand::Create {
-                        role,
-                        tenant,
-                        principal,
-                    },
-            } => {
-                let key = gateway::commands::create_key_for(
-                    &config,
-                    role.as_str(),
-                    &tenant,
-                    principal.as_deref(),
-                )
-                .await?;
-                println!(
-                    "created {} key {} for tenant {tenant}, principal {}",
-                    role.as_str(),
-                    key.id,
-                    principal.as_deref().unwrap_or(&key.id)
-                );
-                println!("{}", key.secret);
-            }
+            Command::Keys { command } => keys(command, &config).await?,
             Command::Policy { command } => policy(command, &config).await?,
-            Command::Exec(_) => unreachable!("handled in main_exit"),
+            Command::Exec(_) | Command::Mcp(_) => unreachable!("handled in main_exit"),
             Command::Audit { command } => {
                 let verification = gateway::commands::audit_verify(&config).await?;
                 match command {
@@ -295,16 +381,95 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
     })
 }
 
+async fn keys(command: KeysCommand, config: &Config) -> anyhow::Result<()> {
+    use gateway::commands;
+    match command {
+        KeysCommand::Create {
+            role,
+            tenant,
+            principal,
+            expires_in,
+        } => {
+            let expires_at = expires_in
+                .as_deref()
+                .map(commands::expiry_from_now)
+                .transpose()?;
+            let checked = gateway::app::keys::check_new_key(
+                role.as_str(),
+                &tenant,
+                principal.as_deref(),
+                expires_at,
+            )
+            .map_err(anyhow::Error::msg)?;
+            if let Some(warning) = commands::tenant_warning(config, &tenant) {
+                eprintln!("warning: {warning}");
+            }
+            let key = commands::create_checked_key(config, &checked).await?;
+            let expiry = expires_at.map_or("never".to_owned(), |at| at.to_rfc3339());
+            println!(
+                "created {} key {} for tenant {tenant}, principal {}, expires {expiry}",
+                role.as_str(),
+                key.id,
+                key.principal
+            );
+            println!("{}", key.secret);
+        }
+        KeysCommand::List { tenant } => {
+            let now = chrono::Utc::now();
+            let when = |at: Option<chrono::DateTime<chrono::Utc>>| {
+                at.map_or("-".to_owned(), |at| at.to_rfc3339())
+            };
+            println!("ID\tROLE\tTENANT\tPRINCIPAL\tSTATE\tCREATED\tEXPIRES\tLAST_USED");
+            for key in commands::list_keys(config, tenant.as_deref()).await? {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                    key.id,
+                    key.role,
+                    key.tenant,
+                    key.principal,
+                    key.state(now),
+                    key.created_at.to_rfc3339(),
+                    when(key.expires_at),
+                    when(key.last_used_at)
+                );
+            }
+        }
+        KeysCommand::Revoke { id } => match commands::revoke_key(config, &id).await? {
+            gateway::audit::keys::Revoked::Now(_) => println!("revoked {id}"),
+            gateway::audit::keys::Revoked::Already(_) => println!("{id} was already revoked"),
+            gateway::audit::keys::Revoked::Unknown => anyhow::bail!("no key {id}"),
+        },
+        KeysCommand::Rotate { id, expires_in } => {
+            let key = commands::rotate_key(config, &id, expires_in.as_deref()).await?;
+            println!(
+                "revoked {id}; created key {} for principal {}",
+                key.id, key.principal
+            );
+            println!("{}", key.secret);
+        }
+    }
+    Ok(())
+}
+
 async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
     match command {
-        PolicyCommand::Test { dir, min_coverage } => {
+        PolicyCommand::Test {
+            dir,
+            min_coverage,
+            bless,
+        } => {
             let dir = dir.unwrap_or_else(|| config.policy_dir.clone());
-            let outcome = gateway::commands::policy_test(&dir)?;
+            let outcome = gateway::commands::policy_test(&dir, bless)?;
             print!("{}", outcome.report.render());
+            print!("{}", outcome.matrix_summary(&dir));
             if !outcome.ok(min_coverage) {
                 anyhow::bail!(
-                    "{} failed, line coverage {:.1}% (minimum {min_coverage}%)",
+                    "{} cases failed, decision matrix {}, line coverage {:.1}% (minimum {min_coverage}%)",
                     outcome.report.failed(),
+                    match outcome.matrix {
+                        policy_engine::matrix::MatrixCheck::Differs(_) => "differs",
+                        _ => "ok",
+                    },
                     outcome.coverage
                 );
             }
@@ -335,10 +500,25 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
             since,
             policy_dir,
             first,
+            fail_on,
+            format,
         } => {
             let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
             let (revision, report) = gateway::commands::policy_replay(config, &dir, &since).await?;
-            print!("{}", report.render(&revision, first));
+            match format {
+                ReportFormat::Text => print!("{}", report.render(&revision, first)),
+                ReportFormat::Json => println!(
+                    "{}",
+                    serde_json::to_string_pretty(&serde_json::json!({
+                        "candidate": revision,
+                        "report": report,
+                    }))?
+                ),
+            }
+            let failures = report.failures(&fail_on);
+            if failures > 0 {
+                anyhow::bail!("{failures} changed decisions match --fail-on");
+            }
         }
     }
     Ok(())

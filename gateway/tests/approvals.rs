@@ -415,3 +415,43 @@ async fn approval_is_refused_when_the_reviewed_decision_no_longer_fits() {
     assert!(common::containers_of(&execution).is_empty());
     gw.stop().await;
 }
+
+/// The events stream of a held request answers at once and waits for the review: an approval
+/// then streams the run, a rejection ends the stream with the denied record.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_of_a_held_request_wait_for_the_review() {
+    let gw = TestGateway::start().await;
+    let (_, agent) = key_for(&gw, "agent", "team-a").await;
+    let (_, bob) = key_for(&gw, "reviewer", "bob").await;
+
+    let (id, approval) = held(&gw, &agent, "print('after review')").await;
+    let reader = gw.events(&agent, &id).await;
+    let waiting = tokio::spawn(reader.collect());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the stream waits for the reviewer");
+    let path = format!("/v1/approvals/{approval}");
+    let (status, body) = gw.post(&bob, &path, &json!({"decision": "approve"})).await;
+    assert_eq!(status, 200, "{body}");
+    let events = waiting.await.unwrap();
+    assert_eq!(
+        common::payloads::streamed_text(&events, "stdout"),
+        "after review\n",
+        "{events:?}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last.name.as_str(), &last.data["status"]),
+        ("exit", &json!("succeeded"))
+    );
+
+    let (id, approval) = held(&gw, &agent, "print('never')").await;
+    let waiting = tokio::spawn(gw.events(&agent, &id).await.collect());
+    let path = format!("/v1/approvals/{approval}");
+    let (status, body) = gw.post(&bob, &path, &json!({"decision": "reject"})).await;
+    assert_eq!(status, 200, "{body}");
+    let events = waiting.await.unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0].name, "exit");
+    assert_eq!(events[0].data["status"], "denied", "{events:?}");
+    gw.stop().await;
+}

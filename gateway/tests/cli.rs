@@ -366,6 +366,289 @@ async fn exec_client_streams_and_gateway_memory_stays_flat_under_a_flood() {
     assert!(status.success(), "{status}");
 }
 
+/// `sandgate exec --output-dir` writes only new regular files, refuses dot-files and never
+/// replaces what is there, unless asked (`--allow-dotfiles`, `--force`); it prints what it wrote
+/// and what it refused (issue 15, item 11: a planted `.git/config` ran a command at the next
+/// `git status`). `keys list|revoke` and the unknown-tenant warning, as the binary prints them.
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_writes_only_new_regular_files_and_keys_can_be_revoked() {
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let http = reqwest::Client::new();
+    let server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
+    let work = tempfile::tempdir().unwrap();
+    let program = work.path().join("plant.py");
+    std::fs::write(
+        &program,
+        "import os\nos.makedirs('/output/.git')\n\
+         open('/output/.git/config', 'w').write('[core]\\n\\tfsmonitor = touch /tmp/pwned\\n')\n\
+         open('/output/report.txt', 'w').write('theirs')\n\
+         os.makedirs('/output/notes')\nopen('/output/notes/a.txt', 'w').write('a')\n",
+    )
+    .unwrap();
+    let out = work.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(out.join("report.txt"), "mine").unwrap();
+    let exec = |extra: &[&str]| {
+        sandgate(data.path(), &listen)
+            .arg("exec")
+            .arg("--file")
+            .arg(&program)
+            .arg("--output-dir")
+            .arg(&out)
+            .args(extra)
+            .env("SANDGATE_KEY", &key)
+            .output()
+            .unwrap()
+    };
+    // The gateway is another process: blocking here holds nothing it needs.
+    let first = exec(&[]);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "mine"
+    );
+    assert!(
+        !out.join(".git").exists(),
+        "a dot-directory was written: {stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("notes/a.txt")).unwrap(),
+        "a"
+    );
+    assert!(
+        stderr.contains("wrote") && stderr.contains("notes/a.txt"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\".git/config\"") && stderr.contains("--allow-dotfiles"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("report.txt") && stderr.contains("--force"),
+        "{stderr}"
+    );
+
+    let second = exec(&["--force", "--allow-dotfiles"]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(second.status.success(), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(out.join("report.txt")).unwrap(),
+        "theirs"
+    );
+    assert!(out.join(".git/config").is_file(), "{stderr}");
+    // notes/a.txt exists from the first run: replaced, as asked.
+    assert!(stderr.contains("notes/a.txt"), "{stderr}");
+
+    // Keys from the command line: an unknown tenant warns; list shows last use; revoke refuses.
+    let made = sandgate(data.path(), &listen)
+        .args([
+            "keys",
+            "create",
+            "--role",
+            "agent",
+            "--tenant",
+            "nosuchtenant",
+        ])
+        .output()
+        .unwrap();
+    assert!(made.status.success());
+    let warned = String::from_utf8_lossy(&made.stderr);
+    assert!(
+        warned.contains("warning: tenant nosuchtenant is not in the policy data"),
+        "{warned}"
+    );
+    let key_id = format!("key_{}", &key[4..20]);
+    let listed = sandgate(data.path(), &listen)
+        .args(["keys", "list"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let row = listed
+        .lines()
+        .find(|line| line.starts_with(&key_id))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        row.contains("\tactive\t") && !row.ends_with("\t-"),
+        "used, so a last use: {row}"
+    );
+    let revoked = sandgate(data.path(), &listen)
+        .args(["keys", "revoke", &key_id])
+        .output()
+        .unwrap();
+    assert!(
+        revoked.status.success(),
+        "{}",
+        String::from_utf8_lossy(&revoked.stderr)
+    );
+    let base = format!("http://{listen}");
+    let answer = http
+        .get(format!("{base}/v1/executions"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.status().as_u16(),
+        401,
+        "a revoked key is refused at once"
+    );
+    let status = terminate(server).await;
+    assert!(status.success(), "{status}");
+}
+
+/// The shell commands of README.md's "Try it" section, in order, as one script.
+fn readme_try_it() -> String {
+    let readme = std::fs::read_to_string(common::workspace_root().join("README.md")).unwrap();
+    let section = readme
+        .split("\n## Try it\n")
+        .nth(1)
+        .expect("README.md has a \"## Try it\" section")
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let mut script = String::new();
+    for block in section.split("```sh\n").skip(1) {
+        script.push_str(block.split("```").next().unwrap());
+    }
+    assert!(script.contains("sandgate exec"), "{script}");
+    script
+}
+
+/// README.md's "Try it", run as written (only the address changed) by `bash -e`, from a clone
+/// under a private directory (mode 0700, like `/root` or `mktemp -d`): `sandgate serve` and
+/// `keys create` with the default `data_dir` (`.sandgate` in the clone), whose embedded
+/// PostgreSQL then lives where its `postgres` user can reach it; `curl`; and `sandgate exec`
+/// with the shipped `examples/`.
+#[tokio::test(flavor = "multi_thread")]
+async fn readme_try_it_runs_as_written_from_a_clone_under_a_private_directory() {
+    common::require_docker();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        home.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let clone = home.path().join("sandgate");
+    std::fs::create_dir_all(clone.join("target/release")).unwrap();
+    std::os::unix::fs::symlink(
+        env!("CARGO_BIN_EXE_sandgate"),
+        clone.join("target/release/sandgate"),
+    )
+    .unwrap();
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(common::workspace_root().join("examples"))
+        .arg(&clone)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let (_unused, listen) = data_dir_and_listen();
+    let in_clone = |program: &std::path::Path| {
+        let mut command = Command::new(program);
+        command
+            .current_dir(&clone)
+            .env_remove("SANDGATE_DATABASE_URL")
+            .env_remove("SANDGATE_DATA_DIR")
+            .env_remove("SANDGATE_KEY")
+            .env("SANDGATE_LISTEN", &listen)
+            .env(
+                "SANDGATE_POLICY_DIR",
+                common::workspace_root().join("policies"),
+            )
+            .env("SANDGATE_SANDBOX_INIT", common::sandbox_init());
+        command
+    };
+    let http = reqwest::Client::new();
+    let mut server = in_clone(&clone.join("target/release/sandgate"))
+        .arg("serve")
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    wait_healthy(&http, &format!("http://{listen}"), &mut server).await;
+
+    let script = readme_try_it().replace("127.0.0.1:8080", &listen);
+    let run = in_clone(std::path::Path::new("bash"))
+        .args(["-euo", "pipefail", "-c", &script])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success(),
+        "{script}\nstdout: {stdout}\nstderr: {stderr}"
+    );
+    assert!(stdout.contains("\"status\":\"succeeded\""), "{stdout}");
+    assert!(stdout.contains("\"stdout\":\"42\\n\""), "{stdout}");
+    assert!(stdout.contains("north    17 units"), "{stdout}");
+    assert!(
+        stdout.contains("region,units,amount"),
+        "cat out/summary.csv: {stdout}"
+    );
+
+    let status = terminate(server).await;
+    assert!(status.success(), "sandgate serve exited with {status}");
+    let data_dir = clone.join(".sandgate");
+    let relocated = gateway::database::embedded::relocated_cluster_dir(&data_dir);
+    if nix::unistd::Uid::effective().is_root() {
+        assert!(
+            relocated.join("data/PG_VERSION").exists(),
+            "as root, the cluster of a data_dir postgres cannot enter lives in {}",
+            relocated.display()
+        );
+        assert!(
+            !relocated.join("data/postmaster.pid").exists(),
+            "stopped on shutdown"
+        );
+        std::fs::remove_dir_all(&relocated).unwrap();
+    }
+}
+
+/// `sandgate exec --help` shows `--key` as optional (SANDGATE_KEY works), describes every
+/// option and lists the languages; without a key the error names SANDGATE_KEY; an unknown
+/// `SANDGATE_*` variable is a warning; logs on a pipe carry no ANSI colours.
+#[test]
+fn exec_help_and_errors_say_what_to_do() {
+    let help = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["exec", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(help.stdout).unwrap();
+    let usage = help
+        .lines()
+        .find(|line| line.starts_with("Usage:"))
+        .unwrap();
+    assert!(!usage.contains("--key"), "--key shown as required: {usage}");
+    assert!(help.contains("SANDGATE_KEY"), "{help}");
+    assert!(help.contains("--lang <python|bash>"), "{help}");
+    let timeout = help
+        .lines()
+        .find(|line| line.contains("--timeout-ms"))
+        .unwrap();
+    assert!(timeout.contains("milliseconds"), "{timeout}");
+
+    let run = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["exec", "--file", "-"])
+        .env_remove("SANDGATE_KEY")
+        .env("SANDGATE_MAX_CONCURENT", "4")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!run.status.success());
+    let stderr = String::from_utf8(run.stderr).unwrap();
+    assert!(stderr.contains("set SANDGATE_KEY"), "{stderr}");
+    assert!(
+        stderr.contains("SANDGATE_MAX_CONCURENT is set but sandgate reads no such variable"),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains('\u{1b}'),
+        "ANSI escapes on a pipe: {stderr:?}"
+    );
+}
+
 /// This instance's pooled sandboxes (running or not).
 fn pooled_containers(data: &std::path::Path) -> Vec<String> {
     let instance = std::fs::read_to_string(data.join("instance")).unwrap();

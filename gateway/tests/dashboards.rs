@@ -13,7 +13,7 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::types::Json;
 use sqlx::PgPool;
 
-use gateway::audit::egress::{ConnectionClose, ConnectionOpen};
+use gateway::audit::egress::{ConnectionClose, ConnectionOpen, RequestClose, RequestOpen};
 use gateway::audit::{AuditStore, Completion, ExecutionRow, NewEvent};
 
 /// Tables a dashboard must not read directly: the views are the dashboards' interface.
@@ -21,6 +21,7 @@ const BASE_TABLES: &[&str] = &[
     "audit_events",
     "executions",
     "egress_connections",
+    "egress_requests",
     "approvals",
     "api_keys",
     "policy_revisions",
@@ -240,6 +241,45 @@ async fn seed(app: &PgPool) {
         closed_at: gateway::ids::now_micros(),
     };
     store.close_connection(&allowed, &close).await.unwrap();
+    for (method, allow, reason, credentials) in [
+        ("GET", true, "egress.allowed", vec!["github".to_owned()]),
+        ("DELETE", false, "egress.method_not_allowed", vec![]),
+        (
+            "GET",
+            false,
+            "credential.misdirected",
+            vec!["github".to_owned()],
+        ),
+    ] {
+        let request = RequestOpen {
+            connection_id: allowed.clone(),
+            execution_id: "ex_done".into(),
+            tenant: "acme".into(),
+            host: "pypi.org".into(),
+            port: 443,
+            method: method.into(),
+            path: "/repos/acme/app".into(),
+            query_sha256: None,
+            header_names: vec!["host".into()],
+            credentials,
+            upgrade: false,
+            allow,
+            reason: reason.into(),
+            message: String::new(),
+            policy_reasons: json!([]),
+            policy_revision: "sha256:test".into(),
+            started_at: gateway::ids::now_micros(),
+        };
+        let id = store.open_request(&request).await.unwrap();
+        let close = RequestClose {
+            status_code: if allow { 200 } else { 403 },
+            bytes_up: 300,
+            bytes_down: 900,
+            duration_ms: 12,
+            error: None,
+        };
+        store.close_request(&id, &close).await.unwrap();
+    }
     for host in ["evil.example", "evil.example", "169.254.169.254"] {
         store
             .open_connection(&attempt("ex_done", host, false))

@@ -220,3 +220,97 @@ except OSError as e:
     assert_eq!(body["stdout"], "False False\nno bridge\n", "{body}");
     gw.stop().await;
 }
+
+/// Connects to a Unix socket as the host user `nobody` (through `setpriv`, the system's Python)
+/// and prints `connected` or the error's name.
+fn connect_as_nobody(socket: &std::path::Path) -> String {
+    let output = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+        ])
+        .arg(
+            "import socket, sys\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             try:\n    s.connect(sys.argv[1]); print('connected')\n\
+             except OSError as e:\n    print(type(e).__name__)",
+        )
+        .arg(socket)
+        .output()
+        .expect("setpriv and /usr/bin/python3 are needed (apt-get install util-linux python3)");
+    assert!(output.status.success(), "{output:?}");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// A running execution's egress socket is reachable by the sandbox (through runsc, as root on the
+/// host) and by nothing else: the host user `nobody` cannot connect to it (it would use the
+/// execution's grant, audited as the execution), even when the data directory is world-readable.
+#[tokio::test(flavor = "multi_thread")]
+async fn host_users_cannot_reach_a_running_executions_egress_socket() {
+    use std::os::unix::fs::PermissionsExt;
+    let upstream = upstream();
+    let port = upstream.port;
+    let policies = bundle_with_test_tenant(&[("files.test", port)]);
+    let gw = gateway_with(policies.path(), &[("files.test", UPSTREAM)]).await;
+    // An operator's data directory is often traversable by everyone (/var/lib/sandgate, 0755).
+    let data = gw.data_dir.path().to_owned();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let key = gw.key("agent", "nettest").await;
+    let code = format!(
+        "import time, urllib.request\ntime.sleep(8)\n\
+         print(urllib.request.urlopen('http://files.test:{port}/hello.txt', timeout=10).status)\n"
+    );
+    let network = json!([{"host": "files.test", "port": port}]);
+    let body = json!({"language": "python", "code": code, "network": network, "wait": false});
+    let (status, created) = gw.post(&key, "/v1/executions", &body).await;
+    assert_eq!(status, 202, "{created}");
+    let id = created["id"].as_str().unwrap().to_owned();
+    // The socket directory is named by the sandbox (warm or cold); this execution's is the only
+    // one with a socket in it.
+    let mut socket = None;
+    for _ in 0..300 {
+        socket = std::fs::read_dir(data.join("egress"))
+            .into_iter()
+            .flatten()
+            .map(|entry| entry.unwrap().path().join("egress.sock"))
+            .find(|path| path.exists());
+        if socket.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let socket = socket.unwrap_or_else(|| panic!("no egress socket for {id}"));
+    assert_eq!(connect_as_nobody(&socket), "PermissionError");
+    let root_mode = std::fs::metadata(data.join("egress"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(root_mode & 0o777, 0o700, "egress root mode {root_mode:o}");
+    let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+    assert_eq!(record["status"], "running", "the socket was live: {record}");
+
+    // The sandbox itself still reaches the proxy through the same socket.
+    let mut record = record;
+    for _ in 0..600 {
+        if record["finished_at"].is_string() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        record = gw.get(&key, &format!("/v1/executions/{id}")).await.1;
+    }
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["stdout"], "200\n", "{record}");
+    let (_, rows) = gw
+        .get(&key, &format!("/v1/executions/{id}/connections"))
+        .await;
+    let rows = rows["connections"].as_array().unwrap().clone();
+    assert_eq!(
+        rows.len(),
+        1,
+        "only the sandbox's own connection: {rows:#?}"
+    );
+    gw.stop().await;
+}

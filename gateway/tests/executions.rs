@@ -145,6 +145,8 @@ print(json.dumps(facts))
         "PYTHONUNBUFFERED",
         "PYTHONDONTWRITEBYTECODE",
         "MPLBACKEND",
+        "OPENBLAS_NUM_THREADS",
+        "OMP_NUM_THREADS",
     ];
     for name in &names {
         assert!(
@@ -276,10 +278,23 @@ async fn missing_or_wrong_keys_get_401_and_are_audited() {
     assert_eq!(error["error"]["code"], "unauthenticated");
     assert!(error["error"]["message"].is_string());
 
-    let forged = "sgk_0123456789abcdef_00000000000000000000000000000000";
-    let (status, error) = gw.post(forged, "/v1/executions", &body).await;
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("no API key"), "{message}");
+
+    let forged = format!("sgk_0123456789abcdef_{}", "0".repeat(64));
+    let (status, error) = gw.post(&forged, "/v1/executions", &body).await;
     assert_eq!(status, 401);
     assert_eq!(error["error"]["code"], "unauthenticated");
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("key_0123456789abcdef is not known"),
+        "{message}"
+    );
+
+    let (status, error) = gw.post("sgk_0123_short", "/v1/executions", &body).await;
+    assert_eq!(status, 401);
+    let message = error["error"]["message"].as_str().unwrap();
+    assert!(message.contains("malformed"), "{message}");
 
     let pool = gw.pool().await;
     let failures: Vec<(serde_json::Value,)> =
@@ -287,11 +302,22 @@ async fn missing_or_wrong_keys_get_401_and_are_audited() {
             .fetch_all(&pool)
             .await
             .unwrap();
-    assert_eq!(failures.len(), 2, "{failures:?}");
+    assert_eq!(failures.len(), 3, "{failures:?}");
     assert_eq!(failures[1].0["claimed_key_id"], "key_0123456789abcdef");
+    let codes: Vec<(String,)> = sqlx::query_as(
+        "SELECT reasons->0->>'code' FROM audit_events WHERE kind = 'auth.failure' ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let codes: Vec<&str> = codes.iter().map(|(code,)| code.as_str()).collect();
+    assert_eq!(
+        codes,
+        ["auth.missing_key", "auth.unknown_key", "auth.malformed_key"]
+    );
     let stored = serde_json::to_string(&failures).unwrap();
     assert!(
-        !stored.contains(forged),
+        !stored.contains(&forged),
         "the presented secret must not be stored"
     );
     gw.stop().await;
@@ -332,6 +358,38 @@ async fn malformed_requests_use_the_error_shape() {
         .await;
     assert_eq!(status, 413, "{body}");
     assert_eq!(body["error"]["code"], "payload_too_large");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("32 MiB"),
+        "the 413 states the limit: {message}"
+    );
+
+    // Messages say what to fix, in the request's words, never in Rust's.
+    for (request, wanted) in [
+        (
+            json!({"language": "python", "code": "1", "limits": {"timeout": 5000}}),
+            ["limits", "`timeout`", "timeout_ms"],
+        ),
+        (
+            json!({"language": "python", "code": "1", "network": ["pypi.org:443"]}),
+            ["network[0]", "an object", "request body"],
+        ),
+        (
+            json!({"language": "python", "code": "1",
+                   "files": [{"path": "a.txt", "content_b64": "not base64!"}]}),
+            ["a.txt", "not base64", "' '"],
+        ),
+    ] {
+        let (status, body) = gw.post(&key, "/v1/executions", &request).await;
+        assert_eq!(status, 400, "{request}: {body}");
+        let message = body["error"]["message"].as_str().unwrap();
+        for word in wanted {
+            assert!(message.contains(word), "{request}: {message} lacks {word}");
+        }
+        for rust in ["struct", "HostPort", "Invalid symbol", "usize", "u64"] {
+            assert!(!message.contains(rust), "{request}: {message}");
+        }
+    }
 
     let (status, body) = gw.get(&key, "/v1/executions/ex_nope").await;
     assert_eq!(status, 404);

@@ -358,10 +358,23 @@ sys.exit(3)
         events.push(event);
     }
     assert_eq!(streamed_text(&events, "stdout"), "first\n");
-    // ... arrived while the program was still running (it sleeps 2 s after it).
+    // ... arrived while the program was still running (it sleeps 2 s after it), and the
+    // record shows the output so far.
     let (_, record) = gw.get(&key, &format!("/v1/executions/{id}")).await;
     assert_eq!(record["status"], "running", "{record}");
+    assert_eq!(record["stdout"], "first\n", "{record}");
+    // A client that reconnects with Last-Event-ID gets exactly what follows.
+    let seen = events.last().unwrap().id.expect("events carry ids");
+    let resumed = gw.events_after(&key, &id, Some(seen)).await;
     events.extend(reader.collect().await);
+    let resumed = resumed.collect().await;
+    let after: Vec<_> = events.iter().filter(|e| e.id > Some(seen)).collect();
+    assert_eq!(resumed.len(), after.len(), "{resumed:?}");
+    for (a, b) in resumed.iter().zip(&after) {
+        assert_eq!((a.id, &a.name, &a.data), (b.id, &b.name, &b.data));
+    }
+    let ids: Vec<u64> = events.iter().map(|e| e.id.unwrap()).collect();
+    assert_eq!(ids, (1..=events.len() as u64).collect::<Vec<_>>());
     let last = events.last().unwrap();
     assert_eq!(last.name, "exit");
     assert_eq!(
@@ -395,6 +408,17 @@ sys.exit(3)
         record["stderr"].as_str().unwrap()
     );
     assert_eq!(replay.last().unwrap().data, last.data);
+    // ... in the same events as the live stream (the stored layout keeps the interleaving),
+    // so ids carry over: Last-Event-ID from the live stream resumes the replay.
+    let same = |a: &[common::payloads::SseEvent], b: &[common::payloads::SseEvent]| {
+        assert_eq!(a.len(), b.len(), "{a:?}\n{b:?}");
+        for (a, b) in a.iter().zip(b) {
+            assert_eq!((a.id, &a.name, &a.data), (b.id, &b.name, &b.data));
+        }
+    };
+    same(&replay, &events);
+    let tail = gw.events_after(&key, &id, Some(2)).await.collect().await;
+    same(&tail, &events[2..]);
 
     // Another tenant sees nothing.
     let other = gw.key("agent", "forge").await;

@@ -86,7 +86,8 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
     assert_eq!(input["via"], "api");
     assert_eq!(decision["created_key_id"], id);
 
-    // A named principal is stored with the key and named in its event.
+    // A named principal is stored with the key, normalised (issue 15, item 12), and named in
+    // its event.
     let (status, named) = gw
         .post(
             &admin,
@@ -95,7 +96,7 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
         )
         .await;
     assert_eq!(status, 201, "{named}");
-    assert_eq!(named["principal"], "Ana Ruiz");
+    assert_eq!(named["principal"], "ana ruiz");
     let stored: (String, Value) = sqlx::query_as(
         "SELECT k.principal, e.input FROM api_keys k JOIN audit_events e \
          ON e.kind = 'key.create' AND e.decision ->> 'created_key_id' = k.id WHERE k.id = $1",
@@ -104,8 +105,8 @@ async fn keys_created_over_the_api_are_hashed_and_audited() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(stored.0, "Ana Ruiz");
-    assert_eq!(stored.1["principal"], "Ana Ruiz");
+    assert_eq!(stored.0, "ana ruiz");
+    assert_eq!(stored.1["principal"], "ana ruiz");
     assert_eq!(
         created["principal"], id,
         "default principal: the key itself"
@@ -291,4 +292,80 @@ async fn audit_events_are_filtered_and_paged_newest_first() {
         assert_eq!(answer["error"]["code"], "invalid_request", "{path}");
     }
     gw.stop().await;
+}
+
+/// Filters that no record can match are refused with what is valid, not answered with an empty
+/// page; `kind` takes a family (`approval.*`); a role refused names the roles that may call.
+#[tokio::test(flavor = "multi_thread")]
+async fn filters_that_cannot_match_are_refused_saying_what_is_valid() {
+    let gw = TestGateway::start().await;
+    let admin = gw.key("admin", "ops").await;
+    let auditor = gw.key("auditor", "ops").await;
+    let acme = gw.key("agent", "acme").await;
+    let globex = gw.key("agent", "globex").await;
+    let id = denied(&gw, &acme).await;
+
+    let (status, body) = gw.get(&acme, "/v1/executions?before=yesterday").await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("next_before"), "{message}");
+    let (status, body) = gw
+        .get(&globex, &format!("/v1/executions?before={id}"))
+        .await;
+    assert_eq!(status, 400, "another tenant's id is no cursor: {body}");
+    let (status, body) = gw.get(&acme, &format!("/v1/executions?before={id}")).await;
+    assert_eq!(status, 200, "{body}");
+
+    let (status, body) = gw.get(&auditor, "/v1/audit/events?kind=nonsense").await;
+    assert_eq!(status, 400, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("execution.decision") && message.contains("approval.*"),
+        "{message}"
+    );
+    let (status, page) = gw.get(&auditor, "/v1/audit/events?kind=execution.*").await;
+    assert_eq!(status, 200, "{page}");
+    let kinds: Vec<&str> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| event["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["execution.decision"], "{page}");
+    let (status, page) = gw.get(&admin, "/v1/audit/events?kind=key.create").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["events"].as_array().unwrap().len(), 4, "{page}");
+
+    let (status, body) = gw.get(&acme, "/v1/audit/events").await;
+    assert_eq!(status, 403, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("auditor, admin"), "{message}");
+    gw.stop().await;
+}
+
+/// Every `kind: "..."` the gateway writes is in `EVENT_KINDS`, so the `kind` filter accepts it.
+#[test]
+fn every_event_kind_written_is_a_known_kind() {
+    let mut pending = vec![common::workspace_root().join("gateway/src")];
+    let mut found = 0;
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap();
+            for piece in text.split("kind: \"").skip(1) {
+                let kind = piece.split('"').next().unwrap();
+                found += 1;
+                assert!(
+                    gateway::audit::read::EVENT_KINDS.contains(&kind),
+                    "{}: event kind {kind:?} is missing from audit::read::EVENT_KINDS",
+                    path.display()
+                );
+            }
+        }
+    }
+    assert!(found >= 10, "found only {found} event kinds");
 }

@@ -89,3 +89,43 @@ async fn a_new_cluster_migrates_many_databases_at_once_and_without_a_superuser()
     );
     app.close().await;
 }
+
+/// A clone under a private directory (`/root`, a `mktemp -d` folder; mode 0700): the cluster's
+/// `postgres` user cannot enter it, so (as root) the cluster lives under
+/// `/var/lib/sandgate/pg/<hash>` and starts, serves and stops all the same.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cluster_starts_for_a_data_dir_under_a_private_0700_directory() {
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(private.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let data_dir = private.path().join("clone/.sandgate");
+    let path = data_dir.clone();
+    let pg = tokio::task::spawn_blocking(move || EmbeddedPostgres::start(&path, None))
+        .await
+        .unwrap()
+        .unwrap_or_else(|err| panic!("cannot start PostgreSQL under a 0700 parent: {err}"));
+    let cluster = Cluster(pg);
+    let pg = &cluster.0;
+    let root = pg.pgdata().parent().unwrap().to_owned();
+    if nix::unistd::Uid::effective().is_root() {
+        assert!(
+            root.starts_with(database::embedded::RELOCATED_ROOT),
+            "as root the cluster moves where postgres can reach it, not {}",
+            root.display()
+        );
+        let note = std::fs::read_to_string(root.join("data_dir")).unwrap();
+        assert_eq!(note.trim(), data_dir.display().to_string());
+    } else {
+        assert_eq!(root, data_dir.join("pg"));
+    }
+    let mut conn = superuser(pg).await;
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    conn.close().await.unwrap();
+    drop(cluster);
+    if root.starts_with(database::embedded::RELOCATED_ROOT) {
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}

@@ -407,7 +407,7 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_full_queue_answers_429_and_nothing_is_recorded_for_it() {
+async fn a_full_queue_answers_429_and_the_refusal_is_recorded() {
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
     let runtime = Arc::new(FakeRuntime {
         gate: Some(gate.clone()),
@@ -426,12 +426,28 @@ async fn a_full_queue_answers_429_and_nothing_is_recorded_for_it() {
     assert_eq!(queued["status"], "queued");
     assert_eq!(third, 429, "{refused}");
     assert_eq!(refused["error"]["code"], "rate_limited");
+    // The policy allowed it and the gateway refused it: that leaves a trace (issue 15, item 8).
     let pool = sqlx::PgPool::connect(&h.db).await.unwrap();
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM executions")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(recorded, 2, "the refused request left no record");
+    let (status, allow, reasons): (String, bool, serde_json::Value) = sqlx::query_as(
+        "SELECT status, allow, reasons FROM executions ORDER BY created_at DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((status.as_str(), allow), ("denied", false));
+    assert_eq!(
+        reasons.as_array().unwrap().last().unwrap()["code"],
+        "queue.full"
+    );
+    let (event_allow, said): (bool, serde_json::Value) = sqlx::query_as(
+        "SELECT allow, decision FROM audit_events WHERE kind = 'execution.decision' \
+         ORDER BY seq DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(!event_allow, "the event says what the gateway did");
+    assert_eq!(said["allow"], true, "and keeps what the policy said");
     // Let both finish; the queued one runs once the first is done.
     gate.add_permits(2);
     for _ in 0..100 {
@@ -441,6 +457,61 @@ async fn a_full_queue_answers_429_and_nothing_is_recorded_for_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(runtime.runs.load(Ordering::SeqCst), 2);
+    h.shutdown.cancel();
+}
+
+/// One tenant filling its share of the queue leaves room for another (issue 15, item 8): the
+/// queue limit is no longer one pool that a single tenant can exhaust.
+#[tokio::test(flavor = "multi_thread")]
+async fn one_tenant_cannot_take_another_tenants_place_in_the_queue() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let runtime = Arc::new(FakeRuntime {
+        gate: Some(gate.clone()),
+        ..FakeRuntime::default()
+    });
+    let policies = common::egress::bundle_with_test_tenant(&[]);
+    let dir = policies.path().to_owned();
+    let h = start(runtime.clone(), move |config| {
+        config.policy_dir = dir;
+        config.max_concurrent = 1;
+        config.max_queued = 4;
+        config.max_queued_per_tenant = 2;
+    })
+    .await;
+    let pool = sqlx::PgPool::connect(&h.db).await.unwrap();
+    let other = AuditStore::new(pool.clone())
+        .create_key("agent", "nettest")
+        .await
+        .unwrap()
+        .secret;
+    let body = json!({"language": "python", "code": "print(1)", "wait": false});
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        answers.push(h.execute(body.clone()).await.0);
+    }
+    // One runs, two wait (acme's share), the fourth is refused although the queue has room.
+    assert_eq!(answers, [202, 202, 202, 429]);
+    let response = h
+        .http
+        .post(format!("{}/v1/executions", h.url))
+        .bearer_auth(&other)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        response.status().as_u16(),
+        202,
+        "the other tenant still queues"
+    );
+    gate.add_permits(4);
+    for _ in 0..200 {
+        if runtime.runs.load(Ordering::SeqCst) == 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(runtime.runs.load(Ordering::SeqCst), 4);
     h.shutdown.cancel();
 }
 

@@ -240,6 +240,49 @@ async fn replay_reports_the_blast_radius_of_a_stricter_policy() {
     let text = report.render(&revision, 10);
     assert!(text.contains("allow->deny: 3"), "{text}");
     assert!(text.contains("language.not_allowed"), "{text}");
+    // Each changed case names its tenant and language and what changed; an allow->deny is its
+    // transition only, not also a backend or limits change.
+    assert!(text.contains("tenant acme, python"), "{text}");
+    assert!(text.contains("outcome allow -> deny"), "{text}");
+    assert_eq!(
+        (report.backend_changed, report.limits_changed),
+        (0, 0),
+        "{report:?}"
+    );
+    use gateway::app::replay::{FailOn, Outcome};
+    let allow_to_deny: FailOn = "allow-to-deny".parse().unwrap();
+    assert_eq!(
+        allow_to_deny,
+        FailOn::Transition(Outcome::Allow, Outcome::Deny)
+    );
+    assert_eq!(report.failures(&[allow_to_deny]), 3);
+    assert_eq!(report.failures(&["deny-to-allow".parse().unwrap()]), 0);
+
+    // A candidate that lowers acme's memory: the line says which limit, from what to what.
+    let lower = copy_of_shipped();
+    let tenants = lower.path().join("data/tenants.yaml");
+    let mut data: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&tenants).unwrap()).unwrap();
+    let was = data["tenants"]["acme"]["limits"]["memory_mb"]
+        .as_u64()
+        .unwrap();
+    data["tenants"]["acme"]["limits"]["memory_mb"] = (was / 2).into();
+    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
+    let (revision, report) = gateway::commands::policy_replay(&config, lower.path(), "1h")
+        .await
+        .unwrap();
+    assert_eq!(report.limits_changed, 4, "{report:?}");
+    assert_eq!(report.failures(&["limits".parse().unwrap()]), 4);
+    assert_eq!(report.failures(&[allow_to_deny]), 0);
+    let text = report.render(&revision, 10);
+    let line = format!("limit memory_mb {was} -> {}", was / 2);
+    assert!(text.contains(&line), "{text}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(
+        json["changed"][0]["changes"][0]["change"], "limit",
+        "{json}"
+    );
+    assert_eq!(json["changed"][0]["tenant"], "acme", "{json}");
 
     // The unchanged bundle changes nothing.
     let (_, same) =
@@ -248,4 +291,41 @@ async fn replay_reports_the_blast_radius_of_a_stricter_policy() {
             .unwrap();
     assert_eq!(same.unchanged, 5, "{same:?}");
     gw.stop().await;
+}
+
+/// `sandgate policy test` checks the golden decision matrix: a candidate that decides
+/// differently from its `tests/decisions.out` fails, naming the changed lines, until `--bless`
+/// rewrites the file.
+#[test]
+fn policy_test_fails_on_a_stale_decision_matrix_until_blessed() {
+    use policy_engine::matrix::MatrixCheck;
+    let candidate = copy_of_shipped();
+    let dir = candidate.path();
+    let shipped = gateway::commands::policy_test(dir, false).unwrap();
+    assert_eq!(shipped.matrix, MatrixCheck::Matches);
+    assert!(shipped.ok(90.0));
+
+    let tenants = dir.join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    let mut data: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    data["tenants"]["forge"]["description"] = "unchanged decisions".into();
+    data["tenants"]["acme"]["languages"] = serde_yaml_ng::from_str("[python]").unwrap();
+    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
+    let stale = gateway::commands::policy_test(dir, false).unwrap();
+    let MatrixCheck::Differs(changes) = &stale.matrix else {
+        panic!("a stale matrix passed: {:?}", stale.matrix);
+    };
+    assert!(
+        changes.contains("- acme bash net=- mounts=- => allow")
+            && changes.contains("+ acme bash net=- mounts=- => deny"),
+        "{changes}"
+    );
+    assert!(!stale.ok(0.0));
+    let summary = stale.matrix_summary(dir);
+    assert!(summary.contains("--bless"), "{summary}");
+
+    let blessed = gateway::commands::policy_test(dir, true).unwrap();
+    assert_eq!(blessed.matrix, MatrixCheck::Blessed);
+    let after = gateway::commands::policy_test(dir, false).unwrap();
+    assert_eq!(after.matrix, MatrixCheck::Matches);
 }

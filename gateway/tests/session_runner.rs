@@ -52,7 +52,7 @@ async fn open(language: &'static str, memory_mb: u64) -> Session {
         mounts: vec![],
         egress_dir,
         output_dir,
-        env: gateway::app::launch::sandbox_env(),
+        env: gateway::app::launch::sandbox_env(1.0),
         waits: Waits::Session(runner),
     };
     let mut sandbox = DockerRuntime::new()
@@ -62,7 +62,7 @@ async fn open(language: &'static str, memory_mb: u64) -> Session {
     let opening = Job {
         argv: vec![language.to_owned()],
         cwd: Some("/workspace".to_owned()),
-        env: Some(gateway::app::launch::sandbox_env()),
+        env: Some(gateway::app::launch::sandbox_env(1.0)),
         files: vec![],
         proxy: None,
         exit_nonce: None,

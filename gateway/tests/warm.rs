@@ -105,6 +105,8 @@ raise SystemExit(7)
             "HOME",
             "LANG",
             "MPLBACKEND",
+            "OMP_NUM_THREADS",
+            "OPENBLAS_NUM_THREADS",
             "PATH",
             "PYTHONDONTWRITEBYTECODE",
             "PYTHONUNBUFFERED"
@@ -131,6 +133,18 @@ raise SystemExit(7)
     );
     assert!(stderr.ends_with("ValueError: boom\n"), "{stderr}");
     assert!(!stderr.contains("runpy"), "{stderr}");
+
+    // A syntax error: reported as python3 reports it, without any runner frame.
+    common::warm::wait_for_waiting(&gw.http, &gw.url, "python").await;
+    let (_, record) = gw.execute(&key, "python", "x = (\n", json!({})).await;
+    assert_eq!(record["start"], "warm", "{record}");
+    assert_eq!(record["exit_code"], 1, "{record}");
+    let stderr = record["stderr"].as_str().unwrap();
+    assert!(
+        stderr.starts_with("  File \"/workspace/main.py\", line 1"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("SyntaxError"), "{stderr}");
 
     // SIGINT's default: KeyboardInterrupt, then death by the signal, as python3 does.
     common::warm::wait_for_waiting(&gw.http, &gw.url, "python").await;

@@ -215,12 +215,29 @@
     }
   }
 
+  // Every pending approval, page by page (the listing is paged, newest first), so a flood of
+  // new requests cannot push an older one off the page. At most PENDING_PAGES pages.
+  const PENDING_PAGES = 20;
+  async function pendingApprovals() {
+    let all = [];
+    let path = '/v1/approvals?status=pending&limit=500';
+    for (let page = 0; page < PENDING_PAGES; page++) {
+      const reply = await api('GET', path);
+      if (reply.status !== 200) return reply;
+      all = all.concat(reply.data.approvals);
+      if (!reply.data.next_before) break;
+      path = '/v1/approvals?status=pending&limit=500&before=' +
+        encodeURIComponent(reply.data.next_before);
+    }
+    return { status: 200, data: { approvals: all } };
+  }
+
   let busy = false;
   async function refresh() {
     if (!key() || busy) return;
     busy = true;
     try {
-      const approvals = await api('GET', '/v1/approvals?status=pending');
+      const approvals = await pendingApprovals();
       if (approvals.status === 200) {
         renderApprovals(approvals.data.approvals);
       } else {

@@ -137,14 +137,8 @@ fn egress_input() -> EgressInput {
             tenant: "acme".into(),
             grant: NetworkGrant {
                 allow: vec![
-                    HostRule {
-                        host: "files.pythonhosted.org".into(),
-                        ports: vec![443],
-                    },
-                    HostRule {
-                        host: "pypi.org".into(),
-                        ports: vec![443],
-                    },
+                    HostRule::new("files.pythonhosted.org", vec![443]),
+                    HostRule::new("pypi.org", vec![443]),
                 ],
                 max_connections: 32,
                 max_bytes: 104_857_600,
@@ -158,6 +152,8 @@ fn egress_input() -> EgressInput {
             scheme: "https".into(),
             method: None,
             path: None,
+            query: None,
+            headers: None,
         },
     }
 }

@@ -63,6 +63,7 @@ pub struct PolicyEngine {
     has_egress: bool,
     revision: String,
     files: Vec<String>,
+    tenants: Vec<String>,
 }
 
 impl PolicyEngine {
@@ -79,6 +80,7 @@ impl PolicyEngine {
             });
         }
         let data = bundle::merge_data(&files)?;
+        let tenants = tenant_names(&data);
         let mut engine = new_engine();
         add_policies(&mut engine, &files)?;
         let data_err = |message: String| PolicyError::Data {
@@ -110,7 +112,14 @@ impl PolicyEngine {
             has_egress,
             revision: bundle::revision(&files),
             files: files.into_iter().map(|file| file.rel).collect(),
+            tenants,
         })
+    }
+
+    /// The tenants the bundle's data names (`tenants:` keys), sorted. Key creation warns about
+    /// a tenant missing here: the shipped policy denies its every request (`tenant.unknown`).
+    pub fn tenants(&self) -> &[String] {
+        &self.tenants
     }
 
     /// `sha256:<hex>` identifying the bundle's files (paths and contents); see `policies/README.md`.
@@ -210,9 +219,12 @@ impl PolicyEngine {
     ) -> EgressDecision {
         let testing = session.is_some();
         let decision = if self.has_egress {
-            input
-                .and_then(|input| self.evaluate(EGRESS_RULE, input, session))
-                .and_then(|value| from_regorus(&value))
+            input.and_then(|input| {
+                let value = self.evaluate(EGRESS_RULE, input.clone(), session)?;
+                let decision: EgressDecision = from_regorus(&value)?;
+                check_egress_credentials(&input, &decision)?;
+                Ok(decision)
+            })
         } else {
             Err(format!("policy bundle does not define {EGRESS_RULE}"))
         };
@@ -363,6 +375,18 @@ fn check_decision(decision: &Decision) -> Result<(), String> {
     Ok(())
 }
 
+/// A decision that attaches credentials may attach only those the grant lists for the host.
+fn check_egress_credentials(
+    input: &regorus::Value,
+    decision: &EgressDecision,
+) -> Result<(), String> {
+    if decision.credentials.is_empty() {
+        return Ok(());
+    }
+    let input: EgressInput = from_regorus(input)?;
+    hosts::validate_credentials(&input, decision)
+}
+
 /// Forwards what the policy printed (debugging aid for policy authors) to tracing.
 fn log_prints(engine: &mut regorus::Engine) {
     if let Ok(prints) = engine.take_prints() {
@@ -370,4 +394,15 @@ fn log_prints(engine: &mut regorus::Engine) {
             tracing::debug!(target: "sandgate::policy::print", line = %line, "policy print");
         }
     }
+}
+
+/// The keys of the data's `tenants` mapping, sorted (empty when there is none).
+fn tenant_names(data: &serde_json::Value) -> Vec<String> {
+    let mut names: Vec<String> = data
+        .get("tenants")
+        .and_then(serde_json::Value::as_object)
+        .map(|tenants| tenants.keys().cloned().collect())
+        .unwrap_or_default();
+    names.sort();
+    names
 }

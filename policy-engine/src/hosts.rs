@@ -86,8 +86,48 @@ pub(crate) fn validate_grant(grant: &NetworkGrant) -> Result<(), String> {
                 rule.host
             ));
         }
+        if !rule.credentials.is_empty() && !rule.inspect {
+            return Err(format!(
+                "invalid network grant: host {:?} names credentials without `inspect: true` \
+                 (a credential is only ever attached inside an inspected tunnel)",
+                rule.host
+            ));
+        }
     }
     Ok(())
+}
+
+/// Checks that an egress decision attaches only credentials the grant lists for the host.
+pub(crate) fn validate_credentials(
+    input: &crate::EgressInput,
+    decision: &crate::EgressDecision,
+) -> Result<(), String> {
+    if decision.credentials.is_empty() {
+        return Ok(());
+    }
+    if !decision.allow {
+        return Err("a deny names credentials to attach".to_string());
+    }
+    if input.connection.method.is_none() {
+        return Err(
+            "credentials named for a connection, not a request inside a tunnel".to_string(),
+        );
+    }
+    let host = &input.connection.host;
+    let granted = |name: &String| {
+        input
+            .execution
+            .grant
+            .allow
+            .iter()
+            .any(|rule| rule.inspect && rule.covers(host) && rule.credentials.contains(name))
+    };
+    match decision.credentials.iter().find(|name| !granted(name)) {
+        Some(name) => Err(format!(
+            "the decision attaches credential {name:?}, which the grant does not list for {host}"
+        )),
+        None => Ok(()),
+    }
 }
 
 /// Checks the host patterns found in one data file by the convention in the module docs. The error
@@ -187,6 +227,71 @@ fn validate_host_list(hosts: &Value, path: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{Connection, EgressDecision, EgressExecution, EgressInput, HostRule};
+
+    fn inspected(credentials: &[&str]) -> HostRule {
+        HostRule {
+            inspect: true,
+            credentials: credentials.iter().map(|c| (*c).to_owned()).collect(),
+            ..HostRule::new("api.example.com", vec![443])
+        }
+    }
+
+    fn grant(rules: Vec<HostRule>) -> NetworkGrant {
+        NetworkGrant {
+            allow: rules,
+            max_connections: 1,
+            max_bytes: 1,
+            max_denied: None,
+            max_denied_per_s: None,
+        }
+    }
+
+    #[test]
+    fn credentials_need_inspection_in_a_grant() {
+        assert!(validate_grant(&grant(vec![inspected(&["github"])])).is_ok());
+        let uninspected = HostRule {
+            inspect: false,
+            ..inspected(&["github"])
+        };
+        let err = validate_grant(&grant(vec![uninspected])).unwrap_err();
+        assert!(err.contains("without `inspect: true`"), "{err}");
+    }
+
+    #[test]
+    fn a_decision_attaches_only_credentials_the_hosts_rule_lists() {
+        let input = |method: Option<&str>, host: &str| EgressInput {
+            execution: EgressExecution {
+                id: "ex_1".into(),
+                tenant: "acme".into(),
+                grant: grant(vec![inspected(&["github"])]),
+            },
+            connection: Connection {
+                host: host.into(),
+                port: 443,
+                scheme: "https".into(),
+                method: method.map(str::to_owned),
+                path: Some("/".into()),
+                query: None,
+                headers: Some(vec![]),
+            },
+        };
+        let attach = |name: &str| EgressDecision {
+            allow: true,
+            reasons: vec![],
+            credentials: vec![name.to_owned()],
+        };
+        let get = input(Some("GET"), "api.example.com");
+        assert!(validate_credentials(&get, &attach("github")).is_ok());
+        assert!(validate_credentials(&get, &attach("other")).is_err());
+        assert!(
+            validate_credentials(&input(Some("GET"), "x.example.com"), &attach("github")).is_err()
+        );
+        assert!(validate_credentials(&input(None, "api.example.com"), &attach("github")).is_err());
+        let wildcard = HostRule::new("*.example.com", vec![443]);
+        assert!(wildcard.covers("a.b.example.com") && !wildcard.covers("example.com"));
+        assert!(!wildcard.covers("badexample.com"));
+    }
 
     #[test]
     fn valid_patterns() {

@@ -13,7 +13,7 @@
 //! deny with reason code `policy.error`: this crate never fails open and never returns an error from
 //! a decision. Host patterns in the bundle's data are checked at load, so a bad allowlist fails the
 //! load instead. [`cases`] runs the bundle's YAML decision cases with line coverage
-//! (`sandgate policy test`).
+//! (`sandgate policy test`), and [`matrix`] checks the bundle's golden decision matrix.
 //!
 //! It is **not** where policy lives: what is allowed is written in Rego under `policies/`, never in
 //! Rust. It does no HTTP, Docker, SQL or auditing, holds no reload logic (a reload builds a new
@@ -26,6 +26,7 @@ pub mod cases;
 mod engine;
 mod error;
 mod hosts;
+pub mod matrix;
 mod types;
 
 pub use engine::{PolicyEngine, DECISION_RULE, EGRESS_RULE, EVAL_TIME_LIMIT};

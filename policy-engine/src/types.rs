@@ -76,13 +76,17 @@ pub struct FileInput {
 
 /// One network destination the request asks to reach.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct HostPort {
     pub host: String,
     pub port: u16,
 }
 
-/// Limits the client asked for; absent fields are left out of the policy input entirely.
+/// Limits the client asked for; absent fields are left out of the policy input entirely. An
+/// unknown name (`timeout` for `timeout_ms`) is refused, naming the allowed ones.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct RequestedLimits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
@@ -158,6 +162,7 @@ impl Decision {
 /// Why the policy decided as it did; `code` is a bounded, dotted identifier (`tenant.unknown`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Reason {
     pub code: String,
     pub message: String,
@@ -186,6 +191,41 @@ pub struct NetworkGrant {
 pub struct HostRule {
     pub host: String,
     pub ports: Vec<u16>,
+    /// The proxy terminates TLS to this host (with the execution's own CA) and decides every
+    /// HTTP request inside the tunnel (DESIGN section 11). Absent: an opaque tunnel, SNI checked.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub inspect: bool,
+    /// Credentials (names from the gateway's `credentials` config) that requests to this host may
+    /// have attached; only together with `inspect`. The sandbox gets a placeholder for each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
+}
+
+impl HostRule {
+    /// A plain rule: the host on these ports, no inspection, no credentials.
+    pub fn new(host: impl Into<String>, ports: Vec<u16>) -> HostRule {
+        HostRule {
+            host: host.into(),
+            ports,
+            inspect: false,
+            credentials: Vec::new(),
+        }
+    }
+
+    /// Whether this rule's pattern covers the canonical `host`: the name itself, or for `*.name`
+    /// any name below it, on a label boundary (the same rule `policies/egress.rego` applies).
+    pub fn covers(&self, host: &str) -> bool {
+        match self.host.strip_prefix('*') {
+            Some(suffix) => {
+                suffix.starts_with('.') && host.ends_with(suffix) && !host.starts_with('.')
+            }
+            None => self.host == host,
+        }
+    }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 /// One dataset mounted into the sandbox.
@@ -200,6 +240,7 @@ pub struct MountGrant {
 /// The resource limits the sandbox runs with. All fields are required.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Limits {
     pub timeout_ms: u64,
     pub memory_mb: u64,
@@ -240,9 +281,18 @@ pub struct Connection {
     /// Plain HTTP only: the request method; absent (not `null`) for tunnels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub method: Option<String>,
-    /// Plain HTTP only: the request path; absent (not `null`) for tunnels.
+    /// Plain HTTP and requests inside an inspected tunnel: the request path, without the query;
+    /// absent (not `null`) for tunnels.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub path: Option<String>,
+    /// Requests inside an inspected tunnel only: the query string (without `?`), absent when
+    /// the request has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// Requests inside an inspected tunnel only: the request's header names, lower case, sorted,
+    /// each once (values are never sent: they may hold secrets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<Vec<String>>,
 }
 
 /// The egress policy's answer for one connection, deserialized strictly. `allow: false` closes it.
@@ -252,6 +302,11 @@ pub struct EgressDecision {
     pub allow: bool,
     #[serde(default)]
     pub reasons: Vec<Reason>,
+    /// Requests inside an inspected tunnel only: names of the credentials the proxy attaches to
+    /// this request. Each must be listed by the grant's rule for the host, or the decision is a
+    /// `policy.error` deny.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<String>,
 }
 
 impl EgressDecision {
@@ -260,6 +315,7 @@ impl EgressDecision {
         EgressDecision {
             allow: false,
             reasons: Decision::deny_with_error(message).reasons,
+            credentials: Vec::new(),
         }
     }
 }

@@ -1,201 +1,36 @@
-//! The golden decision matrix: the shipped policy decides every combination of tenant, language,
-//! network request and mount request, one line each, in `policies/tests/decisions.out`. Any change
-//! of behaviour shows up as a diff of that file, which a reviewer reads like code.
-//!
-//! Accept an intended change with `SANDGATE_BLESS=1 cargo test -p policy-engine --test decisions`
-//! and commit the new file with the policy change.
+//! The shipped bundle's golden decision matrix (`policy_engine::matrix`) matches
+//! `policies/tests/decisions.out`. Accept an intended change with
+//! `sandgate policy test policies --bless` (or `SANDGATE_BLESS=1 cargo test -p policy-engine
+//! --test decisions`) and commit the new file with the policy change.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
     reason = "a test: a panic is a failure with a message"
 )]
 
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use policy_engine::{
-    Decision, Environment, HostPort, PolicyEngine, PolicyInput, Principal, RequestInput,
-};
-
-const TENANTS: &[&str] = &["acme", "forge", "classroom", "nosuch"];
-const LANGUAGES: &[&str] = &["python", "bash", "ruby"];
-const NETWORK: &[Option<(&str, u16)>] =
-    &[None, Some(("pypi.org", 443)), Some(("evil.example", 443))];
-const MOUNTS: &[Option<&str>] = &[None, Some("dataset:census"), Some("dataset:secret")];
-
-const HEADER: &str = "\
-# Golden decision matrix of the shipped policy (policy-engine/tests/decisions.rs).
-# Input: tenant, language, the one network destination asked for (net=) and the one mount asked
-# for (mounts=); no limits asked; the gateway offers backends gvisor and runc and dataset census.
-# Output: allow | deny | review (allowed once a reviewer approves), the backend, the network grant
-# (host:ports), the datasets mounted, the limits (timeout_ms/memory_mb/cpus/pids/disk_mb/
-# output_bytes) and the reason codes. `-` is none.
-# Regenerate: SANDGATE_BLESS=1 cargo test -p policy-engine --test decisions
-";
+use policy_engine::matrix::{self, MatrixCheck};
+use policy_engine::PolicyEngine;
 
 fn policies_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../policies")
 }
 
-fn input(
-    tenant: &str,
-    language: &str,
-    net: Option<(&str, u16)>,
-    mount: Option<&str>,
-) -> PolicyInput {
-    PolicyInput {
-        principal: Principal {
-            key_id: "key_matrix".into(),
-            tenant: tenant.into(),
-            role: "agent".into(),
-        },
-        request: RequestInput {
-            language: language.into(),
-            code_sha256: "5feceb66ffc86f38d952786c6d696c79c2dbc239dd4e91b46729d73a27fb57e9".into(),
-            code_bytes: 8,
-            network: net
-                .map(|(host, port)| HostPort {
-                    host: host.into(),
-                    port,
-                })
-                .into_iter()
-                .collect(),
-            mounts: mount.map(str::to_owned).into_iter().collect(),
-            ..RequestInput::default()
-        },
-        environment: Environment {
-            backends: vec!["gvisor".into(), "runc".into()],
-            datasets: vec!["census".into()],
-            now: "2025-01-01T00:00:00Z".into(),
-        },
-    }
-}
-
-fn or_dash(items: Vec<String>) -> String {
-    if items.is_empty() {
-        "-".to_string()
-    } else {
-        items.join(",")
-    }
-}
-
-fn describe(decision: &Decision) -> String {
-    let verdict = match (decision.allow, decision.require_approval) {
-        (false, _) => "deny",
-        (true, false) => "allow",
-        (true, true) => "review",
-    };
-    let grant = decision
-        .network
-        .iter()
-        .flat_map(|grant| &grant.allow)
-        .map(|rule| {
-            let ports: Vec<String> = rule.ports.iter().map(u16::to_string).collect();
-            format!("{}:{}", rule.host, ports.join("+"))
-        })
-        .collect();
-    let mounts = decision
-        .mounts
-        .iter()
-        .map(|mount| {
-            let mode = if mount.read_only { "ro" } else { "rw" };
-            format!("{}@{}:{mode}", mount.dataset, mount.target)
-        })
-        .collect();
-    let limits = decision.limits.as_ref().map_or("-".to_string(), |l| {
-        format!(
-            "{}/{}/{}/{}/{}/{}",
-            l.timeout_ms, l.memory_mb, l.cpus, l.pids, l.disk_mb, l.output_bytes
-        )
-    });
-    let reasons = decision.reasons.iter().map(|r| r.code.clone()).collect();
-    format!(
-        "{verdict} backend={} grant={} mounts={} limits={limits} reasons={}",
-        decision.backend.as_deref().unwrap_or("-"),
-        or_dash(grant),
-        or_dash(mounts),
-        or_dash(reasons),
-    )
-}
-
-fn matrix(engine: &PolicyEngine) -> String {
-    let mut out = HEADER.to_string();
-    for tenant in TENANTS {
-        for language in LANGUAGES {
-            for net in NETWORK {
-                for mount in MOUNTS {
-                    let decision = engine.decide(&input(tenant, language, *net, *mount));
-                    let net = net.map_or("-".to_string(), |(host, port)| format!("{host}:{port}"));
-                    let _ = writeln!(
-                        out,
-                        "{tenant} {language} net={net} mounts={} => {}",
-                        mount.unwrap_or("-"),
-                        describe(&decision)
-                    );
-                }
-            }
-        }
-    }
-    out
-}
-
-/// Line by line, keyed by the input half of each line: what changed, what appeared, what went.
-fn diff(expected: &str, actual: &str) -> String {
-    let keyed = |text: &str| -> BTreeMap<String, String> {
-        text.lines()
-            .filter(|line| !line.starts_with('#'))
-            .map(|line| match line.split_once(" => ") {
-                Some((key, value)) => (key.to_string(), value.to_string()),
-                None => (line.to_string(), String::new()),
-            })
-            .collect()
-    };
-    let (expected, actual) = (keyed(expected), keyed(actual));
-    let mut out = String::new();
-    for (key, old) in &expected {
-        match actual.get(key) {
-            Some(new) if new == old => {}
-            Some(new) => {
-                let _ = writeln!(out, "- {key} => {old}\n+ {key} => {new}");
-            }
-            None => {
-                let _ = writeln!(out, "- {key} => {old}");
-            }
-        }
-    }
-    for (key, new) in &actual {
-        if !expected.contains_key(key) {
-            let _ = writeln!(out, "+ {key} => {new}");
-        }
-    }
-    out
-}
-
 #[test]
 fn golden_decision_matrix() {
     let engine = PolicyEngine::load(&policies_dir()).unwrap();
-    let actual = matrix(&engine);
-    let path = policies_dir().join("tests/decisions.out");
-    if std::env::var_os("SANDGATE_BLESS").is_some_and(|v| v == "1") {
-        std::fs::write(&path, &actual).unwrap();
-        return;
-    }
-    let expected = std::fs::read_to_string(&path).unwrap_or_default();
-    if expected != actual {
-        let changes = diff(&expected, &actual);
-        panic!(
-            "the shipped policy's decisions differ from {}:\n{}\n\
+    let bless = std::env::var_os("SANDGATE_BLESS").is_some_and(|v| v == "1");
+    match matrix::check(&engine, &policies_dir(), bless).unwrap() {
+        MatrixCheck::Matches | MatrixCheck::Blessed => {}
+        MatrixCheck::Absent => panic!("policies/{} is missing", matrix::MATRIX_FILE),
+        MatrixCheck::Differs(changes) => panic!(
+            "the shipped policy's decisions differ from policies/{}:\n{changes}\n\
              If the change is intended, accept it with\n  \
-             SANDGATE_BLESS=1 cargo test -p policy-engine --test decisions\n\
+             sandgate policy test policies --bless\n\
              and commit the new file with the policy change.",
-            path.display(),
-            if changes.is_empty() {
-                "(only comments or line order differ)".to_string()
-            } else {
-                changes
-            }
-        );
+            matrix::MATRIX_FILE
+        ),
     }
 }
 
@@ -203,7 +38,7 @@ fn golden_decision_matrix() {
 #[test]
 fn matrix_is_stable() {
     let engine = PolicyEngine::load(&policies_dir()).unwrap();
-    assert_eq!(matrix(&engine), matrix(&engine));
+    assert_eq!(matrix::matrix(&engine), matrix::matrix(&engine));
 }
 
 #[test]
@@ -211,7 +46,7 @@ fn diff_names_changed_added_and_removed_lines() {
     let expected = "# c\na => 1\nb => 2\nc => 3\n";
     let actual = "# other comment\na => 1\nb => 5\nd => 4\n";
     assert_eq!(
-        diff(expected, actual),
+        matrix::diff(expected, actual),
         "- b => 2\n+ b => 5\n- c => 3\n+ d => 4\n"
     );
 }

@@ -20,10 +20,7 @@ fn grant(rules: &[(&str, &[u16])]) -> NetworkGrant {
     NetworkGrant {
         allow: rules
             .iter()
-            .map(|(host, ports)| HostRule {
-                host: (*host).into(),
-                ports: ports.to_vec(),
-            })
+            .map(|(host, ports)| HostRule::new(*host, ports.to_vec()))
             .collect(),
         max_connections: 8,
         max_bytes: 1 << 20,
@@ -45,6 +42,8 @@ fn connect(grant: NetworkGrant, host: &str, port: u16) -> EgressInput {
             scheme: "https".into(),
             method: None,
             path: None,
+            query: None,
+            headers: None,
         },
     }
 }

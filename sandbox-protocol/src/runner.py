@@ -8,6 +8,10 @@
 # environment says, the same exit status (SystemExit, an uncaught exception: 1 with the
 # traceback, KeyboardInterrupt: killed by SIGINT). It serves one program, then the interpreter
 # ends: each sandbox serves one execution, so nothing the preload left can reach another.
+# Unlike DESIGN 10's "forks one child per job", the waiting interpreter runs the program itself:
+# with one execution per sandbox a fork would only cost time. Differences from a cold run that
+# remain, by design: the preloaded modules are already in sys.modules (an uploaded pandas.py
+# does not shadow them), and /tmp holds matplotlib's font cache.
 import sys
 
 
@@ -39,11 +43,27 @@ def _preload(modules):
             sys.stderr.write("sandgate-runner: warming pandas: %s\n" % err)
 
 
+def _trimmed_hook(program):
+    """The interpreter's own report of an uncaught exception, from the program's frames on (the
+    runner's are not the program's business). A program may install its own sys.excepthook."""
+
+    def hook(kind, value, tb):
+        first = tb
+        while first is not None and first.tb_frame.f_code.co_filename != program:
+            first = first.tb_next
+        if value is not None:
+            value.__traceback__ = first
+        sys.__excepthook__(kind, value, first)
+
+    return hook
+
+
 def _run():
+    import builtins
     import json
     import os
-    import runpy
-    import traceback
+    import types
+    from importlib.machinery import SourceFileLoader
 
     ready, modules = sys.argv[1], sys.argv[2:]
     _preload(modules)
@@ -59,18 +79,21 @@ def _run():
     program = job["argv"][1]
     sys.argv = job["argv"][1:]
     sys.path[0] = os.path.dirname(program)
-    try:
-        runpy.run_path(program, run_name="__main__")
-    except (SystemExit, KeyboardInterrupt):
-        raise
-    except BaseException as err:
-        # The traceback python3 main.py would print: from the program's frames on.
-        tb = err.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != program:
-            tb = tb.tb_next
-        traceback.print_exception(type(err), err, tb or err.__traceback__)
-        sys.stderr.flush()
-        sys.exit(1)
+    # The program's __main__, as `python3 program` makes it (and it stays __main__ for the
+    # program's threads and atexit handlers). Exceptions are left to the interpreter: exit 1
+    # with the traceback, SystemExit's code, death by SIGINT after KeyboardInterrupt.
+    main = types.ModuleType("__main__")
+    main.__file__ = program
+    main.__loader__ = SourceFileLoader("__main__", program)
+    main.__spec__ = None
+    main.__package__ = None
+    main.__builtins__ = builtins
+    main.__cached__ = None
+    sys.modules["__main__"] = main
+    sys.excepthook = _trimmed_hook(program)
+    with open(program, "rb") as source:
+        code = compile(source.read(), program, "exec")
+    exec(code, main.__dict__)
 
 
 _run()

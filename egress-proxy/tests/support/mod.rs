@@ -19,7 +19,8 @@ use std::time::Duration;
 
 use egress_proxy::{
     Attempt, Closed, ConnectionId, ConnectionRecorder, EgressProxy, ExecutionGrant,
-    ExecutionLimits, ExecutionListener, ProxyConfig, RecordError, StaticResolver, Suppressed,
+    ExecutionLimits, ExecutionListener, InspectedRequest, ProxyConfig, RecordError, RequestDone,
+    RequestId, StaticResolver, Suppressed,
 };
 use futures_util::future::BoxFuture;
 use policy_engine::{HostRule, NetworkGrant, PolicyEngine};
@@ -307,6 +308,18 @@ impl ConnectionRecorder for MemoryRecorder {
             self.suppressed.lock().unwrap().push(summary.clone());
         })
     }
+
+    /// These tests never inspect: a request record here is a bug.
+    fn open_request<'a>(
+        &'a self,
+        request: &'a InspectedRequest,
+    ) -> BoxFuture<'a, Result<RequestId, RecordError>> {
+        Box::pin(async move { panic!("no tunnel is inspected here: {request:?}") })
+    }
+
+    fn close_request<'a>(&'a self, id: RequestId, _: &'a RequestDone) -> BoxFuture<'a, ()> {
+        Box::pin(async move { panic!("no tunnel is inspected here: {id:?}") })
+    }
 }
 
 /// The real policy bundle of this repository.
@@ -329,10 +342,7 @@ pub fn grant(hosts: &[&str], ports: &[u16]) -> NetworkGrant {
     NetworkGrant {
         allow: hosts
             .iter()
-            .map(|host| HostRule {
-                host: host.to_string(),
-                ports: ports.to_vec(),
-            })
+            .map(|host| HostRule::new(*host, ports.to_vec()))
             .collect(),
         max_connections: 8,
         max_bytes: 10 << 20,
@@ -408,6 +418,7 @@ impl Setup {
                     tenant: "acme".into(),
                     grant: self.grant,
                     limits,
+                    inspection: None,
                 },
                 CancellationToken::new(),
             )

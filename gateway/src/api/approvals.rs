@@ -17,6 +17,8 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::executions::ExecutionView;
 use super::json::ApiJson;
+use super::listing::{non_empty, DEFAULT_LIMIT, MAX_LIMIT};
+use super::query::page_size;
 use crate::app::approvals::Review;
 use crate::app::App;
 use crate::audit::approvals::ApprovalRow;
@@ -92,8 +94,31 @@ impl From<ApprovalRow> for ApprovalView {
 pub struct ApprovalQuery {
     /// pending, approved, rejected or expired; absent: all.
     pub status: Option<String>,
+    /// Page size (default 50, at most 500).
+    pub limit: Option<u32>,
+    /// The id of the last approval of the previous page.
+    pub before: Option<String>,
 }
 
+/// `GET /v1/approvals?status=&limit=&before=`: newest first, a page at a time; `next_before`
+/// (absent on the last page) is the cursor for the next, older page.
+#[utoipa::path(
+    get,
+    path = "/v1/approvals",
+    tag = "approvals",
+    operation_id = "approvals_list",
+    summary = "Approvals, e.g. `?status=pending`.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    params(
+        ("status" = Option<String>, Query),
+        ("limit" = Option<u32>, Query),
+        ("before" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "`{\"approvals\": [...]}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -101,11 +126,38 @@ pub async fn list(
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(READERS)?;
     let Query(query) = query.map_err(bad_query)?;
-    let rows = app.list_approvals(query.status.as_deref()).await?;
+    let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+    let status = non_empty(query.status);
+    let before = non_empty(query.before);
+    let rows = app
+        .list_approvals(status.as_deref(), before.as_deref(), limit)
+        .await?;
+    let next_before = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|row| row.id.clone()))
+        .flatten();
     let approvals: Vec<ApprovalView> = rows.into_iter().map(ApprovalView::from).collect();
-    Ok(Json(serde_json::json!({ "approvals": approvals })))
+    let mut page = serde_json::json!({ "approvals": approvals });
+    if let Some(next) = next_before {
+        page["next_before"] = serde_json::json!(next);
+    }
+    Ok(Json(page))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/approvals/{id}",
+    tag = "approvals",
+    operation_id = "approvals_get",
+    summary = "One approval.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the approval", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -117,6 +169,22 @@ pub async fn get(
 
 /// Approve or reject: `{"decision":"approve"|"reject","comment":"..."}`. Answers the approval
 /// and the execution (`queued` once approved; it then runs in the background).
+#[utoipa::path(
+    post,
+    path = "/v1/approvals/{id}",
+    tag = "approvals",
+    operation_id = "approvals_decide",
+    summary = "Approve or reject (never the requesting principal).",
+    security(("bearer" = ["reviewer", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    request_body = serde_json::Value,
+    responses(
+        (status = 200, description = "the approval and its execution", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn decide(
     State(app): State<Arc<App>>,
     caller: Caller,

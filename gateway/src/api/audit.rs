@@ -12,7 +12,7 @@ use super::error::{ApiError, ErrorCode};
 use super::listing::non_empty;
 use super::query::{page_size, ApiQuery};
 use crate::app::{App, AppError};
-use crate::audit::read::{AuditEvent, EventFilter};
+use crate::audit::read::{AuditEvent, EventFilter, KindFilter, EVENT_KINDS};
 use crate::audit::verify::Verification;
 
 /// Page size when `limit` is absent.
@@ -41,6 +41,25 @@ pub struct EventPage {
 }
 
 /// Audit events, newest first (`seq` descending), one bounded page at a time.
+#[utoipa::path(
+    get,
+    path = "/v1/audit/events",
+    tag = "audit",
+    operation_id = "audit_events",
+    summary = "Audit events, newest first.",
+    security(("bearer" = ["auditor", "admin"])),
+    params(
+        ("kind" = Option<String>, Query),
+        ("execution_id" = Option<String>, Query),
+        ("since" = Option<String>, Query),
+        ("limit" = Option<u32>, Query),
+        ("before" = Option<i64>, Query),
+    ),
+    responses(
+        (status = 200, description = "a page of events", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn events(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -52,8 +71,12 @@ pub async fn events(
         Some(since) => Some(parse_since(&since)?),
         None => None,
     };
+    let kind = match non_empty(query.kind) {
+        Some(kind) => Some(KindFilter::parse(&kind).ok_or_else(|| unknown_kind(&kind))?),
+        None => None,
+    };
     let filter = EventFilter {
-        kind: non_empty(query.kind),
+        kind,
         execution_id: non_empty(query.execution_id),
         since,
         before: query.before,
@@ -73,6 +96,27 @@ pub async fn events(
     }))
 }
 
+/// 400 for a `kind` no event can have, listing the kinds and families that exist.
+fn unknown_kind(kind: &str) -> ApiError {
+    let mut families: Vec<&str> = EVENT_KINDS
+        .iter()
+        .filter_map(|kind| kind.split_once('.').map(|(family, _)| family))
+        .collect();
+    families.dedup();
+    ApiError::new(
+        ErrorCode::InvalidRequest,
+        format!(
+            "no event has kind {kind:?}: kind must be one of {}, or a family: {}",
+            EVENT_KINDS.join(", "),
+            families
+                .iter()
+                .map(|family| format!("{family}.*"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    )
+}
+
 fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&Utc));
@@ -89,6 +133,18 @@ fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
 }
 
 /// Walks the hash chain; `broken` names the first event that does not verify.
+#[utoipa::path(
+    get,
+    path = "/v1/audit/verify",
+    tag = "audit",
+    operation_id = "audit_verify",
+    summary = "Walk the hash chain.",
+    security(("bearer" = ["auditor", "admin"])),
+    responses(
+        (status = 200, description = "the verification", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn verify(
     State(app): State<Arc<App>>,
     caller: Caller,

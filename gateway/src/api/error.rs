@@ -6,13 +6,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
-use serde_json::json;
 
 use policy_engine::Reason;
 
 use crate::app::AppError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     InvalidRequest,
@@ -95,16 +94,36 @@ impl ApiError {
     }
 }
 
+/// Every error answer: `{"error": {...}}`.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    /// What went wrong and, where the caller can, what to change.
+    pub message: String,
+    /// The policy's reasons (`policy_denied`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasons: Option<Vec<Reason>>,
+    /// The execution the answer is about (`policy_denied`: its record exists, as `denied`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub execution_id: Option<String>,
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut error = json!({"code": self.code, "message": self.message});
-        if let Some(reasons) = self.reasons {
-            error["reasons"] = json!(reasons);
-        }
-        if let Some(id) = self.execution_id {
-            error["execution_id"] = json!(id);
-        }
-        let mut response = (self.code.status(), Json(json!({ "error": error }))).into_response();
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message,
+                reasons: self.reasons,
+                execution_id: self.execution_id,
+            },
+        };
+        let mut response = (self.code.status(), Json(body)).into_response();
         if let Some(after) = self.retry_after {
             // Whole seconds, rounded up: a client that waits that long is inside a new window.
             let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);

@@ -19,12 +19,13 @@ use super::json::ApiJson;
 use crate::app::executions::{Created, ExecutionRequest};
 use crate::app::App;
 use crate::audit::ExecutionRow;
+use crate::status::ExecutionStatus;
 
 /// An execution as clients see it (DESIGN 4.2).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionView {
     pub id: String,
-    pub status: String,
+    pub status: ExecutionStatus,
     pub tenant: String,
     pub language: String,
     pub exit_code: Option<i32>,
@@ -70,7 +71,7 @@ pub struct ExecutionView {
     pub error: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct DecisionView {
     pub id: String,
     pub allow: bool,
@@ -115,7 +116,10 @@ impl From<ExecutionRow> for ExecutionView {
                 policy_revision: row.policy_revision,
             },
             id: row.id,
-            status: row.status,
+            status: ExecutionStatus::parse(&row.status).unwrap_or_else(|| {
+                tracing::error!(status = %row.status, "execution record with an unknown status");
+                ExecutionStatus::Error
+            }),
             tenant: row.tenant,
             language: row.language,
             exit_code: row.exit_code,
@@ -143,6 +147,20 @@ impl From<ExecutionRow> for ExecutionView {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/executions",
+    tag = "executions",
+    operation_id = "executions_create",
+    summary = "Decide, record and run code.",
+    security(("bearer" = ["agent"])),
+    request_body = crate::app::executions::ExecutionRequest,
+    responses(
+        (status = 200, description = "finished (any final status)", body = ExecutionView),
+        (status = 202, description = "accepted (`wait: false`) or sent to review (`pending_approval`, with `approval_id`)", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -167,6 +185,21 @@ pub async fn create(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/executions/{id}/cancel",
+    tag = "executions",
+    operation_id = "executions_cancel",
+    summary = "Stop a running execution; answers the final record.",
+    security(("bearer" = ["agent", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the final record", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn cancel(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -178,6 +211,21 @@ pub async fn cancel(
 }
 
 /// Every egress attempt of the execution, allowed or denied, in order.
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}/connections",
+    tag = "executions",
+    operation_id = "executions_connections",
+    summary = "Every egress attempt of the execution.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "`{\"connections\": [...]}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn connections(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -192,11 +240,34 @@ pub async fn connections(
     Ok(Json(serde_json::json!({ "connections": connections })))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/executions/{id}",
+    tag = "executions",
+    operation_id = "executions_get",
+    summary = "One execution record.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the record", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ExecutionView>, ApiError> {
     let row = app.get_execution(&caller.0, &id).await?;
-    Ok(Json(ExecutionView::from(row)))
+    let live = (row.finished_at.is_none())
+        .then(|| app.streams.get(&row.id))
+        .flatten();
+    let mut view = ExecutionView::from(row);
+    // While it runs here: the output so far, as the live stream has it.
+    if let Some(stream) = live {
+        (view.stdout, view.stderr) = stream.text_so_far();
+    }
+    Ok(Json(view))
 }

@@ -10,10 +10,33 @@ use serde_json::{json, Value};
 
 use crate::app::App;
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    operation_id = "health_healthz",
+    summary = "Liveness.",
+    security(()),
+    responses(
+        (status = 200, description = "the process is up", body = serde_json::Value),
+    ),
+)]
 pub async fn healthz() -> Json<Value> {
     Json(json!({"status": "ok"}))
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    operation_id = "health_readyz",
+    summary = "Readiness: Docker, runsc, Postgres and the policy all usable.",
+    security(()),
+    responses(
+        (status = 200, description = "ready", body = serde_json::Value),
+        (status = 503, description = "a dependency is not usable", body = serde_json::Value),
+    ),
+)]
 pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
     let runtimes: Vec<String> = app
         .config

@@ -7,6 +7,7 @@ use axum::http::StatusCode;
 use serde::de::DeserializeOwned;
 
 use super::error::{ApiError, ErrorCode};
+use super::MAX_BODY_BYTES;
 
 #[derive(Debug)]
 pub struct ApiJson<T>(pub T);
@@ -28,7 +29,23 @@ where
 
 fn reject(rejection: JsonRejection) -> ApiError {
     if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        return ApiError::new(ErrorCode::PayloadTooLarge, "request body is too large");
+        return ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!(
+                "request body is larger than the limit of {} MiB ({MAX_BODY_BYTES} bytes); \
+                 send fewer or smaller files",
+                MAX_BODY_BYTES / (1024 * 1024)
+            ),
+        );
     }
-    ApiError::new(ErrorCode::InvalidRequest, rejection.body_text())
+    let text = rejection.body_text();
+    let detail = text
+        .strip_prefix("Failed to deserialize the JSON body into the target type: ")
+        .map(|rest| format!("request body: {rest}"))
+        .or_else(|| {
+            text.strip_prefix("Failed to parse the request body as JSON: ")
+                .map(|rest| format!("request body is not valid JSON: {rest}"))
+        })
+        .unwrap_or(text);
+    ApiError::new(ErrorCode::InvalidRequest, crate::plain::plain(&detail))
 }

@@ -1,19 +1,34 @@
-//! `POST /v1/keys` (admin) `{"role", "tenant", "principal"?}`: a new API key, shown once in the
-//! answer; only its hash is stored, and its creation is an audit event (`key.create`).
+//! API keys (admin only):
+//! - `POST /v1/keys` `{"role", "tenant", "principal"?, "expires_at"?}`: a new key, shown once
+//!   in the answer (only its hash is stored); `tenant_known: false` and a `warnings` entry when
+//!   the policy data does not name the tenant;
+//! - `GET /v1/keys?tenant=&limit=&before=`: keys, newest first, a page at a time, never a hash;
+//! - `DELETE /v1/keys/{id}`: revokes the key; it is refused from the next request on.
+//!
+//! Every change is an audit event (`key.create`, `key.revoke`).
 
 use std::sync::Arc;
 
 use axum::extract::FromRequest;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::auth::Caller;
 use super::error::ApiError;
 use super::json::ApiJson;
-use crate::app::App;
+use super::listing::non_empty;
+use super::query::{page_size, ApiQuery};
+use crate::app::keys::{check_new_key, unknown_tenant_warning};
+use crate::app::{App, AppError};
+use crate::audit::keys::KeyRow;
+
+/// Page size of `GET /v1/keys` when `limit` is absent, and the largest.
+const DEFAULT_LIMIT: u32 = 100;
+const MAX_LIMIT: u32 = 500;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,10 +36,25 @@ pub struct CreateKey {
     role: String,
     tenant: String,
     /// The person or system behind the key (default: the key's own id); keys of one principal
-    /// are one party when approving.
+    /// are one party when approving. Stored normalised (NFKC, trimmed, case folded).
     principal: Option<String>,
+    /// When the key stops working (RFC 3339); absent: it works until revoked.
+    expires_at: Option<DateTime<Utc>>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/keys",
+    tag = "keys",
+    operation_id = "keys_create",
+    summary = "A new API key, shown once.",
+    security(("bearer" = ["admin"])),
+    request_body = serde_json::Value,
+    responses(
+        (status = 201, description = "the key", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -33,18 +63,87 @@ pub async fn create(
     caller.require_role(&["admin"])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<CreateKey>::from_request(body, &app).await?;
-    let principal = request.principal.as_deref();
-    let key = app
-        .create_key(&caller.0, &request.role, &request.tenant, principal)
-        .await?;
+    let checked = check_new_key(
+        &request.role,
+        &request.tenant,
+        request.principal.as_deref(),
+        request.expires_at,
+    )
+    .map_err(AppError::Invalid)?;
+    let created = app.create_key(&caller.0, &checked).await?;
+    let warnings: Vec<String> = match created.tenant_known {
+        Some(false) => vec![unknown_tenant_warning(&checked.tenant)],
+        _ => Vec::new(),
+    };
     Ok((
         StatusCode::CREATED,
         Json(json!({
-            "id": key.id,
-            "key": key.secret,
-            "role": request.role,
-            "tenant": request.tenant,
-            "principal": principal.unwrap_or(&key.id),
+            "id": created.key.id,
+            "key": created.key.secret,
+            "role": checked.role,
+            "tenant": checked.tenant,
+            "principal": created.key.principal,
+            "expires_at": checked.expires_at,
+            "tenant_known": created.tenant_known,
+            "warnings": warnings,
         })),
     ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyQuery {
+    tenant: Option<String>,
+    limit: Option<u32>,
+    /// The id of the last key of the previous page.
+    before: Option<String>,
+}
+
+pub async fn list(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    ApiQuery(query): ApiQuery<KeyQuery>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin"])?;
+    let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
+    let tenant = non_empty(query.tenant);
+    let before = non_empty(query.before);
+    let rows = app
+        .list_keys(tenant.as_deref(), before.as_deref(), limit)
+        .await?;
+    let next_before = (rows.len() as i64 == limit)
+        .then(|| rows.last().map(|row| row.id.clone()))
+        .flatten();
+    let now = Utc::now();
+    let keys: Vec<Value> = rows.iter().map(|row| key_view(row, now)).collect();
+    let mut page = json!({ "keys": keys });
+    if let Some(next) = next_before {
+        page["next_before"] = json!(next);
+    }
+    Ok(Json(page))
+}
+
+pub async fn revoke(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin"])?;
+    let row = app.revoke_key(&caller.0, &id).await?;
+    Ok(Json(key_view(&row, Utc::now())))
+}
+
+/// A key as the API shows it: never its hash or secret.
+fn key_view(row: &KeyRow, now: DateTime<Utc>) -> Value {
+    json!({
+        "id": row.id,
+        "role": row.role,
+        "tenant": row.tenant,
+        "principal": row.principal,
+        "state": row.state(now),
+        "created_at": row.created_at,
+        "expires_at": row.expires_at,
+        "revoked_at": row.revoked_at,
+        "last_used_at": row.last_used_at,
+    })
 }

@@ -32,7 +32,7 @@ pub struct ListQuery {
     before: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct ExecutionPage {
     /// Execution records without `stdout` and `stderr`.
     pub executions: Vec<Value>,
@@ -41,6 +41,24 @@ pub struct ExecutionPage {
     pub next_before: Option<String>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/executions",
+    tag = "listing",
+    operation_id = "listing_list",
+    summary = "Executions, newest first, one page at a time.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("status" = Option<String>, Query),
+        ("tenant" = Option<String>, Query),
+        ("limit" = Option<u32>, Query),
+        ("before" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "a page", body = ExecutionPage),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,

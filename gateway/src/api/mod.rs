@@ -10,6 +10,9 @@ pub mod health;
 pub mod json;
 pub mod keys;
 pub mod listing;
+pub mod mcp;
+pub mod metrics;
+pub mod openapi;
 pub mod payloads;
 pub mod policy;
 pub mod query;
@@ -84,6 +87,9 @@ pub fn routes() -> Vec<Route> {
     vec![
         get("/healthz", health::healthz),
         get("/readyz", health::readyz),
+        get("/metrics", metrics::scrape),
+        get("/v1/openapi.json", openapi::document),
+        post("/mcp", mcp::serve),
         post("/v1/executions", executions::create),
         get("/v1/executions", listing::list),
         get("/v1/executions/{id}", executions::get),
@@ -105,6 +111,8 @@ pub fn routes() -> Vec<Route> {
         post("/v1/policy/evaluate", policy::evaluate),
         post("/v1/policy/reload", policy::reload),
         post("/v1/keys", keys::create),
+        get("/v1/keys", keys::list),
+        delete("/v1/keys/{id}", keys::revoke),
         // The review page: static, no key; it calls the API above with the user's key.
         get("/ui", ui::redirect),
         get("/ui/", ui::index),

@@ -18,6 +18,18 @@ use crate::app::refusals::bounded_json;
 use crate::app::App;
 use crate::audit::NewEvent;
 
+#[utoipa::path(
+    get,
+    path = "/v1/policy",
+    tag = "policy",
+    operation_id = "policy_show",
+    summary = "The active policy bundle.",
+    security(("bearer" = ["reviewer", "auditor", "admin"])),
+    responses(
+        (status = 200, description = "revision and files", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin", "reviewer", "auditor"])?;
     let active = app.policy.current();
@@ -47,6 +59,19 @@ enum EntryPoint {
 }
 
 /// The decision for one input with the active bundle; nothing runs. Recorded like any decision.
+#[utoipa::path(
+    post,
+    path = "/v1/policy/evaluate",
+    tag = "policy",
+    operation_id = "policy_evaluate",
+    summary = "Dry-run decision for one input; nothing runs.",
+    security(("bearer" = ["reviewer", "admin"])),
+    request_body = serde_json::Value,
+    responses(
+        (status = 200, description = "the decision", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn evaluate(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -100,6 +125,18 @@ pub async fn evaluate(
     })))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/policy/reload",
+    tag = "policy",
+    operation_id = "policy_reload",
+    summary = "Reload the policy directory.",
+    security(("bearer" = ["admin"])),
+    responses(
+        (status = 200, description = "accepted or kept the last good bundle", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
     match app.policy.reload(&app.audit, &caller.0.id).await {

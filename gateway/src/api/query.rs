@@ -19,10 +19,16 @@ where
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         match Query::<T>::from_request_parts(parts, state).await {
             Ok(Query(value)) => Ok(ApiQuery(value)),
-            Err(rejection) => Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                rejection.body_text(),
-            )),
+            Err(rejection) => {
+                let text = rejection.body_text();
+                let detail = text
+                    .strip_prefix("Failed to deserialize query string: ")
+                    .unwrap_or(&text);
+                Err(ApiError::new(
+                    ErrorCode::InvalidRequest,
+                    format!("query string: {}", crate::plain::plain(detail)),
+                ))
+            }
         }
     }
 }

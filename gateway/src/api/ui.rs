@@ -15,21 +15,65 @@ pub const CSP: &str =
     "default-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'";
 
 /// `/ui`: to the page.
+#[utoipa::path(
+    get,
+    path = "/ui",
+    tag = "ui",
+    operation_id = "ui_redirect",
+    summary = "The review page (redirect).",
+    security(()),
+    responses(
+        (status = 308, description = "to /ui/"),
+    ),
+)]
 pub async fn redirect() -> Redirect {
     Redirect::permanent("/ui/")
 }
 
 /// `/ui/`: the page.
+#[utoipa::path(
+    get,
+    path = "/ui/",
+    tag = "ui",
+    operation_id = "ui_index",
+    summary = "The review page.",
+    security(()),
+    responses(
+        (status = 200, description = "HTML", body = String, content_type = "text/html"),
+    ),
+)]
 pub async fn index() -> Response {
     page("text/html; charset=utf-8", INDEX)
 }
 
 /// `/ui/app.js`
+#[utoipa::path(
+    get,
+    path = "/ui/app.js",
+    tag = "ui",
+    operation_id = "ui_script",
+    summary = "The review page script.",
+    security(()),
+    responses(
+        (status = 200, description = "JavaScript", body = String, content_type = "text/javascript"),
+    ),
+)]
 pub async fn script() -> Response {
     page("text/javascript; charset=utf-8", SCRIPT)
 }
 
 /// `/ui/style.css`
+#[utoipa::path(
+    get,
+    path = "/ui/style.css",
+    tag = "ui",
+    operation_id = "ui_style",
+    summary = "The review page style.",
+    security(()),
+    responses(
+        (status = 200, description = "CSS", body = String, content_type = "text/css"),
+    ),
+)]
 pub async fn style() -> Response {
     page("text/css; charset=utf-8", STYLE)
 }

@@ -14,15 +14,16 @@ use serde_json::json;
 use policy_engine::{PolicyInput, Reason};
 
 use super::floor::Runnable;
+use super::overflow::Refusal;
 use super::request::{ExecutionRequest, FileUpload};
 use super::validate::decode_files;
 use super::{App, AppError};
-use crate::audit::approvals::{ApprovalRow, NewApproval, Verdict};
+use crate::audit::approvals::{ApprovalRow, Held, NewApproval, PendingCaps, Verdict};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 
 /// Longest reviewer comment.
 pub const MAX_COMMENT_BYTES: usize = 1000;
-/// Most approvals or executions one listing returns.
+/// Most approvals one page of the listing returns.
 pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
@@ -69,6 +70,14 @@ impl App {
         let ttl = chrono::Duration::seconds(
             i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
         );
+        let stored = json!(StoredRequest {
+            language: request.language.clone(),
+            code: request.code.clone(),
+            files: request.files.clone(),
+        });
+        let request_bytes = serde_json::to_vec(&stored).map_or(i64::MAX, |bytes| {
+            i64::try_from(bytes.len()).unwrap_or(i64::MAX)
+        });
         let approval = NewApproval {
             id: crate::ids::new("ap"),
             expires_at: row.created_at + ttl,
@@ -78,11 +87,8 @@ impl App {
             runnable: serde_json::to_value(runnable)
                 .map_err(|err| AppError::Internal(format!("runnable decision: {err}")))?,
             summary: json!(input.request),
-            request: json!(StoredRequest {
-                language: request.language.clone(),
-                code: request.code.clone(),
-                files: request.files.clone(),
-            }),
+            request: stored,
+            request_bytes,
         };
         let requested = NewEvent {
             kind: "approval.requested",
@@ -99,16 +105,44 @@ impl App {
             decision: json!({"status": "pending", "expires_at": approval.expires_at}),
             policy_revision: Some(row.policy_revision.clone()),
         };
-        self.audit
-            .record_pending_execution(&row, &approval, &[decision_event, requested])
+        let events = [decision_event, requested];
+        let caps = self.pending_caps();
+        let held = self
+            .audit
+            .record_pending_execution(&row, &approval, &events, &caps)
             .await?;
+        if let Held::Full(why) = held {
+            let [decision_event, _] = events;
+            let refusal = Refusal::PendingApprovalLimit;
+            return Err(self
+                .refuse_after_decision((row, decision_event), refusal, why)
+                .await);
+        }
         tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
         Ok((row, approval.id))
     }
 
-    /// Approvals (expired ones closed first), newest first. Reviewers, auditors and admins see
-    /// every tenant's, like executions.
-    pub async fn list_approvals(&self, status: Option<&str>) -> Result<Vec<ApprovalRow>, AppError> {
+    /// The configured bounds on what may wait for review.
+    fn pending_caps(&self) -> PendingCaps {
+        let limits = &self.config.pending_approvals;
+        let wide = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        PendingCaps {
+            per_tenant: i64::from(limits.per_tenant),
+            per_key: i64::from(limits.per_key),
+            bytes_per_tenant: wide(limits.bytes_per_tenant),
+            bytes_per_key: wide(limits.bytes_per_key),
+        }
+    }
+
+    /// One page of approvals (expired ones closed first), newest first; `before` is the
+    /// previous page's last id. Reviewers, auditors and admins see every tenant's, like
+    /// executions.
+    pub async fn list_approvals(
+        &self,
+        status: Option<&str>,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<ApprovalRow>, AppError> {
         if let Some(status) = status {
             if !STATUSES.contains(&status) {
                 return Err(AppError::Invalid(format!(
@@ -118,7 +152,10 @@ impl App {
             }
         }
         self.expire_approvals().await?;
-        Ok(self.audit.list_approvals(status, None, MAX_LIST).await?)
+        Ok(self
+            .audit
+            .list_approvals(status, None, before, limit.clamp(1, MAX_LIST))
+            .await?)
     }
 
     pub async fn get_approval(&self, id: &str) -> Result<ApprovalRow, AppError> {
@@ -213,7 +250,7 @@ impl App {
     ) -> Result<(), AppError> {
         let message = if approval.requester_key_id.as_deref() == Some(caller.id.as_str()) {
             "a key cannot approve or reject its own request"
-        } else if approval.requester_principal.as_deref() == Some(caller.principal.as_str()) {
+        } else if same_principal(approval.requester_principal.as_deref(), &caller.principal) {
             "a reviewer key of the requesting principal cannot approve its own request"
         } else {
             return Ok(());
@@ -339,6 +376,13 @@ fn review_event(
     }
 }
 
+/// Whether two stored principals are one party: compared in normalised form, whatever was
+/// stored (rows from before normalisation, or written by other tools).
+fn same_principal(requester: Option<&str>, reviewer: &str) -> bool {
+    let canonical = |p: &str| crate::principal::normalise(p).unwrap_or_else(|_| p.to_owned());
+    requester.is_some_and(|requester| canonical(requester) == canonical(reviewer))
+}
+
 fn check_comment(comment: &str) -> Result<(), AppError> {
     let control = comment.chars().any(|c| c.is_control() && c != '\n');
     if comment.len() > MAX_COMMENT_BYTES || control {
@@ -368,6 +412,15 @@ pub async fn expire_periodically(app: Arc<App>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn principals_compare_in_normalised_form() {
+        assert!(same_principal(Some("a1"), "a1 "));
+        assert!(same_principal(Some("A1"), "a1"));
+        assert!(same_principal(Some("ａ１"), "a1"));
+        assert!(!same_principal(Some("a1"), "a2"));
+        assert!(!same_principal(None, "a1"));
+    }
 
     #[test]
     fn comments_are_bounded() {

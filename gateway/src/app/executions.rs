@@ -97,13 +97,19 @@ impl App {
                 .await?;
             return Ok(Created::PendingApproval { row, approval_id });
         }
-        // A place in the queue before anything is recorded: a full queue refuses (429) cleanly.
+        // A place in the queue before anything runs: a full queue refuses (429), and the
+        // refusal is recorded with the decision (app::overflow).
         let ticket = match &runnable {
-            Some(_) => Some(
-                self.scheduler
-                    .admit(&caller.tenant)
-                    .map_err(|full| AppError::RateLimited(full.to_string()))?,
-            ),
+            Some(_) => match self.scheduler.admit(&caller.tenant) {
+                Ok(ticket) => Some(ticket),
+                Err(full) => {
+                    let refusal = super::overflow::Refusal::QueueFull;
+                    let held = (row, event);
+                    return Err(self
+                        .refuse_after_decision(held, refusal, full.to_string())
+                        .await);
+                }
+            },
             None => None,
         };
         // Fail closed: without a committed decision nothing runs.

@@ -23,11 +23,15 @@ impl SandboxHome {
         disk_mb: u64,
     ) -> std::io::Result<SandboxHome> {
         let egress_dir = egress_root.join(id);
+        // Only root (dockerd, runsc, the gateway) may traverse the root: no other host user
+        // reaches a socket below it (SECURITY.md, issue 15 item 10).
+        crate::egress::private_root(egress_root)?;
         std::fs::create_dir_all(&egress_dir)?;
-        // The sandbox user (65534) must reach the socket inside; nothing else lives here.
+        // Mounted at /run/sandgate: the sandbox user (65534) must reach the socket inside, and
+        // gVisor checks this directory's and the socket's own modes.
         std::fs::set_permissions(
             &egress_dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+            std::os::unix::fs::PermissionsExt::from_mode(0o711),
         )?;
         let output = match OutputArea::create(scratch_root, id, disk_mb) {
             Ok(output) => output,
@@ -54,4 +58,21 @@ impl SandboxHome {
             tracing::warn!(error = %err, "output area left behind for the sweep");
         }
     }
+}
+
+/// Removes socket directories whose sandbox is no longer live (left by a crash or a kill -9).
+/// Listed before `is_live` is asked, so one created meanwhile is never seen.
+pub fn sweep_egress(root: &Path, is_live: impl Fn(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let names: Vec<String> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .collect();
+    names
+        .into_iter()
+        .filter(|name| !is_live(name))
+        .filter(|name| std::fs::remove_dir_all(root.join(name)).is_ok())
+        .count()
 }

@@ -1,17 +1,47 @@
-//! API keys created over the API (`POST /v1/keys`) or the command line: what a new key may be.
+//! API keys over the API (`POST /v1/keys`, `GET /v1/keys`, `DELETE /v1/keys/{id}`) and the
+//! command line: what a new key may be, listing, revoking.
+
+use chrono::{DateTime, Utc};
 
 use super::{App, AppError};
+use crate::audit::keys::{KeyRow, KeySpec, Revoked};
 use crate::audit::{ApiKey, NewKey, ROLES};
 
 /// Longest tenant name.
 const MAX_TENANT_BYTES: usize = 64;
-/// Longest principal name.
-const MAX_PRINCIPAL_BYTES: usize = 128;
+/// Furthest a key's expiry may lie ahead: ten years.
+const MAX_EXPIRY_DAYS: i64 = 3650;
 
-/// Checks a new key: a known role, a tenant name of 1 to 64 characters from `a-z A-Z 0-9 . _ -`
-/// (it is matched against `policies/data`, and shown in logs), and a principal (if given) of 1
-/// to 128 bytes without control characters.
-pub fn check_new_key(role: &str, tenant: &str, principal: Option<&str>) -> Result<(), String> {
+/// A new key, checked: a known role, a tenant name of 1 to 64 characters from
+/// `a-z A-Z 0-9 . _ -` (it is matched against `policies/data`, and shown in logs), a principal
+/// (if given) in its normalised form (`crate::principal`), and an expiry (if given) ahead of
+/// now and at most ten years away.
+#[derive(Debug, Clone)]
+pub struct CheckedKey {
+    pub role: String,
+    pub tenant: String,
+    pub principal: Option<String>,
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl CheckedKey {
+    pub fn spec(&self) -> KeySpec<'_> {
+        KeySpec {
+            role: &self.role,
+            tenant: &self.tenant,
+            principal: self.principal.as_deref(),
+            expires_at: self.expires_at,
+        }
+    }
+}
+
+/// Checks a new key (see [`CheckedKey`]); the error says what to fix.
+pub fn check_new_key(
+    role: &str,
+    tenant: &str,
+    principal: Option<&str>,
+    expires_at: Option<DateTime<Utc>>,
+) -> Result<CheckedKey, String> {
     if !ROLES.contains(&role) {
         return Err(format!("role must be one of {}", ROLES.join(", ")));
     }
@@ -21,17 +51,38 @@ pub fn check_new_key(role: &str, tenant: &str, principal: Option<&str>) -> Resul
             "tenant must be 1 to {MAX_TENANT_BYTES} characters from a-z, A-Z, 0-9, '.', '_', '-'"
         ));
     }
-    if let Some(principal) = principal {
-        if principal.is_empty()
-            || principal.len() > MAX_PRINCIPAL_BYTES
-            || principal.chars().any(char::is_control)
-        {
+    let principal = principal.map(crate::principal::normalise).transpose()?;
+    if let Some(at) = expires_at {
+        let now = Utc::now();
+        if at <= now || at > now + chrono::Duration::days(MAX_EXPIRY_DAYS) {
             return Err(format!(
-                "principal must be 1 to {MAX_PRINCIPAL_BYTES} bytes without control characters"
+                "expires_at must lie ahead, at most {MAX_EXPIRY_DAYS} days from now"
             ));
         }
     }
-    Ok(())
+    Ok(CheckedKey {
+        role: role.to_owned(),
+        tenant: tenant.to_owned(),
+        principal,
+        expires_at,
+    })
+}
+
+/// A key just created, and whether the active policy bundle knows its tenant (`None`: no
+/// bundle is loaded). A key of an unknown tenant works but every request it makes is decided
+/// for a tenant the policy data does not name (the shipped policy denies: `tenant.unknown`).
+#[derive(Debug)]
+pub struct Created {
+    pub key: NewKey,
+    pub tenant_known: Option<bool>,
+}
+
+/// The warning given (API answer, command line) when a key's tenant is not in the policy data.
+pub fn unknown_tenant_warning(tenant: &str) -> String {
+    format!(
+        "tenant {tenant} is not in the policy data (policies/data): the policy decides its \
+         requests as an unknown tenant's (the shipped policy denies them, tenant.unknown)"
+    )
 }
 
 impl App {
@@ -39,15 +90,37 @@ impl App {
     pub async fn create_key(
         &self,
         creator: &ApiKey,
-        role: &str,
-        tenant: &str,
-        principal: Option<&str>,
-    ) -> Result<NewKey, AppError> {
-        check_new_key(role, tenant, principal).map_err(AppError::Invalid)?;
-        Ok(self
+        checked: &CheckedKey,
+    ) -> Result<Created, AppError> {
+        let key = self
             .audit
-            .create_key_by(role, tenant, principal, Some(creator))
-            .await?)
+            .create_key_by(&checked.spec(), Some(creator))
+            .await?;
+        let tenant_known = self.policy.current().state.knows_tenant(&checked.tenant);
+        Ok(Created { key, tenant_known })
+    }
+
+    /// One page of keys, newest first (admin).
+    pub async fn list_keys(
+        &self,
+        tenant: Option<&str>,
+        before: Option<&str>,
+        limit: i64,
+    ) -> Result<Vec<KeyRow>, AppError> {
+        Ok(self.audit.list_keys(tenant, before, limit).await?)
+    }
+
+    /// Revokes key `id` (admin): refused from the next request on. Revoking a revoked key is a
+    /// conflict; an unknown id is not found.
+    pub async fn revoke_key(&self, by: &ApiKey, id: &str) -> Result<KeyRow, AppError> {
+        match self.audit.revoke_key(id, Some(by)).await? {
+            Revoked::Now(row) => {
+                tracing::info!(key_id = %id, by = %by.id, "key revoked");
+                Ok(row)
+            }
+            Revoked::Already(_) => Err(AppError::Conflict(format!("key {id} is already revoked"))),
+            Revoked::Unknown => Err(AppError::NotFound),
+        }
     }
 }
 
@@ -56,16 +129,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn roles_and_tenant_names_are_checked() {
-        assert!(check_new_key("agent", "acme", None).is_ok());
-        assert!(check_new_key("admin", "ops-team_2.eu", Some("Ana Ruiz")).is_ok());
-        assert!(check_new_key("root", "acme", None).is_err());
-        assert!(check_new_key("agent", "", None).is_err());
-        assert!(check_new_key("agent", "a b", None).is_err());
-        assert!(check_new_key("agent", "acme\n", None).is_err());
-        assert!(check_new_key("agent", &"a".repeat(65), None).is_err());
-        assert!(check_new_key("agent", "acme", Some("")).is_err());
-        assert!(check_new_key("agent", "acme", Some("a\tb")).is_err());
-        assert!(check_new_key("agent", "acme", Some(&"p".repeat(129))).is_err());
+    fn roles_tenant_names_principals_and_expiry_are_checked() {
+        fn check(role: &str, tenant: &str, principal: Option<&str>) -> Result<CheckedKey, String> {
+            check_new_key(role, tenant, principal, None)
+        }
+        assert!(check("agent", "acme", None).is_ok());
+        let named = check("admin", "ops-team_2.eu", Some("Ana Ruiz")).unwrap();
+        assert_eq!(named.principal.as_deref(), Some("ana ruiz"));
+        assert!(check("root", "acme", None).is_err());
+        assert!(check("agent", "", None).is_err());
+        assert!(check("agent", "a b", None).is_err());
+        assert!(check("agent", "acme\n", None).is_err());
+        assert!(check("agent", &"a".repeat(65), None).is_err());
+        assert!(check("agent", "acme", Some("")).is_err());
+        assert!(check("agent", "acme", Some("  ")).is_err());
+        assert!(check("agent", "acme", Some("a\tb")).is_err());
+        assert!(check("agent", "acme", Some(&"p".repeat(129))).is_err());
+        let past = Utc::now() - chrono::Duration::seconds(1);
+        assert!(check_new_key("agent", "acme", None, Some(past)).is_err());
+        let far = Utc::now() + chrono::Duration::days(MAX_EXPIRY_DAYS + 1);
+        assert!(check_new_key("agent", "acme", None, Some(far)).is_err());
+        let soon = Utc::now() + chrono::Duration::hours(1);
+        assert!(check_new_key("agent", "acme", None, Some(soon)).is_ok());
     }
 }

@@ -90,14 +90,15 @@ impl App {
                     sink: Some(stream),
                     cancel: live.cancel_token(),
                 };
-                live.started(control.timeout);
-                self.run_in_sandbox(&row, program, runnable, control).await
+                self.run_in_sandbox(&row, program, runnable, (control, &live))
+                    .await
             }
             None => failed(
                 &id,
                 &RuntimeError::Unavailable("the gateway is shutting down".into()),
             ),
         };
+        self.save_stream_layout(&id).await;
         let stored = self.complete_durably(row, done).await;
         // Subscribers get the end only once the record is stored: a late reader of the record
         // sees the same thing the stream said.
@@ -114,7 +115,7 @@ impl App {
         row: &ExecutionRow,
         program: Program,
         runnable: Runnable,
-        control: RunControl,
+        (control, live): (RunControl, &LiveGuard),
     ) -> Completion {
         let (claimed, start) = match self
             .sandbox_for(&row.id, &program.language, &runnable)
@@ -148,7 +149,9 @@ impl App {
                 return failed(&row.id, &err);
             }
         };
-        let job = job_for(program, egress.is_some());
+        // The reaper's deadline counts from here, not from a slow cold start.
+        live.started(control.timeout);
+        let job = job_for(program, runnable.limits.cpus, egress.as_ref());
         let ran = sandbox.run(job, control).await;
         if let Some(egress) = egress {
             egress.finish().await;
@@ -228,7 +231,7 @@ impl App {
             mounts: Vec::new(),
             egress_dir: home.egress_dir.clone(),
             output_dir: home.output.dir().to_owned(),
-            env: sandbox_env(),
+            env: sandbox_env(shape.limits.cpus),
             waits,
         }
     }
@@ -334,8 +337,9 @@ async fn collect(
 }
 
 /// The job line for a program: the program itself in `/workspace` (so it is the program's
-/// directory and its siblings import), the uploads beside it, the environment, the bridge.
-pub(super) fn job_for(program: Program, proxied: bool) -> Job<'static> {
+/// directory and its siblings import), the uploads beside it, the environment, the bridge, and
+/// for inspected destinations the trust bundle and credential placeholders.
+fn job_for(program: Program, cpus: f64, egress: Option<&ExecutionEgress>) -> Job<'static> {
     let (argv, path) = command_for(&program.language);
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = vec![JobFile {
@@ -349,9 +353,15 @@ pub(super) fn job_for(program: Program, proxied: bool) -> Job<'static> {
         content_b64: b64.encode(content).into(),
         mode: Some(0o644),
     }));
-    let mut env = sandbox_env();
-    let proxy = proxied.then(|| {
+    let mut env = sandbox_env(cpus);
+    let proxy = egress.map(|egress| {
         env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        env.extend(egress.sandbox.env.iter().cloned());
+        files.extend(egress.sandbox.files.iter().map(|file| JobFile {
+            path: file.path.clone(),
+            content_b64: b64.encode(&file.contents).into(),
+            mode: Some(file.mode),
+        }));
         JobProxy {
             listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
             socket: egress::SANDBOX_SOCKET.to_owned(),
@@ -390,8 +400,11 @@ pub fn program_names() -> [&'static str; 3] {
 }
 
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
-pub fn sandbox_env() -> BTreeMap<String, String> {
-    [
+/// Thread pools (OpenBLAS, OpenMP) are sized to the CPU quota, not to the host's cores that
+/// gVisor reports: every thread costs one of the sandbox's pids.
+pub fn sandbox_env(cpus: f64) -> BTreeMap<String, String> {
+    let threads = format!("{}", cpus.ceil().max(1.0) as u32);
+    let mut env: BTreeMap<String, String> = [
         (
             "PATH",
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -404,7 +417,11 @@ pub fn sandbox_env() -> BTreeMap<String, String> {
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
-    .collect()
+    .collect();
+    for pool in ["OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"] {
+        env.insert(pool.to_owned(), threads.clone());
+    }
+    env
 }
 
 fn failed(id: &str, err: &RuntimeError) -> Completion {

@@ -23,6 +23,18 @@ impl App {
         if caller.role == "agent" {
             filter.tenant = Some(caller.tenant.clone());
         }
+        if let Some(before) = &filter.before {
+            if !self
+                .audit
+                .execution_visible(before, filter.tenant.as_deref())
+                .await?
+            {
+                return Err(AppError::Invalid(format!(
+                    "before must be the id of an execution you can see (the next_before of the \
+                     previous page, like ex_...); there is none with id {before:?}"
+                )));
+            }
+        }
         Ok(self.audit.list_executions(&filter).await?)
     }
 }

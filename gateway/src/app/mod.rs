@@ -8,6 +8,7 @@ pub mod home;
 pub mod keys;
 pub mod launch;
 pub mod listing;
+pub mod overflow;
 pub mod payloads;
 pub mod policy;
 pub mod pool;
@@ -103,7 +104,11 @@ impl App {
             streams: stream::Streams::default(),
             refusals: refusals::Refusals::new(config.refusals),
             sessions: sessions::Sessions::default(),
-            scheduler: scheduler::Scheduler::new(config.max_concurrent, config.max_queued),
+            scheduler: scheduler::Scheduler::new(
+                config.max_concurrent,
+                config.max_queued,
+                config.max_queued_per_tenant,
+            ),
             init_binary: config.sandbox_init_path(),
             instance,
             live: Arc::default(),
@@ -133,7 +138,7 @@ fn seed_shape(config: &Config, language: &str) -> Option<pool::Shape> {
             timeout_ms: 0,
             output_bytes: 0,
             memory_mb: w.memory_mb.min(config.ceilings.memory_mb),
-            cpus: w.cpus.min(config.ceilings.cpus),
+            cpus: pool::nano_rounded(w.cpus.min(config.ceilings.cpus)),
             pids: w.pids.min(config.ceilings.pids).max(floor::MIN_PIDS),
             disk_mb: w.disk_mb.min(config.ceilings.disk_mb),
         },

@@ -25,6 +25,9 @@ pub enum EventSource {
     Live(Arc<Stream>),
     /// Finished: the stored record, as events.
     Stored(Vec<StreamEvent>),
+    /// Held for a reviewer: ask again with [`App::execution_events_after_review`], which
+    /// waits for the decision (an approval then streams it, a rejection ends with its record).
+    Pending,
 }
 
 /// A collected output file, ready to send.
@@ -75,18 +78,47 @@ impl App {
         caller: &ApiKey,
         id: &str,
     ) -> Result<EventSource, AppError> {
+        self.events_source(caller, id, false).await
+    }
+
+    /// Like [`App::execution_events`] for an execution held for review: waits (at most the
+    /// approval TTL) until a reviewer decides, then its live or stored events.
+    pub async fn execution_events_after_review(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+    ) -> Result<EventSource, AppError> {
+        self.events_source(caller, id, true).await
+    }
+
+    async fn events_source(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+        wait_for_review: bool,
+    ) -> Result<EventSource, AppError> {
+        let review = Duration::from_secs(self.config.approval_ttl_s);
         let deadline = tokio::time::Instant::now()
             + Duration::from_millis(self.config.ceilings.timeout_ms)
-            + Duration::from_secs(120);
+            + Duration::from_secs(120)
+            + if wait_for_review {
+                review
+            } else {
+                Duration::ZERO
+            };
         loop {
             let row = self.get_execution(caller, id).await?;
             if row.finished_at.is_some() {
-                return Ok(EventSource::Stored(stored_events(&row)));
+                let layout = self.audit.stream_layout(id).await?;
+                return Ok(EventSource::Stored(stored_events(&row, layout.as_ref())));
             }
             if let Some(stream) = self.streams.get(id) {
                 return Ok(EventSource::Live(stream));
             }
-            if row.status == "pending_approval" || tokio::time::Instant::now() > deadline {
+            if row.status == "pending_approval" && !wait_for_review {
+                return Ok(EventSource::Pending);
+            }
+            if tokio::time::Instant::now() > deadline {
                 return Err(AppError::Conflict(format!(
                     "execution {id} is {} and has no live output here",
                     row.status
@@ -143,15 +175,89 @@ impl App {
 }
 
 /// A finished record as the events a live follower would have seen.
-fn stored_events(row: &ExecutionRow) -> Vec<StreamEvent> {
-    let mut events = Vec::new();
-    let text = |bytes: &Vec<u8>| String::from_utf8_lossy(bytes).into_owned();
-    if let Some(stdout) = row.stdout.as_ref().filter(|bytes| !bytes.is_empty()) {
-        events.push(StreamEvent::Stdout(text(stdout)));
-    }
-    if let Some(stderr) = row.stderr.as_ref().filter(|bytes| !bytes.is_empty()) {
-        events.push(StreamEvent::Stderr(text(stderr)));
-    }
+/// The stored record as events: cut along the live stream's layout when there is one that
+/// fits the stored text (so a replay is the live sequence, ids included), else each channel
+/// whole.
+fn stored_events(row: &ExecutionRow, layout: Option<&serde_json::Value>) -> Vec<StreamEvent> {
+    let stdout = String::from_utf8_lossy(row.stdout.as_deref().unwrap_or_default());
+    let stderr = String::from_utf8_lossy(row.stderr.as_deref().unwrap_or_default());
+    let mut events = layout
+        .and_then(|layout| cut_along(layout, &stdout, &stderr))
+        .unwrap_or_else(|| {
+            let mut whole = Vec::new();
+            if !stdout.is_empty() {
+                whole.push(StreamEvent::Stdout(stdout.clone().into_owned()));
+            }
+            if !stderr.is_empty() {
+                whole.push(StreamEvent::Stderr(stderr.clone().into_owned()));
+            }
+            whole
+        });
     events.push(StreamEvent::Exit(exit_summary(row)));
     events
+}
+
+/// `stdout` and `stderr` cut into the layout's runs; `None` unless the runs cover both texts
+/// exactly, on character boundaries.
+fn cut_along(layout: &serde_json::Value, stdout: &str, stderr: &str) -> Option<Vec<StreamEvent>> {
+    let (mut out, mut err) = (stdout, stderr);
+    let mut events = Vec::new();
+    for run in layout.as_array()? {
+        let bytes = usize::try_from(run[1].as_u64()?).ok()?;
+        let rest = match run[0].as_str()? {
+            "stdout" => &mut out,
+            "stderr" => &mut err,
+            _ => return None,
+        };
+        if !rest.is_char_boundary(bytes) {
+            return None;
+        }
+        let (text, tail) = rest.split_at(bytes);
+        *rest = tail;
+        events.push(match run[0].as_str()? {
+            "stdout" => StreamEvent::Stdout(text.to_owned()),
+            _ => StreamEvent::Stderr(text.to_owned()),
+        });
+    }
+    (out.is_empty() && err.is_empty()).then_some(events)
+}
+
+impl App {
+    /// Keeps how the live stream of `id` split its output, before the record completes, so a
+    /// replay after the end is the same sequence of events. Best effort: without it the replay
+    /// sends each channel whole.
+    pub(super) async fn save_stream_layout(&self, id: &str) {
+        let Some(layout) = self.streams.get(id).and_then(|stream| stream.layout()) else {
+            return;
+        };
+        if let Err(err) = self.audit.save_stream_layout(id, &layout).await {
+            tracing::warn!(execution_id = %id, error = %err, "could not store the stream layout");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_text_is_cut_along_the_layout_only_when_it_fits() {
+        let layout = json!([["stdout", 3], ["stderr", 2], ["stdout", 4]]);
+        assert_eq!(
+            cut_along(&layout, "abcdéf", "xy"),
+            Some(vec![
+                StreamEvent::Stdout("abc".into()),
+                StreamEvent::Stderr("xy".into()),
+                StreamEvent::Stdout("déf".into()),
+            ])
+        );
+        assert_eq!(
+            cut_along(&layout, "abcdef", "xy"),
+            None,
+            "does not cover it"
+        );
+        let inside = json!([["stdout", 5], ["stdout", 1]]);
+        assert_eq!(cut_along(&inside, "abcdéf", ""), None, "inside a character");
+        assert_eq!(cut_along(&json!([["other", 1]]), "a", ""), None);
+    }
 }

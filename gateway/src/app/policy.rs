@@ -45,7 +45,16 @@ impl PolicyState {
             PolicyState::Failed { error } => EgressDecision {
                 allow: false,
                 reasons: unloaded(error).reasons,
+                credentials: Vec::new(),
             },
+        }
+    }
+
+    /// Whether the bundle's data names `tenant`; `None` when no bundle is loaded.
+    pub fn knows_tenant(&self, tenant: &str) -> Option<bool> {
+        match self {
+            PolicyState::Loaded(engine) => Some(engine.tenants().iter().any(|t| t == tenant)),
+            PolicyState::Failed { .. } => None,
         }
     }
 

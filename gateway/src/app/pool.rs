@@ -12,12 +12,14 @@
 //!
 //! One sandbox serves one execution and is then removed: nothing of one run reaches another.
 //! Waiting sandboxes take no execution slot; the refill starts one sandbox at a time and only
-//! while a slot is free, so it never delays a queued execution.
+//! while nothing waits for a slot and fewer than half the slots run (`Scheduler::is_quiet`),
+//! so it never delays a queued execution and leaves CPU to the running ones.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::sync::{oneshot, Notify};
 
 use policy_engine::Limits;
@@ -27,9 +29,12 @@ use super::home::SandboxHome;
 use super::App;
 use crate::runtime::{Owner, PoolRunner, Sandbox, Waits};
 
-/// Python sandboxes below this memory limit run cold: the preloaded interpreter alone holds
-/// about 150 MB under gVisor, which would leave the program less than the decision granted.
+/// Python sandboxes below this memory limit run cold: the preload would more than double them.
 pub const MIN_PYTHON_POOL_MEMORY_MB: u64 = 512;
+/// Memory a pooled Python container gets on top of the decision's, for what the waiting
+/// interpreter imported (numpy, pandas and matplotlib hold about 150 MB under gVisor): the
+/// program has what the decision granted, as it would cold. Without a preload, none.
+pub const PRELOAD_MEMORY_MB: u64 = 192;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -51,10 +56,16 @@ impl Shape {
             limits: Limits {
                 timeout_ms: 0,
                 output_bytes: 0,
+                cpus: nano_rounded(runnable.limits.cpus),
                 ..runnable.limits.clone()
             },
         }
     }
+}
+
+/// CPUs as Docker takes them (whole nano-CPUs), so equal quotas compare equal.
+pub fn nano_rounded(cpus: f64) -> f64 {
+    (cpus * 1e9).round() / 1e9
 }
 
 /// A claimed sandbox: the execution's from now on.
@@ -182,6 +193,15 @@ impl WarmPool {
                 continue;
             }
             if let Ok(mut claimed) = answer.await {
+                // Its end may have arrived between the watcher's last look and the claim.
+                if claimed.sandbox.closed().now_or_never().is_some() {
+                    tracing::warn!(sandbox = %claimed.home.id, "a claimed pooled sandbox had ended; removed");
+                    claimed.sandbox.discard().await;
+                    let id = claimed.home.id.clone();
+                    claimed.home.remove();
+                    self.lock().members.remove(&id);
+                    continue;
+                }
                 claimed.member = Some(Member {
                     pool: Arc::clone(self),
                     id: claimed.home.id.clone(),
@@ -191,16 +211,37 @@ impl WarmPool {
         }
     }
 
-    /// From now on `language` is started with `shape`; waiting sandboxes of another shape
-    /// are dropped (their watchers remove them).
+    /// From now on `language` is started with `shape`. Sandboxes already waiting in another
+    /// shape stay claimable; the refill replaces them one by one (oldest first) as it starts
+    /// sandboxes of the new shape, so two shapes in turn each still find warm ones.
     fn reshape(&self, state: &mut State, language: &str, shape: Shape) {
         if state.wanted.get(language) == Some(&shape) {
             return;
         }
         tracing::info!(language, limits = ?shape.limits, "warm pool re-shaped");
-        state.waiting.retain(|w| w.language != language);
         state.wanted.insert(language.to_owned(), shape);
         self.wake.notify_one();
+    }
+
+    /// Makes room for one more sandbox of `language`: beyond its target, the oldest waiting one
+    /// of another shape is dropped (its watcher removes it).
+    fn make_room(&self, state: &mut State, language: &str, shape: &Shape) {
+        let target = self.targets.get(language).copied().unwrap_or(0);
+        let waiting = state
+            .waiting
+            .iter()
+            .filter(|w| w.language == language)
+            .count();
+        if waiting < target {
+            return;
+        }
+        if let Some(oldest) = state
+            .waiting
+            .iter()
+            .position(|w| w.language == language && &w.shape != shape)
+        {
+            state.waiting.remove(oldest);
+        }
     }
 
     /// Whether a sandbox id is the pool's (waiting, or claimed and not yet removed).
@@ -306,9 +347,7 @@ pub async fn refill(app: Arc<App>) {
         return;
     }
     loop {
-        let next = pool
-            .next_to_start()
-            .filter(|_| app.scheduler.has_free_slot());
+        let next = pool.next_to_start().filter(|_| app.scheduler.is_quiet());
         let idle = match next {
             Some((language, shape)) => {
                 let started = start_one(&app, &pool, &language, shape).await;
@@ -337,15 +376,21 @@ async fn start_one(
     shape: Shape,
 ) -> Result<(), String> {
     let id = crate::ids::new("sb");
-    let home = SandboxHome::create(
+    // Known to the reaper before anything of it exists on the host.
+    pool.lock().members.insert(id.clone());
+    let home = match SandboxHome::create(
         &app.egress_root,
         &app.scratch_root,
         &id,
         shape.limits.disk_mb,
-    )
-    .map_err(|err| format!("preparing the sandbox's host directories: {err}"))?;
-    pool.lock().members.insert(id.clone());
-    let plan = app.plan(
+    ) {
+        Ok(home) => home,
+        Err(err) => {
+            pool.lock().members.remove(&id);
+            return Err(format!("preparing the sandbox's host directories: {err}"));
+        }
+    };
+    let mut plan = app.plan(
         &id,
         Owner::Pool {
             language: language.to_owned(),
@@ -354,6 +399,11 @@ async fn start_one(
         &home,
         Waits::Pool(pool.runner(language)),
     );
+    // The waiting interpreter's imports must not eat into what the decision grants the
+    // program: the container gets room for them on top (see PRELOAD_MEMORY_MB).
+    if language == "python" && !pool.preload.is_empty() {
+        plan.limits.memory_mb += PRELOAD_MEMORY_MB;
+    }
     let sandbox = match app.runtime.start(plan).await {
         Ok(sandbox) => sandbox,
         Err(err) => {
@@ -363,11 +413,18 @@ async fn start_one(
         }
     };
     let (claim, claims) = oneshot::channel();
-    pool.lock().waiting.push(Waiting {
-        language: language.to_owned(),
-        shape,
-        claim,
-    });
+    {
+        let mut state = pool.lock();
+        // Re-shaped while it started: not wanted any more (dropping `claim` removes it).
+        if state.wanted.get(language) == Some(&shape) {
+            pool.make_room(&mut state, language, &shape);
+            state.waiting.push(Waiting {
+                language: language.to_owned(),
+                shape,
+                claim,
+            });
+        }
+    }
     let watched = Watched {
         pool: Arc::clone(pool),
         sandbox,
@@ -398,10 +455,12 @@ impl Watched {
         mut claims: oneshot::Receiver<ClaimReply>,
         shutdown: tokio_util::sync::CancellationToken,
     ) {
+        // Death first: a sandbox whose end is already known is never handed out.
         let event = tokio::select! {
-            claim = &mut claims => Event::Claim(claim),
+            biased;
             () = self.sandbox.closed() => Event::Died,
             () = shutdown.cancelled() => Event::Shutdown,
+            claim = &mut claims => Event::Claim(claim),
         };
         // From here the pool's entry for this sandbox can no longer be claimed.
         drop(claims);

@@ -238,10 +238,12 @@ pub async fn sweep(app: &App, first: bool) -> SweepReport {
         Err(err) => tracing::warn!(error = %err, "reaper cannot close abandoned records"),
     }
     let scratch = app.scratch_root.clone();
+    let egress = app.egress_root.clone();
     let live = Arc::clone(&app.live);
     let pool = Arc::clone(&app.pool);
     report.output_areas = tokio::task::spawn_blocking(move || {
-        crate::outputs::sweep(&scratch, |id| live.contains(id) || pool.holds(id))
+        let is_live = |id: &str| live.contains(id) || pool.holds(id);
+        crate::outputs::sweep(&scratch, is_live) + super::home::sweep_egress(&egress, is_live)
     })
     .await
     .unwrap_or(0);

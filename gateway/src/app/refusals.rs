@@ -128,6 +128,8 @@ pub enum Verdict {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct BucketKey {
     kind: RefusalKind,
+    /// Each reason (`auth.missing_key`, `auth.unknown_key`, ...) has its own first event.
+    code: String,
     source: Option<IpAddr>,
     key_id: Option<String>,
     tenant: Option<String>,
@@ -201,6 +203,7 @@ impl Refusals {
         };
         let mut key = BucketKey {
             kind: refusal.kind,
+            code: refusal.code.clone(),
             source: refusal.source,
             key_id: refusal.key_id.clone(),
             tenant: refusal.tenant.clone(),
@@ -208,6 +211,7 @@ impl Refusals {
         if window.buckets.len() >= MAX_BUCKETS && !window.buckets.contains_key(&key) {
             key = BucketKey {
                 kind: refusal.kind,
+                code: String::new(),
                 source: None,
                 key_id: None,
                 tenant: None,

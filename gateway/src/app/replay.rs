@@ -2,32 +2,141 @@
 //! candidate bundle and report what would change. The blast radius of a policy change, measured
 //! on real traffic before it ships.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::str::FromStr;
 use std::time::Duration;
 
+use serde::Serialize;
 use serde_json::Value;
 
 use policy_engine::PolicyEngine;
 
 use crate::audit::StoredDecision;
 
+/// What a decision lets happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Allow,
+    Review,
+    Deny,
+}
+
+impl Outcome {
+    fn of(decision: &Value) -> Outcome {
+        match (
+            decision["allow"].as_bool(),
+            decision["require_approval"].as_bool(),
+        ) {
+            (Some(true), Some(true)) => Outcome::Review,
+            (Some(true), _) => Outcome::Allow,
+            _ => Outcome::Deny,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Allow => "allow",
+            Outcome::Review => "review",
+            Outcome::Deny => "deny",
+        }
+    }
+
+    fn parse(text: &str) -> Option<Outcome> {
+        [Outcome::Allow, Outcome::Review, Outcome::Deny]
+            .into_iter()
+            .find(|outcome| outcome.as_str() == text)
+    }
+}
+
+/// What a grant gives: a network destination or a mounted dataset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrantKind {
+    Network,
+    Mount,
+}
+
+/// One difference between the recorded decision and the candidate's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "change", rename_all = "snake_case")]
+pub enum Change {
+    Outcome {
+        from: Outcome,
+        to: Outcome,
+    },
+    Backend {
+        from: Option<String>,
+        to: Option<String>,
+    },
+    /// A limit (`memory_mb`, or `network.max_bytes` of the grant) from one value to another.
+    Limit {
+        limit: String,
+        from: Value,
+        to: Value,
+    },
+    GrantAdded {
+        kind: GrantKind,
+        grant: String,
+    },
+    GrantRemoved {
+        kind: GrantKind,
+        grant: String,
+    },
+}
+
+impl Change {
+    fn describe(&self) -> String {
+        let kind = |kind: &GrantKind| match kind {
+            GrantKind::Network => "network",
+            GrantKind::Mount => "mount",
+        };
+        match self {
+            Change::Outcome { from, to } => format!("outcome {} -> {}", from.as_str(), to.as_str()),
+            Change::Backend { from, to } => format!(
+                "backend {} -> {}",
+                from.as_deref().unwrap_or("none"),
+                to.as_deref().unwrap_or("none")
+            ),
+            Change::Limit { limit, from, to } => format!("limit {limit} {from} -> {to}"),
+            Change::GrantAdded { kind: k, grant } => format!("grant added: {} {grant}", kind(k)),
+            Change::GrantRemoved { kind: k, grant } => {
+                format!("grant removed: {} {grant}", kind(k))
+            }
+        }
+    }
+}
+
 /// What changed for one past request.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
 pub struct ChangedCase {
     pub execution_id: Option<String>,
     pub at: String,
-    pub before: String,
-    pub after: String,
-    pub changes: Vec<&'static str>,
+    pub tenant: String,
+    pub language: String,
+    /// The candidate's reason codes.
+    pub reasons: Vec<String>,
+    pub changes: Vec<Change>,
 }
 
-#[derive(Debug, Clone, Default)]
+impl ChangedCase {
+    fn outcome_change(&self) -> Option<(Outcome, Outcome)> {
+        self.changes.iter().find_map(|change| match change {
+            Change::Outcome { from, to } => Some((*from, *to)),
+            _ => None,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayReport {
     pub total: usize,
     pub unchanged: usize,
     /// Outcome transitions (`allow->deny`, `deny->review`, ...) and their counts.
     pub transitions: BTreeMap<String, usize>,
+    /// The counts below are of decisions that allow before and after (an allow->deny is
+    /// counted once, as its transition, not also as a backend or limits change).
     pub backend_changed: usize,
     pub network_changed: usize,
     pub limits_changed: usize,
@@ -37,9 +146,58 @@ pub struct ReplayReport {
     pub changed: Vec<ChangedCase>,
 }
 
+/// A kind of change that makes `sandgate policy replay --fail-on` exit non-zero.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailOn {
+    /// `allow-to-deny`, `review-to-allow`, ...
+    Transition(Outcome, Outcome),
+    Backend,
+    Network,
+    Limits,
+    Mounts,
+    /// The candidate erred (a `policy.error` deny).
+    PolicyError,
+    /// Any changed decision.
+    Any,
+}
+
+/// The accepted `--fail-on` values, for the error message and the docs.
+pub const FAIL_ON_VALUES: &str =
+    "allow-to-deny, allow-to-review, review-to-allow, review-to-deny, \
+     deny-to-allow, deny-to-review, backend, network, limits, mounts, policy-error, any";
+
+impl FromStr for FailOn {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<FailOn, String> {
+        let fail_on = match text {
+            "backend" => Some(FailOn::Backend),
+            "network" => Some(FailOn::Network),
+            "limits" => Some(FailOn::Limits),
+            "mounts" => Some(FailOn::Mounts),
+            "policy-error" => Some(FailOn::PolicyError),
+            "any" => Some(FailOn::Any),
+            _ => text.split_once("-to-").and_then(|(from, to)| {
+                let (from, to) = (Outcome::parse(from)?, Outcome::parse(to)?);
+                (from != to).then_some(FailOn::Transition(from, to))
+            }),
+        };
+        fail_on
+            .ok_or_else(|| format!("unknown --fail-on value {text:?}; use one of {FAIL_ON_VALUES}"))
+    }
+}
+
 impl ReplayReport {
     pub fn transition(&self, name: &str) -> usize {
         self.transitions.get(name).copied().unwrap_or(0)
+    }
+
+    /// How many changed decisions match any of `fail_on`.
+    pub fn failures(&self, fail_on: &[FailOn]) -> usize {
+        self.changed
+            .iter()
+            .filter(|case| fail_on.iter().any(|rule| matches(case, *rule)))
+            .count()
     }
 
     pub fn render(&self, candidate: &str, first: usize) -> String {
@@ -53,27 +211,77 @@ impl ReplayReport {
         for (transition, count) in &self.transitions {
             let _ = writeln!(out, "  {transition}: {count}");
         }
-        let _ = writeln!(out, "  backend changed: {}", self.backend_changed);
-        let _ = writeln!(out, "  network grant changed: {}", self.network_changed);
-        let _ = writeln!(out, "  limits changed: {}", self.limits_changed);
-        let _ = writeln!(out, "  mounts changed: {}", self.mounts_changed);
+        let _ = writeln!(out, "  allowed before and after, with:");
+        let _ = writeln!(out, "    backend changed: {}", self.backend_changed);
+        let _ = writeln!(out, "    network grant changed: {}", self.network_changed);
+        let _ = writeln!(out, "    limits changed: {}", self.limits_changed);
+        let _ = writeln!(out, "    mounts changed: {}", self.mounts_changed);
         let _ = writeln!(out, "  candidate policy errors: {}", self.candidate_errors);
         if !self.changed.is_empty() {
             let shown = self.changed.len().min(first);
             let _ = writeln!(out, "first {shown} of {} changed:", self.changed.len());
             for case in self.changed.iter().take(first) {
-                let _ = writeln!(
-                    out,
-                    "  {} {} [{}]\n    before: {}\n    after:  {}",
-                    case.at,
-                    case.execution_id.as_deref().unwrap_or("-"),
-                    case.changes.join(", "),
-                    case.before,
-                    case.after
-                );
+                render_case(&mut out, case);
             }
         }
         out
+    }
+}
+
+fn render_case(out: &mut String, case: &ChangedCase) {
+    let _ = writeln!(
+        out,
+        "  {} {} tenant {}, {}",
+        case.at,
+        case.execution_id.as_deref().unwrap_or("-"),
+        case.tenant,
+        case.language
+    );
+    for change in &case.changes {
+        let _ = writeln!(out, "    {}", change.describe());
+    }
+    if !case.reasons.is_empty() {
+        let _ = writeln!(out, "    candidate reasons: {}", case.reasons.join(", "));
+    }
+}
+
+fn matches(case: &ChangedCase, rule: FailOn) -> bool {
+    let has = |wanted: fn(&Change) -> bool| case.changes.iter().any(wanted);
+    match rule {
+        FailOn::Any => true,
+        FailOn::Transition(from, to) => case.outcome_change() == Some((from, to)),
+        FailOn::Backend => has(|c| matches!(c, Change::Backend { .. })),
+        FailOn::Limits => {
+            has(|c| matches!(c, Change::Limit { limit, .. } if !limit.starts_with("network.")))
+        }
+        FailOn::Network => has(|c| {
+            matches!(
+                c,
+                Change::GrantAdded {
+                    kind: GrantKind::Network,
+                    ..
+                } | Change::GrantRemoved {
+                    kind: GrantKind::Network,
+                    ..
+                }
+            ) || matches!(c, Change::Limit { limit, .. } if limit.starts_with("network."))
+        }),
+        FailOn::Mounts => has(|c| {
+            matches!(
+                c,
+                Change::GrantAdded {
+                    kind: GrantKind::Mount,
+                    ..
+                } | Change::GrantRemoved {
+                    kind: GrantKind::Mount,
+                    ..
+                }
+            )
+        }),
+        FailOn::PolicyError => case
+            .reasons
+            .iter()
+            .any(|r| r == policy_engine::POLICY_ERROR_CODE),
     }
 }
 
@@ -83,87 +291,192 @@ pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayRepo
     for past in stored {
         report.total += 1;
         let after = serde_json::to_value(candidate.decide_json(&past.input)).unwrap_or(Value::Null);
-        let before = &past.decision;
-        if has_reason(&after, policy_engine::POLICY_ERROR_CODE) {
+        let reasons = reason_codes(&after);
+        if reasons
+            .iter()
+            .any(|r| r == policy_engine::POLICY_ERROR_CODE)
+        {
             report.candidate_errors += 1;
         }
-        let mut changes = Vec::new();
-        let (was, now) = (outcome(before), outcome(&after));
-        if was != now {
-            *report
-                .transitions
-                .entry(format!("{was}->{now}"))
-                .or_default() += 1;
-            changes.push("outcome");
-        }
-        for (field, counter, label) in [
-            ("backend", &mut report.backend_changed, "backend"),
-            ("network", &mut report.network_changed, "network"),
-            ("limits", &mut report.limits_changed, "limits"),
-            ("mounts", &mut report.mounts_changed, "mounts"),
-        ] {
-            if normalized(before, field) != normalized(&after, field) {
-                *counter += 1;
-                changes.push(label);
-            }
-        }
+        let changes = compare(&past.decision, &after);
         if changes.is_empty() {
             report.unchanged += 1;
-        } else {
-            report.changed.push(ChangedCase {
-                execution_id: past.execution_id.clone(),
-                at: past.at.to_rfc3339(),
-                before: summary(before),
-                after: summary(&after),
-                changes,
-            });
+            continue;
         }
+        count(&mut report, &changes);
+        report.changed.push(ChangedCase {
+            execution_id: past.execution_id.clone(),
+            at: past.at.to_rfc3339(),
+            tenant: past.input["principal"]["tenant"]
+                .as_str()
+                .unwrap_or("-")
+                .to_owned(),
+            language: past.input["request"]["language"]
+                .as_str()
+                .unwrap_or("-")
+                .to_owned(),
+            reasons,
+            changes,
+        });
     }
     report
 }
 
-fn outcome(decision: &Value) -> &'static str {
-    match (
-        decision["allow"].as_bool(),
-        decision["require_approval"].as_bool(),
-    ) {
-        (Some(true), Some(true)) => "review",
-        (Some(true), _) => "allow",
-        _ => "deny",
-    }
-}
-
-/// A field, with absent, null and empty treated alike (older decisions omit empty fields).
-fn normalized(decision: &Value, field: &str) -> Value {
-    match &decision[field] {
-        Value::Array(items) if items.is_empty() => Value::Null,
-        Value::Object(map) if map.is_empty() => Value::Null,
-        Value::Object(map)
-            if field == "network" && map["allow"].as_array().is_some_and(Vec::is_empty) =>
-        {
-            Value::Null
+/// The report's counters for one changed decision.
+fn count(report: &mut ReplayReport, changes: &[Change]) {
+    let (mut backend, mut network, mut limits, mut mounts) = (false, false, false, false);
+    for change in changes {
+        match change {
+            Change::Outcome { from, to } => {
+                *report
+                    .transitions
+                    .entry(format!("{}->{}", from.as_str(), to.as_str()))
+                    .or_default() += 1;
+            }
+            Change::Backend { .. } => backend = true,
+            Change::Limit { limit, .. } if limit.starts_with("network.") => network = true,
+            Change::Limit { .. } => limits = true,
+            Change::GrantAdded { kind, .. } | Change::GrantRemoved { kind, .. } => match kind {
+                GrantKind::Network => network = true,
+                GrantKind::Mount => mounts = true,
+            },
         }
-        other => other.clone(),
+    }
+    report.backend_changed += usize::from(backend);
+    report.network_changed += usize::from(network);
+    report.limits_changed += usize::from(limits);
+    report.mounts_changed += usize::from(mounts);
+}
+
+/// The differences between two decisions. What a deny grants is nothing, so when either side
+/// denies only the outcome is compared.
+fn compare(before: &Value, after: &Value) -> Vec<Change> {
+    let (was, now) = (Outcome::of(before), Outcome::of(after));
+    let mut changes = Vec::new();
+    if was != now {
+        changes.push(Change::Outcome { from: was, to: now });
+    }
+    if was == Outcome::Deny || now == Outcome::Deny {
+        return changes;
+    }
+    let backend = |d: &Value| d["backend"].as_str().map(str::to_owned);
+    if backend(before) != backend(after) {
+        changes.push(Change::Backend {
+            from: backend(before),
+            to: backend(after),
+        });
+    }
+    compare_limits(&before["limits"], &after["limits"], "", &mut changes);
+    compare_limits(&budget(before), &budget(after), "network.", &mut changes);
+    compare_sets(
+        network_grants(before),
+        network_grants(after),
+        GrantKind::Network,
+        &mut changes,
+    );
+    compare_sets(
+        mount_grants(before),
+        mount_grants(after),
+        GrantKind::Mount,
+        &mut changes,
+    );
+    changes
+}
+
+/// Each field of two limit objects that differs, as `prefix` + its name.
+fn compare_limits(before: &Value, after: &Value, prefix: &str, changes: &mut Vec<Change>) {
+    let names: BTreeSet<&String> = [before, after]
+        .into_iter()
+        .filter_map(Value::as_object)
+        .flat_map(|map| map.keys())
+        .collect();
+    for name in names {
+        let (from, to) = (&before[name.as_str()], &after[name.as_str()]);
+        if from != to {
+            changes.push(Change::Limit {
+                limit: format!("{prefix}{name}"),
+                from: from.clone(),
+                to: to.clone(),
+            });
+        }
     }
 }
 
-fn has_reason(decision: &Value, code: &str) -> bool {
+fn compare_sets(
+    before: BTreeSet<String>,
+    after: BTreeSet<String>,
+    kind: GrantKind,
+    changes: &mut Vec<Change>,
+) {
+    for grant in after.difference(&before) {
+        changes.push(Change::GrantAdded {
+            kind,
+            grant: grant.clone(),
+        });
+    }
+    for grant in before.difference(&after) {
+        changes.push(Change::GrantRemoved {
+            kind,
+            grant: grant.clone(),
+        });
+    }
+}
+
+/// The network grant's budget (`max_connections`, `max_bytes`); null when it allows nothing.
+fn budget(decision: &Value) -> Value {
+    if network_grants(decision).is_empty() {
+        return Value::Null;
+    }
+    let network = &decision["network"];
+    serde_json::json!({
+        "max_connections": network["max_connections"],
+        "max_bytes": network["max_bytes"],
+    })
+}
+
+/// `host:port` for every destination the decision's network grant allows.
+fn network_grants(decision: &Value) -> BTreeSet<String> {
+    let rules = decision["network"]["allow"]
+        .as_array()
+        .into_iter()
+        .flatten();
+    rules
+        .flat_map(|rule| {
+            let host = rule["host"].as_str().unwrap_or("?").to_owned();
+            let ports = rule["ports"].as_array().cloned().unwrap_or_default();
+            ports.into_iter().map(move |port| format!("{host}:{port}"))
+        })
+        .collect()
+}
+
+/// `dataset at target (read-only|read-write)` for every mount the decision grants.
+fn mount_grants(decision: &Value) -> BTreeSet<String> {
+    let mounts = decision["mounts"].as_array().into_iter().flatten();
+    mounts
+        .map(|mount| {
+            format!(
+                "{} at {}{}",
+                mount["dataset"].as_str().unwrap_or("?"),
+                mount["target"].as_str().unwrap_or("?"),
+                if mount["read_only"] == Value::Bool(false) {
+                    " (read-write)"
+                } else {
+                    ""
+                }
+            )
+        })
+        .collect()
+}
+
+fn reason_codes(decision: &Value) -> Vec<String> {
     decision["reasons"]
         .as_array()
-        .is_some_and(|reasons| reasons.iter().any(|r| r["code"] == code))
-}
-
-fn summary(decision: &Value) -> String {
-    let reasons: Vec<&str> = decision["reasons"]
-        .as_array()
-        .map(|rs| rs.iter().filter_map(|r| r["code"].as_str()).collect())
-        .unwrap_or_default();
-    format!(
-        "{} backend={} reasons=[{}]",
-        outcome(decision),
-        decision["backend"].as_str().unwrap_or("-"),
-        reasons.join(",")
-    )
+        .map(|rs| {
+            rs.iter()
+                .filter_map(|r| r["code"].as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Parses `7d`, `24h`, `30m`, `90s`.
@@ -203,21 +516,53 @@ mod tests {
     }
 
     #[test]
-    fn outcomes_and_normalisation() {
-        assert_eq!(outcome(&json!({"allow": true})), "allow");
+    fn outcomes_and_fail_on_values() {
+        assert_eq!(Outcome::of(&json!({"allow": true})), Outcome::Allow);
         assert_eq!(
-            outcome(&json!({"allow": true, "require_approval": true})),
-            "review"
+            Outcome::of(&json!({"allow": true, "require_approval": true})),
+            Outcome::Review
         );
-        assert_eq!(outcome(&json!({"allow": false})), "deny");
-        assert_eq!(outcome(&json!({})), "deny");
-        assert_eq!(normalized(&json!({"mounts": []}), "mounts"), Value::Null);
+        assert_eq!(Outcome::of(&json!({})), Outcome::Deny);
         assert_eq!(
-            normalized(
-                &json!({"network": {"allow": [], "max_connections": 1}}),
-                "network"
-            ),
-            Value::Null
+            "allow-to-deny".parse::<FailOn>(),
+            Ok(FailOn::Transition(Outcome::Allow, Outcome::Deny))
         );
+        assert_eq!("limits".parse::<FailOn>(), Ok(FailOn::Limits));
+        assert!("allow-to-allow".parse::<FailOn>().is_err());
+        assert!("nonsense"
+            .parse::<FailOn>()
+            .unwrap_err()
+            .contains("allow-to-deny"));
+    }
+
+    #[test]
+    fn a_changed_limit_and_grant_say_what_changed_and_a_deny_is_only_its_outcome() {
+        let before = json!({"allow": true, "backend": "gvisor",
+            "limits": {"memory_mb": 512, "timeout_ms": 1000},
+            "network": {"allow": [{"host": "a.example", "ports": [443]}],
+                        "max_connections": 4, "max_bytes": 100},
+            "mounts": []});
+        let mut after = before.clone();
+        after["limits"]["memory_mb"] = json!(256);
+        after["network"]["allow"] = json!([{"host": "b.example", "ports": [443]}]);
+        let changes = compare(&before, &after);
+        let described: Vec<String> = changes.iter().map(Change::describe).collect();
+        assert_eq!(
+            described,
+            [
+                "limit memory_mb 512 -> 256",
+                "grant added: network b.example:443",
+                "grant removed: network a.example:443"
+            ]
+        );
+        let denied = json!({"allow": false, "reasons": [{"code": "x", "message": "y"}]});
+        assert_eq!(
+            compare(&before, &denied),
+            [Change::Outcome {
+                from: Outcome::Allow,
+                to: Outcome::Deny
+            }]
+        );
+        assert!(compare(&before, &before).is_empty());
     }
 }

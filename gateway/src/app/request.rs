@@ -10,7 +10,7 @@ use policy_engine::{HostPort, RequestedLimits};
 /// Largest accepted program text.
 pub const MAX_CODE_BYTES: usize = 1024 * 1024;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecutionRequest {
     pub language: String,
@@ -33,7 +33,7 @@ fn default_wait() -> bool {
     true
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FileUpload {
     pub path: String,

@@ -1,6 +1,7 @@
 //! Admission of sandboxes: at most `max_running` at once; the rest wait in per-tenant queues
 //! served round-robin, so one tenant's burst cannot starve another; the total number waiting is
-//! bounded, and beyond it requests are refused (429).
+//! bounded, and so is each tenant's share of it (`max_queued_per_tenant`): one tenant filling
+//! its share leaves room for the others. Beyond either bound requests are refused (429).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,6 +12,7 @@ use tokio::sync::oneshot;
 pub struct Scheduler {
     max_running: usize,
     max_waiting: usize,
+    max_waiting_per_tenant: usize,
     state: Mutex<State>,
 }
 
@@ -35,10 +37,15 @@ impl Drop for Slot {
     }
 }
 
+/// Why a request found no place: the whole queue or the tenant's share of it is full.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
-#[error("{waiting} executions are already waiting for a slot")]
-pub struct QueueFull {
-    pub waiting: usize,
+pub enum QueueFull {
+    #[error("{waiting} executions are already waiting for a slot")]
+    All { waiting: usize },
+    #[error(
+        "this tenant already has {waiting} executions waiting for a slot (its share of the queue)"
+    )]
+    Tenant { waiting: usize },
 }
 
 /// A place in the queue, reserved before the decision is recorded.
@@ -62,10 +69,15 @@ impl Ticket {
 }
 
 impl Scheduler {
-    pub fn new(max_running: usize, max_waiting: usize) -> Arc<Scheduler> {
+    pub fn new(
+        max_running: usize,
+        max_waiting: usize,
+        max_waiting_per_tenant: usize,
+    ) -> Arc<Scheduler> {
         Arc::new(Scheduler {
             max_running,
             max_waiting,
+            max_waiting_per_tenant: max_waiting_per_tenant.min(max_waiting),
             state: Mutex::default(),
         })
     }
@@ -80,9 +92,13 @@ impl Scheduler {
             }));
         }
         if state.waiting >= self.max_waiting {
-            return Err(QueueFull {
+            return Err(QueueFull::All {
                 waiting: state.waiting,
             });
+        }
+        let mine = state.queues.get(tenant).map_or(0, VecDeque::len);
+        if mine >= self.max_waiting_per_tenant {
+            return Err(QueueFull::Tenant { waiting: mine });
         }
         let (tx, rx) = oneshot::channel();
         state
@@ -94,11 +110,11 @@ impl Scheduler {
         Ok(Ticket::Waiting(Arc::clone(self), rx))
     }
 
-    /// Whether an execution could start now (nothing waits and a slot is free): the warm pool
-    /// starts sandboxes only then.
-    pub fn has_free_slot(&self) -> bool {
+    /// Nothing waits for a slot and fewer than half the slots run: the warm pool starts
+    /// sandboxes only then, so refilling never delays or starves an execution.
+    pub fn is_quiet(&self) -> bool {
         let state = self.lock();
-        state.running < self.max_running && state.waiting == 0
+        state.waiting == 0 && state.running * 2 < self.max_running
     }
 
     fn release(&self) {
@@ -147,14 +163,17 @@ mod tests {
 
     #[tokio::test]
     async fn tenants_take_turns_and_the_queue_is_bounded() {
-        let scheduler = Scheduler::new(1, 4);
+        let scheduler = Scheduler::new(1, 4, 4);
         let running = scheduler.admit("a").unwrap().slot().await.unwrap();
         // Tenant a bursts three, tenant b sends one after them.
         let a1 = scheduler.admit("a").unwrap();
         let a2 = scheduler.admit("a").unwrap();
         let a3 = scheduler.admit("a").unwrap();
         let b1 = scheduler.admit("b").unwrap();
-        assert_eq!(scheduler.admit("c").unwrap_err(), QueueFull { waiting: 4 });
+        assert_eq!(
+            scheduler.admit("c").unwrap_err(),
+            QueueFull::All { waiting: 4 }
+        );
 
         let order = Arc::new(Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
@@ -179,5 +198,29 @@ mod tests {
         );
         assert_eq!(scheduler.lock().running, 0);
         assert_eq!(scheduler.lock().waiting, 0);
+    }
+
+    #[tokio::test]
+    async fn one_tenant_filling_its_share_leaves_room_for_another() {
+        let scheduler = Scheduler::new(1, 6, 2);
+        let _running = scheduler.admit("a").unwrap().slot().await.unwrap();
+        let _a1 = scheduler.admit("a").unwrap();
+        let _a2 = scheduler.admit("a").unwrap();
+        assert_eq!(
+            scheduler.admit("a").unwrap_err(),
+            QueueFull::Tenant { waiting: 2 }
+        );
+        let _b1 = scheduler.admit("b").unwrap();
+        let _b2 = scheduler.admit("b").unwrap();
+        assert_eq!(
+            scheduler.admit("b").unwrap_err(),
+            QueueFull::Tenant { waiting: 2 }
+        );
+        let _c1 = scheduler.admit("c").unwrap();
+        let _c2 = scheduler.admit("c").unwrap();
+        assert_eq!(
+            scheduler.admit("d").unwrap_err(),
+            QueueFull::All { waiting: 6 }
+        );
     }
 }

@@ -302,7 +302,7 @@ impl App {
         };
         let opened = match egress {
             Ok(egress) => sandbox
-                .open_session(opening_line(egress.is_some()))
+                .open_session(opening_line(egress.is_some(), runnable.limits.cpus))
                 .await
                 .map(|()| egress)
                 .map_err(|err| unavailable("the opening line", &err)),
@@ -465,8 +465,8 @@ async fn release(held: Held) {
 }
 
 /// The opening line: the session's environment and bridge.
-fn opening_line(proxied: bool) -> Job<'static> {
-    let mut env = sandbox_env();
+fn opening_line(proxied: bool, cpus: f64) -> Job<'static> {
+    let mut env = sandbox_env(cpus);
     let proxy = proxied.then(|| {
         env.extend(crate::egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
         JobProxy {

@@ -4,6 +4,12 @@
 //! execution's [`Stream`]; subscribers replay what is already there and then follow. Memory per
 //! execution is bounded by its output cap. Once the record is complete the stream is dropped and
 //! late subscribers replay the stored record instead, so both views carry the same bytes.
+//!
+//! Output is coalesced: a chunk joins the last event while that event is of the same channel,
+//! under [`MAX_EVENT_BYTES`] and not yet handed to any subscriber; a subscriber woken by new
+//! output waits [`COALESCE`] before reading, so a traceback written a few bytes at a time
+//! arrives as one event. An event never changes once a subscriber has it, so its position is a
+//! stable id (`id:` in SSE, resumed with `Last-Event-ID`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,6 +33,10 @@ pub enum StreamEvent {
 const MAX_EVENTS: usize = 65_536;
 /// Most events handed to a subscriber at once.
 const MAX_BATCH: usize = 1024;
+/// Largest output event that more output may join.
+pub const MAX_EVENT_BYTES: usize = 16 * 1024;
+/// How long a subscriber woken by new output waits for more to join it.
+pub const COALESCE: std::time::Duration = std::time::Duration::from_millis(10);
 
 impl StreamEvent {
     /// Kept output as text (invalid UTF-8 as U+FFFD, as the record decodes it).
@@ -46,7 +56,33 @@ struct State {
     lossy: bool,
     /// Bytes of an incomplete UTF-8 sequence held back, per stream (stdout, stderr).
     pending: [Vec<u8>; 2],
+    /// Events before this index have been handed to a subscriber and never change.
+    published: usize,
     closed: bool,
+}
+
+impl State {
+    /// Adds output, joining the last event when it is unpublished, of the same channel and
+    /// small enough.
+    fn push_output(&mut self, channel: Channel, text: String) {
+        let unpublished = self.events.len() > self.published;
+        if let (true, Some(last)) = (unpublished, self.events.last_mut()) {
+            let joined = match (channel, last) {
+                (Channel::Stdout, StreamEvent::Stdout(last))
+                | (Channel::Stderr, StreamEvent::Stderr(last)) => {
+                    (last.len() + text.len() <= MAX_EVENT_BYTES).then(|| last.push_str(&text))
+                }
+                _ => None,
+            };
+            if joined.is_some() {
+                return;
+            }
+        }
+        self.events.push(match channel {
+            Channel::Stdout => StreamEvent::Stdout(text),
+            Channel::Stderr => StreamEvent::Stderr(text),
+        });
+    }
 }
 
 /// The events of one execution so far.
@@ -87,9 +123,9 @@ impl Stream {
         if cut == 0 {
             return;
         }
-        let event = StreamEvent::output(channel, &pending[..cut]);
+        let text = String::from_utf8_lossy(&pending[..cut]).into_owned();
         pending.drain(..cut);
-        state.events.push(event);
+        state.push_output(channel, text);
         drop(state);
         self.changed.send_modify(|n| *n += 1);
     }
@@ -122,9 +158,10 @@ impl Stream {
         let mut changes = self.changed.subscribe();
         loop {
             {
-                let state = self.lock();
+                let mut state = self.lock();
                 if from < state.events.len() {
                     let to = state.events.len().min(from + MAX_BATCH);
+                    state.published = state.published.max(to);
                     return Some(state.events[from..to].to_vec());
                 }
                 if state.closed {
@@ -134,7 +171,55 @@ impl Stream {
             if changes.changed().await.is_err() {
                 return None;
             }
+            // Let output that follows at once join this event (the end is not held back).
+            if !self.lock().closed {
+                tokio::time::sleep(COALESCE).await;
+            }
         }
+    }
+
+    /// How many events there are so far (a `Last-Event-ID` past it resumes at the end).
+    pub fn event_count(&self) -> usize {
+        self.lock().events.len()
+    }
+
+    /// How the events split the output, in order (`[["stdout", bytes], ...]`, the tails
+    /// `close` will flush included), or `None` when the stream dropped output at its bound.
+    pub fn layout(&self) -> Option<serde_json::Value> {
+        let state = self.lock();
+        if state.lossy {
+            return None;
+        }
+        let mut runs: Vec<serde_json::Value> = state
+            .events
+            .iter()
+            .filter_map(|event| match event {
+                StreamEvent::Stdout(text) => Some(serde_json::json!(["stdout", text.len()])),
+                StreamEvent::Stderr(text) => Some(serde_json::json!(["stderr", text.len()])),
+                StreamEvent::Exit(_) => None,
+            })
+            .collect();
+        for (name, rest) in ["stdout", "stderr"].iter().zip(&state.pending) {
+            if !rest.is_empty() {
+                let text = String::from_utf8_lossy(rest);
+                runs.push(serde_json::json!([name, text.len()]));
+            }
+        }
+        Some(serde_json::Value::Array(runs))
+    }
+
+    /// The output so far, per channel, as the record will hold it (for `GET` while running).
+    pub fn text_so_far(&self) -> (String, String) {
+        let state = self.lock();
+        let (mut stdout, mut stderr) = (String::new(), String::new());
+        for event in &state.events {
+            match event {
+                StreamEvent::Stdout(text) => stdout.push_str(text),
+                StreamEvent::Stderr(text) => stderr.push_str(text),
+                StreamEvent::Exit(_) => {}
+            }
+        }
+        (stdout, stderr)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -254,6 +339,38 @@ mod tests {
             Some(StreamEvent::Exit(exit)) => assert_eq!(exit["stream_truncated"], true),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn small_writes_coalesce_until_published_or_full_and_published_events_never_change() {
+        let stream = Stream::default();
+        for _ in 0..200 {
+            stream.append(Channel::Stderr, b"ab");
+        }
+        stream.append(Channel::Stdout, b"out");
+        stream.append(Channel::Stdout, b"put");
+        let first = stream.next_batch(0).await.unwrap();
+        assert_eq!(
+            first,
+            [
+                StreamEvent::Stderr("ab".repeat(200)),
+                StreamEvent::Stdout("output".into())
+            ]
+        );
+        stream.append(Channel::Stdout, b"!");
+        let second = stream.next_batch(2).await.unwrap();
+        assert_eq!(
+            second,
+            [StreamEvent::Stdout("!".into())],
+            "published: not joined"
+        );
+        assert_eq!(stream.next_batch(0).await.unwrap()[..2], first[..]);
+
+        let big = Stream::default();
+        big.append(Channel::Stdout, &vec![b'x'; MAX_EVENT_BYTES]);
+        big.append(Channel::Stdout, b"y");
+        assert_eq!(big.event_count(), 2, "an event is at most MAX_EVENT_BYTES");
+        assert_eq!(big.text_so_far().0.len(), MAX_EVENT_BYTES + 1);
     }
 
     #[tokio::test]

@@ -12,6 +12,8 @@ const MAX_FILES: usize = 256;
 /// Most labels, and most network destinations, in one request.
 const MAX_LABELS: usize = 32;
 const MAX_PATH_BYTES: usize = 255;
+/// Rounds of percent-decoding an upload name is checked through (see [`normalise_path`]).
+const MAX_DECODE_ROUNDS: usize = 4;
 
 /// Bounds and checks the request's free-text fields before they reach the policy input and the
 /// audit rows (PostgreSQL's jsonb refuses NUL, and nothing else should carry control
@@ -46,7 +48,7 @@ pub(super) fn check_fields(request: &ExecutionRequest) -> Result<(), AppError> {
 
 /// Why an upload was refused. Both are 400; a traversal is also audited as a hostile refusal.
 #[derive(Debug)]
-pub(super) enum UploadError {
+pub enum UploadError {
     /// A name that would leave `/workspace` (absolute, `..`, `.`, empty parts, a backslash),
     /// however it is spelt.
     Traversal {
@@ -118,35 +120,79 @@ pub(super) fn decode_files(files: &[FileUpload]) -> Result<Vec<(String, Vec<u8>)
                 )));
             }
             let content = b64.decode(&file.content_b64).map_err(|err| {
-                UploadError::Invalid(format!("file {:?}: content_b64: {err}", file.path))
+                UploadError::Invalid(format!(
+                    "file {:?}: content_b64 is not base64 ({}); use the standard alphabet \
+                     (A-Z a-z 0-9 + /) with = padding and no spaces or line breaks",
+                    file.path,
+                    base64_problem(&err)
+                ))
             })?;
             Ok((path, content))
         })
         .collect()
 }
 
+/// What is wrong with a base64 text, in words (the crate's own text says "Invalid symbol 32").
+fn base64_problem(err: &base64::DecodeError) -> String {
+    match err {
+        base64::DecodeError::InvalidByte(offset, byte)
+        | base64::DecodeError::InvalidLastSymbol(offset, byte) => {
+            format!("character {:?} at offset {offset}", char::from(*byte))
+        }
+        base64::DecodeError::InvalidLength(length) => {
+            format!("{length} characters, a length no padding can make whole")
+        }
+        base64::DecodeError::InvalidPadding => "wrong or missing = padding".to_owned(),
+    }
+}
+
 /// The name a file is written under: its NFC form, once that form, its compatibility (NFKC)
-/// form and its percent-decoded form all pass [`check_path`]. So look-alikes (fullwidth dots
-/// and slashes) and encoded separators (`%2e%2e/x`) cannot smuggle a traversal past the check
-/// into something that later normalises or decodes it.
-fn normalise_path(path: &str) -> Result<String, UploadError> {
+/// form and every form reached by percent-decoding and NFKC-normalising again (until nothing
+/// changes, at most [`MAX_DECODE_ROUNDS`] rounds; a name still changing after that is refused),
+/// from the name as sent and from its NFKC form, all pass [`check_path`]. So look-alikes
+/// (fullwidth dots and slashes), encoded separators (`%2e%2e/x`), names encoded twice
+/// (`%252e%252e/x`), encoded look-alikes (`%EF%BC%8E%EF%BC%8E/x`) and encodings that
+/// composing hides (`%5c` and a combining accent) cannot smuggle a traversal past the check
+/// into something that later normalises or decodes it. (Found by `gateway/tests/fuzz_names.rs`.)
+pub fn normalise_path(path: &str) -> Result<String, UploadError> {
     use unicode_normalization::UnicodeNormalization;
+    let refuse = |fault: NameFault| {
+        let message = format!("file {path:?}: {}", fault.why());
+        match fault {
+            NameFault::Escapes(_) => UploadError::Traversal {
+                name: path.to_owned(),
+                message,
+            },
+            NameFault::Malformed(_) => UploadError::Invalid(message),
+        }
+    };
     let nfc: String = path.nfc().collect();
+    check_path(&nfc).map_err(refuse)?;
     let nfkc: String = path.nfkc().collect();
-    let decoded = percent_decode(&nfkc);
-    for form in [&nfc, &nfkc, &decoded] {
-        check_path(form).map_err(|fault| {
-            let message = format!("file {path:?}: {}", fault.why());
-            match fault {
-                NameFault::Escapes(_) => UploadError::Traversal {
-                    name: path.to_owned(),
-                    message,
-                },
-                NameFault::Malformed(_) => UploadError::Invalid(message),
-            }
-        })?;
+    for start in [path.to_owned(), nfkc] {
+        decoded_forms_pass(start).map_err(refuse)?;
     }
     Ok(nfc)
+}
+
+/// Checks `form` and every form reached from it by percent-decoding, then NFKC, until nothing
+/// changes (at most [`MAX_DECODE_ROUNDS`] rounds).
+fn decoded_forms_pass(mut form: String) -> Result<(), NameFault> {
+    use unicode_normalization::UnicodeNormalization;
+    check_path(&form)?;
+    for _ in 0..MAX_DECODE_ROUNDS {
+        let decoded = percent_decode(&form);
+        check_path(&decoded)?;
+        let next: String = decoded.nfkc().collect();
+        check_path(&next)?;
+        if next == form {
+            return Ok(());
+        }
+        form = next;
+    }
+    Err(NameFault::Escapes(
+        "path is still percent-encoded after several rounds of decoding",
+    ))
 }
 
 /// What is wrong with an upload name.

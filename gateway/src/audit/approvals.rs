@@ -8,6 +8,8 @@ use sqlx::types::Json;
 use policy_engine::Reason;
 
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
+use crate::metrics::DecisionOutcome;
+use crate::status::ExecutionStatus;
 
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -53,7 +55,30 @@ pub struct NewApproval {
     pub summary: Value,
     /// Language, code and files: what is needed to run it later. Cleared once decided.
     pub request: Value,
+    /// Bytes `request` takes (its JSON), counted against the pending caps.
+    pub request_bytes: i64,
 }
+
+/// How much may wait for review at once, per tenant and per requesting key.
+#[derive(Debug, Clone, Copy)]
+pub struct PendingCaps {
+    pub per_tenant: i64,
+    pub per_key: i64,
+    pub bytes_per_tenant: i64,
+    pub bytes_per_key: i64,
+}
+
+/// What holding a request for review did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Held {
+    Held,
+    /// Nothing was stored: a cap is reached (the message says which).
+    Full(String),
+}
+
+/// Advisory lock class serialising the pending-cap check per tenant ("sgap" in ASCII); the
+/// object id is the tenant's hash, so tenants do not wait on each other.
+const PENDING_LOCK_CLASS: i32 = 0x7367_6170;
 
 /// A decision taken on a pending approval.
 #[derive(Debug, Clone)]
@@ -79,19 +104,27 @@ pub struct Decided {
 
 impl AuditStore {
     /// Commits the execution row (`pending_approval`), its approval, the decision event and the
-    /// `approval.requested` event in one transaction. Nothing is held before this returns `Ok`.
+    /// `approval.requested` event in one transaction, unless the tenant or the requesting key
+    /// already has `caps` worth of pending approvals (then nothing is stored: [`Held::Full`]).
+    /// Nothing is held before this returns `Ok(Held::Held)`.
     pub async fn record_pending_execution(
         &self,
         row: &ExecutionRow,
         approval: &NewApproval,
         events: &[NewEvent],
-    ) -> Result<(), AuditError> {
+        caps: &PendingCaps,
+    ) -> Result<Held, AuditError> {
+        let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
+        if let Some(full) = pending_cap_reached(&mut tx, row, approval, caps).await? {
+            return Ok(Held::Full(full));
+        }
         insert_execution(&mut tx, row).await?;
         sqlx::query(
             "INSERT INTO approvals (id, execution_id, status, created_at, expires_at, tenant, \
-             requester_key_id, requester_principal, reasons, runnable, summary, request) \
-             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             requester_key_id, requester_principal, reasons, runnable, summary, request, \
+             request_bytes) \
+             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&approval.id)
         .bind(&row.id)
@@ -104,13 +137,16 @@ impl AuditStore {
         .bind(Json(&approval.runnable))
         .bind(Json(&approval.summary))
         .bind(Json(&approval.request))
+        .bind(approval.request_bytes)
         .execute(&mut *tx)
         .await?;
         for event in events {
             chain::append(&mut tx, event).await?;
         }
         tx.commit().await?;
-        Ok(())
+        self.metrics.audit_appended(started.elapsed());
+        self.metrics.decision(DecisionOutcome::RequireApproval);
+        Ok(Held::Held)
     }
 
     pub async fn get_approval(&self, id: &str) -> Result<Option<ApprovalRow>, AuditError> {
@@ -121,19 +157,25 @@ impl AuditStore {
         Ok(row)
     }
 
-    /// Approvals, newest first; `status` filters, `tenant` restricts.
+    /// Approvals, newest first, `limit` at a time; `status` filters, `tenant` restricts,
+    /// `before` is the previous page's last approval id.
     pub async fn list_approvals(
         &self,
         status: Option<&str>,
         tenant: Option<&str>,
+        before: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ApprovalRow>, AuditError> {
         let rows = sqlx::query_as(&format!(
             "SELECT {COLUMNS} FROM approvals WHERE ($1::text IS NULL OR status = $1) \
-             AND ($2::text IS NULL OR tenant = $2) ORDER BY created_at DESC, id DESC LIMIT $3"
+             AND ($2::text IS NULL OR tenant = $2) \
+             AND ($3::text IS NULL OR (created_at, id) < \
+                  (SELECT created_at, id FROM approvals WHERE id = $3)) \
+             ORDER BY created_at DESC, id DESC LIMIT $4"
         ))
         .bind(status)
         .bind(tenant)
+        .bind(before)
         .bind(limit)
         .fetch_all(&self.pool)
         .await?;
@@ -160,7 +202,7 @@ impl AuditStore {
              UPDATE approvals a SET status = $2, decided_at = now(), reviewer_key_id = $3, \
              reviewer_principal = $4, comment = $5, request = NULL FROM old \
              WHERE a.id = old.id AND a.requester_key_id IS DISTINCT FROM $3 \
-             AND a.requester_principal IS DISTINCT FROM $4 \
+             AND sandgate_principal(a.requester_principal) IS DISTINCT FROM sandgate_principal($4) \
              RETURNING a.execution_id, old.request, a.runnable",
         )
         .bind(id)
@@ -173,7 +215,7 @@ impl AuditStore {
         let Some((execution_id, request, runnable)) = taken else {
             return Ok(None);
         };
-        if verdict.approve {
+        let denied = if verdict.approve {
             // The reviewer's approval joins the reasons, so the record says who let it run.
             sqlx::query(
                 "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
@@ -184,11 +226,15 @@ impl AuditStore {
             .bind(verdict.instance)
             .execute(&mut *tx)
             .await?;
+            false
         } else {
-            deny_execution(&mut tx, &execution_id, &verdict.reason).await?;
-        }
+            deny_execution(&mut tx, &execution_id, &verdict.reason).await?
+        };
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        if denied {
+            self.metrics.execution_finished(ExecutionStatus::Denied);
+        }
         let approval = self
             .get_approval(id)
             .await?
@@ -217,12 +263,15 @@ impl AuditStore {
         )
         .fetch_all(&mut *tx)
         .await?;
+        let mut denied = 0;
         for (id, execution_id, tenant, expires_at) in &expired {
             let reason = Reason {
                 code: "approval.expired".to_owned(),
                 message: format!("no reviewer decided before {}", expires_at.to_rfc3339()),
             };
-            deny_execution(&mut tx, execution_id, &reason).await?;
+            if deny_execution(&mut tx, execution_id, &reason).await? {
+                denied += 1;
+            }
             let event = NewEvent {
                 kind: "approval.expired",
                 execution_id: Some(execution_id.clone()),
@@ -238,6 +287,9 @@ impl AuditStore {
             chain::append(&mut tx, &event).await?;
         }
         tx.commit().await?;
+        for _ in 0..denied {
+            self.metrics.execution_finished(ExecutionStatus::Denied);
+        }
         let mut rows = Vec::with_capacity(expired.len());
         for (id, ..) in &expired {
             if let Some(row) = self.get_approval(id).await? {
@@ -248,13 +300,59 @@ impl AuditStore {
     }
 }
 
-/// Ends a held execution as `denied`, adding `reason` to its reasons.
+/// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
+/// `approval.request_bytes` would pass. Expired but unswept approvals do not count.
+async fn pending_cap_reached(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    row: &ExecutionRow,
+    approval: &NewApproval,
+    caps: &PendingCaps,
+) -> Result<Option<String>, AuditError> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
+        .bind(PENDING_LOCK_CLASS)
+        .bind(&row.tenant)
+        .execute(&mut **tx)
+        .await?;
+    let (tenant_count, tenant_bytes, key_count, key_bytes): (i64, i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), COALESCE(sum(request_bytes), 0)::bigint, \
+             count(*) FILTER (WHERE requester_key_id = $2), \
+             COALESCE(sum(request_bytes) FILTER (WHERE requester_key_id = $2), 0)::bigint \
+             FROM approvals WHERE status = 'pending' AND expires_at > now() AND tenant = $1",
+    )
+    .bind(&row.tenant)
+    .bind(&approval.requester_key_id)
+    .fetch_one(&mut **tx)
+    .await?;
+    let bytes = approval.request_bytes;
+    let full = if key_count >= caps.per_key {
+        format!("this key already has {key_count} requests waiting for review (the limit)")
+    } else if tenant_count >= caps.per_tenant {
+        format!("this tenant already has {tenant_count} requests waiting for review (the limit)")
+    } else if key_bytes.saturating_add(bytes) > caps.bytes_per_key {
+        format!(
+            "this key's requests waiting for review would hold {} bytes; the limit is {}",
+            key_bytes.saturating_add(bytes),
+            caps.bytes_per_key
+        )
+    } else if tenant_bytes.saturating_add(bytes) > caps.bytes_per_tenant {
+        format!(
+            "this tenant's requests waiting for review would hold {} bytes; the limit is {}",
+            tenant_bytes.saturating_add(bytes),
+            caps.bytes_per_tenant
+        )
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(full))
+}
+
+/// Ends a held execution as `denied`, adding `reason` to its reasons. `true`: it was held.
 async fn deny_execution(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     execution_id: &str,
     reason: &Reason,
-) -> Result<(), AuditError> {
-    sqlx::query(
+) -> Result<bool, AuditError> {
+    let done = sqlx::query(
         "UPDATE executions SET status = 'denied', allow = false, \
          reasons = reasons || $2::jsonb, finished_at = now() \
          WHERE id = $1 AND status = 'pending_approval'",
@@ -263,5 +361,5 @@ async fn deny_execution(
     .bind(Json(json!([reason])))
     .execute(&mut **tx)
     .await?;
-    Ok(())
+    Ok(done.rows_affected() == 1)
 }

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{chain, AuditError, AuditStore, NewEvent};
+use crate::metrics::EgressDecision;
 
 /// An attempt as it is recorded (the proxy's `Attempt`, flattened for SQL).
 #[derive(Debug, Clone)]
@@ -67,6 +68,7 @@ impl AuditStore {
     /// Inserts the connection row and its audit event in one transaction; returns the row id.
     pub async fn open_connection(&self, open: &ConnectionOpen) -> Result<String, AuditError> {
         let id = crate::ids::new("cn");
+        let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO egress_connections (id, execution_id, tenant, host, port, scheme, sni, \
@@ -107,6 +109,12 @@ impl AuditStore {
         };
         chain::append(&mut tx, &event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
+        self.metrics.egress(if open.allow {
+            EgressDecision::Allow
+        } else {
+            EgressDecision::Deny
+        });
         Ok(id)
     }
 
@@ -142,5 +150,107 @@ impl AuditStore {
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
+    }
+}
+
+/// A request inside an inspected tunnel as it is recorded (the proxy's `InspectedRequest`).
+#[derive(Debug, Clone)]
+pub struct RequestOpen {
+    pub connection_id: String,
+    pub execution_id: String,
+    pub tenant: String,
+    pub host: String,
+    pub port: i32,
+    pub method: String,
+    pub path: String,
+    pub query_sha256: Option<String>,
+    pub header_names: Vec<String>,
+    pub credentials: Vec<String>,
+    pub upgrade: bool,
+    pub allow: bool,
+    pub reason: String,
+    pub message: String,
+    pub policy_reasons: Value,
+    pub policy_revision: String,
+    pub started_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RequestClose {
+    pub status_code: i32,
+    pub bytes_up: i64,
+    pub bytes_down: i64,
+    pub duration_ms: i64,
+    pub error: Option<String>,
+}
+
+impl AuditStore {
+    /// Inserts the request row and its `egress.request` audit event in one transaction.
+    pub async fn open_request(&self, open: &RequestOpen) -> Result<String, AuditError> {
+        let id = crate::ids::new("rq");
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO egress_requests (id, connection_id, execution_id, tenant, host, port, \
+             method, path, query_sha256, header_names, credentials, upgrade, allow, reason, \
+             message, policy_revision, started_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+        )
+        .bind(&id)
+        .bind(&open.connection_id)
+        .bind(&open.execution_id)
+        .bind(&open.tenant)
+        .bind(&open.host)
+        .bind(open.port)
+        .bind(&open.method)
+        .bind(&open.path)
+        .bind(&open.query_sha256)
+        .bind(&open.header_names)
+        .bind(&open.credentials)
+        .bind(open.upgrade)
+        .bind(open.allow)
+        .bind(&open.reason)
+        .bind(&open.message)
+        .bind(&open.policy_revision)
+        .bind(open.started_at)
+        .execute(&mut *tx)
+        .await?;
+        let event = NewEvent {
+            kind: "egress.request",
+            execution_id: Some(open.execution_id.clone()),
+            key_id: None,
+            tenant: Some(open.tenant.clone()),
+            decision_id: Some(id.clone()),
+            allow: Some(open.allow),
+            reasons: json!([{"code": open.reason, "message": open.message}]),
+            input: json!({
+                "connection_id": open.connection_id, "host": open.host, "port": open.port,
+                "method": open.method, "path": open.path, "query_sha256": open.query_sha256,
+                "headers": open.header_names, "upgrade": open.upgrade,
+            }),
+            decision: json!({
+                "allow": open.allow, "credentials": open.credentials,
+                "policy_reasons": open.policy_reasons,
+            }),
+            policy_revision: Some(open.policy_revision.clone()),
+        };
+        chain::append(&mut tx, &event).await?;
+        tx.commit().await?;
+        Ok(id)
+    }
+
+    pub async fn close_request(&self, id: &str, close: &RequestClose) -> Result<(), AuditError> {
+        sqlx::query(
+            "UPDATE egress_requests SET finished_at = now(), status_code = $2, bytes_up = $3, \
+             bytes_down = $4, duration_ms = $5, error = $6 WHERE id = $1",
+        )
+        .bind(id)
+        .bind(close.status_code)
+        .bind(close.bytes_up)
+        .bind(close.bytes_down)
+        .bind(close.duration_ms)
+        .bind(&close.error)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 }

@@ -6,12 +6,15 @@ pub mod chain;
 pub mod durable;
 pub mod egress;
 pub mod journal;
+pub mod keys;
 pub mod read;
 pub mod sessions;
 pub mod verify;
 
+use std::sync::Arc;
+use std::time::Instant;
+
 use chrono::{DateTime, Utc};
-use rand::RngCore;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 use sqlx::types::Json;
@@ -19,6 +22,9 @@ use sqlx::PgPool;
 
 pub use chain::NewEvent;
 use policy_engine::{Limits, Reason};
+
+use crate::metrics::{DecisionOutcome, Metrics};
+use crate::status::ExecutionStatus;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuditError {
@@ -35,22 +41,7 @@ impl From<sqlx::Error> for AuditError {
 
 pub const ROLES: &[&str] = &["agent", "reviewer", "auditor", "admin"];
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-pub struct ApiKey {
-    pub id: String,
-    pub role: String,
-    pub tenant: String,
-    /// The person or system behind the key (default: the key id). A reviewer key of the
-    /// requesting principal cannot approve that principal's requests.
-    pub principal: String,
-}
-
-/// A freshly created key: `secret` is shown once and never stored.
-#[derive(Debug)]
-pub struct NewKey {
-    pub id: String,
-    pub secret: String,
-}
+pub use keys::{ApiKey, NewKey};
 
 /// One row of `executions`.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -131,14 +122,26 @@ pub struct AuditStore {
     /// Where completions and connection closes go while the database is down (the server's
     /// store has one; the command line's does not need one).
     journal: Option<std::sync::Arc<journal::Journal>>,
+    /// Counted here, when records commit, so the metrics say what the store holds.
+    metrics: Arc<Metrics>,
 }
 
 impl AuditStore {
     pub fn new(pool: PgPool) -> AuditStore {
+        AuditStore::with_metrics(pool, Arc::default())
+    }
+
+    /// A store that counts what it commits in `metrics` (the server's; `new` keeps its own).
+    pub fn with_metrics(pool: PgPool, metrics: Arc<Metrics>) -> AuditStore {
         AuditStore {
             pool,
+            metrics,
             journal: None,
         }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// The same store, keeping what it cannot write in `journal` (see [`durable`]).
@@ -172,93 +175,13 @@ impl AuditStore {
         Ok(())
     }
 
-    /// Creates a key on the operator's behalf (`sandgate keys create`): see [`Self::create_key_by`].
-    pub async fn create_key(&self, role: &str, tenant: &str) -> Result<NewKey, AuditError> {
-        self.create_key_for(role, tenant, None).await
-    }
-
-    /// Creates a key for `principal` (default: the new key's own id) on the operator's behalf.
-    pub async fn create_key_for(
-        &self,
-        role: &str,
-        tenant: &str,
-        principal: Option<&str>,
-    ) -> Result<NewKey, AuditError> {
-        self.create_key_by(role, tenant, principal, None).await
-    }
-
-    /// Creates a key for `principal` (default: the new key's own id); only the SHA-256 of the
-    /// returned secret is stored. The `key.create` audit event (naming `creator`, the admin key
-    /// that asked, or none for the command line) commits with it.
-    pub async fn create_key_by(
-        &self,
-        role: &str,
-        tenant: &str,
-        principal: Option<&str>,
-        creator: Option<&ApiKey>,
-    ) -> Result<NewKey, AuditError> {
-        let mut id_bytes = [0u8; 8];
-        let mut secret_bytes = [0u8; 32];
-        rand::rngs::OsRng.fill_bytes(&mut id_bytes);
-        rand::rngs::OsRng.fill_bytes(&mut secret_bytes);
-        let id = format!("key_{}", hex::encode(id_bytes));
-        let secret = format!(
-            "sgk_{}_{}",
-            hex::encode(id_bytes),
-            hex::encode(secret_bytes)
-        );
-        let principal = principal.unwrap_or(&id);
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO api_keys (id, key_hash, role, tenant, principal) \
-             VALUES ($1, $2, $3, $4, $5)",
-        )
-        .bind(&id)
-        .bind(key_hash(&secret))
-        .bind(role)
-        .bind(tenant)
-        .bind(principal)
-        .execute(&mut *tx)
-        .await?;
-        let event = NewEvent {
-            kind: "key.create",
-            execution_id: None,
-            key_id: creator.map(|key| key.id.clone()),
-            tenant: creator.map(|key| key.tenant.clone()),
-            decision_id: None,
-            allow: Some(true),
-            reasons: serde_json::json!([]),
-            input: serde_json::json!({
-                "role": role,
-                "tenant": tenant,
-                "principal": principal,
-                "via": if creator.is_some() { "api" } else { "command_line" },
-            }),
-            decision: serde_json::json!({"created_key_id": id}),
-            policy_revision: None,
-        };
-        chain::append(&mut tx, &event).await?;
-        tx.commit().await?;
-        Ok(NewKey { id, secret })
-    }
-
-    /// The live key whose secret this is, if any.
-    pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
-        let key = sqlx::query_as(
-            "SELECT id, role, tenant, COALESCE(principal, id) AS principal FROM api_keys \
-             WHERE key_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(key_hash(secret))
-        .fetch_optional(&self.pool)
-        .await?;
-        Ok(key)
-    }
-
     /// Appends one event on its own (decisions that have no execution row).
     pub async fn record_event(&self, event: &NewEvent) -> Result<String, AuditError> {
+        let started = Instant::now();
         let mut tx = self.pool.begin().await?;
         let id = chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
         Ok(id)
     }
 
@@ -269,11 +192,29 @@ impl AuditStore {
         row: &ExecutionRow,
         event: &NewEvent,
     ) -> Result<(), AuditError> {
+        let started = Instant::now();
         let mut tx = self.pool.begin().await?;
         insert_execution(&mut tx, row).await?;
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
+        self.metrics.audit_appended(started.elapsed());
+        let outcome = if row.allow {
+            DecisionOutcome::Allow
+        } else {
+            DecisionOutcome::Deny
+        };
+        self.metrics.decision(outcome);
+        self.count_if_final(&row.status);
         Ok(())
+    }
+
+    /// Counts a record that has reached a final status.
+    fn count_if_final(&self, status: &str) {
+        match ExecutionStatus::parse(status) {
+            Some(status) if status.is_final() => self.metrics.execution_finished(status),
+            Some(_) => {}
+            None => tracing::warn!(status, "execution record with an unknown status"),
+        }
     }
 
     /// Finished executions whose payload is still stored, finished before `cutoff`.
@@ -360,6 +301,11 @@ impl AuditStore {
         .bind(finished_at)
         .fetch_one(&self.pool)
         .await?;
+        self.count_if_final(done.status);
+        if let Ok(ms) = u64::try_from(done.duration_ms) {
+            self.metrics
+                .execution_ran(std::time::Duration::from_millis(ms));
+        }
         Ok(row)
     }
 
@@ -433,6 +379,9 @@ impl AuditStore {
             chain::append(&mut tx, &event).await?;
         }
         tx.commit().await?;
+        for _ in &closed {
+            self.metrics.execution_finished(ExecutionStatus::Error);
+        }
         Ok(closed.len() as u64)
     }
 

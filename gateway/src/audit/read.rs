@@ -23,6 +23,68 @@ pub const STATUSES: &[&str] = &[
     "error",
 ];
 
+/// Every `audit_events.kind` the gateway writes (`gateway/tests/listing.rs` checks that each
+/// kind written in the source is here). `GET /v1/audit/events?kind=` takes one of these, or a
+/// family such as `approval.*`.
+pub const EVENT_KINDS: &[&str] = &[
+    "approval.approved",
+    "approval.expired",
+    "approval.refused",
+    "approval.rejected",
+    "approval.requested",
+    "auth.failure",
+    "auth.failure.repeated",
+    "egress.connection",
+    "egress.denied.repeated",
+    "execution.cancel",
+    "execution.decision",
+    "execution.reaped",
+    "key.create",
+    "key.revoke",
+    "key.rotate",
+    "policy.evaluate",
+    "policy.reload",
+    "queue.refused",
+    "queue.refused.repeated",
+    "request.cross_tenant",
+    "request.cross_tenant.repeated",
+    "request.traversal",
+    "request.traversal.repeated",
+    "retention.purge",
+];
+
+/// A `kind` filter: one kind, or every kind of a family (`approval.*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KindFilter {
+    Exact(String),
+    Family(String),
+}
+
+impl KindFilter {
+    /// Parses `approval.requested` or `approval.*`; `None` for anything no event can match.
+    pub fn parse(text: &str) -> Option<KindFilter> {
+        if let Some(family) = text.strip_suffix(".*") {
+            let prefix = format!("{family}.");
+            return EVENT_KINDS
+                .iter()
+                .any(|kind| kind.starts_with(&prefix))
+                .then(|| KindFilter::Family(family.to_owned()));
+        }
+        EVENT_KINDS
+            .contains(&text)
+            .then(|| KindFilter::Exact(text.to_owned()))
+    }
+
+    /// `(exact kind, family prefix "approval.")` for the query's two parameters.
+    fn binds(filter: Option<&KindFilter>) -> (Option<&str>, Option<String>) {
+        match filter {
+            None => (None, None),
+            Some(KindFilter::Exact(kind)) => (Some(kind), None),
+            Some(KindFilter::Family(family)) => (None, Some(format!("{family}."))),
+        }
+    }
+}
+
 /// Which executions to list. `None` fields do not filter.
 #[derive(Debug, Clone, Default)]
 pub struct ExecutionFilter {
@@ -37,7 +99,7 @@ pub struct ExecutionFilter {
 /// Which audit events to list. `None` fields do not filter.
 #[derive(Debug, Clone, Default)]
 pub struct EventFilter {
-    pub kind: Option<String>,
+    pub kind: Option<KindFilter>,
     pub execution_id: Option<String>,
     pub since: Option<DateTime<Utc>>,
     /// Only events with a smaller `seq` (the previous page's last `seq`).
@@ -96,6 +158,7 @@ impl AuditStore {
 
     /// Audit events matching `filter`, newest first (`seq` descending).
     pub async fn list_events(&self, filter: &EventFilter) -> Result<Vec<AuditEvent>, AuditError> {
+        let (exact, family) = KindFilter::binds(filter.kind.as_ref());
         let rows = sqlx::query_as(
             "SELECT seq, id, at, kind, execution_id, key_id, tenant, decision_id, allow, \
              reasons, input, decision, policy_revision, prev_hash, hash FROM audit_events \
@@ -103,15 +166,54 @@ impl AuditStore {
              AND ($2::text IS NULL OR execution_id = $2) \
              AND ($3::timestamptz IS NULL OR at >= $3) \
              AND ($4::bigint IS NULL OR seq < $4) \
+             AND ($6::text IS NULL OR starts_with(kind, $6)) \
              ORDER BY seq DESC LIMIT $5",
         )
-        .bind(&filter.kind)
+        .bind(exact)
         .bind(&filter.execution_id)
         .bind(filter.since)
         .bind(filter.before)
         .bind(filter.limit)
+        .bind(family)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)
+    }
+
+    /// Stores how the live stream split the output of `id` (see migration `stream_layout`).
+    pub async fn save_stream_layout(&self, id: &str, layout: &Value) -> Result<(), AuditError> {
+        sqlx::query("UPDATE executions SET stream_layout = $2 WHERE id = $1")
+            .bind(id)
+            .bind(Json(layout))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The stored stream layout of `id`, if any.
+    pub async fn stream_layout(&self, id: &str) -> Result<Option<Value>, AuditError> {
+        let layout: Option<(Option<Json<Value>>,)> =
+            sqlx::query_as("SELECT stream_layout FROM executions WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(layout.and_then(|(layout,)| layout.map(|Json(value)| value)))
+    }
+
+    /// Whether execution `id` exists (within `tenant`, when given): a listing's `before` must
+    /// name one, or the page could only ever be empty.
+    pub async fn execution_visible(
+        &self,
+        id: &str,
+        tenant: Option<&str>,
+    ) -> Result<bool, AuditError> {
+        let found: Option<(String,)> = sqlx::query_as(
+            "SELECT id FROM executions WHERE id = $1 AND ($2::text IS NULL OR tenant = $2)",
+        )
+        .bind(id)
+        .bind(tenant)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(found.is_some())
     }
 }

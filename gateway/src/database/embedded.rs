@@ -3,7 +3,11 @@
 //! directory only its owner can enter. No TCP listener.
 //!
 //! `initdb` refuses to run as root, so when sandgate runs as root the cluster runs as the
-//! `postgres` system user, which owns `<data_dir>/pg`.
+//! `postgres` system user, which owns `<data_dir>/pg`. That user must be able to enter
+//! `data_dir`; when a parent is private (a clone under `/root`, mode 0700, or under a
+//! `mktemp -d` directory) it cannot, and the cluster lives in [`RELOCATED_ROOT`]`/<hash of the
+//! data_dir path>` instead (with a `data_dir` file naming the directory it belongs to). No
+//! permission of the user's directories is changed.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
@@ -12,6 +16,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use nix::unistd::{Gid, Uid, User};
+use sha2::{Digest, Sha256};
 use sqlx::postgres::PgConnectOptions;
 
 use super::DatabaseError;
@@ -21,6 +26,8 @@ const SOCKET_PORT: u16 = 5432;
 /// `sun_path` is 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 const SUPERUSER: &str = "postgres";
+/// Where the clusters live whose `data_dir` the `postgres` user cannot enter (root only).
+pub const RELOCATED_ROOT: &str = "/var/lib/sandgate/pg";
 
 #[derive(Debug)]
 pub struct EmbeddedPostgres {
@@ -44,8 +51,8 @@ impl EmbeddedPostgres {
             Some(dir) => dir.to_owned(),
             None => find_bin_dir()?,
         };
-        let root = absolute(&data_dir.join("pg"))?;
         let run_as = run_as_user()?;
+        let root = cluster_root(data_dir, run_as)?;
         let mut pg = EmbeddedPostgres {
             bin_dir,
             pgdata: root.join("data"),
@@ -87,6 +94,11 @@ impl EmbeddedPostgres {
 
     pub fn pgdata(&self) -> &Path {
         &self.pgdata
+    }
+
+    /// The directory holding the socket (`host=` in a connection URL).
+    pub fn socket_dir(&self) -> &Path {
+        &self.socket_dir
     }
 
     pub fn owned(&self) -> bool {
@@ -228,6 +240,55 @@ impl EmbeddedPostgres {
         }
         Ok(output)
     }
+}
+
+/// `<data_dir>/pg`, or, when the cluster's user cannot enter `data_dir` (a private parent),
+/// [`RELOCATED_ROOT`]`/<first 16 hex digits of sha256(absolute data_dir)>`, said in the log.
+fn cluster_root(data_dir: &Path, run_as: Option<(Uid, Gid)>) -> Result<PathBuf, DatabaseError> {
+    let data_dir = absolute(data_dir)?;
+    let beside = data_dir.join("pg");
+    let Some((uid, gid)) = run_as else {
+        return Ok(beside);
+    };
+    std::fs::create_dir_all(&data_dir).map_err(|err| io_error(&data_dir, err))?;
+    if can_enter(&data_dir, uid, gid)? {
+        return Ok(beside);
+    }
+    let relocated = relocated_cluster_dir(&data_dir);
+    std::fs::create_dir_all(&relocated).map_err(|err| io_error(&relocated, err))?;
+    let note = relocated.join("data_dir");
+    std::fs::write(&note, format!("{}\n", data_dir.display()))
+        .map_err(|err| io_error(&note, err))?;
+    tracing::info!(
+        data_dir = %data_dir.display(),
+        cluster = %relocated.display(),
+        "user {SUPERUSER} cannot enter data_dir (a parent directory is private); \
+         the embedded PostgreSQL cluster lives in {}",
+        relocated.display()
+    );
+    Ok(relocated)
+}
+
+/// Where the cluster of the absolute `data_dir` lives when `postgres` cannot enter it.
+pub fn relocated_cluster_dir(data_dir: &Path) -> PathBuf {
+    let digest = Sha256::digest(data_dir.as_os_str().as_encoded_bytes());
+    Path::new(RELOCATED_ROOT).join(hex::encode(&digest[..8]))
+}
+
+/// Whether `uid`/`gid` may traverse every directory down to and including `dir`, asked of the
+/// kernel (`test -x` as that user, so ACLs count) rather than guessed from mode bits.
+fn can_enter(dir: &Path, uid: Uid, gid: Gid) -> Result<bool, DatabaseError> {
+    let test = Path::new("/usr/bin/test");
+    let status = Command::new(test)
+        .env_clear()
+        .arg("-x")
+        .arg(dir)
+        .uid(uid.as_raw())
+        .gid(gid.as_raw())
+        .current_dir("/")
+        .status()
+        .map_err(|err| io_error(test, err))?;
+    Ok(status.success())
 }
 
 /// Root cannot run `initdb`; run the cluster as the `postgres` system user instead.

@@ -91,10 +91,11 @@ impl Database {
         self.embedded.as_ref()
     }
 
-    /// Closes the pool and stops the embedded server if this process started it.
+    /// Closes the pool and stops the embedded server if this process started it (a command-line
+    /// tool that found it running only disconnects, and says nothing about stopping it).
     pub async fn close(self) {
         self.pool.close().await;
-        if let Some(pg) = self.embedded {
+        if let Some(pg) = self.embedded.filter(EmbeddedPostgres::owned) {
             let stopped = tokio::task::spawn_blocking(move || pg.stop()).await;
             match stopped {
                 Ok(Ok(())) => tracing::info!("embedded PostgreSQL stopped"),

@@ -92,7 +92,7 @@ pub async fn fresh_database() -> String {
     gateway::database::create_database_if_missing(pg, &name)
         .await
         .expect("create test database");
-    let socket_dir = pg.pgdata().parent().unwrap().join("run");
+    let socket_dir = pg.socket_dir();
     format!(
         "postgres://postgres@localhost/{name}?host={}&port=5432",
         socket_dir.display()
@@ -424,4 +424,17 @@ pub fn containers_created_since(since: &str, label: &str) -> Vec<String> {
         .filter(|name| !name.starts_with("sandgate-sb_"))
         .map(str::to_owned)
         .collect()
+}
+
+/// The Python environment of the toolkit tests (scripts/setup.sh makes it).
+pub fn python_venv() -> PathBuf {
+    let venv = std::env::var_os("SANDGATE_PY_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target/py"));
+    assert!(
+        venv.join("bin/python").is_file(),
+        "no Python test environment at {}: run `bash scripts/setup.sh` (it makes it with pip); {SETUP}",
+        venv.display()
+    );
+    venv
 }

@@ -11,6 +11,8 @@ use super::TestGateway;
 pub struct SseEvent {
     pub name: String,
     pub data: Value,
+    /// The event's `id:` (its position in the stream, from 1).
+    pub id: Option<u64>,
 }
 
 impl TestGateway {
@@ -39,13 +41,19 @@ impl TestGateway {
 
     /// Opens `GET /v1/executions/{id}/events`; the reader yields events as they arrive.
     pub async fn events(&self, key: &str, id: &str) -> SseReader {
-        let response = self
+        self.events_after(key, id, None).await
+    }
+
+    /// Like [`TestGateway::events`], resuming after event `last` (`Last-Event-ID`).
+    pub async fn events_after(&self, key: &str, id: &str, last: Option<u64>) -> SseReader {
+        let mut request = self
             .http
             .get(format!("{}/v1/executions/{id}/events", self.url))
-            .bearer_auth(key)
-            .send()
-            .await
-            .expect("request");
+            .bearer_auth(key);
+        if let Some(last) = last {
+            request = request.header("last-event-id", last.to_string());
+        }
+        let response = request.send().await.expect("request");
         assert_eq!(response.status().as_u16(), 200, "events of {id}");
         assert!(response
             .headers()
@@ -73,8 +81,11 @@ impl SseReader {
                 let block = String::from_utf8(block).expect("events are UTF-8");
                 let mut name = String::from("message");
                 let mut data = String::new();
+                let mut id = None;
                 for line in block.lines() {
-                    if let Some(value) = line.strip_prefix("event:") {
+                    if let Some(value) = line.strip_prefix("id:") {
+                        id = Some(value.trim().parse().expect("numeric event id"));
+                    } else if let Some(value) = line.strip_prefix("event:") {
                         name = value.trim().to_owned();
                     } else if let Some(value) = line.strip_prefix("data:") {
                         data.push_str(value.strip_prefix(' ').unwrap_or(value));
@@ -84,7 +95,7 @@ impl SseReader {
                     continue;
                 }
                 let data = serde_json::from_str(&data).expect("event data is JSON");
-                return Some(SseEvent { name, data });
+                return Some(SseEvent { name, data, id });
             }
             let chunk = tokio::time::timeout(Duration::from_secs(120), self.response.chunk())
                 .await

@@ -1,19 +1,18 @@
 //! `sandgate exec`: a small client for humans. It creates an execution (`wait: false`), prints
 //! its stdout and stderr as they arrive through `GET /v1/executions/{id}/events`, optionally
-//! downloads its output files, and exits with the program's exit code.
+//! downloads its output files (only as new regular files: `save`), and exits with the
+//! program's exit code. `http://` or `https://` (reqwest with rustls; `ca_file` adds a private
+//! CA to the system roots).
+
+pub mod save;
 
 use std::io::Write;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use base64::Engine as _;
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+use reqwest::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
 /// Exit codes for endings that carry no program exit code.
@@ -28,8 +27,10 @@ const APPROVAL_POLL: Duration = Duration::from_secs(2);
 /// What to run, and where.
 #[derive(Debug, Clone)]
 pub struct ExecRequest {
-    /// `http://host:port` of the gateway.
+    /// `http://host:port` or `https://host:port` of the gateway.
     pub url: String,
+    /// A CA certificate (PEM) to trust beside the system roots, for `https://`.
+    pub ca_file: Option<PathBuf>,
     pub key: String,
     pub language: String,
     pub code: String,
@@ -42,9 +43,22 @@ pub struct ExecRequest {
     pub output_dir: Option<PathBuf>,
     /// Run in this open session (`POST /v1/sessions/{id}/executions`) instead.
     pub session: Option<String>,
+    /// Whether existing files may be replaced and dot-files written there.
+    pub save: save::SaveOptions,
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = reqwest::Client;
+
+fn http_client(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
+    let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+        let ca = reqwest::Certificate::from_pem(&pem)
+            .with_context(|| format!("{}: not a PEM certificate", path.display()))?;
+        builder = builder.add_root_certificate(ca);
+    }
+    builder.build().context("building the HTTP client")
+}
 
 /// Runs one execution; returns the exit code `sandgate exec` should exit with.
 pub async fn exec(
@@ -53,10 +67,10 @@ pub async fn exec(
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
     let base = request.url.trim_end_matches('/');
-    if !base.starts_with("http://") {
-        bail!("--url must be an http:// URL of the gateway (got {base:?})");
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        bail!("--url must be an http:// or https:// URL of the gateway (got {base:?})");
     }
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = http_client(request.ca_file.as_deref())?;
     if let Some(session) = &request.session {
         return exec_in_session(&client, request, base, session, stdout, stderr).await;
     }
@@ -221,19 +235,14 @@ async fn follow(
     )
     .await?;
     let status = response.status();
-    let mut body = response.into_body();
+    let mut response = response;
     if !status.is_success() {
-        let bytes = body.collect().await?.to_bytes();
-        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let value = response.json().await.unwrap_or(Value::Null);
         bail!("{}", api_error(status, &value));
     }
     let mut buffer: Vec<u8> = Vec::new();
-    while let Some(frame) = body.frame().await {
-        let frame = frame.context("reading the event stream")?;
-        let Some(data) = frame.data_ref() else {
-            continue;
-        };
-        buffer.extend_from_slice(data);
+    while let Some(data) = response.chunk().await.context("reading the event stream")? {
+        buffer.extend_from_slice(&data);
         while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
             let block: Vec<u8> = buffer.drain(..end + 2).collect();
             let (name, data) = parse_event(&String::from_utf8_lossy(&block));
@@ -287,19 +296,12 @@ async fn download_outputs(
     if !status.is_success() {
         bail!("{}", api_error(status, &record));
     }
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     for output in record["outputs"].as_array().into_iter().flatten() {
         let path = output["path"].as_str().unwrap_or_default();
-        // Only plain relative paths are written: the manifest comes from a sandbox.
-        let relative = Path::new(path);
-        if path.is_empty()
-            || !relative
-                .components()
-                .all(|c| matches!(c, Component::Normal(_)))
-        {
-            writeln!(
-                stderr,
-                "sandgate: skipping output {path:?}: not a plain relative path"
-            )?;
+        // Checked before anything is fetched: the manifest comes from a sandbox.
+        if let Err(why) = save::check_name(path, request.save) {
+            writeln!(stderr, "sandgate: not written: {path:?}: {why}")?;
             continue;
         }
         let url = format!("{base}/v1/executions/{id}/outputs/{}", encode_path(path));
@@ -312,19 +314,16 @@ async fn download_outputs(
             )?;
             continue;
         }
-        let bytes = response.into_body().collect().await?.to_bytes();
-        let target = dir.join(relative);
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .with_context(|| format!("creating {}", parent.display()))?;
+        let bytes = response.bytes().await.context("reading an output file")?;
+        match save::save(dir, path, &bytes, request.save) {
+            Ok(target) => writeln!(
+                stderr,
+                "sandgate: wrote {} ({} bytes)",
+                target.display(),
+                bytes.len()
+            )?,
+            Err(why) => writeln!(stderr, "sandgate: not written: {path:?}: {why}")?,
         }
-        std::fs::write(&target, &bytes).with_context(|| format!("writing {}", target.display()))?;
-        writeln!(
-            stderr,
-            "sandgate: saved {} ({} bytes)",
-            target.display(),
-            bytes.len()
-        )?;
     }
     for skipped in record["outputs_skipped"].as_array().into_iter().flatten() {
         writeln!(
@@ -355,20 +354,13 @@ async fn send(
     method: Method,
     url: &str,
     body: Option<&Value>,
-) -> anyhow::Result<Response<Incoming>> {
-    let bytes = match body {
-        Some(body) => Bytes::from(serde_json::to_vec(body)?),
-        None => Bytes::new(),
-    };
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("authorization", format!("Bearer {key}"))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes))
-        .context("building the request")?;
-    client
-        .request(request)
+) -> anyhow::Result<Response> {
+    let mut request = client.request(method, url).bearer_auth(key);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    request
+        .send()
         .await
         .with_context(|| format!("cannot reach the gateway at {url}"))
 }
@@ -382,7 +374,7 @@ async fn call(
 ) -> anyhow::Result<(StatusCode, Value)> {
     let response = send(client, key, method, url, body).await?;
     let status = response.status();
-    let bytes = response.into_body().collect().await?.to_bytes();
+    let bytes = response.bytes().await.context("reading the answer")?;
     Ok((
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
@@ -390,8 +382,13 @@ async fn call(
 }
 
 fn api_error(status: StatusCode, body: &Value) -> String {
+    let hint = if status == StatusCode::UNAUTHORIZED {
+        "; the key comes from --key or SANDGATE_KEY"
+    } else {
+        ""
+    };
     format!(
-        "the gateway answered {status}: {} ({})",
+        "the gateway answered {status}: {} ({}){hint}",
         body["error"]["message"].as_str().unwrap_or("no message"),
         body["error"]["code"].as_str().unwrap_or("no code")
     )

@@ -1,0 +1,188 @@
+//! Credentials the proxy attaches to inspected requests, and the placeholders the sandbox holds
+//! instead of them (DESIGN section 11).
+//!
+//! A [`Secret`] never prints: its `Debug` is redacted and it has no `Display`. Only
+//! [`Credential::header_value`] (used when a request is forwarded upstream) and the placeholder
+//! swap read it. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
+//! so a placeholder seen in one execution means nothing in another.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use rand::RngCore;
+
+/// Prefix of every placeholder.
+pub const PLACEHOLDER_PREFIX: &str = "sgph_";
+/// Prefix of the environment variable holding a credential's placeholder.
+pub const PLACEHOLDER_ENV_PREFIX: &str = "SANDGATE_CREDENTIAL_";
+
+/// A credential's value. Cheap to clone; never printed.
+#[derive(Clone)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn new(value: impl Into<Arc<str>>) -> Secret {
+        Secret(value.into())
+    }
+
+    /// The value, for the places that must send it upstream (and for tests looking for leaks).
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// One credential from the gateway's config: its name, the header it goes in, and the format of
+/// that header's value (`{value}` replaced by the secret, e.g. `Bearer {value}`).
+#[derive(Debug, Clone)]
+pub struct Credential {
+    pub name: String,
+    /// Lower-case header name.
+    pub header: String,
+    pub format: String,
+    pub value: Secret,
+}
+
+impl Credential {
+    /// The header value sent upstream.
+    pub(crate) fn header_value(&self) -> String {
+        self.format.replace("{value}", self.value.expose())
+    }
+}
+
+/// The credentials one execution's grant names, each with its placeholder.
+#[derive(Debug, Clone, Default)]
+pub struct ExecutionCredentials {
+    entries: Vec<(Credential, String)>,
+}
+
+impl ExecutionCredentials {
+    /// Gives each credential a fresh random placeholder.
+    pub fn new(credentials: Vec<Credential>) -> ExecutionCredentials {
+        let mut rng = rand::thread_rng();
+        let entries = credentials
+            .into_iter()
+            .map(|credential| {
+                let mut bytes = [0u8; 16];
+                rng.fill_bytes(&mut bytes);
+                (
+                    credential,
+                    format!("{PLACEHOLDER_PREFIX}{}", hex::encode(bytes)),
+                )
+            })
+            .collect();
+        ExecutionCredentials { entries }
+    }
+
+    /// `SANDGATE_CREDENTIAL_<NAME>=<placeholder>` for each credential: the only trace of a
+    /// credential the sandbox gets.
+    pub fn env(&self) -> Vec<(String, String)> {
+        self.entries
+            .iter()
+            .map(|(credential, placeholder)| {
+                (placeholder_env_name(&credential.name), placeholder.clone())
+            })
+            .collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Option<&Credential> {
+        self.entries
+            .iter()
+            .find(|(credential, _)| credential.name == name)
+            .map(|(credential, _)| credential)
+    }
+
+    /// Names of the credentials whose placeholder occurs in `text`.
+    pub(crate) fn placeholders_in(&self, text: &[u8]) -> BTreeSet<String> {
+        self.entries
+            .iter()
+            .filter(|(_, placeholder)| contains(text, placeholder.as_bytes()))
+            .map(|(credential, _)| credential.name.clone())
+            .collect()
+    }
+
+    /// `text` with the placeholders of `granted` credentials replaced by their values.
+    pub(crate) fn swap(&self, text: &str, granted: &[String]) -> String {
+        let mut out = text.to_owned();
+        for (credential, placeholder) in &self.entries {
+            if granted.contains(&credential.name) && out.contains(placeholder.as_str()) {
+                out = out.replace(placeholder.as_str(), credential.value.expose());
+            }
+        }
+        out
+    }
+}
+
+/// `SANDGATE_CREDENTIAL_` and the name in upper case, anything but letters and digits as `_`.
+pub fn placeholder_env_name(name: &str) -> String {
+    let upper: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{PLACEHOLDER_ENV_PREFIX}{upper}")
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty()
+        && haystack
+            .windows(needle.len())
+            .any(|window| window == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn github() -> Credential {
+        Credential {
+            name: "github".into(),
+            header: "authorization".into(),
+            format: "Bearer {value}".into(),
+            value: Secret::new("ghp_canary"),
+        }
+    }
+
+    #[test]
+    fn placeholders_are_random_per_execution_and_never_the_value() {
+        let one = ExecutionCredentials::new(vec![github()]);
+        let two = ExecutionCredentials::new(vec![github()]);
+        let (name, placeholder) = one.env().remove(0);
+        assert_eq!(name, "SANDGATE_CREDENTIAL_GITHUB");
+        assert!(placeholder.starts_with("sgph_") && placeholder.len() == 37);
+        assert_ne!(placeholder, two.env()[0].1);
+        assert!(!format!("{one:?}").contains("ghp_canary"));
+    }
+
+    #[test]
+    fn only_granted_placeholders_are_swapped() {
+        let creds = ExecutionCredentials::new(vec![github()]);
+        let placeholder = creds.env()[0].1.clone();
+        let text = format!("token {placeholder}");
+        assert_eq!(
+            creds.placeholders_in(text.as_bytes()),
+            BTreeSet::from(["github".to_owned()])
+        );
+        assert_eq!(creds.swap(&text, &["github".into()]), "token ghp_canary");
+        assert_eq!(creds.swap(&text, &[]), text);
+        assert_eq!(github().header_value(), "Bearer ghp_canary");
+        assert_eq!(
+            placeholder_env_name("my-api.key"),
+            "SANDGATE_CREDENTIAL_MY_API_KEY"
+        );
+    }
+}

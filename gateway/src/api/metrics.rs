@@ -1,0 +1,39 @@
+//! `GET /metrics`: the Prometheus scrape (auditor or admin key). The series are built in
+//! `crate::metrics`; this checks the caller, reads the warm pool's waiting sandboxes into their
+//! gauge (the pool is the source of truth; asking it at scrape time keeps them equal) and sets
+//! the content type.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::IntoResponse;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::app::App;
+
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "metrics",
+    operation_id = "metrics_scrape",
+    summary = "Prometheus metrics (text exposition format 0.0.4).",
+    security(("bearer" = ["auditor", "admin"])),
+    responses(
+        (status = 200, description = "the series of DESIGN 12", body = String, content_type = "text/plain"),
+        super::openapi::ApiErrors,
+    ),
+)]
+pub async fn scrape(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+) -> Result<impl IntoResponse, ApiError> {
+    caller.require_role(&["auditor", "admin"])?;
+    let metrics = app.audit.metrics();
+    for (language, waiting) in app.pool.waiting() {
+        metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));
+    }
+    let text = metrics.render();
+    Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
+}

@@ -1,0 +1,120 @@
+//! Tool calls sent to a gateway's HTTP API (`sandgate mcp --url --key`): the gateway decides,
+//! audits and runs them as it does any `POST /v1/executions`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::{Refusal, Runner};
+
+/// Connecting should be quick; an execution may queue and run for minutes.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteError {
+    #[error("--url must be an http:// or https:// URL of the gateway (got {0:?})")]
+    Url(String),
+    #[error("cannot read the CA file {path}")]
+    CaFile {
+        path: std::path::PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
+    #[error("the CA file {path} holds no PEM certificate")]
+    CaPem {
+        path: std::path::PathBuf,
+        #[source]
+        err: reqwest::Error,
+    },
+    #[error("cannot build the HTTP client")]
+    Client(#[source] reqwest::Error),
+}
+
+/// A gateway reached over HTTP(S) with one API key.
+#[derive(Debug, Clone)]
+pub struct Remote {
+    http: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Remote {
+    /// `ca_file` adds a CA to the system roots, for gateways with a private certificate.
+    pub fn new(url: &str, key: &str, ca_file: Option<&Path>) -> Result<Remote, RemoteError> {
+        let base = url.trim_end_matches('/').to_owned();
+        if !(base.starts_with("http://") || base.starts_with("https://")) {
+            return Err(RemoteError::Url(base));
+        }
+        let mut builder = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .timeout(REQUEST_TIMEOUT);
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(path).map_err(|err| RemoteError::CaFile {
+                path: path.to_owned(),
+                err,
+            })?;
+            let ca = reqwest::Certificate::from_pem(&pem).map_err(|err| RemoteError::CaPem {
+                path: path.to_owned(),
+                err,
+            })?;
+            builder = builder.add_root_certificate(ca);
+        }
+        let http = builder.build().map_err(RemoteError::Client)?;
+        Ok(Remote {
+            http,
+            base,
+            key: key.to_owned(),
+        })
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refusal> {
+        let response = request
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(|err| unreachable(&self.base, &err))?;
+        if response.status().is_success() {
+            return Ok(response);
+        }
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        Err(Refusal::from_error_body(status, &body))
+    }
+}
+
+fn unreachable(base: &str, err: &reqwest::Error) -> Refusal {
+    let mut text = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    Refusal::new(
+        "unavailable",
+        format!("cannot reach the gateway at {base}: {text}"),
+    )
+}
+
+impl Runner for Remote {
+    async fn run(&self, body: Value) -> Result<Value, Refusal> {
+        let url = format!("{}/v1/executions", self.base);
+        let response = self.send(self.http.post(url).json(&body)).await?;
+        response
+            .json()
+            .await
+            .map_err(|err| unreachable(&self.base, &err))
+    }
+
+    async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {
+        let url = format!("{}/v1/executions/{execution_id}/outputs/{path}", self.base);
+        let response = self.send(self.http.get(url)).await?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|err| unreachable(&self.base, &err))?;
+        Ok(bytes.to_vec())
+    }
+}

@@ -1,0 +1,288 @@
+//! The tools: `run_code`. Arguments are checked here (a malformed call is a JSON-RPC
+//! `invalid params` error); what may run is decided by the gateway's policy (a denial is a tool
+//! result with `isError` and the policy's reasons, as the MCP spec wants for tool failures).
+
+use base64::Engine as _;
+use serde_json::{json, Map, Value};
+
+use super::protocol::{RpcError, INVALID_PARAMS};
+use super::{Refusal, Runner};
+
+/// Output files returned as image content, at most, and the largest one.
+const MAX_IMAGES: usize = 4;
+const MAX_IMAGE_BYTES: u64 = 2 * 1024 * 1024;
+const ARGUMENTS: [&str; 5] = ["code", "language", "files", "network", "timeout_ms"];
+
+/// `tools/list`.
+pub fn list() -> Value {
+    json!([{
+        "name": "run_code",
+        "title": "Run code in a sandbox",
+        "description": "Runs a program in a fresh gVisor sandbox, if sandgate's policy allows it, \
+                        and returns its status, exit code, stdout and stderr, and the files it \
+                        wrote to /output (images as image content). Files are placed in \
+                        /workspace, the working directory. The network is off unless requested \
+                        and granted.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "code": {"type": "string", "description": "the program"},
+                "language": {"type": "string", "description": "python (default) or bash"},
+                "files": {
+                    "type": "object",
+                    "additionalProperties": {"type": "string"},
+                    "description": "file name in /workspace -> text content",
+                },
+                "network": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "properties": {"host": {"type": "string"}, "port": {"type": "integer"}},
+                        "required": ["host", "port"],
+                    },
+                    "description": "destinations to reach through sandgate's egress proxy",
+                },
+                "timeout_ms": {"type": "integer", "minimum": 1},
+            },
+            "required": ["code"],
+            "additionalProperties": false,
+        },
+    }])
+}
+
+/// `tools/call`: the result, or a JSON-RPC error for a malformed call.
+pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcError> {
+    let name = params["name"]
+        .as_str()
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, "tools/call needs a \"name\""))?;
+    if name != "run_code" {
+        return Err(RpcError::new(
+            INVALID_PARAMS,
+            format!("unknown tool {name:?}: the tool is run_code"),
+        ));
+    }
+    let empty = Map::new();
+    let arguments = match &params["arguments"] {
+        Value::Null => &empty,
+        Value::Object(arguments) => arguments,
+        _ => {
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "\"arguments\" must be an object",
+            ))
+        }
+    };
+    let body = execution_body(arguments)?;
+    Ok(match runner.run(body).await {
+        Ok(record) => success(runner, &record).await,
+        Err(refusal) => refused(&refusal),
+    })
+}
+
+/// The `POST /v1/executions` body for `run_code`'s arguments.
+fn execution_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
+    let invalid = |message: String| RpcError::new(INVALID_PARAMS, message);
+    if let Some(unknown) = arguments
+        .keys()
+        .find(|key| !ARGUMENTS.contains(&key.as_str()))
+    {
+        return Err(invalid(format!(
+            "unknown argument {unknown:?}; run_code takes {ARGUMENTS:?}"
+        )));
+    }
+    let code = arguments
+        .get("code")
+        .and_then(Value::as_str)
+        .ok_or_else(|| invalid("\"code\" (a string) is required".to_owned()))?;
+    let language = match arguments.get("language") {
+        None | Some(Value::Null) => "python",
+        Some(Value::String(language)) => language.as_str(),
+        Some(_) => return Err(invalid("\"language\" must be a string".to_owned())),
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut files = Vec::new();
+    match arguments.get("files") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (path, content) in map {
+                let text = content
+                    .as_str()
+                    .ok_or_else(|| invalid(format!("file {path:?}: content must be a string")))?;
+                files.push(json!({"path": path, "content_b64": b64.encode(text)}));
+            }
+        }
+        Some(_) => return Err(invalid("\"files\" must map names to text".to_owned())),
+    }
+    let network = match arguments.get("network") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items.iter().map(destination).collect::<Result<_, _>>()?,
+        Some(_) => {
+            return Err(invalid(
+                "\"network\" must be a list of {host, port}".to_owned(),
+            ))
+        }
+    };
+    let mut body = json!({
+        "language": language, "code": code, "files": files, "network": network, "wait": true,
+    });
+    match arguments.get("timeout_ms") {
+        None | Some(Value::Null) => {}
+        Some(value) => {
+            let timeout = value
+                .as_u64()
+                .filter(|ms| *ms > 0)
+                .ok_or_else(|| invalid("\"timeout_ms\" must be a positive integer".to_owned()))?;
+            body["limits"] = json!({ "timeout_ms": timeout });
+        }
+    }
+    Ok(body)
+}
+
+fn destination(item: &Value) -> Result<Value, RpcError> {
+    match (item["host"].as_str(), item["port"].as_u64()) {
+        (Some(host), Some(port)) if port <= u64::from(u16::MAX) => {
+            Ok(json!({"host": host, "port": port}))
+        }
+        _ => Err(RpcError::new(
+            INVALID_PARAMS,
+            format!("network destination {item}: want {{\"host\": string, \"port\": 1-65535}}"),
+        )),
+    }
+}
+
+/// A record (any final status, or `pending_approval`): text, images, and the fields as
+/// structured content. Only an execution that did not end well is `isError`.
+async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
+    let status = record["status"].as_str().unwrap_or("error");
+    let mut text = format!("status: {status}\n");
+    if let Some(code) = record["exit_code"].as_i64() {
+        text.push_str(&format!("exit_code: {code}\n"));
+    }
+    if let Some(approval) = record["approval_id"].as_str() {
+        text.push_str(&format!(
+            "sent to a human reviewer (approval {approval}); nothing has run yet\n"
+        ));
+    }
+    for stream in ["stdout", "stderr"] {
+        let captured = record[stream].as_str().unwrap_or_default();
+        if !captured.is_empty() {
+            text.push_str(&format!("--- {stream} ---\n{captured}"));
+            if !captured.ends_with('\n') {
+                text.push('\n');
+            }
+        }
+    }
+    let outputs = record["outputs"].as_array().cloned().unwrap_or_default();
+    for output in &outputs {
+        text.push_str(&format!(
+            "output: /output/{} ({} bytes)\n",
+            output["path"].as_str().unwrap_or_default(),
+            output["bytes"]
+        ));
+    }
+    let mut content = vec![json!({"type": "text", "text": text})];
+    content.extend(images(runner, record, &outputs).await);
+    json!({
+        "content": content,
+        "structuredContent": {
+            "id": record["id"], "status": status, "exit_code": record["exit_code"],
+            "stdout": record["stdout"], "stderr": record["stderr"], "outputs": outputs,
+            "approval_id": record.get("approval_id").cloned().unwrap_or(Value::Null),
+        },
+        "isError": !matches!(status, "succeeded" | "pending_approval"),
+    })
+}
+
+async fn images<R: Runner>(runner: &R, record: &Value, outputs: &[Value]) -> Vec<Value> {
+    let Some(id) = record["id"].as_str() else {
+        return Vec::new();
+    };
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut images = Vec::new();
+    for output in outputs {
+        let path = output["path"].as_str().unwrap_or_default();
+        let (Some(mime), Some(size)) = (image_type(path), output["bytes"].as_u64()) else {
+            continue;
+        };
+        if size > MAX_IMAGE_BYTES || images.len() == MAX_IMAGES {
+            continue;
+        }
+        match runner.download(id, path).await {
+            Ok(bytes) => {
+                images.push(json!({"type": "image", "data": b64.encode(bytes), "mimeType": mime}))
+            }
+            Err(refusal) => {
+                tracing::warn!(execution_id = id, path, error = %refusal.message, "output image not fetched")
+            }
+        }
+    }
+    images
+}
+
+fn image_type(path: &str) -> Option<&'static str> {
+    let extension = path.rsplit_once('.')?.1.to_ascii_lowercase();
+    match extension.as_str() {
+        "png" => Some("image/png"),
+        "jpg" | "jpeg" => Some("image/jpeg"),
+        "gif" => Some("image/gif"),
+        "webp" => Some("image/webp"),
+        _ => None,
+    }
+}
+
+/// A refusal (policy denial, bad request, unavailable) as a tool error with the reasons.
+fn refused(refusal: &Refusal) -> Value {
+    let mut text = format!("{}: {}\n", refusal.code, refusal.message);
+    for reason in &refusal.reasons {
+        text.push_str(&format!(
+            "- {}: {}\n",
+            reason["code"].as_str().unwrap_or_default(),
+            reason["message"].as_str().unwrap_or_default()
+        ));
+    }
+    json!({
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": {"error": {
+            "code": refusal.code, "message": refusal.message,
+            "reasons": refusal.reasons, "execution_id": refusal.execution_id,
+        }},
+        "isError": true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arguments_become_an_api_body() {
+        let arguments = json!({
+            "code": "print(1)", "files": {"a.txt": "hi"},
+            "network": [{"host": "pypi.org", "port": 443}], "timeout_ms": 5000,
+        });
+        let body = execution_body(arguments.as_object().unwrap()).unwrap();
+        assert_eq!(body["language"], "python");
+        assert_eq!(
+            body["files"][0],
+            json!({"path": "a.txt", "content_b64": "aGk="})
+        );
+        assert_eq!(body["network"][0]["port"], 443);
+        assert_eq!(body["limits"]["timeout_ms"], 5000);
+        assert_eq!(body["wait"], true);
+    }
+
+    #[test]
+    fn malformed_arguments_are_invalid_params() {
+        for arguments in [
+            json!({}),
+            json!({"code": 1}),
+            json!({"code": "x", "shell": true}),
+            json!({"code": "x", "network": [{"host": "a", "port": 70000}]}),
+            json!({"code": "x", "files": {"a": 1}}),
+            json!({"code": "x", "timeout_ms": -1}),
+        ] {
+            let err = execution_body(arguments.as_object().unwrap()).unwrap_err();
+            assert_eq!(err.code, INVALID_PARAMS, "{arguments}");
+        }
+    }
+}

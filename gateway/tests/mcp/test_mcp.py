@@ -1,0 +1,100 @@
+"""sandgate's MCP server, driven by the official MCP Python SDK as a real client, over both
+transports: `sandgate mcp` (stdio) and `POST /mcp` (streamable HTTP). Started by
+gateway/tests/mcp.rs, which passes the live gateway's URL, an agent key and the binary."""
+
+import os
+
+import httpx
+import pytest
+from mcp import ClientSession, MCPError, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
+
+
+URL = os.environ.get("SANDGATE_URL", "")
+KEY = os.environ.get("SANDGATE_KEY", "")
+BIN = os.environ.get("SANDGATE_BIN", "")
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def _require_env():
+    if not (URL and KEY and BIN):
+        pytest.fail("SANDGATE_URL, SANDGATE_KEY and SANDGATE_BIN are unset: run `cargo test -p gateway --test mcp`")
+
+
+async def _exercise(session: ClientSession, with_image: bool) -> None:
+    init = await session.initialize()
+    assert init.server_info.name == "sandgate"
+    tools = await session.list_tools()
+    assert [tool.name for tool in tools.tools] == ["run_code"]
+    assert "code" in tools.tools[0].input_schema["required"]
+
+    ran = await session.call_tool("run_code", {"code": "import sys\nprint(6 * 7)\nprint('w', file=sys.stderr)"})
+    assert not ran.is_error, ran
+    text = ran.content[0].text
+    assert "status: succeeded" in text and "42" in text and "--- stderr ---\nw" in text
+    assert ran.structured_content["stdout"] == "42\n"
+
+    denied = await session.call_tool("run_code", {"code": "x", "language": "cobol"})
+    assert denied.is_error
+    assert "policy_denied" in denied.content[0].text
+    reasons = denied.structured_content["error"]["reasons"]
+    assert [r["code"] for r in reasons] == ["language.not_allowed"]
+
+    with pytest.raises(MCPError) as malformed:
+        await session.call_tool("run_code", {"language": "python"})
+    assert malformed.value.error.code == -32602
+    with pytest.raises(MCPError):
+        await session.call_tool("no_such_tool", {})
+
+    if with_image:
+        code = (
+            "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+            "plt.plot([1, 2, 3])\nplt.savefig('/output/line.png')\n"
+        )
+        drawn = await session.call_tool("run_code", {"code": code})
+        assert not drawn.is_error, drawn
+        images = [c for c in drawn.content if c.type == "image"]
+        assert len(images) == 1 and images[0].mime_type == "image/png"
+
+
+@pytest.mark.anyio
+async def test_stdio_transport():
+    _require_env()
+    server = StdioServerParameters(command=BIN, args=["mcp", "--url", URL, "--key", KEY])
+    async with stdio_client(server) as (read, write):
+        async with ClientSession(read, write) as session:
+            await _exercise(session, with_image=False)
+
+
+@pytest.mark.anyio
+async def test_streamable_http_transport():
+    _require_env()
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {KEY}"})
+    async with http, streamable_http_client(f"{URL}/mcp", http_client=http) as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await _exercise(session, with_image=True)
+
+
+def test_streamable_http_needs_an_agent_key():
+    _require_env()
+    message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    anonymous = httpx.post(f"{URL}/mcp", json=message)
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"]["code"] == "unauthenticated"
+
+
+def test_malformed_messages_get_json_rpc_errors():
+    _require_env()
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    for body, code in [(b"{not json", -32700), (b"[]", -32600), (b'{"jsonrpc": "2.0", "id": 7, "method": "x/y"}', -32601)]:
+        answer = httpx.post(f"{URL}/mcp", content=body, headers=headers)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["error"]["code"] == code, answer.text
+    notification = httpx.post(f"{URL}/mcp", content=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', headers=headers)
+    assert notification.status_code == 202 and notification.content == b""
