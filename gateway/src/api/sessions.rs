@@ -38,6 +38,19 @@ fn view(row: SessionRow) -> Value {
     })
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    operation_id = "sessions_create",
+    summary = "Open a session (a policy decision of its own).",
+    security(("bearer" = ["agent"])),
+    request_body = serde_json::Value,
+    responses(
+        (status = 201, description = "the session, `ready`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -56,6 +69,22 @@ pub async fn create(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/executions",
+    tag = "sessions",
+    operation_id = "sessions_execute",
+    summary = "Run code in the session: decided, recorded, answered when it ended.",
+    security(("bearer" = ["agent"])),
+    params(
+        ("id" = String, Path),
+    ),
+    request_body = serde_json::Value,
+    responses(
+        (status = 200, description = "the execution record, with `session_id` and `result`", body = ExecutionView),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn execute(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -73,6 +102,21 @@ pub async fn execute(
     Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    operation_id = "sessions_get",
+    summary = "One session.",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the session", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
@@ -81,6 +125,18 @@ pub async fn get(
     Ok(Json(view(app.get_session(&caller.0, &id).await?)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions",
+    tag = "sessions",
+    operation_id = "sessions_list",
+    summary = "Sessions, newest first (an agent sees its tenant's).",
+    security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
+    responses(
+        (status = 200, description = "`{\"sessions\": [...]}`", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn list(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     let rows = app.list_sessions(&caller.0).await?;
     Ok(Json(
@@ -88,6 +144,21 @@ pub async fn list(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Va
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    operation_id = "sessions_delete",
+    summary = "Close the session; its sandbox is removed.",
+    security(("bearer" = ["agent", "admin"])),
+    params(
+        ("id" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "the closed session", body = serde_json::Value),
+        super::openapi::ApiErrors,
+    ),
+)]
 pub async fn delete(
     State(app): State<Arc<App>>,
     caller: Caller,
