@@ -66,6 +66,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	cargo bench -p egress-proxy --bench throughput
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session
 	cargo bench -p gateway --bench refusals
 
 # Each fuzz harness also runs in `make test` with proptest's default number of cases.

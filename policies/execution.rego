@@ -84,6 +84,16 @@ deny contains {"code": "language.not_allowed", "message": msg} if {
 	)
 }
 
+# session.not_allowed: opening a session (`request.kind: "session"`, DESIGN.md section 10) needs
+# `sessions: true` in the tenant's entry. Each execution in a session is decided again, as
+# `request.kind: "session_execution"`, by every other rule here.
+deny contains {"code": "session.not_allowed", "message": msg} if {
+	input.request.kind == "session"
+	not object.get(tenant, "sessions", false) == true
+	tenant
+	msg := sprintf("tenant %q may not open sessions", [input.principal.tenant])
+}
+
 # backend.unavailable: the tenant's backend is not one this gateway offers (its config lists
 # them), so the code has nowhere it may run. There is no fallback to another backend.
 deny contains {"code": "backend.unavailable", "message": msg} if {

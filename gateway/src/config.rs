@@ -51,6 +51,10 @@ pub struct Ceilings {
     pub pids: u64,
     pub disk_mb: u64,
     pub output_bytes: u64,
+    /// Longest a session may sit idle between executions, in seconds (DESIGN 10).
+    pub session_idle_s: u64,
+    /// Longest a session may live, in seconds.
+    pub session_ttl_s: u64,
 }
 
 impl Default for Ceilings {
@@ -62,6 +66,8 @@ impl Default for Ceilings {
             pids: 512,
             disk_mb: 1024,
             output_bytes: 10 * 1024 * 1024,
+            session_idle_s: 600,
+            session_ttl_s: 3600,
         }
     }
 }
@@ -113,6 +119,8 @@ pub struct Config {
     pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
     pub ceilings: Ceilings,
     pub max_concurrent: usize,
+    /// Open sessions per tenant; beyond: 429. Each one holds a slot of `max_concurrent`.
+    pub max_sessions: usize,
     /// Executions that may wait for a slot (all tenants together); beyond: 429.
     pub max_queued: usize,
     /// Executions one tenant may have waiting for a slot (its share of `max_queued`; a larger
@@ -190,6 +198,7 @@ impl Default for Config {
             egress_hosts: BTreeMap::new(),
             ceilings: Ceilings::default(),
             max_concurrent: 8,
+            max_sessions: 4,
             max_queued: 64,
             max_queued_per_tenant: 16,
             pending_approvals: PendingApprovalLimits::default(),
@@ -252,6 +261,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("egress_hosts", EnvValue::Yaml),
     ("ceilings", EnvValue::Yaml),
     ("max_concurrent", EnvValue::Yaml),
+    ("max_sessions", EnvValue::Yaml),
     ("max_queued", EnvValue::Yaml),
     ("max_queued_per_tenant", EnvValue::Yaml),
     ("pending_approvals", EnvValue::Yaml),

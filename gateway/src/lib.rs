@@ -17,6 +17,7 @@ pub mod ids;
 pub mod mcp;
 pub mod metrics;
 pub mod outputs;
+pub mod outputs_live;
 pub mod plain;
 pub mod principal;
 pub mod runtime;

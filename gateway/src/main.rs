@@ -88,6 +88,10 @@ struct ExecArgs {
     /// regular files (never through a symlink, never over an existing file), no dot-files.
     #[arg(long)]
     output_dir: Option<PathBuf>,
+    /// Run in this open session (`POST /v1/sessions`) instead of a sandbox of its own; prints
+    /// the final expression's `repr` after the output.
+    #[arg(long)]
+    session: Option<String>,
     /// With --output-dir: replace existing regular files of the same name.
     #[arg(long, requires = "output_dir")]
     force: bool,
@@ -333,6 +337,7 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
         mounts: args.mount,
         timeout_ms: args.timeout_ms,
         output_dir: args.output_dir,
+        session: args.session,
         save: gateway::client::save::SaveOptions {
             force: args.force,
             allow_dotfiles: args.allow_dotfiles,

@@ -20,10 +20,10 @@ use sha2::{Digest, Sha256};
 /// Most entries (files, directories, anything) one collection looks at.
 pub const MAX_ENTRIES: usize = 1000;
 /// Deepest directory nesting collected.
-const MAX_DEPTH: usize = 32;
+pub(crate) const MAX_DEPTH: usize = 32;
 /// Longest relative path collected, in bytes.
-const MAX_PATH_BYTES: usize = 1024;
-const COPY_CHUNK: usize = 64 * 1024;
+pub(crate) const MAX_PATH_BYTES: usize = 1024;
+pub(crate) const COPY_CHUNK: usize = 64 * 1024;
 
 /// One collected file, downloadable with `GET /v1/executions/{id}/outputs/{path}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -39,7 +39,8 @@ pub struct Skipped {
     pub path: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
-    /// `output_limit`, `symlink`, `special_file`, `bad_name`, `too_deep`, `too_many_entries`.
+    /// `output_limit`, `symlink`, `special_file`, `bad_name`, `too_deep`, `too_many_entries`;
+    /// from a live sandbox (`outputs_live`) also `hardlink` and `changed`.
     pub reason: String,
 }
 
@@ -271,7 +272,7 @@ fn copy_file(src: &Path, dest: &Path, at_most: u64) -> io::Result<OutputFile> {
 
 /// A name that may be one path component of an output: not empty, not `.`/`..`, no `/`, no
 /// control characters, at most 255 bytes.
-fn check_component(name: &str) -> io::Result<()> {
+pub(crate) fn check_component(name: &str) -> io::Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 255
         && name != "."

@@ -722,3 +722,57 @@ async fn sigkill_with_the_pool_up_then_restart_leaves_no_pooled_sandbox() {
         "a clean shutdown removes what the pool held"
     );
 }
+
+/// kill -9 of the gateway with two sessions open, then a restart: both are closed
+/// (`gateway_restart`) and their containers are gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_with_two_sessions_open_then_restart_closes_them_and_removes_their_containers() {
+    common::require_docker();
+    let (data, listen) = data_dir_and_listen();
+    let base = format!("http://{listen}");
+    let http = reqwest::Client::new();
+    let mut server = serve(data.path(), &listen, &http).await;
+    let key = create_key(data.path(), &listen, "agent", "acme");
+    let mut sessions = Vec::new();
+    for language in ["python", "bash"] {
+        let opened: serde_json::Value = http
+            .post(format!("{base}/v1/sessions"))
+            .bearer_auth(&key)
+            .json(&json!({"language": language}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(opened["status"], "ready", "{opened}");
+        sessions.push(opened["id"].as_str().unwrap().to_owned());
+    }
+    server.kill().unwrap();
+    server.wait().unwrap();
+    for id in &sessions {
+        assert!(
+            !common::containers_of(id).is_empty(),
+            "the session's container outlives the killed gateway"
+        );
+    }
+
+    let server = serve(data.path(), &listen, &http).await;
+    for id in &sessions {
+        let mut record = serde_json::Value::Null;
+        for _ in 0..200 {
+            record = get_json(&http, &format!("{base}/v1/sessions/{id}"), &key).await;
+            if record["status"] == "closed" && common::containers_of(id).is_empty() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(record["closed_reason"], "gateway_restart", "{record}");
+        assert!(
+            common::containers_of(id).is_empty(),
+            "container left behind"
+        );
+    }
+    let status = terminate(server).await;
+    assert!(status.success(), "{status}");
+}

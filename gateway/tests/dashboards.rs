@@ -139,6 +139,8 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         purged_at: None,
         start: None,
         container: None,
+        session_id: None,
+        result: None,
     }
 }
 

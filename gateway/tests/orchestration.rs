@@ -318,6 +318,8 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         purged_at: None,
         start: None,
         container: None,
+        session_id: None,
+        result: None,
     };
     let event = gateway::audit::NewEvent {
         kind: "execution.decision",

@@ -156,7 +156,10 @@ async fn every_route_answers_every_role_as_the_table_says() {
         }
     }
 
-    let gw = TestGateway::start().await;
+    // Every route is called anonymously (one refusal each): more than the default per-source
+    // budget, which is not what this test is about.
+    let url = common::fresh_database().await;
+    let gw = TestGateway::start_with(Some(url), |config| config.refusals.per_source = 1000).await;
     let mut keys = BTreeMap::new();
     keys.insert("agent", gw.key("agent", "acme").await);
     keys.insert("reviewer", gw.key("reviewer", "acme").await);

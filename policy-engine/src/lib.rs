@@ -35,5 +35,5 @@ pub use hosts::validate_host_pattern;
 pub use types::{
     Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
     HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
-    RequestInput, RequestedLimits, POLICY_ERROR_CODE,
+    RequestInput, RequestKind, RequestedLimits, SessionInput, POLICY_ERROR_CODE,
 };

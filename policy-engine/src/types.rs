@@ -39,6 +39,32 @@ pub struct RequestInput {
     pub mounts: Vec<String>,
     pub limits: RequestedLimits,
     pub labels: BTreeMap<String, String>,
+    /// What is asked for: a plain execution, a session, or an execution in a session.
+    #[serde(default)]
+    pub kind: RequestKind,
+    /// With `kind: session_execution`, the session it runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionInput>,
+}
+
+/// `request.kind`: lets a policy treat sessions apart (DESIGN.md section 10).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestKind {
+    #[default]
+    Execution,
+    Session,
+    SessionExecution,
+}
+
+/// The session an execution runs in (`request.session`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInput {
+    pub id: String,
+    /// Executions the session ran before this one.
+    pub executions: u64,
+    /// RFC 3339.
+    pub created_at: String,
 }
 
 /// One input file of the request.

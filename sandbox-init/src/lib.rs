@@ -76,6 +76,7 @@ pub mod exec;
 pub mod files;
 pub mod pool;
 pub mod process;
+pub mod session;
 pub mod spec;
 
 use std::ffi::OsString;
@@ -108,6 +109,9 @@ pub enum Mode {
     /// `pool [python [MODULE...]]`: be PID 1 of a pooled sandbox, waiting for its job
     /// ([`pool`]).
     Pool(pool::Runner),
+    /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
+    /// ([`session`]).
+    Session(session::Runner),
     /// `exec -- PROGRAM [ARG...]`: the trampoline.
     Exec(Vec<OsString>),
 }
@@ -119,6 +123,9 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
         None => Ok(Mode::Init),
         Some(mode) if mode == sandbox_protocol::POOL_MODE => {
             pool::Runner::parse(args).map(Mode::Pool)
+        }
+        Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
+            session::Runner::parse(args).map(Mode::Session)
         }
         Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
             Ok(Mode::Exec(args.collect()))
@@ -142,10 +149,12 @@ pub enum InitError {
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
-    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]` or `exec -- PROGRAM [ARG...]`")]
+    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash` or `exec -- PROGRAM [ARG...]`")]
     Args,
     #[error(transparent)]
     Pool(pool::PoolError),
+    #[error(transparent)]
+    Session(session::SessionError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
 }
@@ -164,12 +173,7 @@ impl InitError {
 /// program's) or the error to report. `exit_nonce` receives the job's nonce as soon as the job
 /// is parsed.
 pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
-    // Before anything secret is read: the program (same uid) must not read this process's
-    // memory or file descriptors through /proc or ptrace.
-    nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
-    // First, so that a SIGTERM arriving while the job is read stays pending (PID 1 would
-    // otherwise drop it) and reaches the program as soon as it runs.
-    let supervisor = Supervisor::new().map_err(InitError::Supervise)?;
+    let supervisor = guarded()?;
     let (job, runner) = match mode {
         None => (read_job(std::io::stdin().lock())?, None),
         Some(runner) => {
@@ -207,6 +211,25 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
     };
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
     Ok(outcome.exit_code())
+}
+
+/// Serves a session (`session python|bash`, see [`session`]).
+pub fn run_session(
+    runner: session::Runner,
+    exit_nonce: &mut Option<String>,
+) -> Result<u8, InitError> {
+    let supervisor = guarded()?;
+    session::run(&supervisor, runner, exit_nonce)
+}
+
+/// The first steps of every init mode.
+fn guarded() -> Result<Supervisor, InitError> {
+    // Before anything secret is read: the program (same uid) must not read this process's
+    // memory or file descriptors through /proc or ptrace.
+    nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
+    // First, so that a SIGTERM arriving while the job is read stays pending (PID 1 would
+    // otherwise drop it) and reaches the program as soon as it runs.
+    Supervisor::new().map_err(InitError::Supervise)
 }
 
 /// Reads and validates the one job line.

@@ -11,6 +11,7 @@ fn main() -> ExitCode {
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
             Mode::Init => sandbox_init::run(None, &mut exit_nonce),
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut exit_nonce),
+            Mode::Session(runner) => sandbox_init::run_session(runner, &mut exit_nonce),
             // Returns only if the exec failed.
             Mode::Exec(argv) => Err(InitError::Exec(sandbox_init::exec::exec(&argv))),
         });

@@ -147,6 +147,20 @@ impl Supervisor {
             .map_err(SuperviseError::Spawn)
     }
 
+    /// As [`Supervisor::spawn_piped`], with exactly `env` as its environment if given (a
+    /// session's runner).
+    pub fn spawn_piped_with(
+        &self,
+        argv: &[String],
+        env: Option<&BTreeMap<String, String>>,
+    ) -> Result<Child, SuperviseError> {
+        let mut command = trampoline(argv, Stdio::piped());
+        if let Some(env) = env {
+            command.env_clear().envs(env);
+        }
+        command.spawn().map_err(SuperviseError::Spawn)
+    }
+
     /// Forwards signals and reaps until `arrived()` says yes after a [`WAKE_SIGNAL`] (`None`),
     /// or the child exits first (its outcome).
     pub fn until(

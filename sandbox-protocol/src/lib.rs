@@ -9,6 +9,7 @@
 //! - [`RunnerJob`]: what the init hands the waiting Python interpreter once the job arrived.
 //! - The exit trailer `\0sandgate-exit:<nonce>:<code>\n` ([`exit_trailer`], [`ExitTrailer`]):
 //!   the init's last stderr bytes, the gateway's proof that the init saw the end.
+//! - Sessions ([`SESSION_MODE`], turns, [`end_marker`]): see the `session` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
 //! this crate only names the fields. Serde only: no I/O, no processes.
@@ -18,8 +19,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod session;
 mod trailer;
 
+pub use session::{
+    bash_turn, end_marker, EndMarker, RunnerTurn, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
+    MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, SESSION_BASH, SESSION_MODE, SESSION_PYTHON,
+};
 pub use trailer::{exit_trailer, ExitTrailer, EXIT_TRAILER_PREFIX};
 
 /// The job line. File contents borrow from the line when deserialised (base64 needs no JSON

@@ -61,6 +61,11 @@ pub struct ExecutionView {
     /// The container that ran it (`sandgate-...`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// The session it ran in, and (python) its final expression's `repr` (DESIGN 10).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<String>,
     /// Set for status `error`; the detail stays in the gateway's log and audit store.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
@@ -136,6 +141,8 @@ impl From<ExecutionRow> for ExecutionView {
             finished_at: row.finished_at,
             start: row.start,
             container: row.container,
+            session_id: row.session_id,
+            result: row.result,
         }
     }
 }

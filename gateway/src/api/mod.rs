@@ -16,6 +16,7 @@ pub mod openapi;
 pub mod payloads;
 pub mod policy;
 pub mod query;
+pub mod sessions;
 pub mod ui;
 
 use std::sync::Arc;
@@ -56,18 +57,6 @@ where
     }
 }
 
-fn post<H, T>(path: &'static str, handler: H) -> Route
-where
-    H: Handler<T, Arc<App>>,
-    T: 'static,
-{
-    Route {
-        method: Method::POST,
-        path,
-        handler: routing::post(handler),
-    }
-}
-
 fn delete<H, T>(path: &'static str, handler: H) -> Route
 where
     H: Handler<T, Arc<App>>,
@@ -77,6 +66,18 @@ where
         method: Method::DELETE,
         path,
         handler: routing::delete(handler),
+    }
+}
+
+fn post<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::POST,
+        path,
+        handler: routing::post(handler),
     }
 }
 
@@ -96,6 +97,11 @@ pub fn routes() -> Vec<Route> {
         get("/v1/executions/{id}/connections", executions::connections),
         get("/v1/executions/{id}/events", payloads::events),
         get("/v1/executions/{id}/outputs/{*path}", payloads::download),
+        post("/v1/sessions", sessions::create),
+        get("/v1/sessions", sessions::list),
+        get("/v1/sessions/{id}", sessions::get),
+        delete("/v1/sessions/{id}", sessions::delete),
+        post("/v1/sessions/{id}/executions", sessions::execute),
         get("/v1/approvals", approvals::list),
         get("/v1/approvals/{id}", approvals::get),
         post("/v1/approvals/{id}", approvals::decide),

@@ -19,7 +19,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    approvals, audit, executions, health, keys, listing, mcp, metrics, payloads, policy, ui,
+    approvals, audit, executions, health, keys, listing, mcp, metrics, payloads, policy, sessions,
+    ui,
 };
 
 #[derive(OpenApi)]
@@ -43,6 +44,11 @@ use super::{
         executions::get,
         executions::cancel,
         executions::connections,
+        sessions::create,
+        sessions::list,
+        sessions::get,
+        sessions::delete,
+        sessions::execute,
         payloads::events,
         payloads::download,
         approvals::list,

@@ -198,7 +198,7 @@ impl App {
         self.get_execution(caller, id).await
     }
 
-    fn policy_input(
+    pub(super) fn policy_input(
         &self,
         caller: &ApiKey,
         request: &ExecutionRequest,
@@ -225,6 +225,8 @@ impl App {
                 mounts: request.mounts.clone(),
                 limits: request.limits.clone(),
                 labels: request.labels.clone(),
+                kind: policy_engine::RequestKind::Execution,
+                session: None,
             },
             environment: Environment {
                 backends: self.config.backends.keys().cloned().collect(),
@@ -248,7 +250,7 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
     })
 }
 
-fn new_row(
+pub(super) fn new_row(
     caller: &ApiKey,
     request: &ExecutionRequest,
     input: &PolicyInput,
@@ -296,5 +298,7 @@ fn new_row(
         purged_at: None,
         start: None,
         container: None,
+        session_id: None,
+        result: None,
     }
 }

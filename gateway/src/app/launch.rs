@@ -261,7 +261,11 @@ impl App {
 
     /// Stored, or journaled under the data directory while PostgreSQL is away (replayed when it
     /// returns); either way the caller gets the truth.
-    async fn complete_durably(&self, row: ExecutionRow, done: Completion) -> ExecutionRow {
+    pub(super) async fn complete_durably(
+        &self,
+        row: ExecutionRow,
+        done: Completion,
+    ) -> ExecutionRow {
         match self.audit.complete_durably(&row.id, &done).await {
             Ok(Durable::Stored(stored)) => return stored,
             Ok(Durable::Journaled) => {}

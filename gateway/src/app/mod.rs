@@ -17,6 +17,8 @@ pub mod refusals;
 pub mod replay;
 pub mod request;
 pub mod scheduler;
+mod session_runs;
+pub mod sessions;
 pub mod stream;
 pub mod validate;
 
@@ -61,6 +63,8 @@ pub struct App {
     pub pool: Arc<pool::WarmPool>,
     /// Refusals anyone can cause in bulk, counted per window (bounded audit, 429 past the rate).
     pub refusals: refusals::Refusals,
+    /// The open sessions this gateway holds (DESIGN 10).
+    pub sessions: sessions::Sessions,
 }
 
 impl std::fmt::Debug for App {
@@ -99,6 +103,7 @@ impl App {
             outputs_root: under_data("outputs"),
             streams: stream::Streams::default(),
             refusals: refusals::Refusals::new(config.refusals),
+            sessions: sessions::Sessions::default(),
             scheduler: scheduler::Scheduler::new(
                 config.max_concurrent,
                 config.max_queued,

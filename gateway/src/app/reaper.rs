@@ -227,6 +227,11 @@ pub async fn sweep(app: &App, first: bool) -> SweepReport {
     } else {
         END_NOT_STORED
     };
+    if first {
+        // Sessions do not outlive their gateway: the previous run's are closed now, and their
+        // containers (no longer live) were removed above.
+        app.close_sessions_left().await;
+    }
     let owned = |id: &str| app.live.contains(id) || app.audit.journal_holds(id);
     match app.audit.close_abandoned(&app.instance, owned, why).await {
         Ok(closed) => report.records = closed,

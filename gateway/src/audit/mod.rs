@@ -8,6 +8,7 @@ pub mod egress;
 pub mod journal;
 pub mod keys;
 pub mod read;
+pub mod sessions;
 pub mod verify;
 
 use std::sync::Arc;
@@ -83,6 +84,12 @@ pub struct ExecutionRow {
     pub start: Option<String>,
     /// The container that ran it.
     pub container: Option<String>,
+    /// The session it ran in (DESIGN 10).
+    #[sqlx(default)]
+    pub session_id: Option<String>,
+    /// In a python session: the final expression's `repr`.
+    #[sqlx(default)]
+    pub result: Option<String>,
 }
 
 /// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
@@ -418,9 +425,9 @@ pub(crate) async fn insert_execution(
     sqlx::query(
         "INSERT INTO executions (id, tenant, key_id, language, code_sha256, code_bytes, \
              labels, status, decision_id, allow, reasons, backend, runtime, image, limits, \
-             policy_revision, created_at, finished_at, instance) \
+             policy_revision, created_at, finished_at, instance, session_id) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18, $19)",
+             $18, $19, $20)",
     )
     .bind(&row.id)
     .bind(&row.tenant)
@@ -441,6 +448,7 @@ pub(crate) async fn insert_execution(
     .bind(row.created_at)
     .bind(row.finished_at)
     .bind(&row.instance)
+    .bind(&row.session_id)
     .execute(&mut **tx)
     .await?;
     Ok(())

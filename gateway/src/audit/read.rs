@@ -140,7 +140,8 @@ impl AuditStore {
              decision_id, allow, reasons, backend, runtime, image, limits, policy_revision, \
              created_at, started_at, finished_at, exit_code, duration_ms, NULL::bytea AS stdout, \
              NULL::bytea AS stderr, stdout_truncated, stderr_truncated, outputs, error, instance, \
-             outputs_skipped, outputs_truncated, purged_at, start, container FROM executions \
+             outputs_skipped, outputs_truncated, purged_at, start, container, session_id, \
+             result FROM executions \
              WHERE ($1::text IS NULL OR tenant = $1) AND ($2::text IS NULL OR status = $2) \
              AND ($3::text IS NULL OR (created_at, id) < \
                   (SELECT created_at, id FROM executions WHERE id = $3 \

@@ -41,6 +41,8 @@ pub struct ExecRequest {
     pub timeout_ms: Option<u64>,
     /// Where to download `/output` files to, if anywhere.
     pub output_dir: Option<PathBuf>,
+    /// Run in this open session (`POST /v1/sessions/{id}/executions`) instead.
+    pub session: Option<String>,
     /// Whether existing files may be replaced and dot-files written there.
     pub save: save::SaveOptions,
 }
@@ -69,6 +71,9 @@ pub async fn exec(
         bail!("--url must be an http:// or https:// URL of the gateway (got {base:?})");
     }
     let client = http_client(request.ca_file.as_deref())?;
+    if let Some(session) = &request.session {
+        return exec_in_session(&client, request, base, session, stdout, stderr).await;
+    }
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut body = json!({
         "language": request.language,
@@ -137,7 +142,6 @@ pub async fn exec(
     }
 
     let summary = follow(&client, request, base, &id, stdout, stderr).await?;
-    let ended = summary["status"].as_str().unwrap_or("error").to_owned();
     if let Some(dir) = &request.output_dir {
         download_outputs(&client, request, base, &id, dir, stderr).await?;
     }
@@ -147,7 +151,17 @@ pub async fn exec(
             "sandgate: output was truncated at the execution's output limit"
         )?;
     }
-    Ok(match ended.as_str() {
+    exit_code_for(&summary, &id, stderr)
+}
+
+/// The exit code `sandgate exec` ends with, from how the execution ended.
+fn exit_code_for(
+    summary: &Value,
+    id: &str,
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    let ended = summary["status"].as_str().unwrap_or("error");
+    Ok(match ended {
         "succeeded" | "failed" => summary["exit_code"]
             .as_i64()
             .and_then(|code| i32::try_from(code).ok())
@@ -163,6 +177,44 @@ pub async fn exec(
             }
         }
     })
+}
+
+/// `sandgate exec --session ID`: one execution in an open session, answered when it ended;
+/// prints its output, then (python) the final expression's `repr` on stdout.
+async fn exec_in_session(
+    client: &HttpClient,
+    request: &ExecRequest,
+    base: &str,
+    session: &str,
+    stdout: &mut (dyn Write + Send),
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<i32> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut body = json!({
+        "code": request.code,
+        "files": request.files.iter().map(|(path, content)| {
+            json!({"path": path, "content_b64": b64.encode(content)})
+        }).collect::<Vec<_>>(),
+    });
+    if let Some(timeout_ms) = request.timeout_ms {
+        body["limits"] = json!({ "timeout_ms": timeout_ms });
+    }
+    let url = format!("{base}/v1/sessions/{}/executions", encode_path(session));
+    let (status, record) = call(client, &request.key, Method::POST, &url, Some(&body)).await?;
+    if !status.is_success() {
+        bail!("{}", api_error(status, &record));
+    }
+    stdout.write_all(record["stdout"].as_str().unwrap_or("").as_bytes())?;
+    stderr.write_all(record["stderr"].as_str().unwrap_or("").as_bytes())?;
+    if let Some(result) = record["result"].as_str() {
+        writeln!(stdout, "{result}")?;
+    }
+    stdout.flush()?;
+    let id = record["id"].as_str().unwrap_or("?").to_owned();
+    if let Some(dir) = &request.output_dir {
+        download_outputs(client, request, base, &id, dir, stderr).await?;
+    }
+    exit_code_for(&record, &id, stderr)
 }
 
 /// Prints the event stream as it arrives; returns the `exit` event's data.

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures_util::future::BoxFuture;
+use futures_util::FutureExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
@@ -62,6 +63,36 @@ pub enum Waits {
     Init,
     /// A pooled init, waiting as a resident runner (`sandbox-init pool ...`).
     Pool(PoolRunner),
+    /// A session's init (`sandbox-init session python|bash`): it waits for the opening line
+    /// ([`Sandbox::open_session`]), then serves turns ([`Sandbox::turn`]).
+    Session(SessionRunner),
+}
+
+/// What runs a session's cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionRunner {
+    Python,
+    Bash,
+}
+
+impl SessionRunner {
+    /// The runner for a language, if it has one.
+    pub fn for_language(language: &str) -> Option<SessionRunner> {
+        match language {
+            "python" => Some(SessionRunner::Python),
+            "bash" => Some(SessionRunner::Bash),
+            _ => None,
+        }
+    }
+
+    /// The init's arguments (see `sandbox_protocol::SESSION_MODE`).
+    pub fn init_args(self) -> Vec<String> {
+        let name = match self {
+            SessionRunner::Python => sandbox_protocol::SESSION_PYTHON,
+            SessionRunner::Bash => sandbox_protocol::SESSION_BASH,
+        };
+        vec![sandbox_protocol::SESSION_MODE.to_owned(), name.to_owned()]
+    }
 }
 
 /// The resident runner of a pooled sandbox.
@@ -186,6 +217,41 @@ pub enum Ending {
     Died { container_exit: Option<i64> },
 }
 
+/// How one turn of a session ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TurnEnding {
+    /// The runner answered: the cell's code and, for python, its final expression's `repr`.
+    Exited { code: u8, result: Option<String> },
+    /// The deadline passed and the cell was interrupted (SIGINT); `recovered`: the runner
+    /// answered within the grace and the session goes on, else the sandbox was killed.
+    TimedOut { recovered: bool },
+    /// Cancelled, as for [`TurnEnding::TimedOut`].
+    Cancelled { recovered: bool },
+    /// The sandbox ended under the turn (its memory limit, a crash of the runner).
+    Ended(Ending),
+}
+
+impl TurnEnding {
+    /// Whether the session can take another turn.
+    pub fn session_lives(&self) -> bool {
+        match self {
+            TurnEnding::Exited { .. } => true,
+            TurnEnding::TimedOut { recovered } | TurnEnding::Cancelled { recovered } => *recovered,
+            TurnEnding::Ended(_) => false,
+        }
+    }
+}
+
+/// A finished turn.
+#[derive(Debug, Clone)]
+pub struct TurnRan {
+    pub ending: TurnEnding,
+    pub stdout: CappedOutput,
+    pub stderr: CappedOutput,
+    pub started_at: DateTime<Utc>,
+    pub duration: Duration,
+}
+
 /// A finished run.
 #[derive(Debug, Clone)]
 pub struct Ran {
@@ -216,6 +282,33 @@ pub trait Sandbox: Send + std::fmt::Debug {
     ) -> BoxFuture<'static, Result<Ran, RuntimeError>>;
     /// Removes the sandbox without running anything.
     fn discard(self: Box<Self>) -> BoxFuture<'static, ()>;
+    /// A session sandbox ([`Waits::Session`]): hands over the opening line (its environment,
+    /// files and proxy bridge are the session's; its `argv` is ignored). stdin stays open.
+    fn open_session(&mut self, job: Job<'static>) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        let _ = job;
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no sessions".into(),
+            ))
+        }
+        .boxed()
+    }
+    /// Hands one turn over (its `argv` is the cell file, which its `files` write) and pumps
+    /// its output until the runner's end markers, the deadline or a cancel (both interrupt the
+    /// cell with SIGINT and wait a moment for the runner to recover, else kill the sandbox).
+    fn turn(
+        &mut self,
+        job: Job<'static>,
+        control: RunControl,
+    ) -> BoxFuture<'_, Result<TurnRan, RuntimeError>> {
+        let _ = (job, control);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no sessions".into(),
+            ))
+        }
+        .boxed()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -59,6 +59,7 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
     let cmd = match &plan.waits {
         Waits::Init => Vec::new(),
         Waits::Pool(runner) => runner.init_args(),
+        Waits::Session(runner) => runner.init_args(),
     };
     ContainerCreateBody {
         image: Some(plan.image.clone()),

@@ -7,6 +7,7 @@ mod body;
 mod call;
 pub mod cleanup;
 mod run;
+mod turn;
 
 use std::time::Duration;
 
@@ -61,7 +62,7 @@ impl DockerRuntime {
         let docker = self.client().await?.clone();
         let mut sandbox = DockerSandbox::create(docker, &plan).await?;
         let started = match sandbox.start().await {
-            Ok(()) if plan.waits == Waits::Init => Ok(()),
+            Ok(()) if matches!(plan.waits, Waits::Init | Waits::Session(_)) => Ok(()),
             Ok(()) => sandbox.ready(READY_TIMEOUT).await,
             Err(err) => Err(err),
         };

@@ -35,10 +35,10 @@ type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// A created, attached container.
 pub struct DockerSandbox {
-    docker: Docker,
-    name: String,
-    input: Input,
-    output: Output,
+    pub(super) docker: Docker,
+    pub(super) name: String,
+    pub(super) input: Input,
+    pub(super) output: Output,
 }
 
 impl std::fmt::Debug for DockerSandbox {
@@ -51,7 +51,7 @@ impl std::fmt::Debug for DockerSandbox {
 
 /// How the wait for the program stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stop {
+pub(super) enum Stop {
     /// The container exited (with this code, if dockerd said).
     Exited(Option<i64>),
     TimedOut,
@@ -208,7 +208,11 @@ impl DockerSandbox {
     /// just the program: the init reports nothing and the container ends with SIGKILL. dockerd
     /// learns of the OOM from a separate cgroup event that can trail the exit, so look again
     /// for a moment before calling it anything else.
-    async fn inspect(&mut self, stop: Stop, init_exit: Option<u8>) -> Result<Ending, RuntimeError> {
+    pub(super) async fn inspect(
+        &mut self,
+        stop: Stop,
+        init_exit: Option<u8>,
+    ) -> Result<Ending, RuntimeError> {
         let died = matches!(stop, Stop::Exited(_)) && init_exit.is_none();
         let mut polls = 0;
         loop {
@@ -277,6 +281,18 @@ impl Sandbox for DockerSandbox {
             remove(&self.docker, &self.name).await;
         }
         .boxed()
+    }
+
+    fn open_session(&mut self, job: Job<'static>) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        super::turn::open(self, job).boxed()
+    }
+
+    fn turn(
+        &mut self,
+        job: Job<'static>,
+        control: RunControl,
+    ) -> BoxFuture<'_, Result<crate::runtime::TurnRan, RuntimeError>> {
+        super::turn::turn(self, job, control).boxed()
     }
 }
 
@@ -348,7 +364,7 @@ async fn hand_over(input: &mut Input, line: &[u8]) {
 }
 
 /// The container's exit code once it has stopped.
-async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>, RuntimeError> {
+pub(super) async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>, RuntimeError> {
     match docker.wait_container(name, None).next().await {
         Some(Ok(response)) => Ok(Some(response.status_code)),
         // bollard reports a non-zero exit as an error carrying the code.
@@ -358,7 +374,7 @@ async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>, RuntimeEr
     }
 }
 
-async fn kill(docker: &Docker, name: &str) {
+pub(super) async fn kill(docker: &Docker, name: &str) {
     let options = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
     if let Err(err) = bounded("kill container", docker.kill_container(name, Some(options))).await {
         tracing::warn!(container = name, error = %err, "kill failed");

@@ -1,0 +1,381 @@
+//! Executions in a session (DESIGN 10): each one decided (`request.kind:
+//! "session_execution"`, with `request.session`), recorded with its `session_id` before its
+//! turn is handed over, run as one turn of the session's runner, its `/output` collected while
+//! the sandbox lives (`outputs_live`), completed with its `result`; one at a time (409).
+
+use std::sync::{Arc, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use policy_engine::{RequestKind, RequestedLimits, SessionInput};
+
+use super::floor::Runnable;
+use super::reaper::LiveGuard;
+use super::request::ExecutionRequest;
+use super::sessions::{Held, SessionExecutionRequest};
+use super::{App, AppError};
+use crate::audit::sessions::SessionRow;
+use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
+use crate::outputs::Collected;
+use crate::runtime::{Ending, Job, JobFile, TurnEnding, TurnRan};
+
+/// What a decision in a session needs of it (shareable across awaits, unlike the sandbox).
+struct Facts<'a> {
+    language: &'a str,
+    executions: u64,
+    created_at: chrono::DateTime<chrono::Utc>,
+    runnable: &'a Runnable,
+}
+
+impl<'a> Facts<'a> {
+    fn of(held: &'a Held) -> Facts<'a> {
+        Facts {
+            language: &held.language,
+            executions: held.executions,
+            created_at: held.created_at,
+            runnable: &held.runnable,
+        }
+    }
+}
+
+/// A session execution, decided and ready to record.
+struct InSession {
+    code: String,
+    files: Vec<(String, Vec<u8>)>,
+    row: ExecutionRow,
+    event: NewEvent,
+    /// `None`: denied, nothing runs.
+    runnable: Option<Runnable>,
+}
+
+impl App {
+    /// One execution in a session: decided, recorded, run as a turn, completed.
+    pub async fn create_session_execution(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+        request: SessionExecutionRequest,
+    ) -> Result<ExecutionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        let open = self
+            .sessions
+            .get(id)
+            .ok_or_else(|| closed_conflict(id, &row))?;
+        let Ok(mut guard) = open.held.try_lock() else {
+            return Err(AppError::Conflict(format!(
+                "session {id} is busy: one execution at a time"
+            )));
+        };
+        let Some(held) = guard.as_mut() else {
+            return Err(closed_conflict(id, &row));
+        };
+        let _ = self.audit.set_session_status(id, "busy", false).await;
+        let ran = self.run_in_session(caller, id, held, request).await;
+        *open
+            .last_used
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+        let (record, closes) = match ran {
+            Ok(ran) => ran,
+            Err(err) => {
+                let _ = self.audit.set_session_status(id, "ready", false).await;
+                return Err(err);
+            }
+        };
+        let _ = self
+            .audit
+            .set_session_status(id, "ready", record.allow)
+            .await;
+        drop(guard);
+        if let Some(reason) = closes {
+            self.close_session(id, reason).await;
+        }
+        Ok(record)
+    }
+
+    /// The execution's request, uploads, record and decision event, and what may run (the
+    /// session's runnable with this call's deadline), or `None` when it is denied.
+    async fn decide_in_session(
+        &self,
+        caller: &ApiKey,
+        session_id: &str,
+        session: &Facts<'_>,
+        request: SessionExecutionRequest,
+    ) -> Result<InSession, AppError> {
+        let files = self.checked_uploads(caller, &request.files).await?;
+        let as_execution = ExecutionRequest {
+            language: session.language.to_owned(),
+            code: request.code,
+            files: request.files,
+            network: Vec::new(),
+            mounts: Vec::new(),
+            limits: RequestedLimits {
+                timeout_ms: request.limits.timeout_ms,
+                ..RequestedLimits::default()
+            },
+            labels: Default::default(),
+            wait: true,
+        };
+        if as_execution.code.len() > super::request::MAX_CODE_BYTES {
+            return Err(AppError::Invalid(format!(
+                "code is {} bytes; the limit is {}",
+                as_execution.code.len(),
+                super::request::MAX_CODE_BYTES
+            )));
+        }
+        let mut input = self.policy_input(caller, &as_execution, &files);
+        input.request.kind = RequestKind::SessionExecution;
+        input.request.session = Some(SessionInput {
+            id: session_id.to_owned(),
+            executions: session.executions,
+            created_at: session.created_at.to_rfc3339(),
+        });
+        let policy = self.policy.current();
+        let said = policy.state.decide(&input);
+        let mut decision = said.clone();
+        let allowed = self
+            .enforce_floor(session.language, &mut decision)
+            .filter(|_| !decision.require_approval);
+        // The session's limits stay those decided at creation; only the deadline is per call.
+        let timeout_ms = allowed
+            .as_ref()
+            .map_or(0, |r| r.limits.timeout_ms)
+            .min(session.runnable.limits.timeout_ms);
+        let mut runnable = session.runnable.clone();
+        runnable.limits.timeout_ms = timeout_ms;
+        let mut row = super::executions::new_row(
+            caller,
+            &as_execution,
+            &input,
+            &decision,
+            allowed.is_some().then_some(&runnable),
+            (policy.state.revision(), &self.instance),
+        );
+        row.session_id = Some(session_id.to_owned());
+        let event = NewEvent {
+            kind: "execution.decision",
+            execution_id: Some(row.id.clone()),
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            decision_id: Some(row.decision_id.clone()),
+            allow: Some(decision.allow && allowed.is_some()),
+            reasons: json!(decision.reasons),
+            input: json!(input),
+            decision: json!(said),
+            policy_revision: Some(row.policy_revision.clone()),
+        };
+        Ok(InSession {
+            code: as_execution.code,
+            files,
+            row,
+            event,
+            runnable: allowed.map(|_| runnable),
+        })
+    }
+
+    /// Decide, record, run; says why the session must close, if it must.
+    async fn run_in_session(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        session_id: &str,
+        held: &mut Held,
+        request: SessionExecutionRequest,
+    ) -> Result<(ExecutionRow, Option<&'static str>), AppError> {
+        let InSession {
+            code,
+            files,
+            row,
+            event,
+            runnable,
+        } = self
+            .decide_in_session(caller, session_id, &Facts::of(held), request)
+            .await?;
+        let live = self.live.track(&row.id);
+        self.audit.record_execution_decision(&row, &event).await?;
+        let Some(runnable) = runnable else {
+            return Ok((row, None));
+        };
+        held.executions += 1;
+        let ran = self
+            .run_turn(&row, held, code, files, &live, &runnable)
+            .await;
+        let closes = match &ran {
+            Ok(ran) if ran.ending.session_lives() => None,
+            Ok(TurnRan {
+                ending: TurnEnding::Ended(Ending::Oom { .. }),
+                ..
+            }) => Some("oom"),
+            _ => Some("crashed"),
+        };
+        let result = match &ran {
+            Ok(TurnRan {
+                ending: TurnEnding::Exited { result, .. },
+                ..
+            }) => result.clone(),
+            _ => None,
+        };
+        let mut done = completion(ran);
+        let output_dir = held.home.output.dir().to_owned();
+        done.outputs = self
+            .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
+            .await;
+        let mut stored = self.complete_durably(row, done).await;
+        if let Some(result) = result {
+            if let Err(err) = self.audit.set_result(&stored.id, &result).await {
+                tracing::warn!(execution_id = %stored.id, error = %err, "result not stored");
+            }
+            stored.result = Some(result);
+        }
+        drop(live);
+        Ok((stored, closes))
+    }
+
+    /// `/output` as the execution left it, collected while the sandbox may still run
+    /// (`outputs_live`: nothing the program can swap is followed).
+    async fn collect_session_output(
+        &self,
+        src: std::path::PathBuf,
+        execution_id: &str,
+        budget: u64,
+    ) -> Collected {
+        let dest = self.outputs_root.join(execution_id);
+        let collected = tokio::task::spawn_blocking(move || {
+            crate::outputs_live::collect_live(&src, &dest, budget)
+        })
+        .await;
+        match collected {
+            Ok(Ok(collected)) => collected,
+            Ok(Err(err)) => {
+                tracing::error!(execution_id, error = %err, "collecting /output failed");
+                Collected {
+                    truncated: true,
+                    skipped: vec![crate::outputs::Skipped {
+                        path: String::new(),
+                        bytes: None,
+                        reason: "collection_failed".to_owned(),
+                    }],
+                    ..Collected::default()
+                }
+            }
+            Err(err) => {
+                tracing::error!(execution_id, error = %err, "collecting /output panicked");
+                Collected {
+                    truncated: true,
+                    ..Collected::default()
+                }
+            }
+        }
+    }
+
+    async fn run_turn(
+        &self,
+        row: &ExecutionRow,
+        held: &mut Held,
+        code: String,
+        files: Vec<(String, Vec<u8>)>,
+        live: &LiveGuard,
+        runnable: &Runnable,
+    ) -> Result<TurnRan, crate::runtime::RuntimeError> {
+        let control = crate::runtime::RunControl {
+            timeout: Duration::from_millis(runnable.limits.timeout_ms),
+            output_cap: usize::try_from(runnable.limits.output_bytes).unwrap_or(usize::MAX),
+            sink: None,
+            cancel: live.cancel_token(),
+        };
+        if let Err(err) = self
+            .audit
+            .mark_running(
+                &row.id,
+                crate::ids::now_micros(),
+                "warm",
+                held.sandbox.name(),
+            )
+            .await
+        {
+            tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
+        }
+        held.sandbox
+            .turn(turn_job(&held.language, &row.id, code, files), control)
+            .await
+    }
+}
+
+fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
+    AppError::Conflict(format!(
+        "session {id} is closed ({})",
+        row.closed_reason
+            .as_deref()
+            .unwrap_or("not open on this gateway")
+    ))
+}
+
+/// A turn: the cell under `/tmp/sandgate-cells/` (named by the execution), the uploads in
+/// `/workspace`.
+fn turn_job(
+    language: &str,
+    execution_id: &str,
+    code: String,
+    files: Vec<(String, Vec<u8>)>,
+) -> Job<'static> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let ext = if language == "python" { "py" } else { "sh" };
+    let cell = format!("/tmp/sandgate-cells/{execution_id}.{ext}");
+    let mut job_files = vec![JobFile {
+        path: cell.clone(),
+        content_b64: b64.encode(code.as_bytes()).into(),
+        mode: Some(0o644),
+    }];
+    job_files.extend(files.into_iter().map(|(name, content)| JobFile {
+        path: format!("{}/{name}", crate::runtime::WORKSPACE),
+        content_b64: b64.encode(content).into(),
+        mode: Some(0o644),
+    }));
+    Job {
+        argv: vec![cell],
+        cwd: None,
+        env: None,
+        files: job_files,
+        proxy: None,
+        exit_nonce: None,
+    }
+}
+
+/// The record's ending, from the turn's.
+fn completion(ran: Result<TurnRan, crate::runtime::RuntimeError>) -> Completion {
+    let mut done = Completion {
+        status: "error",
+        exit_code: None,
+        duration_ms: 0,
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+        stdout_truncated: false,
+        stderr_truncated: false,
+        error: None,
+        outputs: Collected::default(),
+    };
+    let ran = match ran {
+        Ok(ran) => ran,
+        Err(err) => {
+            done.error = Some(err.to_string());
+            return done;
+        }
+    };
+    let (status, exit_code) = match ran.ending {
+        TurnEnding::Exited { code: 0, .. } => ("succeeded", Some(0)),
+        TurnEnding::Exited { code, .. } => ("failed", Some(i32::from(code))),
+        TurnEnding::TimedOut { .. } => ("timeout", None),
+        TurnEnding::Cancelled { .. } => ("cancelled", None),
+        TurnEnding::Ended(Ending::Oom { .. }) => ("oom", None),
+        TurnEnding::Ended(_) => ("killed", None),
+    };
+    done.status = status;
+    done.exit_code = exit_code;
+    done.duration_ms = i64::try_from(ran.duration.as_millis()).unwrap_or(i64::MAX);
+    done.stdout_truncated = ran.stdout.truncated;
+    done.stderr_truncated = ran.stderr.truncated;
+    done.stdout = ran.stdout.bytes;
+    done.stderr = ran.stderr.bytes;
+    done
+}

@@ -1,0 +1,485 @@
+//! Sessions (DESIGN 10): one sandbox kept alive across an agent's executions. Opening one is a
+//! policy decision (`request.kind: "session"`), audited (`session.created` / `session.denied`);
+//! each execution in it is decided again (`session_execution`) and recorded like any other,
+//! then runs as one turn of the session's resident runner (see `runtime::Sandbox::turn`). One
+//! execution at a time (409), idle and total lifetime capped by the config's ceilings, open
+//! sessions per tenant by `max_sessions` (429), each holding a `max_concurrent` slot. An OOM or
+//! a runner that does not recover closes it; so do `DELETE`, idleness, its lifetime, and a
+//! restart of the gateway (`session.closed` with the reason).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::json;
+use sqlx::types::Json;
+use tokio_util::sync::CancellationToken;
+
+use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits};
+
+use super::floor::Runnable;
+use super::home::SandboxHome;
+use super::launch::sandbox_env;
+use super::pool::Shape;
+use super::reaper::LiveGuard;
+use super::request::{ExecutionRequest, FileUpload};
+use super::scheduler::Slot;
+use super::{error_chain, App, AppError};
+use crate::audit::sessions::SessionRow;
+use crate::audit::{ApiKey, NewEvent};
+use crate::egress::ExecutionEgress;
+use crate::runtime::{Job, JobProxy, Owner, Sandbox, SessionRunner, Waits};
+
+/// Body of `POST /v1/sessions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRequest {
+    pub language: String,
+    #[serde(default)]
+    pub network: Vec<HostPort>,
+    #[serde(default)]
+    pub mounts: Vec<String>,
+    #[serde(default)]
+    pub limits: RequestedLimits,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub idle_timeout_s: Option<u64>,
+    pub ttl_s: Option<u64>,
+}
+
+/// Body of `POST /v1/sessions/{id}/executions`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionExecutionRequest {
+    pub code: String,
+    #[serde(default)]
+    pub files: Vec<FileUpload>,
+    #[serde(default)]
+    pub limits: TurnLimits,
+    /// Accepted for the shape of 4.2; a session execution always answers when it ended.
+    #[serde(default)]
+    pub wait: Option<bool>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TurnLimits {
+    pub timeout_ms: Option<u64>,
+}
+
+/// What became of `POST /v1/sessions`.
+#[derive(Debug)]
+pub enum Opened {
+    Ready(SessionRow),
+    Denied(Decision),
+}
+
+/// The open sessions this gateway holds.
+#[derive(Debug, Default)]
+pub struct Sessions {
+    open: Mutex<HashMap<String, Arc<OpenSession>>>,
+}
+
+#[derive(Debug)]
+pub(super) struct OpenSession {
+    pub(super) tenant: String,
+    /// `None` once closed; held for the length of an execution (busy: 409).
+    pub(super) held: tokio::sync::Mutex<Option<Held>>,
+    pub(super) last_used: Mutex<Instant>,
+    pub(super) closing: CancellationToken,
+}
+
+/// What an open session owns.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub(super) sandbox: Box<dyn Sandbox>,
+    pub(super) home: SandboxHome,
+    pub(super) egress: Option<ExecutionEgress>,
+    pub(super) runnable: Runnable,
+    pub(super) language: String,
+    pub(super) created_at: chrono::DateTime<chrono::Utc>,
+    pub(super) executions: u64,
+    pub(super) _slot: Slot,
+    pub(super) _live: LiveGuard,
+}
+
+impl Sessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<OpenSession>>> {
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn open_for(&self, tenant: &str) -> usize {
+        self.lock().values().filter(|s| s.tenant == tenant).count()
+    }
+
+    pub(super) fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
+        self.lock().get(id).cloned()
+    }
+}
+
+impl App {
+    pub async fn create_session(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        request: SessionRequest,
+    ) -> Result<Opened, AppError> {
+        let runner = SessionRunner::for_language(&request.language).ok_or_else(|| {
+            AppError::Invalid(format!(
+                "language {:?} has no session runner; sessions run python or bash",
+                request.language
+            ))
+        })?;
+        if !request.network.is_empty() {
+            // Egress rows reference an execution; a session's connections have none to name
+            // until the proxy learns about sessions. Refused rather than run half-audited.
+            return Err(AppError::Invalid(
+                "sessions cannot ask for network destinations yet; use a plain execution".into(),
+            ));
+        }
+        if self.sessions.open_for(&caller.tenant) >= self.config.max_sessions {
+            return Err(AppError::RateLimited(format!(
+                "tenant {} already has {} open sessions (max_sessions); close one first",
+                caller.tenant, self.config.max_sessions
+            )));
+        }
+        let as_execution = ExecutionRequest {
+            language: request.language.clone(),
+            code: String::new(),
+            files: Vec::new(),
+            network: request.network.clone(),
+            mounts: request.mounts.clone(),
+            limits: request.limits.clone(),
+            labels: request.labels.clone(),
+            wait: true,
+        };
+        let mut input = self.policy_input(caller, &as_execution, &[]);
+        input.request.kind = RequestKind::Session;
+        let said = self.policy.current().state.decide(&input);
+        let mut decision = said.clone();
+        let runnable = self.enforce_floor(&request.language, &mut decision);
+        let id = crate::ids::new("ss");
+        let event = |kind| NewEvent {
+            kind,
+            execution_id: None,
+            key_id: Some(caller.id.clone()),
+            tenant: Some(caller.tenant.clone()),
+            decision_id: None,
+            allow: Some(decision.allow),
+            reasons: json!(decision.reasons),
+            input: json!({"session_id": id, "request": input}),
+            decision: json!(said),
+            policy_revision: Some(self.policy.current().state.revision().to_owned()),
+        };
+        let runnable = match runnable {
+            Some(runnable) if !decision.require_approval => runnable,
+            _ => {
+                self.audit.record_event(&event("session.denied")).await?;
+                return Ok(Opened::Denied(decision));
+            }
+        };
+        let ticket = self
+            .scheduler
+            .admit(&caller.tenant)
+            .map_err(|full| AppError::RateLimited(full.to_string()))?;
+        let slot = ticket
+            .slot()
+            .await
+            .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
+        let (idle, ttl) = self.session_lifetimes(&request);
+        let live = self.live.track(&id);
+        let held = self
+            .start_session(
+                &id,
+                caller,
+                runner,
+                &request.language,
+                runnable,
+                (slot, live),
+            )
+            .await?;
+        let now = crate::ids::now_micros();
+        let row = SessionRow {
+            id: id.clone(),
+            tenant: caller.tenant.clone(),
+            key_id: caller.id.clone(),
+            language: request.language.clone(),
+            status: "ready".into(),
+            closed_reason: None,
+            decision: Json(json!(decision)),
+            limits: Json(json!(held.runnable.limits)),
+            idle_timeout_s: i64::try_from(idle).unwrap_or(i64::MAX),
+            ttl_s: i64::try_from(ttl).unwrap_or(i64::MAX),
+            executions: 0,
+            instance: self.instance.clone(),
+            container: Some(held.sandbox.name().to_owned()),
+            created_at: now,
+            last_used_at: now,
+            expires_at: now + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(0)),
+            closed_at: None,
+        };
+        let stored = async {
+            self.audit.insert_session(&row).await?;
+            self.audit.record_event(&event("session.created")).await
+        };
+        if let Err(err) = stored.await {
+            release(held).await;
+            return Err(err.into());
+        }
+        let open = Arc::new(OpenSession {
+            tenant: caller.tenant.clone(),
+            held: tokio::sync::Mutex::new(Some(held)),
+            last_used: Mutex::new(Instant::now()),
+            closing: self.shutdown.child_token(),
+        });
+        self.sessions.lock().insert(id.clone(), Arc::clone(&open));
+        self.watch_session(id, open, idle, ttl);
+        Ok(Opened::Ready(row))
+    }
+
+    /// The idle limit and lifetime asked for, capped by the ceilings.
+    fn session_lifetimes(&self, request: &SessionRequest) -> (u64, u64) {
+        let ceilings = &self.config.ceilings;
+        let idle = request
+            .idle_timeout_s
+            .unwrap_or(ceilings.session_idle_s)
+            .clamp(1, ceilings.session_idle_s.max(1));
+        let ttl = request
+            .ttl_s
+            .unwrap_or(ceilings.session_ttl_s)
+            .clamp(1, ceilings.session_ttl_s.max(1));
+        (idle, ttl)
+    }
+
+    /// The sandbox, its grant, the opening line.
+    async fn start_session(
+        &self,
+        id: &str,
+        caller: &ApiKey,
+        runner: SessionRunner,
+        language: &str,
+        runnable: Runnable,
+        (slot, live): (Slot, LiveGuard),
+    ) -> Result<Held, AppError> {
+        let unavailable = |what: &str, err: &dyn std::fmt::Display| {
+            AppError::Internal(format!("starting the session sandbox: {what}: {err}"))
+        };
+        let shape = Shape::of(&runnable);
+        let home = SandboxHome::create(
+            &self.egress_root,
+            &self.scratch_root,
+            id,
+            shape.limits.disk_mb,
+        )
+        .map_err(|err| unavailable("its directories", &err))?;
+        let mut plan = self.plan(
+            id,
+            Owner::Execution(id.to_owned()),
+            &shape,
+            &home,
+            Waits::Session(runner),
+        );
+        plan.mounts.clone_from(&runnable.mounts);
+        let mut sandbox = match self.runtime.start(plan).await {
+            Ok(sandbox) => sandbox,
+            Err(err) => {
+                home.remove();
+                return Err(unavailable("the sandbox", &err));
+            }
+        };
+        let egress = match (&runnable.network, self.egress.as_ref()) {
+            (Some(grant), Some(proxy)) => ExecutionEgress::start(
+                proxy,
+                &home.egress_dir,
+                id,
+                &caller.tenant,
+                grant,
+                self.shutdown.child_token(),
+            )
+            .map(Some)
+            .map_err(|err| unavailable("its egress grant", &error_chain(&err))),
+            _ => Ok(None),
+        };
+        let opened = match egress {
+            Ok(egress) => sandbox
+                .open_session(opening_line(egress.is_some(), runnable.limits.cpus))
+                .await
+                .map(|()| egress)
+                .map_err(|err| unavailable("the opening line", &err)),
+            Err(err) => Err(err),
+        };
+        match opened {
+            Ok(egress) => Ok(Held {
+                sandbox,
+                home,
+                egress,
+                runnable,
+                language: language.to_owned(),
+                created_at: crate::ids::now_micros(),
+                executions: 0,
+                _slot: slot,
+                _live: live,
+            }),
+            Err(err) => {
+                sandbox.discard().await;
+                home.remove();
+                Err(err)
+            }
+        }
+    }
+
+    /// Closes the session when it has been idle too long or reached its lifetime.
+    fn watch_session(self: &Arc<Self>, id: String, open: Arc<OpenSession>, idle: u64, ttl: u64) {
+        let app = Arc::clone(self);
+        let expires = Instant::now() + Duration::from_secs(ttl);
+        self.tasks.spawn(async move {
+            loop {
+                let last = *open
+                    .last_used
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let idle_at = last + Duration::from_secs(idle);
+                let (wake, reason) = if idle_at < expires {
+                    (idle_at, "idle")
+                } else {
+                    (expires, "ttl")
+                };
+                tokio::select! {
+                    () = tokio::time::sleep_until(wake.into()) => {}
+                    () = open.closing.cancelled() => {
+                        // Shutting down: the session does not outlive its gateway.
+                        if app.shutdown.is_cancelled() {
+                            app.close_session(&id, "gateway_restart").await;
+                        }
+                        return;
+                    }
+                }
+                let still = *open
+                    .last_used
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if reason == "ttl" || still == last {
+                    // A busy session closes once its execution ended (the lock waits for it).
+                    app.close_session(&id, reason).await;
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Closes an open session of this gateway: the sandbox is removed, the record closed.
+    pub(super) async fn close_session(&self, id: &str, reason: &str) -> Option<SessionRow> {
+        let open = self.sessions.lock().remove(id)?;
+        open.closing.cancel();
+        let held = open.held.lock().await.take();
+        if let Some(held) = held {
+            release(held).await;
+        }
+        let closed = match self.audit.close_session(id, reason).await {
+            Ok(closed) => closed,
+            Err(err) => {
+                tracing::error!(session_id = %id, error = %err, "closing the session record failed");
+                return None;
+            }
+        };
+        if let Some(row) = &closed {
+            self.record_session_closed(row).await;
+        }
+        closed
+    }
+
+    async fn record_session_closed(&self, row: &SessionRow) {
+        let event = NewEvent {
+            kind: "session.closed",
+            execution_id: None,
+            key_id: Some(row.key_id.clone()),
+            tenant: Some(row.tenant.clone()),
+            decision_id: None,
+            allow: None,
+            reasons: json!([]),
+            input: json!({"session_id": row.id}),
+            decision: json!({
+                "closed_reason": row.closed_reason,
+                "executions": row.executions,
+                "created_at": row.created_at,
+            }),
+            policy_revision: None,
+        };
+        if let Err(err) = self.audit.record_event(&event).await {
+            tracing::error!(session_id = %row.id, error = %err, "session.closed not recorded");
+        }
+    }
+
+    /// Closes what a previous run of the gateway left open (their sandboxes ended with it;
+    /// the reaper removes the containers).
+    pub async fn close_sessions_left(&self) {
+        let open: Vec<String> = self.sessions.lock().keys().cloned().collect();
+        match self.audit.close_sessions_left(&self.instance, &open).await {
+            Ok(rows) => {
+                for row in &rows {
+                    self.record_session_closed(row).await;
+                }
+            }
+            Err(err) => tracing::warn!(error = %err, "cannot close sessions left by a restart"),
+        }
+    }
+
+    pub async fn get_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        match self.audit.get_session(id).await? {
+            Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
+            Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),
+            None => Err(AppError::NotFound),
+        }
+    }
+
+    pub async fn list_sessions(&self, caller: &ApiKey) -> Result<Vec<SessionRow>, AppError> {
+        let tenant = (caller.role == "agent").then_some(caller.tenant.as_str());
+        Ok(self.audit.list_sessions(tenant).await?)
+    }
+
+    pub async fn delete_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        if row.status == "closed" {
+            return Ok(row);
+        }
+        match self.close_session(id, "deleted").await {
+            Some(closed) => Ok(closed),
+            None => self.get_session(caller, id).await,
+        }
+    }
+}
+
+/// Removes the sandbox and its host side; the slot and the live entry go with `held`.
+async fn release(held: Held) {
+    let Held {
+        sandbox,
+        home,
+        egress,
+        ..
+    } = held;
+    sandbox.discard().await;
+    if let Some(egress) = egress {
+        egress.finish().await;
+    }
+    home.remove();
+}
+
+/// The opening line: the session's environment and bridge.
+fn opening_line(proxied: bool, cpus: f64) -> Job<'static> {
+    let mut env = sandbox_env(cpus);
+    let proxy = proxied.then(|| {
+        env.extend(crate::egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+        JobProxy {
+            listen: crate::egress::SANDBOX_PROXY_LISTEN.to_owned(),
+            socket: crate::egress::SANDBOX_SOCKET.to_owned(),
+        }
+    });
+    Job {
+        argv: vec!["session".to_owned()],
+        cwd: Some(crate::runtime::WORKSPACE.to_owned()),
+        env: Some(env),
+        files: Vec::new(),
+        proxy,
+        exit_nonce: None,
+    }
+}

@@ -1,0 +1,141 @@
+//! The `sessions` table (DESIGN 10): one row per session, its status and closing.
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+
+use super::{AuditError, AuditStore};
+
+/// One row of `sessions`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SessionRow {
+    pub id: String,
+    pub tenant: String,
+    pub key_id: String,
+    pub language: String,
+    pub status: String,
+    pub closed_reason: Option<String>,
+    pub decision: Json<Value>,
+    pub limits: Json<Value>,
+    pub idle_timeout_s: i64,
+    pub ttl_s: i64,
+    pub executions: i64,
+    pub instance: String,
+    pub container: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub last_used_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
+}
+
+/// Most sessions one listing returns.
+pub const MAX_LISTED: i64 = 500;
+
+impl AuditStore {
+    pub async fn insert_session(&self, row: &SessionRow) -> Result<(), AuditError> {
+        sqlx::query(
+            "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
+             idle_timeout_s, ttl_s, instance, container, created_at, last_used_at, expires_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+        )
+        .bind(&row.id)
+        .bind(&row.tenant)
+        .bind(&row.key_id)
+        .bind(&row.language)
+        .bind(&row.status)
+        .bind(&row.decision)
+        .bind(&row.limits)
+        .bind(row.idle_timeout_s)
+        .bind(row.ttl_s)
+        .bind(&row.instance)
+        .bind(&row.container)
+        .bind(row.created_at)
+        .bind(row.last_used_at)
+        .bind(row.expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn get_session(&self, id: &str) -> Result<Option<SessionRow>, AuditError> {
+        Ok(sqlx::query_as("SELECT * FROM sessions WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    /// A tenant's sessions (all tenants' with `None`), newest first.
+    pub async fn list_sessions(&self, tenant: Option<&str>) -> Result<Vec<SessionRow>, AuditError> {
+        Ok(sqlx::query_as(
+            "SELECT * FROM sessions WHERE ($1::text IS NULL OR tenant = $1) \
+             ORDER BY created_at DESC LIMIT $2",
+        )
+        .bind(tenant)
+        .bind(MAX_LISTED)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// `ready` or `busy`; an execution that ended also counts and touches the session.
+    pub async fn set_session_status(
+        &self,
+        id: &str,
+        status: &str,
+        ran_one: bool,
+    ) -> Result<(), AuditError> {
+        sqlx::query(
+            "UPDATE sessions SET status = $2, executions = executions + $3::bigint, \
+             last_used_at = now() WHERE id = $1 AND status <> 'closed'",
+        )
+        .bind(id)
+        .bind(status)
+        .bind(i64::from(ran_one))
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Closes a session once; returns its row as closed, or `None` if it already was.
+    pub async fn close_session(
+        &self,
+        id: &str,
+        reason: &str,
+    ) -> Result<Option<SessionRow>, AuditError> {
+        Ok(sqlx::query_as(
+            "UPDATE sessions SET status = 'closed', closed_reason = $2, closed_at = now() \
+             WHERE id = $1 AND status <> 'closed' RETURNING *",
+        )
+        .bind(id)
+        .bind(reason)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Closes every session of this gateway instance still open in the store but not held by
+    /// this run (`open`): a previous run left it, and its sandbox does not outlive that run.
+    pub async fn close_sessions_left(
+        &self,
+        instance: &str,
+        open: &[String],
+    ) -> Result<Vec<SessionRow>, AuditError> {
+        Ok(sqlx::query_as(
+            "UPDATE sessions SET status = 'closed', closed_reason = 'gateway_restart', \
+             closed_at = now() WHERE status <> 'closed' AND instance = $1 \
+             AND NOT (id = ANY($2)) RETURNING *",
+        )
+        .bind(instance)
+        .bind(open)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Stores the final expression's `repr` of a session execution.
+    pub async fn set_result(&self, execution_id: &str, result: &str) -> Result<(), AuditError> {
+        sqlx::query("UPDATE executions SET result = $2 WHERE id = $1")
+            .bind(execution_id)
+            .bind(result)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}

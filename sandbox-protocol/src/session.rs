@@ -1,0 +1,229 @@
+//! Sessions: one sandbox, one resident runner, many jobs ("turns").
+//!
+//! The init is started as `session python|bash` ([`SESSION_MODE`]). The first line on its
+//! stdin is an ordinary [`crate::Job`] that opens the session: its `env`, `cwd`, `proxy` and
+//! `files` are the session's, its `argv` is ignored (the runner is chosen by the mode), and its
+//! `exit_nonce` authenticates the init's exit trailer when the session ends. stdin then stays
+//! open: every further line is a **turn**, again a [`crate::Job`], whose `argv` is exactly one
+//! path (the cell: the code to run, written by the same line's `files`) and whose `exit_nonce`
+//! is the turn's own secret. The runner answers each turn by printing [`end_marker`] for that
+//! nonce on **both** stdout and stderr once the code ended: each stream is in order, so once
+//! the gateway saw the marker on both, everything the turn printed has arrived.
+//!
+//! - python ([`PYTHON_SESSION_RUNNER`]): one interpreter; each cell is executed in one globals
+//!   dict; a final expression's `repr` is the marker's `result`; an exception prints its
+//!   traceback and ends the turn with code 1; SIGINT (timeout, cancel) raises
+//!   `KeyboardInterrupt` in the cell (code 130). It reads turns as [`RunnerTurn`] lines.
+//! - bash: one `bash` reading [`bash_turn`] commands: the cell is sourced in the shell itself,
+//!   so cwd, variables and functions persist; the code is the cell's last status.
+//!
+//! The program shares the runner's process: it could read the turn's nonce and forge an end
+//! early. That only confuses its own session's record (the same agent's), never another's.
+
+use serde::{Deserialize, Serialize};
+
+/// First argument of a session sandbox's init.
+pub const SESSION_MODE: &str = "session";
+/// The runner names after [`SESSION_MODE`].
+pub const SESSION_PYTHON: &str = "python";
+pub const SESSION_BASH: &str = "bash";
+
+/// Starts a turn's end marker: `\0sandgate-end:<nonce>:<code>:<result>\n`, where `result` is
+/// the base64 of the UTF-8 `repr` (empty: none).
+pub const END_MARKER_PREFIX: &[u8] = b"\0sandgate-end:";
+/// Longest `repr` a marker carries, in bytes (the runner cuts it).
+pub const MAX_RESULT_BYTES: usize = 64 * 1024;
+/// Longest marker payload after the nonce: code, colon, base64 of the result, newline.
+const MAX_PAYLOAD: usize = 4 + 1 + MAX_RESULT_BYTES.div_ceil(3) * 4 + 1;
+
+/// What the init hands the Python session runner per turn: one JSON line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunnerTurn {
+    /// The cell file.
+    pub program: String,
+    pub nonce: String,
+}
+
+/// The end marker of a turn (what the runner prints; [`EndMarker`] takes it out).
+pub fn end_marker(nonce: &str, code: u8, result_b64: &str) -> Vec<u8> {
+    let mut marker = END_MARKER_PREFIX.to_vec();
+    marker.extend_from_slice(format!("{nonce}:{code}:{result_b64}\n").as_bytes());
+    marker
+}
+
+/// The command the init writes to the session's bash for one turn. The cell is sourced in the
+/// shell itself (so `cd`, `export` and functions persist) with stdin from `/dev/null`; then
+/// the markers go out with the cell's status. `nonce` is letters and digits, `program` a
+/// validated path without a quote.
+pub fn bash_turn(program: &str, nonce: &str) -> String {
+    format!(
+        "{{ . '{program}'; }} </dev/null; __sandgate_status=$?; \
+         printf '\\0sandgate-end:%s:%d:\\n' {nonce} \"$__sandgate_status\"; \
+         printf '\\0sandgate-end:%s:%d:\\n' {nonce} \"$__sandgate_status\" >&2\n"
+    )
+}
+
+/// The first command of the session's bash: an interrupt (timeout, cancel) stops the running
+/// command, not the shell.
+pub const BASH_PRELUDE: &str = "trap 'printf \"sandgate: interrupted\\n\" >&2' INT\n";
+
+/// The resident Python session runner, run as `python3 -c PYTHON_SESSION_RUNNER`.
+pub const PYTHON_SESSION_RUNNER: &str = include_str!("session.py");
+
+/// A turn's end, as the marker said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TurnEnd {
+    pub code: u8,
+    /// The base64 of the final expression's `repr`; empty: none.
+    pub result_b64: String,
+}
+
+/// Takes one turn's end marker out of a stream (stdout or stderr). Bytes that might begin the
+/// marker (from a NUL on) are held back until they cannot; ordinary output passes at once.
+/// Once the marker came, later bytes are dropped (output between turns belongs to none).
+#[derive(Debug)]
+pub struct EndMarker {
+    prefix: Vec<u8>,
+    held: Vec<u8>,
+    end: Option<TurnEnd>,
+}
+
+impl EndMarker {
+    pub fn new(nonce: &str) -> EndMarker {
+        let mut prefix = END_MARKER_PREFIX.to_vec();
+        prefix.extend_from_slice(nonce.as_bytes());
+        prefix.push(b':');
+        EndMarker {
+            prefix,
+            held: Vec::new(),
+            end: None,
+        }
+    }
+
+    /// The end, once the marker came.
+    pub fn end(&self) -> Option<&TurnEnd> {
+        self.end.as_ref()
+    }
+
+    /// Feeds a chunk; returns what may be passed on.
+    pub fn feed(&mut self, chunk: &[u8]) -> Vec<u8> {
+        if self.end.is_some() {
+            return Vec::new();
+        }
+        self.held.extend_from_slice(chunk);
+        let mut from = 0;
+        while let Some(offset) = self.held[from..].iter().position(|byte| *byte == 0) {
+            let start = from + offset;
+            let rest = &self.held[start..];
+            if let Some(end) = complete(&self.prefix, rest) {
+                self.end = Some(end);
+                let released = self.held[..start].to_vec();
+                self.held.clear();
+                return released;
+            }
+            if could_begin(&self.prefix, rest) {
+                let tail = self.held.split_off(start);
+                return std::mem::replace(&mut self.held, tail);
+            }
+            from = start + 1;
+        }
+        std::mem::take(&mut self.held)
+    }
+
+    /// What is still held back (the stream ended without the marker).
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.held)
+    }
+}
+
+fn complete(prefix: &[u8], bytes: &[u8]) -> Option<TurnEnd> {
+    let rest = bytes.strip_prefix(prefix)?;
+    let line = &rest[..rest.iter().position(|byte| *byte == b'\n')?];
+    let text = std::str::from_utf8(line).ok()?;
+    let (code, result_b64) = text.split_once(':')?;
+    if code.is_empty() || code.len() > 3 || !result_b64.bytes().all(is_b64) {
+        return None;
+    }
+    Some(TurnEnd {
+        code: code.parse().ok()?,
+        result_b64: result_b64.to_owned(),
+    })
+}
+
+fn is_b64(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || matches!(byte, b'+' | b'/' | b'=')
+}
+
+fn could_begin(prefix: &[u8], bytes: &[u8]) -> bool {
+    if bytes.len() <= prefix.len() {
+        return prefix.starts_with(bytes);
+    }
+    bytes.strip_prefix(prefix).is_some_and(|payload| {
+        payload.len() <= MAX_PAYLOAD
+            && payload
+                .iter()
+                .all(|byte| byte.is_ascii_digit() || *byte == b':' || is_b64(*byte))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn through(chunks: &[&[u8]]) -> (Vec<u8>, Option<TurnEnd>) {
+        let mut marker = EndMarker::new("n0nce");
+        let mut out = Vec::new();
+        for chunk in chunks {
+            out.extend(marker.feed(chunk));
+        }
+        out.extend(marker.finish());
+        (out, marker.end().cloned())
+    }
+
+    #[test]
+    fn the_marker_is_taken_out_wherever_the_chunks_split() {
+        let mut stream = b"42\n".to_vec();
+        stream.extend(end_marker("n0nce", 0, "NDI="));
+        stream.extend(b"late");
+        let want = TurnEnd {
+            code: 0,
+            result_b64: "NDI=".into(),
+        };
+        for split in 0..stream.len() {
+            let (before, after) = stream.split_at(split);
+            assert_eq!(
+                through(&[before, after]),
+                (b"42\n".to_vec(), Some(want.clone())),
+                "{split}"
+            );
+        }
+    }
+
+    #[test]
+    fn forged_or_broken_markers_are_output() {
+        let forged: &[u8] = b"\0sandgate-end:guess:0:\n\0x";
+        assert_eq!(through(&[forged]), (forged.to_vec(), None));
+        assert_eq!(through(&[b"a\0b"]), (b"a\0b".to_vec(), None));
+        let bad: &[u8] = b"\0sandgate-end:n0nce:1234:\n";
+        assert_eq!(through(&[bad]), (bad.to_vec(), None));
+    }
+
+    #[test]
+    fn bash_turns_source_the_cell_and_mark_both_streams() {
+        let line = bash_turn("/tmp/sandgate/cell-1.sh", "abc");
+        assert!(line.starts_with("{ . '/tmp/sandgate/cell-1.sh'; } </dev/null;"));
+        assert_eq!(line.matches("sandgate-end:%s:%d:").count(), 2);
+        assert!(line.ends_with(">&2\n"));
+    }
+
+    #[test]
+    fn the_python_runner_reads_the_turn_fields() {
+        for name in ["\"program\"", "\"nonce\"", "sandgate-end"] {
+            assert!(
+                PYTHON_SESSION_RUNNER.contains(name),
+                "session.py lost {name}"
+            );
+        }
+    }
+}
