@@ -133,7 +133,14 @@ async fn run(
         |var| std::env::var(var).ok(),
     )
     .map_err(ServeError::Egress)?;
-    let egress = egress_proxy_for(&config, &policy, &audit, &listener, trust);
+    let cursors = Arc::new(egress::SessionCursors::default());
+    let egress = egress_proxy_for(
+        &config,
+        &policy,
+        &audit,
+        &listener,
+        (trust, Arc::clone(&cursors)),
+    );
     let app = Arc::new(App::new(
         config,
         policy,
@@ -141,7 +148,7 @@ async fn run(
         runtime,
         shutdown.clone(),
         instance,
-        egress,
+        (egress, cursors),
     ));
     app.tasks.spawn(audit::durable::replay_periodically(
         app.audit.clone(),
@@ -189,7 +196,7 @@ fn egress_proxy_for(
     policy: &Arc<PolicyHandle>,
     audit: &AuditStore,
     listener: &TcpListener,
-    trust: egress::EgressTrust,
+    trust: (egress::EgressTrust, Arc<egress::SessionCursors>),
 ) -> Option<egress_proxy::EgressProxy> {
     let mut own = egress_proxy::local_interface_addresses().unwrap_or_default();
     if let Ok(addr) = listener.local_addr() {
