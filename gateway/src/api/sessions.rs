@@ -82,6 +82,7 @@ pub async fn create(
     request_body = serde_json::Value,
     responses(
         (status = 200, description = "the execution record, with `session_id` and `result`", body = ExecutionView),
+        (status = 202, description = "`wait: false`: the record as the turn started; follow its events", body = ExecutionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -99,7 +100,12 @@ pub async fn execute(
     if !row.allow {
         return Err(ApiError::policy_denied(row.id, row.reasons.0));
     }
-    Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response())
+    let status = if row.status == "running" {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(ExecutionView::from(row))).into_response())
 }
 
 #[utoipa::path(
