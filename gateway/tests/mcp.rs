@@ -51,12 +51,40 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     let pool = gw.pool().await;
     let decisions: Vec<(String, bool)> = sqlx::query_as(
         "SELECT e.status, a.allow FROM executions e JOIN audit_events a \
-         ON a.execution_id = e.id AND a.kind = 'execution.decision' ORDER BY a.seq",
+         ON a.execution_id = e.id AND a.kind = 'execution.decision' \
+         WHERE e.session_id IS NULL ORDER BY a.seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    // Per transport: one session opened, two executions in it, closed; one session denied.
+    let in_sessions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT e.status, e.tenant FROM executions e JOIN audit_events a \
+         ON a.execution_id = e.id AND a.kind = 'execution.decision' \
+         WHERE e.session_id IS NOT NULL ORDER BY a.seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let session_events: Vec<(String, String)> = sqlx::query_as(
+        "SELECT kind, tenant FROM audit_events WHERE kind LIKE 'session.%' ORDER BY seq",
     )
     .fetch_all(&pool)
     .await
     .unwrap();
     pool.close().await;
+    let acme = |kind: &str| (kind.to_owned(), "acme".to_owned());
+    assert_eq!(
+        in_sessions,
+        vec![acme("succeeded"); 4],
+        "each run_in_session is one decided, recorded execution of the key's tenant"
+    );
+    let per_transport = [
+        acme("session.created"),
+        acme("session.denied"),
+        acme("session.closed"),
+    ];
+    assert_eq!(session_events, [per_transport.clone(), per_transport].concat());
     gw.stop().await;
     let statuses: Vec<&str> = decisions
         .iter()
