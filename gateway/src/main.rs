@@ -465,7 +465,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
             }
             Command::Keys { command } => keys(command, &config).await?,
             Command::Policy { command } => policy(command, &config).await?,
-            Command::Exec(_) | Command::Mcp(_) | Command::Repl(_) => unreachable!("handled in main_exit"),
+            Command::Exec(_) | Command::Mcp(_) | Command::Repl(_) => {
+                unreachable!("handled in main_exit")
+            }
             Command::Audit { command } => {
                 let verification = gateway::commands::audit_verify(&config).await?;
                 match command {

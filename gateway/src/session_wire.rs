@@ -187,7 +187,14 @@ mod tests {
             let parsed = SessionStatus::parse(status).unwrap();
             assert_eq!(serde_json::to_value(parsed).unwrap(), status);
         }
-        for reason in ["deleted", "idle", "ttl", "oom", "crashed", "gateway_restart"] {
+        for reason in [
+            "deleted",
+            "idle",
+            "ttl",
+            "oom",
+            "crashed",
+            "gateway_restart",
+        ] {
             let parsed = ClosedReason::parse(reason).unwrap();
             assert_eq!(serde_json::to_value(parsed).unwrap(), reason);
         }

@@ -84,7 +84,10 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
         acme("session.denied"),
         acme("session.closed"),
     ];
-    assert_eq!(session_events, [per_transport.clone(), per_transport].concat());
+    assert_eq!(
+        session_events,
+        [per_transport.clone(), per_transport].concat()
+    );
     gw.stop().await;
     let statuses: Vec<&str> = decisions
         .iter()

@@ -54,7 +54,13 @@ async fn assert_closed_by_client(gw: &TestGateway, key: &str, id: &str) {
     assert_eq!(session["closed_reason"], "deleted", "{session}");
     let container = session["container"].as_str().unwrap();
     let listed = Command::new("docker")
-        .args(["ps", "-a", "-q", "--filter", &format!("name=^/{container}$")])
+        .args([
+            "ps",
+            "-a",
+            "-q",
+            "--filter",
+            &format!("name=^/{container}$"),
+        ])
         .output()
         .unwrap();
     assert!(
@@ -79,7 +85,10 @@ async fn repl_from_piped_stdin_keeps_state_prints_results_and_closes_at_the_end(
     assert_eq!(stdout, "42\n82\nalive 41\n", "stderr: {stderr}");
     assert!(stderr.contains("to stderr"), "{stderr}");
     assert!(stderr.contains("ZeroDivisionError"), "{stderr}");
-    assert!(!stderr.contains(">>>"), "no prompts on piped stdin: {stderr}");
+    assert!(
+        !stderr.contains(">>>"),
+        "no prompts on piped stdin: {stderr}"
+    );
     assert_closed_by_client(&gw, &agent, &session_id(&stderr)).await;
 
     // bash: one shell across cells; a failing cell says its exit code.
@@ -91,7 +100,11 @@ async fn repl_from_piped_stdin_keeps_state_prints_results_and_closes_at_the_end(
     )
     .await;
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "/tmp\nfn 1\n", "{stderr}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/tmp\nfn 1\n",
+        "{stderr}"
+    );
     assert!(stderr.contains("exit code 1"), "{stderr}");
 
     // A session the policy refuses: the reasons, exit 77, nothing left open.

@@ -305,7 +305,14 @@ async fn with_a_client_ca_only_clients_with_its_certificates_are_served() {
             path_str(dir.join("client.pem")),
             path_str(dir.join("client.key")),
         );
-        let tls = ["--ca-file", &ca, "--client-cert", &cert, "--client-key", &cert_key];
+        let tls = [
+            "--ca-file",
+            &ca,
+            "--client-cert",
+            &cert,
+            "--client-key",
+            &cert_key,
+        ];
         let repl = ["repl", "--url", &url, "--key", &agent];
         (
             exec_over_https(&url, &agent, &tls),

@@ -22,12 +22,17 @@ use crate::session_wire::{ClosedReason, SessionList, SessionStatus, SessionView}
 pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
     let unknown = |what: &str, text: &str| {
         tracing::error!(session_id = %row.id, what, text, "the store holds an unknown value");
-        ApiError::new(ErrorCode::Internal, "the session's stored state is not readable")
+        ApiError::new(
+            ErrorCode::Internal,
+            "the session's stored state is not readable",
+        )
     };
     let status = SessionStatus::parse(&row.status).ok_or_else(|| unknown("status", &row.status))?;
     let closed_reason = match row.closed_reason.as_deref() {
         None => None,
-        Some(text) => Some(ClosedReason::parse(text).ok_or_else(|| unknown("closed_reason", text))?),
+        Some(text) => {
+            Some(ClosedReason::parse(text).ok_or_else(|| unknown("closed_reason", text))?)
+        }
     };
     Ok(SessionView {
         id: row.id,

@@ -35,8 +35,9 @@ pub fn needs_more(dialect: Dialect, cell: &str) -> bool {
     if open_nesting(dialect, cell) || last.ends_with('\\') {
         return true;
     }
-    let in_block = cell.lines().count() > 1;
-    in_block || opens_block(dialect, last.trim_end())
+    // Inside a block once any line opened one: only an empty line ends it.
+    cell.lines()
+        .any(|line| opens_block(dialect, line.trim_end()))
 }
 
 fn opens_block(dialect: Dialect, line: &str) -> bool {
@@ -55,8 +56,10 @@ fn opens_block(dialect: Dialect, line: &str) -> bool {
             let closed = ["done", "fi", "esac"]
                 .iter()
                 .any(|word| words.contains(word));
-            matches!(last, "then" | "do" | "else" | "{" | "|" | "&&" | "||" | "in")
-                || (opener && !closed)
+            matches!(
+                last,
+                "then" | "do" | "else" | "{" | "|" | "&&" | "||" | "in"
+            ) || (opener && !closed)
         }
         Dialect::Other => false,
     }
@@ -137,16 +140,14 @@ mod tests {
     #[test]
     fn python_blocks_continue_until_an_empty_line() {
         let typed = ["def f(a):", "    return a * 2", ""];
-        assert_eq!(
-            lines_needed(Dialect::Python, &typed),
-            [true, true, false]
-        );
+        assert_eq!(lines_needed(Dialect::Python, &typed), [true, true, false]);
         assert!(!needs_more(Dialect::Python, "x = 41"));
         assert!(!needs_more(Dialect::Python, "x + 1  # not a block:"));
         assert!(!needs_more(Dialect::Python, "d = {'a': 1}"));
         assert!(needs_more(Dialect::Python, "d = {'a':"));
         assert!(needs_more(Dialect::Python, "s = \"\"\"one"));
         assert!(!needs_more(Dialect::Python, "s = \"\"\"one\ntwo\"\"\""));
+        assert!(!needs_more(Dialect::Python, "d = {\n  'a': 1,\n}"));
         assert!(needs_more(Dialect::Python, "x = 1 + \\"));
         assert!(!needs_more(Dialect::Python, "print('(')"));
         assert!(!needs_more(Dialect::Python, "print(\"it's\")"));

@@ -82,8 +82,7 @@ pub fn http_client(tls: &TlsFiles) -> anyhow::Result<HttpClient> {
 
 /// A client certificate (chain) and its private key, both PEM, as one identity.
 fn identity(cert: &Path, key: &Path) -> anyhow::Result<reqwest::Identity> {
-    let mut pem =
-        std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+    let mut pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
     pem.push(b'\n');
     pem.extend(std::fs::read(key).with_context(|| format!("reading {}", key.display()))?);
     reqwest::Identity::from_pem(&pem).with_context(|| {

@@ -52,7 +52,11 @@ pub fn repl(
         Err(err) => {
             report(&err);
             let denied = err.code() == Some("policy_denied");
-            return Ok(if denied { super::EXIT_DENIED } else { super::EXIT_ERROR });
+            return Ok(if denied {
+                super::EXIT_DENIED
+            } else {
+                super::EXIT_ERROR
+            });
         }
     };
     let id = opened.id.clone();
@@ -240,7 +244,9 @@ impl Input {
                     return Ok(None);
                 }
                 let line = line.strip_suffix('\n').unwrap_or(&line);
-                Ok(Some(Some(line.strip_suffix('\r').unwrap_or(line).to_owned())))
+                Ok(Some(Some(
+                    line.strip_suffix('\r').unwrap_or(line).to_owned(),
+                )))
             }
             Input::Editor(editor) => match editor.readline(prompt) {
                 Ok(line) => Ok(Some(Some(line))),

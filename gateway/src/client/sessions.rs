@@ -84,8 +84,7 @@ impl SessionClient {
     /// `GET /v1/sessions/{id}`.
     pub async fn get(&self, id: &str) -> Result<SessionView, CallError> {
         let path = format!("/v1/sessions/{}", super::encode_path(id));
-        self.call::<SessionView, ()>(Method::GET, &path, None)
-            .await
+        self.call::<SessionView, ()>(Method::GET, &path, None).await
     }
 
     /// `DELETE /v1/sessions/{id}`: the session as it closed.
@@ -143,10 +142,13 @@ impl SessionClient {
             detail: super::error_chain(&err),
         })?;
         let status = response.status();
-        let bytes = response.bytes().await.map_err(|err| CallError::Unreachable {
-            url: url.clone(),
-            detail: super::error_chain(&err),
-        })?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|err| CallError::Unreachable {
+                url: url.clone(),
+                detail: super::error_chain(&err),
+            })?;
         if !status.is_success() {
             return Err(api_error(status, &bytes));
         }

@@ -21,7 +21,8 @@ const CLOSE_ARGUMENTS: [&str; 1] = ["session_id"];
 
 /// Their `tools/list` entries.
 pub fn list() -> Vec<Value> {
-    let session_id = json!({"type": "string", "description": "the id open_session returned (ss_...)"});
+    let session_id =
+        json!({"type": "string", "description": "the id open_session returned (ss_...)"});
     vec![
         json!({
             "name": "open_session",

@@ -148,7 +148,10 @@ pub(super) fn network(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcE
 }
 
 /// An optional positive integer argument.
-pub(super) fn positive(arguments: &Map<String, Value>, name: &str) -> Result<Option<u64>, RpcError> {
+pub(super) fn positive(
+    arguments: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<u64>, RpcError> {
     match arguments.get(name) {
         None | Some(Value::Null) => Ok(None),
         Some(value) => value.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
@@ -165,16 +168,18 @@ pub(super) fn required_text<'a>(
     arguments: &'a Map<String, Value>,
     name: &str,
 ) -> Result<&'a str, RpcError> {
-    arguments.get(name).and_then(Value::as_str).ok_or_else(|| {
-        RpcError::new(
-            INVALID_PARAMS,
-            format!("\"{name}\" (a string) is required"),
-        )
-    })
+    arguments
+        .get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, format!("\"{name}\" (a string) is required")))
 }
 
 /// Refuses arguments a tool does not take.
-pub(super) fn only(arguments: &Map<String, Value>, tool: &str, known: &[&str]) -> Result<(), RpcError> {
+pub(super) fn only(
+    arguments: &Map<String, Value>,
+    tool: &str,
+    known: &[&str],
+) -> Result<(), RpcError> {
     match arguments.keys().find(|key| !known.contains(&key.as_str())) {
         Some(unknown) => Err(RpcError::new(
             INVALID_PARAMS,
