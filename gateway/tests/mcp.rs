@@ -14,6 +14,7 @@ use common::{python_venv, workspace_root, TestGateway};
 async fn mcp_clients_run_code_through_policy_and_audit() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
+    let classroom = gw.key("agent", "classroom").await;
     let tests = workspace_root().join("gateway/tests/mcp");
     let python = python_venv().join("bin/python");
     let url = gw.url.clone();
@@ -33,6 +34,7 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
             .current_dir(&tests)
             .env("SANDGATE_URL", url)
             .env("SANDGATE_KEY", key)
+            .env("SANDGATE_CLASSROOM_KEY", classroom)
             .env("SANDGATE_BIN", env!("CARGO_BIN_EXE_sandgate"))
             .output()
             .unwrap()
@@ -57,7 +59,7 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     .fetch_all(&pool)
     .await
     .unwrap();
-    // Per transport: one session opened, two executions in it, closed; one session denied.
+    // Per transport: one session opened, two executions in it, closed; then classroom's refused.
     let in_sessions: Vec<(String, String)> = sqlx::query_as(
         "SELECT e.status, e.tenant FROM executions e JOIN audit_events a \
          ON a.execution_id = e.id AND a.kind = 'execution.decision' \
@@ -79,14 +81,11 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
         vec![acme("succeeded"); 4],
         "each run_in_session is one decided, recorded execution of the key's tenant"
     );
-    let per_transport = [
-        acme("session.created"),
-        acme("session.denied"),
-        acme("session.closed"),
-    ];
+    let per_transport = [acme("session.created"), acme("session.closed")];
+    let denied = ("session.denied".to_owned(), "classroom".to_owned());
     assert_eq!(
         session_events,
-        [per_transport.clone(), per_transport].concat()
+        [&per_transport[..], &per_transport[..], &[denied]].concat()
     );
     gw.stop().await;
     let statuses: Vec<&str> = decisions

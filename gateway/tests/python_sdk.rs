@@ -36,7 +36,7 @@ async fn the_python_sdk_passes_its_tests_against_a_live_gateway() {
     })
     .await;
     let agent = gw.key("agent", "acme").await;
-    let other_tenant = gw.key("agent", "forge").await;
+    let other_tenant = gw.key("agent", "classroom").await;
     let reviewer = gw.key("reviewer", "acme").await;
 
     let client = workspace_root().join("clients/python");

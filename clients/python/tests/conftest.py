@@ -32,6 +32,7 @@ def reviewer_key() -> str:
 
 @pytest.fixture(scope="session")
 def other_tenant_key() -> str:
+    """An agent of `classroom`: another tenant, which the shipped policy lets open no sessions."""
     return _env("SANDGATE_OTHER_KEY")
 
 

@@ -79,10 +79,14 @@ def test_beyond_max_sessions_is_rate_limited(client):
         assert again.status == "ready", "closed sessions must free their place"
 
 
-def test_a_refused_session_raises_policy_denied(client):
-    with pytest.raises(sandgate.PolicyDenied) as denied:
+def test_a_refused_session_raises_policy_denied(url, other_tenant_key, client):
+    with Client(url, other_tenant_key) as classroom:
+        with pytest.raises(sandgate.PolicyDenied) as denied:
+            classroom.session(language="python")
+    assert [reason.code for reason in denied.value.reasons] == ["session.not_allowed"]
+    with pytest.raises(sandgate.InvalidRequest) as invalid:
         client.session(language="cobol")
-    assert [reason.code for reason in denied.value.reasons] == ["language.not_allowed"]
+    assert "python or bash" in str(invalid.value)
 
 
 async def test_async_sessions_keep_state_and_close(url, key):

@@ -15,6 +15,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 URL = os.environ.get("SANDGATE_URL", "")
 KEY = os.environ.get("SANDGATE_KEY", "")
 BIN = os.environ.get("SANDGATE_BIN", "")
+# An agent of `classroom`, which the shipped policy does not let open sessions.
+CLASSROOM_KEY = os.environ.get("SANDGATE_CLASSROOM_KEY", "")
 
 
 @pytest.fixture
@@ -23,8 +25,9 @@ def anyio_backend():
 
 
 def _require_env():
-    if not (URL and KEY and BIN):
-        pytest.fail("SANDGATE_URL, SANDGATE_KEY and SANDGATE_BIN are unset: run `cargo test -p gateway --test mcp`")
+    if not (URL and KEY and BIN and CLASSROOM_KEY):
+        pytest.fail("SANDGATE_URL, SANDGATE_KEY, SANDGATE_CLASSROOM_KEY and SANDGATE_BIN are unset: "
+                    "run `cargo test -p gateway --test mcp`")
 
 
 async def _exercise(session: ClientSession, with_image: bool) -> None:
@@ -90,8 +93,8 @@ async def _session_tools(session: ClientSession) -> None:
     unknown = await session.call_tool("run_in_session", {"session_id": "ss_nonesuch", "code": "1"})
     assert unknown.is_error and unknown.structured_content["error"]["code"] == "not_found"
     refused = await session.call_tool("open_session", {"language": "cobol"})
-    assert refused.is_error
-    assert [r["code"] for r in refused.structured_content["error"]["reasons"]] == ["language.not_allowed"]
+    assert refused.is_error and refused.structured_content["error"]["code"] == "invalid_request"
+    assert "sessions run python or bash" in refused.content[0].text
 
     closed = await session.call_tool("close_session", {"session_id": session_id})
     assert not closed.is_error, closed
@@ -136,3 +139,16 @@ def test_malformed_messages_get_json_rpc_errors():
         assert answer.json()["error"]["code"] == code, answer.text
     notification = httpx.post(f"{URL}/mcp", content=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', headers=headers)
     assert notification.status_code == 202 and notification.content == b""
+
+
+@pytest.mark.anyio
+async def test_a_session_the_policy_refuses_is_a_tool_error_with_its_reasons():
+    _require_env()
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {CLASSROOM_KEY}"})
+    async with http, streamable_http_client(f"{URL}/mcp", http_client=http) as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            refused = await session.call_tool("open_session", {"language": "python"})
+    assert refused.is_error
+    assert "policy_denied" in refused.content[0].text
+    assert [r["code"] for r in refused.structured_content["error"]["reasons"]] == ["session.not_allowed"]
