@@ -20,7 +20,9 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 
 use super::cells::{needs_more, Dialect};
 use super::sessions::{CallError, SessionClient};
-use crate::session_wire::{OpenSession, RunInSession, SessionRun, SessionStatus, TurnLimits};
+use crate::session_wire::{
+    OpenSession, RunInSession, SessionRun, SessionStatus, SessionView, TurnLimits,
+};
 use crate::status::ExecutionStatus;
 
 /// Most history entries kept in memory.
@@ -66,14 +68,39 @@ pub fn repl(
         opened.language, opened.idle_timeout_s
     );
     if opened.status == SessionStatus::PendingApproval {
-        eprintln!("sandgate: the session waits for a human reviewer; try again once approved");
-        return Ok(1);
+        let approval = opened.approval_id.as_deref().unwrap_or("?");
+        eprintln!("sandgate: {id} waits for human review (approval {approval}); Ctrl-C gives up");
+        if !runtime.block_on(wait_for_review(client, &id, &mut interrupts)) {
+            if let Err(err) = runtime.block_on(client.close(&id)) {
+                report(&err);
+            }
+            return Ok(1);
+        }
     }
+    let ended = cells(runtime, client, options, &opened, &mut interrupts)?;
+    if ended == 0 {
+        match runtime.block_on(client.close(&id)) {
+            Ok(_) => eprintln!("sandgate: session {id} closed"),
+            Err(err) => report(&err),
+        }
+    }
+    Ok(ended)
+}
+
+/// Reads and runs cells until Ctrl-D (0) or the session closed under us (1).
+fn cells(
+    runtime: &tokio::runtime::Runtime,
+    client: &SessionClient,
+    options: &ReplOptions,
+    opened: &SessionView,
+    interrupts: &mut Signal,
+) -> anyhow::Result<i32> {
+    let id = &opened.id;
     let dialect = Dialect::of(&opened.language);
     let mut input = Input::new()?;
-    let ended = loop {
+    loop {
         let Some(cell) = input.read_cell(dialect)? else {
-            break 0;
+            return Ok(0);
         };
         if cell.trim().is_empty() {
             continue;
@@ -89,22 +116,14 @@ pub fn repl(
                 timeout_ms: Some(timeout_ms),
             }),
         };
-        let ran = runtime.block_on(run_interruptible(client, &id, &body, &mut interrupts));
-        match ran {
+        match runtime.block_on(run_interruptible(client, id, &body, interrupts)) {
             Ok(run) => print_run(&run)?,
             Err(err) => report(&err),
         }
-        if let Some(code) = runtime.block_on(closed_under_us(client, &id)) {
-            break code;
-        }
-    };
-    if ended == 0 {
-        match runtime.block_on(client.close(&id)) {
-            Ok(_) => eprintln!("sandgate: session {id} closed"),
-            Err(err) => report(&err),
+        if let Some(code) = runtime.block_on(closed_under_us(client, id)) {
+            return Ok(code);
         }
     }
-    Ok(ended)
 }
 
 /// Runs one cell; a Ctrl-C meanwhile cancels it (the answer still comes, `cancelled`).
@@ -126,6 +145,29 @@ async fn run_interruptible(
                 if let Err(err) = client.interrupt(id).await {
                     report(&err);
                 }
+            }
+        }
+    }
+}
+
+/// Waits while session `id` is held for review: `true` once it is open, `false` when it was
+/// refused, or Ctrl-C gave up.
+async fn wait_for_review(client: &SessionClient, id: &str, interrupts: &mut Signal) -> bool {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(super::APPROVAL_POLL) => {}
+            _ = interrupts.recv() => return false,
+        }
+        match client.get(id).await {
+            Ok(session) if session.status == SessionStatus::PendingApproval => {}
+            Ok(session) if session.status == SessionStatus::Closed => {
+                eprintln!("sandgate: the reviewer did not approve session {id}");
+                return false;
+            }
+            Ok(_) => return true,
+            Err(err) => {
+                report(&err);
+                return false;
             }
         }
     }
