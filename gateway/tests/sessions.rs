@@ -251,7 +251,7 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
         timeout_ms: None,
         output_dir: None,
         session: Some(id.clone()),
-        ca_file: None,
+        tls: Default::default(),
         save: Default::default(),
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
