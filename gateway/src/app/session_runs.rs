@@ -69,10 +69,9 @@ impl App {
             }
             _ => (None, None),
         };
-        let ran = self.tasks.spawn(async move {
-            app.session_execution(&caller, &id, request, started)
-                .await
-        });
+        let ran = self
+            .tasks
+            .spawn(async move { app.session_execution(&caller, &id, request, started).await });
         if let Some(starting) = starting {
             if let Ok(row) = starting.await {
                 return Ok(row);
@@ -103,7 +102,9 @@ impl App {
             return Err(closed_conflict(id, &row));
         };
         let _ = self.audit.set_session_status(id, "busy", false).await;
-        let ran = self.run_in_session(caller, id, held, request, started).await;
+        let ran = self
+            .run_in_session(caller, id, held, request, started)
+            .await;
         *open
             .last_used
             .lock()
