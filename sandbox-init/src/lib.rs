@@ -74,6 +74,7 @@
 pub mod bridge;
 pub mod exec;
 pub mod files;
+pub mod identity;
 pub mod pool;
 pub mod process;
 pub mod session;
@@ -99,6 +100,8 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 pub const EXIT_INIT_ERROR: u8 = 125;
 /// First argument that selects the exec trampoline.
 pub const EXEC_MODE: &str = "exec";
+/// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
+pub const APART_FLAG: &str = "--apart";
 pub use sandbox_protocol::{exit_trailer, EXIT_TRAILER_PREFIX};
 
 /// What the command line asks for.
@@ -112,8 +115,9 @@ pub enum Mode {
     /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
     /// ([`session`]).
     Session(session::Runner),
-    /// `exec -- PROGRAM [ARG...]`: the trampoline.
-    Exec(Vec<OsString>),
+    /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
+    /// init, see [`identity`]).
+    Exec { apart: bool, argv: Vec<OsString> },
 }
 
 /// Parses the arguments after `argv[0]`.
@@ -127,8 +131,22 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
         Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
             session::Runner::parse(args).map(Mode::Session)
         }
-        Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
-            Ok(Mode::Exec(args.collect()))
+        Some(mode) if mode == EXEC_MODE => {
+            let apart = match args.next() {
+                Some(flag) if flag == APART_FLAG => {
+                    if args.next().is_some_and(|dashes| dashes == "--") {
+                        true
+                    } else {
+                        return Err(InitError::Args);
+                    }
+                }
+                Some(dashes) if dashes == "--" => false,
+                _ => return Err(InitError::Args),
+            };
+            Ok(Mode::Exec {
+                apart,
+                argv: args.collect(),
+            })
         }
         Some(_) => Err(InitError::Args),
     }
@@ -157,6 +175,8 @@ pub enum InitError {
     Session(session::SessionError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
+    #[error(transparent)]
+    Identity(identity::IdentityError),
 }
 
 impl InitError {
@@ -224,8 +244,12 @@ pub fn run_session(
 
 /// The first steps of every init mode.
 fn guarded() -> Result<Supervisor, InitError> {
-    // Before anything secret is read: the program (same uid) must not read this process's
-    // memory or file descriptors through /proc or ptrace.
+    // First of all: the init's own uid, which the program will not have (see `identity`).
+    // Changing ids resets dumpability, so this comes before the next step.
+    identity::settle().map_err(InitError::Identity)?;
+    // Before anything secret is read: the program must not read this process's memory or file
+    // descriptors through /proc or ptrace (its uid differs from the init's real uid already;
+    // this also holds where the init keeps the program's uid, outside a sandbox).
     nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
     // First, so that a SIGTERM arriving while the job is read stays pending (PID 1 would
     // otherwise drop it) and reaches the program as soon as it runs.
@@ -255,17 +279,36 @@ mod tests {
     fn exec_mode_takes_everything_after_the_dashes() {
         assert_eq!(
             parse_args(args(&["exec", "--", "sh", "-c", "--"])).unwrap(),
-            Mode::Exec(args(&["sh", "-c", "--"]))
+            Mode::Exec {
+                apart: false,
+                argv: args(&["sh", "-c", "--"])
+            }
         );
         assert_eq!(
             parse_args(args(&["exec", "--"])).unwrap(),
-            Mode::Exec(Vec::new())
+            Mode::Exec {
+                apart: false,
+                argv: Vec::new()
+            }
+        );
+        assert_eq!(
+            parse_args(args(&["exec", "--apart", "--", "--apart"])).unwrap(),
+            Mode::Exec {
+                apart: true,
+                argv: args(&["--apart"])
+            }
         );
     }
 
     #[test]
     fn anything_else_is_refused() {
-        for list in [&["exec"][..], &["exec", "sh"], &["--help"], &["-", "--"]] {
+        for list in [
+            &["exec"][..],
+            &["exec", "sh"],
+            &["exec", "--apart", "sh"],
+            &["--help"],
+            &["-", "--"],
+        ] {
             let err = parse_args(args(list)).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_INIT_ERROR, "{list:?}");
         }

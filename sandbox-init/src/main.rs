@@ -13,7 +13,9 @@ fn main() -> ExitCode {
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut exit_nonce),
             Mode::Session(runner) => sandbox_init::run_session(runner, &mut exit_nonce),
             // Returns only if the exec failed.
-            Mode::Exec(argv) => Err(InitError::Exec(sandbox_init::exec::exec(&argv))),
+            Mode::Exec { apart, argv } => {
+                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))
+            }
         });
     let code = match result {
         Ok(code) => code,

@@ -69,6 +69,8 @@ pub enum SuperviseError {
     MainStatus(io::Error),
     #[error("program got a process id out of range: {0}")]
     BadPid(u32),
+    #[error(transparent)]
+    Identity(crate::identity::IdentityError),
 }
 
 /// How the program ended.
@@ -136,15 +138,13 @@ impl Supervisor {
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
-        command.spawn().map_err(SuperviseError::Spawn)
+        start(&mut command)
     }
 
     /// As [`Supervisor::spawn`] with the init's environment, but stdin is a pipe the caller
     /// writes (the resident runner of a pooled sandbox reads its job there).
     pub fn spawn_piped(&self, argv: &[String]) -> Result<Child, SuperviseError> {
-        trampoline(argv, Stdio::piped())
-            .spawn()
-            .map_err(SuperviseError::Spawn)
+        start(&mut trampoline(argv, Stdio::piped()))
     }
 
     /// As [`Supervisor::spawn_piped`], with exactly `env` as its environment if given (a
@@ -158,7 +158,7 @@ impl Supervisor {
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
-        command.spawn().map_err(SuperviseError::Spawn)
+        start(&mut command)
     }
 
     /// Forwards signals and reaps until `arrived()` says yes after a [`WAKE_SIGNAL`] (`None`),
@@ -220,9 +220,11 @@ pub const TRAMPOLINE: &str = "/proc/self/exe";
 
 fn trampoline(argv: &[String], stdin: Stdio) -> Command {
     let mut command = Command::new(TRAMPOLINE);
+    command.arg0("sandgate-init").arg(crate::EXEC_MODE);
+    if crate::identity::settled() {
+        command.arg(crate::APART_FLAG);
+    }
     command
-        .arg0("sandgate-init")
-        .arg(crate::EXEC_MODE)
         .arg("--")
         .args(argv)
         .stdin(stdin)
@@ -230,6 +232,13 @@ fn trampoline(argv: &[String], stdin: Stdio) -> Command {
         .stderr(Stdio::inherit())
         .process_group(0);
     command
+}
+
+/// Spawns with the program's uid lent to the init (see [`crate::identity`]).
+fn start(command: &mut Command) -> Result<Child, SuperviseError> {
+    crate::identity::lend(|| command.spawn())
+        .map_err(SuperviseError::Identity)?
+        .map_err(SuperviseError::Spawn)
 }
 
 /// Sends `signal` to the program's process group, or to the program alone if it has left it.
