@@ -6,6 +6,7 @@
 mod body;
 mod call;
 pub mod cleanup;
+mod oom;
 mod run;
 mod turn;
 
@@ -62,6 +63,13 @@ impl DockerRuntime {
         let docker = self.client().await?.clone();
         let mut sandbox = DockerSandbox::create(docker, &plan).await?;
         let started = match sandbox.start().await {
+            Ok(()) => {
+                sandbox.watch_oom().await;
+                Ok(())
+            }
+            Err(err) => Err(err),
+        };
+        let started = match started {
             Ok(()) if matches!(plan.waits, Waits::Init | Waits::Session(_)) => Ok(()),
             Ok(()) => sandbox.ready(READY_TIMEOUT).await,
             Err(err) => Err(err),
