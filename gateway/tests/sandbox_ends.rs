@@ -168,3 +168,100 @@ async fn a_session_cell_cannot_stop_or_kill_its_init() {
     }
     gw.stop().await;
 }
+
+/// Makes a FIFO, a bound Unix socket and a regular file in `/output`, one FIFO in a subfolder.
+const LEAVES_SPECIAL_FILES: &str = r#"
+import os, socket
+os.mkfifo("/output/pipe")
+os.makedirs("/output/sub")
+os.mkfifo("/output/sub/pipe2")
+sock = socket.socket(socket.AF_UNIX)
+sock.bind("/output/sock")
+open("/output/kept.txt", "w").write("kept")
+print("left them")
+"#;
+
+fn assert_special_files_listed(record: &Value) {
+    assert_eq!(record["status"], "succeeded", "{record}");
+    let files: Vec<&str> = record["outputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|file| file["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files, ["kept.txt"], "{record}");
+    let mut skipped: Vec<(&str, &str)> = record["outputs_skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["path"].as_str().unwrap(), s["reason"].as_str().unwrap()))
+        .collect();
+    skipped.sort();
+    assert_eq!(
+        skipped,
+        [
+            ("pipe", "special_file"),
+            ("sock", "special_file"),
+            ("sub/pipe2", "special_file")
+        ],
+        "{record}"
+    );
+}
+
+/// FIFOs and sockets in `/output` live only in gVisor's memory; sandbox-init reports them and
+/// the record lists them as `special_file` (cold, and warm in the warm suite).
+#[tokio::test(flavor = "multi_thread")]
+async fn special_files_in_output_are_listed_as_skipped() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let (status, record) = gw
+        .execute(&agent, "python", LEAVES_SPECIAL_FILES, json!({}))
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_special_files_listed(&record);
+    let (status, record) = gw
+        .execute(
+            &agent,
+            "bash",
+            "mkfifo /output/pipe /output/other && echo made",
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["stdout"], "made\n", "{record}");
+    let skipped: Vec<&str> = record["outputs_skipped"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(skipped, ["other", "pipe"], "{record}");
+    gw.stop().await;
+}
+
+/// In a session the init is asked after each execution.
+#[tokio::test(flavor = "multi_thread")]
+async fn special_files_in_a_sessions_output_are_listed_as_skipped() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let (status, session) = gw
+        .post(&agent, "/v1/sessions", &json!({"language": "python"}))
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let path = format!(
+        "/v1/sessions/{}/executions",
+        session["id"].as_str().unwrap()
+    );
+    let (status, record) = gw
+        .post(&agent, &path, &json!({"code": LEAVES_SPECIAL_FILES}))
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_special_files_listed(&record);
+    // The session goes on, and its output stays the program's own.
+    let (status, record) = gw
+        .post(&agent, &path, &json!({"code": "print('next')"}))
+        .await;
+    assert_eq!(status, 200, "{record}");
+    assert_eq!(record["stdout"], "next\n", "{record}");
+    gw.stop().await;
+}

@@ -75,6 +75,7 @@ pub mod bridge;
 pub mod exec;
 pub mod files;
 pub mod identity;
+pub mod leftovers;
 pub mod pool;
 pub mod process;
 pub mod session;
@@ -102,7 +103,15 @@ pub const EXIT_INIT_ERROR: u8 = 125;
 pub const EXEC_MODE: &str = "exec";
 /// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
 pub const APART_FLAG: &str = "--apart";
-pub use sandbox_protocol::{exit_trailer, EXIT_TRAILER_PREFIX};
+pub use sandbox_protocol::{exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
+
+/// What the init's exit trailer says besides the code: the job's nonce (the trailer is
+/// written only with one) and the report ([`leftovers`]).
+#[derive(Debug, Default)]
+pub struct End {
+    pub nonce: Option<String>,
+    pub report: InitReport,
+}
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -190,9 +199,9 @@ impl InitError {
 }
 
 /// Does everything described in the crate docs; returns the exit code for the init (the
-/// program's) or the error to report. `exit_nonce` receives the job's nonce as soon as the job
-/// is parsed.
-pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
+/// program's) or the error to report. `end` receives the job's nonce as soon as the job is
+/// parsed, and the report once the program ended.
+pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
     let supervisor = guarded()?;
     let (job, runner) = match mode {
         None => (read_job(std::io::stdin().lock())?, None),
@@ -201,7 +210,7 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
             waiting.job(&supervisor).map_err(InitError::Pool)?
         }
     };
-    exit_nonce.clone_from(&job.exit_nonce);
+    end.nonce.clone_from(&job.exit_nonce);
     let spec::Job {
         argv,
         cwd,
@@ -230,16 +239,15 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
             .map_err(InitError::Supervise)?,
     };
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
+    end.report.special_files =
+        leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));
     Ok(outcome.exit_code())
 }
 
 /// Serves a session (`session python|bash`, see [`session`]).
-pub fn run_session(
-    runner: session::Runner,
-    exit_nonce: &mut Option<String>,
-) -> Result<u8, InitError> {
+pub fn run_session(runner: session::Runner, end: &mut End) -> Result<u8, InitError> {
     let supervisor = guarded()?;
-    session::run(&supervisor, runner, exit_nonce)
+    session::run(&supervisor, runner, &mut end.nonce)
 }
 
 /// The first steps of every init mode.

@@ -22,14 +22,14 @@ use std::sync::mpsc;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    bash_turn, end_marker, RunnerTurn, BASH_PRELUDE, PYTHON_SESSION_RUNNER, SESSION_BASH,
-    SESSION_PYTHON,
+    bash_turn, end_marker, exit_trailer, InitReport, RunnerTurn, BASH_PRELUDE,
+    PYTHON_SESSION_RUNNER, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
 
 use crate::process::{SuperviseError, Supervisor, WAKE_SIGNAL};
 use crate::spec::{self, SpecError};
-use crate::{bridge, files, InitError};
+use crate::{bridge, files, leftovers, InitError};
 
 /// What runs the session's cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -147,6 +147,10 @@ fn turn(runner: Runner, line: &[u8], input: &mut Option<ChildStdin>) -> Result<(
     let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
         return Err(InitError::Session(SessionError::Turn));
     };
+    if program == REPORT_REQUEST && job.files.is_empty() {
+        report(nonce);
+        return Ok(());
+    }
     let program_path = spec::validate_file_path(program).map_err(|reason| {
         InitError::Session(SessionError::Spec(SpecError::FilePath {
             path: spec::shown(program),
@@ -175,6 +179,17 @@ fn turn(runner: Runner, line: &[u8], input: &mut Option<ChildStdin>) -> Result<(
     };
     give(input, &handed);
     Ok(())
+}
+
+/// Answers a report request: the exit trailer's form, with the request's nonce, on stderr.
+fn report(nonce: &str) {
+    let report = InitReport {
+        special_files: leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR)),
+    };
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr
+        .write_all(&exit_trailer(nonce, 0, &report))
+        .and_then(|()| stderr.flush());
 }
 
 /// Answers a turn the init could not hand over.

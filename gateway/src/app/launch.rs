@@ -157,6 +157,10 @@ impl App {
             egress.finish().await;
         }
         let collectable = matches!(&ran, Ok(ran) if ran.removed);
+        let special_files = ran
+            .as_ref()
+            .map(|ran| ran.special_files.clone())
+            .unwrap_or_default();
         let mut done = completion(ran, &row.id);
         done.outputs = collect(
             home,
@@ -165,6 +169,7 @@ impl App {
             runnable.limits.output_bytes,
         )
         .await;
+        crate::outputs::add_special_files(&mut done.outputs, &special_files);
         drop(member);
         done
     }

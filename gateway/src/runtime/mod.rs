@@ -248,6 +248,9 @@ pub struct TurnRan {
     pub ending: TurnEnding,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
+    /// What the init found in `/output` after the turn that the host cannot see (FIFOs,
+    /// sockets: see sandbox-init's `leftovers`); paths relative to `/output`.
+    pub special_files: Vec<String>,
     pub started_at: DateTime<Utc>,
     pub duration: Duration,
 }
@@ -261,6 +264,9 @@ pub struct Ran {
     pub removed: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
+    /// What the init found in `/output` once the program ended that the host cannot see
+    /// (FIFOs, sockets: see sandbox-init's `leftovers`), from its exit trailer.
+    pub special_files: Vec<String>,
     /// When the job was handed over, and how long the run took from there.
     pub started_at: DateTime<Utc>,
     pub duration: Duration,

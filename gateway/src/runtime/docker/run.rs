@@ -191,6 +191,7 @@ impl DockerSandbox {
         Ok(Ran {
             ending,
             removed: false,
+            special_files: pump.trailer.report().special_files.clone(),
             stdout: pump.stdout,
             stderr: pump.stderr,
             started_at,
