@@ -27,7 +27,7 @@
 //!   runs while the init is lending, and never runs at all if the init could not take its
 //!   uid back ([`wait_until_apart`]); it also makes the effective ids the whole identity
 //!   ([`become_effective`]). Changing any of one's ids to one already held needs no capability.
-
+//!
 //! Getting there needs `CAP_SETUID` and `CAP_SETGID` once: the gateway starts the container as
 //! root with exactly these two capabilities (all others dropped, `no-new-privileges`). [`settle`]
 //! runs first thing, before anything is read; leaving uid 0 for ids that are all non-zero

@@ -142,16 +142,13 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
         }
         Some(mode) if mode == EXEC_MODE => {
             let apart = match args.next() {
-                Some(flag) if flag == APART_FLAG => {
-                    if args.next().is_some_and(|dashes| dashes == "--") {
-                        true
-                    } else {
-                        return Err(InitError::Args);
-                    }
-                }
+                Some(flag) if flag == APART_FLAG => true,
                 Some(dashes) if dashes == "--" => false,
                 _ => return Err(InitError::Args),
             };
+            if apart && args.next().is_none_or(|dashes| dashes != "--") {
+                return Err(InitError::Args);
+            }
             Ok(Mode::Exec {
                 apart,
                 argv: args.collect(),
