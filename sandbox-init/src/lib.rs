@@ -30,11 +30,15 @@
 //! 5. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
 //!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
 //!    in its own process group, with a clean signal mask (through a re-exec of itself in
-//!    [`exec`] mode, see [`process`] for why);
+//!    [`exec`] mode, see [`process`] for why), as uid and gid 65534 while the init keeps a
+//!    real uid of its own, so the program cannot signal it ([`identity`]: as PID 1 started as
+//!    root, the init takes that identity before anything else and holds no capability after);
 //! 6. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
 //!    that exits (orphans included) and, once the program exits, SIGKILLs what is left of its
 //!    process group and exits with the program's status, or 128 + signal number if a signal
 //!    killed it. Processes that left the group die with the container when PID 1 exits.
+//!    Before it exits it lists the FIFOs, sockets and devices left in `/output` ([`leftovers`])
+//!    for the exit trailer's report.
 //!
 //! # Exit codes of the init itself
 //!
@@ -56,8 +60,11 @@
 //!
 //! No arguments: the init, as above. When the spec carries `"exit_nonce"` (16 to 64 letters or
 //! digits), whatever the outcome after the spec was read (the program's status or the init's
-//! own failure) the last bytes written to stderr are `\0sandgate-exit:<nonce>:<code>\n`
-//! ([`exit_trailer`]); the gateway strips it. `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
+//! own failure) the last bytes written to stderr are
+//! `\0sandgate-exit:<nonce>:<code>[:<report>]\n` ([`exit_trailer`], the report an
+//! [`InitReport`]); the gateway strips it. `exec [--apart] -- PROGRAM [ARG...]`: the internal
+//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]). Anything else:
+//! exit 125.
 //!
 //! # What it is not
 //!

@@ -16,8 +16,9 @@
 //! The catch: a blocked mask is inherited through `fork` and `exec`, and std's `Command` does
 //! not reset it (checked: std 1.95 only resets `SIGPIPE`), while resetting it in the child
 //! needs `pre_exec`, which is `unsafe`. Spawning before blocking would leave a window in which
-//! a signal to PID 1 is dropped. So the init spawns *itself* (`/proc/self/exe exec -- argv…`,
-//! see [`crate::exec`]) in the program's new process group; that trampoline clears its mask
+//! a signal to PID 1 is dropped. So the init spawns *itself* (`/proc/self/exe exec [--apart]
+//! -- argv…`, see [`crate::exec`]; each spawn under [`crate::identity::lend`]) in the program's
+//! new process group; that trampoline clears its mask
 //! with a safe `sigprocmask` and `exec`s the program in place (same pid, same process group).
 //! A signal forwarded before the trampoline has exec'd stays pending on it and acts as soon as
 //! the mask is cleared, as it would on the program. The cost is one extra `execve` of this

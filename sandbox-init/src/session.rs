@@ -10,9 +10,11 @@
 //! files cannot be written is answered here: one `sandgate-init:` line and the end markers
 //! with code 125; the session goes on.
 //!
-//! The program runs as the same user as the init, and its leftovers may run while a turn's
-//! files are written: writing never follows a symlink as the file itself, and a parent swapped
-//! for a symlink could only make the init write where the program itself may write anyway.
+//! The init writes files as the program's user (its effective uid, see [`crate::identity`]),
+//! and the program's leftovers may run while a turn's files are written: writing never follows
+//! a symlink as the file itself, and a parent swapped for a symlink could only make the init
+//! write where the program itself may write anyway. A line whose `argv` is exactly
+//! [`REPORT_REQUEST`] is answered with the special files in `/output` ([`crate::leftovers`]).
 
 use std::ffi::OsString;
 use std::io::Write;

@@ -210,7 +210,8 @@ pub enum Ending {
     TimedOut,
     /// Stopped on request (`POST /v1/executions/{id}/cancel`).
     Cancelled,
-    /// The memory limit was hit (the runtime's OOM flag).
+    /// The memory limit was hit: dockerd's OOM flag, or the sandbox's memory cgroup's own
+    /// notification (`docker/oom.rs`).
     Oom { exit: Option<i64> },
     /// sandbox-init never reported an end: the sandbox died under the program (gVisor's kernel
     /// gave up, or the container was killed).
