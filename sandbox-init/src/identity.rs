@@ -21,7 +21,10 @@
 //!   Linux's keeps the real uid: so a child must hold the program's uid as its real uid when it
 //!   execs the trampoline. The init [`lend`]s it: around each spawn (only ever at start-up,
 //!   before any program runs: the one program of a cold or pooled sandbox, a session's runner)
-//!   its real uid is the program's, and back to [`INIT_UID`] right after. The trampoline
+//!   its real uid is the program's, and back to [`INIT_UID`] right after. Only while the init
+//!   is single-threaded: glibc changes every thread's ids by signalling them, which crashes a
+//!   static binary (SIGSEGV, seen under runsc), so the proxy bridge's threads start after the
+//!   spawn ([`crate::bridge::bind`], then `serve`). The trampoline
 //!   ([`crate::exec`], started as `exec --apart -- ...`) then waits until PID 1 is out of its
 //!   reach (`kill(1, 0)` fails with `EPERM`) before it runs the program, so the program never
 //!   runs while the init is lending, and never runs at all if the init could not take its

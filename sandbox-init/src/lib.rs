@@ -231,9 +231,11 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         cwd: cwd.clone(),
         err,
     })?;
-    if let Some(proxy) = &proxy {
-        bridge::start(proxy).map_err(InitError::Bridge)?;
-    }
+    let bridge = proxy
+        .as_ref()
+        .map(bridge::bind)
+        .transpose()
+        .map_err(InitError::Bridge)?;
     let child = match runner {
         Some(runner) => runner
             .hand_over(&argv, &cwd, env)
@@ -242,6 +244,11 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
             .spawn(&argv, env.as_ref())
             .map_err(InitError::Supervise)?,
     };
+    // Served only now: the spawn changes the init's uids, which must not happen while other
+    // threads run (see `identity`); the program's first connections wait in the backlog.
+    if let Some(bridge) = bridge {
+        bridge.serve().map_err(InitError::Bridge)?;
+    }
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
     end.report.special_files =
         leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));

@@ -86,12 +86,19 @@ pub fn run(
         cwd: open.cwd.clone(),
         err,
     })?;
-    if let Some(proxy) = &open.proxy {
-        bridge::start(proxy).map_err(InitError::Bridge)?;
-    }
+    let bridge = open
+        .proxy
+        .as_ref()
+        .map(bridge::bind)
+        .transpose()
+        .map_err(InitError::Bridge)?;
     let mut child = supervisor
         .spawn_piped_with(&runner.argv(), open.env.as_ref())
         .map_err(|err| InitError::Session(SessionError::Start(err)))?;
+    // After the spawn, as for a cold run (see `crate::run`).
+    if let Some(bridge) = bridge {
+        bridge.serve().map_err(InitError::Bridge)?;
+    }
     let mut input = child.stdin.take();
     if runner == Runner::Bash {
         give(&mut input, BASH_PRELUDE.as_bytes());
