@@ -24,9 +24,9 @@
 //!    path that fits a Unix socket address ([`spec::validate_socket_path`]);
 //! 3. creates the files in order, parents as `0755`, never following a symlink and never
 //!    replacing anything ([`files`]), then changes into `cwd`;
-//! 4. with `proxy`, binds `listen` (failing that is an init error) and from then on relays
-//!    every connection to it to a new connection to `socket`, from background threads that
-//!    never print to stdout and never delay the init's exit ([`bridge`]);
+//! 4. with `proxy`, binds `listen` (failing that is an init error) and, once the program is
+//!    spawned, relays every connection to it to a new connection to `socket`, from background
+//!    threads that never print to stdout and never delay the init's exit ([`bridge`]);
 //! 5. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
 //!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
 //!    in its own process group, with a clean signal mask (through a re-exec of itself in
@@ -73,10 +73,12 @@
 //! never reads stdin again after the first line. No tokio, no `unsafe`, no allocation-heavy
 //! work once the program runs (the spec and file contents are freed before the spawn; the
 //! bridge allocates a bounded buffer per connection). Not a filter either: the bridge relays
-//! bytes it does not read, and every decision about them is the egress proxy's. The bridge is
-//! started after [`process::Supervisor::new`] (so its threads inherit the blocked signal mask
-//! and the signals still reach the init's loop) and before the spawn (so the listener is up
-//! before the program can dial it).
+//! bytes it does not read, and every decision about them is the egress proxy's. The bridge's
+//! listener is bound before the spawn (so it is up before the program can dial it; early
+//! connections wait in its backlog) and its threads are started right after the spawn (the
+//! spawn changes the init's uids, which must happen while it is single-threaded, see
+//! [`identity`]), and after [`process::Supervisor::new`] (so they inherit the blocked signal
+//! mask and the signals still reach the init's loop).
 
 pub mod bridge;
 pub mod exec;
