@@ -77,6 +77,8 @@ pub enum IdentityError {
     NotApart,
     #[error("probing PID 1: {0}")]
     Probe(Errno),
+    #[error("the init must be single-threaded when its uids change ({0} threads)")]
+    Threads(usize),
 }
 
 /// As PID 1 started as root: takes the init's identity (see the module docs). Anything else:
@@ -112,6 +114,11 @@ pub fn settled() -> bool {
 pub fn lend<T>(spawn: impl FnOnce() -> T) -> Result<T, IdentityError> {
     if !settled() {
         return Ok(spawn());
+    }
+    // Unreadable (no /proc): nothing to count by; the callers keep to the rule regardless.
+    let threads = std::fs::read_dir("/proc/self/task").map_or(1, Iterator::count);
+    if threads != 1 {
+        return Err(IdentityError::Threads(threads));
     }
     let (init, program) = (Uid::from_raw(INIT_UID), Uid::from_raw(PROGRAM_UID));
     nix::unistd::setresuid(program, program, init).map_err(IdentityError::Uids)?;
