@@ -50,7 +50,7 @@ run: setup build ## set up, build and start the gateway (SANDGATE_* variables pa
 	exec $(GATEWAY) serve
 
 # The isolation and limit suites run a second time against warm (pooled) sandboxes.
-WARM_SUITES := --test executions --test limits --test situations --test egress --test egress_tls
+WARM_SUITES := --test executions --test limits --test situations --test egress --test egress_tls --test sandbox_ends
 
 test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests, the isolation suites warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast

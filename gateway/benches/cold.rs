@@ -246,11 +246,15 @@ async fn cold(gw: &Gateway, key: &str, init: &Path, limits: &Limits, runs: usize
     for _ in 0..runs {
         let (plan, job, control) = baseline_spec(init, limits, dirs.path());
         let started = Instant::now();
-        let outcome = match docker.start(plan).await {
-            Ok(sandbox) => sandbox.run(job, control).await,
-            Err(err) => Err(err),
+        let (outcome, ran_in) = match docker.start(plan).await {
+            Ok(mut sandbox) => (sandbox.run(job, control).await, Some(sandbox)),
+            Err(err) => (Err(err), None),
         };
+        // As on the gateway's path: the stopped container is removed after the answer.
         let raw_ms = ms(started.elapsed());
+        if let Some(sandbox) = ran_in {
+            sandbox.discard().await;
+        }
         match outcome {
             Ok(run) if run.ending == Ending::Exited(0) && run.stdout.text() == "1\n" => {}
             other => {

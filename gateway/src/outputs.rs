@@ -224,6 +224,23 @@ pub fn collect(src: &Path, dest: &Path, budget: u64) -> io::Result<Collected> {
     Ok(finish(out))
 }
 
+/// Lists what sandbox-init reported as special files in `/output` (FIFOs, sockets, devices:
+/// under gVisor they live in the sandbox's memory and never reach the host's output area) as
+/// skipped `special_file`, unless the collection already lists that path.
+pub fn add_special_files(out: &mut Collected, paths: &[String]) {
+    for path in paths {
+        let listed = out.skipped.iter().any(|skipped| &skipped.path == path)
+            || out.files.iter().any(|file| &file.path == path);
+        if !listed {
+            out.skipped.push(Skipped {
+                path: path.clone(),
+                bytes: None,
+                reason: "special_file".to_owned(),
+            });
+        }
+    }
+}
+
 fn finish(mut out: Collected) -> Collected {
     out.files.sort_by(|a, b| a.path.cmp(&b.path));
     out
@@ -359,6 +376,28 @@ mod tests {
                 .modified()
                 .unwrap(),
             before
+        );
+    }
+
+    #[test]
+    fn special_files_reported_by_the_init_are_listed_once() {
+        let mut out = Collected {
+            skipped: vec![Skipped {
+                path: "seen".into(),
+                bytes: None,
+                reason: "special_file".into(),
+            }],
+            ..Collected::default()
+        };
+        add_special_files(&mut out, &["seen".into(), "sub/fifo".into()]);
+        let listed: Vec<_> = out
+            .skipped
+            .iter()
+            .map(|s| (s.path.as_str(), s.reason.as_str()))
+            .collect();
+        assert_eq!(
+            listed,
+            [("seen", "special_file"), ("sub/fifo", "special_file")]
         );
     }
 

@@ -70,6 +70,7 @@ impl Sandbox for FakeSandbox {
             Ok(Ran {
                 ending: Ending::Exited(0),
                 stopped: true,
+                special_files: Vec::new(),
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),
                     truncated: false,

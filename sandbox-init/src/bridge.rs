@@ -22,8 +22,10 @@
 //!
 //! # Behaviour at the edges
 //!
-//! - The listener is bound by [`start`], on the init's main thread, before the program is
-//!   spawned: a program that connects at once finds it. Failing to bind is an init error.
+//! - The listener is bound by [`bind`], on the init's main thread, before the program is
+//!   spawned: a program that connects at once finds it (its connection waits in the backlog
+//!   until [`Bound::serve`] starts the threads, right after the spawn). Failing to bind is an
+//!   init error.
 //! - At most [`MAX_CONNECTIONS`] relays at once; a connection beyond that is accepted and
 //!   closed at once. Each takes two descriptors, well within the gateway's limit of 1024.
 //! - When one side ends its sending (EOF), the other side's write half is shut down once what
@@ -127,33 +129,66 @@ impl Reporter {
 /// Binds `proxy.listen` and serves it from two background threads that are never joined.
 /// Returns the bound address.
 pub fn start(proxy: &Proxy) -> Result<SocketAddr, BridgeError> {
+    bind(proxy)?.serve()
+}
+
+/// A bound listener, not served yet: connections wait in its backlog.
+#[derive(Debug)]
+pub struct Bound {
+    listener: TcpListener,
+    address: SocketAddr,
+    socket: std::path::PathBuf,
+}
+
+/// Binds `proxy.listen` on the calling thread and starts no thread: the init binds before it
+/// spawns the program (which then finds the listener) and serves after (the spawn changes the
+/// init's uids, which must not happen while other threads run: see `identity`).
+pub fn bind(proxy: &Proxy) -> Result<Bound, BridgeError> {
     let listen_err = |err| BridgeError::Listen {
         listen: proxy.listen,
         err,
     };
     let listener = TcpListener::bind(proxy.listen).map_err(listen_err)?;
-    let bound = listener.local_addr().map_err(listen_err)?;
-    let (wake, woken) = UnixStream::pair().map_err(BridgeError::Waker)?;
-    for end in [&wake, &woken] {
-        end.set_nonblocking(true).map_err(BridgeError::Waker)?;
-    }
-    let reporter = Arc::new(Reporter::default());
-    let (handoff, incoming) = mpsc::channel();
-    let relay = Relay::new(woken, incoming, Arc::clone(&reporter)).map_err(BridgeError::Epoll)?;
-    let acceptor = Acceptor {
+    let address = listener.local_addr().map_err(listen_err)?;
+    Ok(Bound {
+        listener,
+        address,
         socket: proxy.socket.clone(),
-        open: Arc::new(AtomicUsize::new(0)),
-        handoff,
-        wake,
-        reporter,
-    };
-    bridge_thread("bridge-relay")
-        .spawn(move || relay.run())
-        .map_err(BridgeError::Spawn)?;
-    bridge_thread("bridge-accept")
-        .spawn(move || acceptor.run(&listener))
-        .map_err(BridgeError::Spawn)?;
-    Ok(bound)
+    })
+}
+
+impl Bound {
+    /// Serves the listener from two background threads that are never joined. Returns the
+    /// bound address.
+    pub fn serve(self) -> Result<SocketAddr, BridgeError> {
+        let Bound {
+            listener,
+            address,
+            socket,
+        } = self;
+        let (wake, woken) = UnixStream::pair().map_err(BridgeError::Waker)?;
+        for end in [&wake, &woken] {
+            end.set_nonblocking(true).map_err(BridgeError::Waker)?;
+        }
+        let reporter = Arc::new(Reporter::default());
+        let (handoff, incoming) = mpsc::channel();
+        let relay =
+            Relay::new(woken, incoming, Arc::clone(&reporter)).map_err(BridgeError::Epoll)?;
+        let acceptor = Acceptor {
+            socket,
+            open: Arc::new(AtomicUsize::new(0)),
+            handoff,
+            wake,
+            reporter,
+        };
+        bridge_thread("bridge-relay")
+            .spawn(move || relay.run())
+            .map_err(BridgeError::Spawn)?;
+        bridge_thread("bridge-accept")
+            .spawn(move || acceptor.run(&listener))
+            .map_err(BridgeError::Spawn)?;
+        Ok(address)
+    }
 }
 
 fn bridge_thread(name: &str) -> thread::Builder {

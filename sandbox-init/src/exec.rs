@@ -1,6 +1,7 @@
 //! The exec trampoline: `sandgate-init exec -- PROGRAM [ARG...]`.
 //!
-//! The init starts the program through this mode (see [`crate::process`] for why): it clears
+//! The init starts the program through this mode (see [`crate::process`] for why): it takes
+//! the program's whole identity (the init's effective ids, see [`crate::identity`]), clears
 //! the signal mask inherited from the init, then replaces itself with the program (`execvp`:
 //! `PATH` lookup when the name has no `/`). Process group, stdio, working directory and
 //! environment were set by the init and carry over. `SIGPIPE`, which the Rust runtime ignores
@@ -29,6 +30,8 @@ pub enum ExecError {
     NoProgram,
     #[error("clearing the signal mask: {0}")]
     Unblock(Errno),
+    #[error("taking the program's identity: {0}")]
+    Identity(crate::identity::IdentityError),
     #[error("cannot run \"{program}\": {err}")]
     Exec { program: String, err: io::Error },
 }
@@ -48,11 +51,20 @@ impl ExecError {
     }
 }
 
-/// Replaces the current process with `argv`; returns only on failure.
-pub fn exec(argv: &[OsString]) -> ExecError {
+/// Replaces the current process with `argv`; returns only on failure. `apart`: started by a
+/// settled init, wait until PID 1 is out of reach first (see [`crate::identity`]).
+pub fn exec(argv: &[OsString], apart: bool) -> ExecError {
     let Some((program, args)) = argv.split_first() else {
         return ExecError::NoProgram;
     };
+    if apart {
+        if let Err(err) = crate::identity::wait_until_apart() {
+            return ExecError::Identity(err);
+        }
+    }
+    if let Err(err) = crate::identity::become_effective() {
+        return ExecError::Identity(err);
+    }
     if let Err(errno) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
         return ExecError::Unblock(errno);
     }
@@ -86,12 +98,12 @@ mod tests {
 
     #[test]
     fn an_empty_argv_is_refused_without_exec() {
-        assert!(matches!(exec(&[]), ExecError::NoProgram));
+        assert!(matches!(exec(&[], false), ExecError::NoProgram));
     }
 
     #[test]
     fn a_missing_program_is_reported_not_exec_d() {
-        let err = exec(&["sandgate-no-such-program".into()]);
+        let err = exec(&["sandgate-no-such-program".into()], false);
         assert_eq!(err.exit_code(), 127, "{err}");
         assert!(err
             .to_string()

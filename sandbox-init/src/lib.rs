@@ -24,17 +24,21 @@
 //!    path that fits a Unix socket address ([`spec::validate_socket_path`]);
 //! 3. creates the files in order, parents as `0755`, never following a symlink and never
 //!    replacing anything ([`files`]), then changes into `cwd`;
-//! 4. with `proxy`, binds `listen` (failing that is an init error) and from then on relays
-//!    every connection to it to a new connection to `socket`, from background threads that
-//!    never print to stdout and never delay the init's exit ([`bridge`]);
+//! 4. with `proxy`, binds `listen` (failing that is an init error) and, once the program is
+//!    spawned, relays every connection to it to a new connection to `socket`, from background
+//!    threads that never print to stdout and never delay the init's exit ([`bridge`]);
 //! 5. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
 //!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
 //!    in its own process group, with a clean signal mask (through a re-exec of itself in
-//!    [`exec`] mode, see [`process`] for why);
+//!    [`exec`] mode, see [`process`] for why), as uid and gid 65534 while the init keeps a
+//!    real uid of its own, so the program cannot signal it ([`identity`]: as PID 1 started as
+//!    root, the init takes that identity before anything else and holds no capability after);
 //! 6. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
 //!    that exits (orphans included) and, once the program exits, SIGKILLs what is left of its
 //!    process group and exits with the program's status, or 128 + signal number if a signal
 //!    killed it. Processes that left the group die with the container when PID 1 exits.
+//!    Before it exits it lists the FIFOs, sockets and devices left in `/output` ([`leftovers`])
+//!    for the exit trailer's report.
 //!
 //! # Exit codes of the init itself
 //!
@@ -56,8 +60,11 @@
 //!
 //! No arguments: the init, as above. When the spec carries `"exit_nonce"` (16 to 64 letters or
 //! digits), whatever the outcome after the spec was read (the program's status or the init's
-//! own failure) the last bytes written to stderr are `\0sandgate-exit:<nonce>:<code>\n`
-//! ([`exit_trailer`]); the gateway strips it. `exec -- PROGRAM [ARG...]`: the internal exec trampoline ([`exec`]). Anything else: exit 125.
+//! own failure) the last bytes written to stderr are
+//! `\0sandgate-exit:<nonce>:<code>[:<report>]\n` ([`exit_trailer`], the report an
+//! [`InitReport`]); the gateway strips it. `exec [--apart] -- PROGRAM [ARG...]`: the internal
+//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]). Anything else:
+//! exit 125.
 //!
 //! # What it is not
 //!
@@ -66,14 +73,18 @@
 //! never reads stdin again after the first line. No tokio, no `unsafe`, no allocation-heavy
 //! work once the program runs (the spec and file contents are freed before the spawn; the
 //! bridge allocates a bounded buffer per connection). Not a filter either: the bridge relays
-//! bytes it does not read, and every decision about them is the egress proxy's. The bridge is
-//! started after [`process::Supervisor::new`] (so its threads inherit the blocked signal mask
-//! and the signals still reach the init's loop) and before the spawn (so the listener is up
-//! before the program can dial it).
+//! bytes it does not read, and every decision about them is the egress proxy's. The bridge's
+//! listener is bound before the spawn (so it is up before the program can dial it; early
+//! connections wait in its backlog) and its threads are started right after the spawn (the
+//! spawn changes the init's uids, which must happen while it is single-threaded, see
+//! [`identity`]), and after [`process::Supervisor::new`] (so they inherit the blocked signal
+//! mask and the signals still reach the init's loop).
 
 pub mod bridge;
 pub mod exec;
 pub mod files;
+pub mod identity;
+pub mod leftovers;
 pub mod pool;
 pub mod process;
 pub mod session;
@@ -99,7 +110,17 @@ pub const EXIT_NOT_EXECUTABLE: u8 = 126;
 pub const EXIT_INIT_ERROR: u8 = 125;
 /// First argument that selects the exec trampoline.
 pub const EXEC_MODE: &str = "exec";
-pub use sandbox_protocol::{exit_trailer, EXIT_TRAILER_PREFIX};
+/// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
+pub const APART_FLAG: &str = "--apart";
+pub use sandbox_protocol::{exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
+
+/// What the init's exit trailer says besides the code: the job's nonce (the trailer is
+/// written only with one) and the report ([`leftovers`]).
+#[derive(Debug, Default)]
+pub struct End {
+    pub nonce: Option<String>,
+    pub report: InitReport,
+}
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -112,8 +133,9 @@ pub enum Mode {
     /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
     /// ([`session`]).
     Session(session::Runner),
-    /// `exec -- PROGRAM [ARG...]`: the trampoline.
-    Exec(Vec<OsString>),
+    /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
+    /// init, see [`identity`]).
+    Exec { apart: bool, argv: Vec<OsString> },
 }
 
 /// Parses the arguments after `argv[0]`.
@@ -127,8 +149,19 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
         Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
             session::Runner::parse(args).map(Mode::Session)
         }
-        Some(mode) if mode == EXEC_MODE && args.next().is_some_and(|dashes| dashes == "--") => {
-            Ok(Mode::Exec(args.collect()))
+        Some(mode) if mode == EXEC_MODE => {
+            let apart = match args.next() {
+                Some(flag) if flag == APART_FLAG => true,
+                Some(dashes) if dashes == "--" => false,
+                _ => return Err(InitError::Args),
+            };
+            if apart && args.next().is_none_or(|dashes| dashes != "--") {
+                return Err(InitError::Args);
+            }
+            Ok(Mode::Exec {
+                apart,
+                argv: args.collect(),
+            })
         }
         Some(_) => Err(InitError::Args),
     }
@@ -157,6 +190,8 @@ pub enum InitError {
     Session(session::SessionError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
+    #[error(transparent)]
+    Identity(identity::IdentityError),
 }
 
 impl InitError {
@@ -170,9 +205,9 @@ impl InitError {
 }
 
 /// Does everything described in the crate docs; returns the exit code for the init (the
-/// program's) or the error to report. `exit_nonce` receives the job's nonce as soon as the job
-/// is parsed.
-pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Result<u8, InitError> {
+/// program's) or the error to report. `end` receives the job's nonce as soon as the job is
+/// parsed, and the report once the program ended.
+pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
     let supervisor = guarded()?;
     let (job, runner) = match mode {
         None => (read_job(std::io::stdin().lock())?, None),
@@ -181,7 +216,7 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
             waiting.job(&supervisor).map_err(InitError::Pool)?
         }
     };
-    exit_nonce.clone_from(&job.exit_nonce);
+    end.nonce.clone_from(&job.exit_nonce);
     let spec::Job {
         argv,
         cwd,
@@ -198,9 +233,11 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
         cwd: cwd.clone(),
         err,
     })?;
-    if let Some(proxy) = &proxy {
-        bridge::start(proxy).map_err(InitError::Bridge)?;
-    }
+    let bridge = proxy
+        .as_ref()
+        .map(bridge::bind)
+        .transpose()
+        .map_err(InitError::Bridge)?;
     let child = match runner {
         Some(runner) => runner
             .hand_over(&argv, &cwd, env)
@@ -209,23 +246,31 @@ pub fn run(mode: Option<pool::Runner>, exit_nonce: &mut Option<String>) -> Resul
             .spawn(&argv, env.as_ref())
             .map_err(InitError::Supervise)?,
     };
+    // Served only now: the spawn changes the init's uids, which must not happen while other
+    // threads run (see `identity`); the program's first connections wait in the backlog.
+    if let Some(bridge) = bridge {
+        bridge.serve().map_err(InitError::Bridge)?;
+    }
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
+    end.report.special_files =
+        leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));
     Ok(outcome.exit_code())
 }
 
 /// Serves a session (`session python|bash`, see [`session`]).
-pub fn run_session(
-    runner: session::Runner,
-    exit_nonce: &mut Option<String>,
-) -> Result<u8, InitError> {
+pub fn run_session(runner: session::Runner, end: &mut End) -> Result<u8, InitError> {
     let supervisor = guarded()?;
-    session::run(&supervisor, runner, exit_nonce)
+    session::run(&supervisor, runner, &mut end.nonce)
 }
 
 /// The first steps of every init mode.
 fn guarded() -> Result<Supervisor, InitError> {
-    // Before anything secret is read: the program (same uid) must not read this process's
-    // memory or file descriptors through /proc or ptrace.
+    // First of all: the init's own uid, which the program will not have (see `identity`).
+    // Changing ids resets dumpability, so this comes before the next step.
+    identity::settle().map_err(InitError::Identity)?;
+    // Before anything secret is read: the program must not read this process's memory or file
+    // descriptors through /proc or ptrace (its uid differs from the init's real uid already;
+    // this also holds where the init keeps the program's uid, outside a sandbox).
     nix::sys::prctl::set_dumpable(false).map_err(|err| InitError::Dumpable(err.into()))?;
     // First, so that a SIGTERM arriving while the job is read stays pending (PID 1 would
     // otherwise drop it) and reaches the program as soon as it runs.
@@ -255,17 +300,36 @@ mod tests {
     fn exec_mode_takes_everything_after_the_dashes() {
         assert_eq!(
             parse_args(args(&["exec", "--", "sh", "-c", "--"])).unwrap(),
-            Mode::Exec(args(&["sh", "-c", "--"]))
+            Mode::Exec {
+                apart: false,
+                argv: args(&["sh", "-c", "--"])
+            }
         );
         assert_eq!(
             parse_args(args(&["exec", "--"])).unwrap(),
-            Mode::Exec(Vec::new())
+            Mode::Exec {
+                apart: false,
+                argv: Vec::new()
+            }
+        );
+        assert_eq!(
+            parse_args(args(&["exec", "--apart", "--", "--apart"])).unwrap(),
+            Mode::Exec {
+                apart: true,
+                argv: args(&["--apart"])
+            }
         );
     }
 
     #[test]
     fn anything_else_is_refused() {
-        for list in [&["exec"][..], &["exec", "sh"], &["--help"], &["-", "--"]] {
+        for list in [
+            &["exec"][..],
+            &["exec", "sh"],
+            &["exec", "--apart", "sh"],
+            &["--help"],
+            &["-", "--"],
+        ] {
             let err = parse_args(args(list)).unwrap_err();
             assert_eq!(err.exit_code(), EXIT_INIT_ERROR, "{list:?}");
         }

@@ -3,17 +3,19 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use sandbox_init::{InitError, Mode};
+use sandbox_init::{End, InitError, Mode};
 
 fn main() -> ExitCode {
-    let mut exit_nonce = None;
+    let mut end = End::default();
     let result =
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
-            Mode::Init => sandbox_init::run(None, &mut exit_nonce),
-            Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut exit_nonce),
-            Mode::Session(runner) => sandbox_init::run_session(runner, &mut exit_nonce),
+            Mode::Init => sandbox_init::run(None, &mut end),
+            Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut end),
+            Mode::Session(runner) => sandbox_init::run_session(runner, &mut end),
             // Returns only if the exec failed.
-            Mode::Exec(argv) => Err(InitError::Exec(sandbox_init::exec::exec(&argv))),
+            Mode::Exec { apart, argv } => {
+                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))
+            }
         });
     let code = match result {
         Ok(code) => code,
@@ -22,10 +24,10 @@ fn main() -> ExitCode {
             err.exit_code()
         }
     };
-    if let Some(nonce) = exit_nonce {
+    if let Some(nonce) = &end.nonce {
         let _ = std::io::stderr()
             .lock()
-            .write_all(&sandbox_init::exit_trailer(&nonce, code));
+            .write_all(&sandbox_init::exit_trailer(nonce, code, &end.report));
     }
     ExitCode::from(code)
 }

@@ -16,8 +16,9 @@
 //! The catch: a blocked mask is inherited through `fork` and `exec`, and std's `Command` does
 //! not reset it (checked: std 1.95 only resets `SIGPIPE`), while resetting it in the child
 //! needs `pre_exec`, which is `unsafe`. Spawning before blocking would leave a window in which
-//! a signal to PID 1 is dropped. So the init spawns *itself* (`/proc/self/exe exec -- argv…`,
-//! see [`crate::exec`]) in the program's new process group; that trampoline clears its mask
+//! a signal to PID 1 is dropped. So the init spawns *itself* (`/proc/self/exe exec [--apart]
+//! -- argv…`, see [`crate::exec`]; each spawn under [`crate::identity::lend`]) in the program's
+//! new process group; that trampoline clears its mask
 //! with a safe `sigprocmask` and `exec`s the program in place (same pid, same process group).
 //! A signal forwarded before the trampoline has exec'd stays pending on it and acts as soon as
 //! the mask is cleared, as it would on the program. The cost is one extra `execve` of this
@@ -69,6 +70,8 @@ pub enum SuperviseError {
     MainStatus(io::Error),
     #[error("program got a process id out of range: {0}")]
     BadPid(u32),
+    #[error(transparent)]
+    Identity(crate::identity::IdentityError),
 }
 
 /// How the program ended.
@@ -136,15 +139,13 @@ impl Supervisor {
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
-        command.spawn().map_err(SuperviseError::Spawn)
+        start(&mut command)
     }
 
     /// As [`Supervisor::spawn`] with the init's environment, but stdin is a pipe the caller
     /// writes (the resident runner of a pooled sandbox reads its job there).
     pub fn spawn_piped(&self, argv: &[String]) -> Result<Child, SuperviseError> {
-        trampoline(argv, Stdio::piped())
-            .spawn()
-            .map_err(SuperviseError::Spawn)
+        start(&mut trampoline(argv, Stdio::piped()))
     }
 
     /// As [`Supervisor::spawn_piped`], with exactly `env` as its environment if given (a
@@ -158,7 +159,7 @@ impl Supervisor {
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
-        command.spawn().map_err(SuperviseError::Spawn)
+        start(&mut command)
     }
 
     /// Forwards signals and reaps until `arrived()` says yes after a [`WAKE_SIGNAL`] (`None`),
@@ -220,9 +221,11 @@ pub const TRAMPOLINE: &str = "/proc/self/exe";
 
 fn trampoline(argv: &[String], stdin: Stdio) -> Command {
     let mut command = Command::new(TRAMPOLINE);
+    command.arg0("sandgate-init").arg(crate::EXEC_MODE);
+    if crate::identity::settled() {
+        command.arg(crate::APART_FLAG);
+    }
     command
-        .arg0("sandgate-init")
-        .arg(crate::EXEC_MODE)
         .arg("--")
         .args(argv)
         .stdin(stdin)
@@ -230,6 +233,13 @@ fn trampoline(argv: &[String], stdin: Stdio) -> Command {
         .stderr(Stdio::inherit())
         .process_group(0);
     command
+}
+
+/// Spawns with the program's uid lent to the init (see [`crate::identity`]).
+fn start(command: &mut Command) -> Result<Child, SuperviseError> {
+    crate::identity::lend(|| command.spawn())
+        .map_err(SuperviseError::Identity)?
+        .map_err(SuperviseError::Spawn)
 }
 
 /// Sends `signal` to the program's process group, or to the program alone if it has left it.

@@ -10,9 +10,11 @@
 //! files cannot be written is answered here: one `sandgate-init:` line and the end markers
 //! with code 125; the session goes on.
 //!
-//! The program runs as the same user as the init, and its leftovers may run while a turn's
-//! files are written: writing never follows a symlink as the file itself, and a parent swapped
-//! for a symlink could only make the init write where the program itself may write anyway.
+//! The init writes files as the program's user (its effective uid, see [`crate::identity`]),
+//! and the program's leftovers may run while a turn's files are written: writing never follows
+//! a symlink as the file itself, and a parent swapped for a symlink could only make the init
+//! write where the program itself may write anyway. A line whose `argv` is exactly
+//! [`REPORT_REQUEST`] is answered with the special files in `/output` ([`crate::leftovers`]).
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -22,14 +24,14 @@ use std::sync::mpsc;
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    bash_turn, end_marker, RunnerTurn, BASH_PRELUDE, PYTHON_SESSION_RUNNER, SESSION_BASH,
-    SESSION_PYTHON,
+    bash_turn, end_marker, exit_trailer, InitReport, RunnerTurn, BASH_PRELUDE,
+    PYTHON_SESSION_RUNNER, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
 
 use crate::process::{SuperviseError, Supervisor, WAKE_SIGNAL};
 use crate::spec::{self, SpecError};
-use crate::{bridge, files, InitError};
+use crate::{bridge, files, leftovers, InitError};
 
 /// What runs the session's cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,12 +86,19 @@ pub fn run(
         cwd: open.cwd.clone(),
         err,
     })?;
-    if let Some(proxy) = &open.proxy {
-        bridge::start(proxy).map_err(InitError::Bridge)?;
-    }
+    let bridge = open
+        .proxy
+        .as_ref()
+        .map(bridge::bind)
+        .transpose()
+        .map_err(InitError::Bridge)?;
     let mut child = supervisor
         .spawn_piped_with(&runner.argv(), open.env.as_ref())
         .map_err(|err| InitError::Session(SessionError::Start(err)))?;
+    // After the spawn, as for a cold run (see `crate::run`).
+    if let Some(bridge) = bridge {
+        bridge.serve().map_err(InitError::Bridge)?;
+    }
     let mut input = child.stdin.take();
     if runner == Runner::Bash {
         give(&mut input, BASH_PRELUDE.as_bytes());
@@ -147,6 +156,10 @@ fn turn(runner: Runner, line: &[u8], input: &mut Option<ChildStdin>) -> Result<(
     let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
         return Err(InitError::Session(SessionError::Turn));
     };
+    if program == REPORT_REQUEST && job.files.is_empty() {
+        report(nonce);
+        return Ok(());
+    }
     let program_path = spec::validate_file_path(program).map_err(|reason| {
         InitError::Session(SessionError::Spec(SpecError::FilePath {
             path: spec::shown(program),
@@ -175,6 +188,17 @@ fn turn(runner: Runner, line: &[u8], input: &mut Option<ChildStdin>) -> Result<(
     };
     give(input, &handed);
     Ok(())
+}
+
+/// Answers a report request: the exit trailer's form, with the request's nonce, on stderr.
+fn report(nonce: &str) {
+    let report = InitReport {
+        special_files: leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR)),
+    };
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr
+        .write_all(&exit_trailer(nonce, 0, &report))
+        .and_then(|()| stderr.flush());
 }
 
 /// Answers a turn the init could not hand over.

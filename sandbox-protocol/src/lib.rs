@@ -7,8 +7,10 @@
 //!   runner, first printing [`READY_LINE`] on stdout (python: once its interpreter has
 //!   imported the preload, see [`PYTHON_RUNNER`]).
 //! - [`RunnerJob`]: what the init hands the waiting Python interpreter once the job arrived.
-//! - The exit trailer `\0sandgate-exit:<nonce>:<code>\n` ([`exit_trailer`], [`ExitTrailer`]):
-//!   the init's last stderr bytes, the gateway's proof that the init saw the end.
+//! - The exit trailer `\0sandgate-exit:<nonce>:<code>[:<report>]\n` ([`exit_trailer`],
+//!   [`ExitTrailer`]): the init's last stderr bytes, the gateway's proof that the init saw the
+//!   end, with what the init saw that the host cannot ([`InitReport`]: special files in
+//!   `/output`).
 //! - Sessions ([`SESSION_MODE`], turns, [`end_marker`]): see the `session` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
@@ -24,9 +26,12 @@ mod trailer;
 
 pub use session::{
     bash_turn, end_marker, EndMarker, RunnerTurn, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
-    MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, SESSION_BASH, SESSION_MODE, SESSION_PYTHON,
+    MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, REPORT_REQUEST, SESSION_BASH, SESSION_MODE,
+    SESSION_PYTHON,
 };
-pub use trailer::{exit_trailer, ExitTrailer, EXIT_TRAILER_PREFIX};
+pub use trailer::{
+    exit_trailer, ExitTrailer, InitReport, EXIT_TRAILER_PREFIX, MAX_REPORT_BYTES, MAX_SPECIAL_FILES,
+};
 
 /// The job line. File contents borrow from the line when deserialised (base64 needs no JSON
 /// escape), so a large job is not held twice by the init.

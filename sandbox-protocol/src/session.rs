@@ -22,6 +22,13 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A line whose `argv` is exactly this (and which writes no file) is not a turn but a report
+/// request: the init answers at once on stderr with an exit trailer for the line's nonce
+/// (code 0) carrying its [`crate::InitReport`] (what is in `/output` that the host cannot
+/// see). The gateway asks after each turn, before it collects `/output`. It can never be a
+/// cell: a cell is an absolute path.
+pub const REPORT_REQUEST: &str = "sandgate:report";
+
 /// First argument of a session sandbox's init.
 pub const SESSION_MODE: &str = "session";
 /// The runner names after [`SESSION_MODE`].

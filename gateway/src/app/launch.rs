@@ -164,6 +164,10 @@ impl App {
         } else {
             sandbox.discard().await;
         }
+        let special_files = ran
+            .as_ref()
+            .map(|ran| ran.special_files.clone())
+            .unwrap_or_default();
         let mut done = completion(ran, &row.id);
         done.outputs = collect(
             home,
@@ -172,6 +176,7 @@ impl App {
             runnable.limits.output_bytes,
         )
         .await;
+        crate::outputs::add_special_files(&mut done.outputs, &special_files);
         drop(member);
         done
     }

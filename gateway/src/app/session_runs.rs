@@ -257,12 +257,17 @@ impl App {
             }) => result.clone(),
             _ => None,
         };
+        let special_files = ran
+            .as_ref()
+            .map(|ran| ran.special_files.clone())
+            .unwrap_or_default();
         let mut done = completion(ran);
         let output_dir = held.home.output.dir().to_owned();
         done.outputs = self
             .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
             .await;
         self.save_stream_layout(&row.id).await;
+        crate::outputs::add_special_files(&mut done.outputs, &special_files);
         let mut stored = self.complete_durably(row, done).await;
         if let Some(result) = result {
             if let Err(err) = self.audit.set_result(&stored.id, &result).await {

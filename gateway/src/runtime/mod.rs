@@ -210,7 +210,8 @@ pub enum Ending {
     TimedOut,
     /// Stopped on request (`POST /v1/executions/{id}/cancel`).
     Cancelled,
-    /// The memory limit was hit (the runtime's OOM flag).
+    /// The memory limit was hit: dockerd's OOM flag, or the sandbox's memory cgroup's own
+    /// notification (`docker/oom.rs`).
     Oom { exit: Option<i64> },
     /// sandbox-init never reported an end: the sandbox died under the program (gVisor's kernel
     /// gave up, or the container was killed).
@@ -248,6 +249,9 @@ pub struct TurnRan {
     pub ending: TurnEnding,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
+    /// What the init found in `/output` after the turn that the host cannot see (FIFOs,
+    /// sockets: see sandbox-init's `leftovers`); paths relative to `/output`.
+    pub special_files: Vec<String>,
     pub started_at: DateTime<Utc>,
     pub duration: Duration,
 }
@@ -262,6 +266,9 @@ pub struct Ran {
     pub stopped: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
+    /// What the init found in `/output` once the program ended that the host cannot see
+    /// (FIFOs, sockets: see sandbox-init's `leftovers`), from its exit trailer.
+    pub special_files: Vec<String>,
     /// When the job was handed over, and how long the run took from there.
     pub started_at: DateTime<Utc>,
     pub duration: Duration,

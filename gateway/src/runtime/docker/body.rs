@@ -16,7 +16,11 @@ use crate::runtime::{
 const MIB: i64 = 1024 * 1024;
 /// Open files per sandbox process.
 const NOFILE: i64 = 1024;
-const SANDBOX_USER: &str = "65534:65534";
+/// The container starts as root with exactly [`INIT_CAPABILITIES`]: sandbox-init, PID 1, uses
+/// them once to take a uid of its own and run every program as 65534:65534, so that no program
+/// can signal it; leaving uid 0 clears both (sandbox-init's `identity` module).
+const CONTAINER_USER: &str = "0:0";
+const INIT_CAPABILITIES: [&str; 2] = ["SETUID", "SETGID"];
 
 pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
     let limits = &plan.limits;
@@ -28,6 +32,7 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
         network_mode: Some("none".to_owned()),
         readonly_rootfs: Some(true),
         cap_drop: Some(vec!["ALL".to_owned()]),
+        cap_add: Some(INIT_CAPABILITIES.map(str::to_owned).to_vec()),
         security_opt: Some(vec!["no-new-privileges".to_owned()]),
         memory: Some(mb_to_bytes(limits.memory_mb)),
         memory_swap: Some(mb_to_bytes(limits.memory_mb)),
@@ -65,7 +70,7 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
         image: Some(plan.image.clone()),
         entrypoint: Some(vec![INIT_PATH.to_owned()]),
         cmd: Some(cmd),
-        user: Some(SANDBOX_USER.to_owned()),
+        user: Some(CONTAINER_USER.to_owned()),
         working_dir: Some(crate::runtime::WORKSPACE.to_owned()),
         hostname: Some("sandbox".to_owned()),
         env: Some(

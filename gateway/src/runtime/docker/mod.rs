@@ -6,6 +6,7 @@
 mod body;
 mod call;
 pub mod cleanup;
+mod oom;
 mod run;
 mod turn;
 
@@ -51,8 +52,8 @@ impl DockerRuntime {
             .await
     }
 
-    /// Create, attach (before the start, so no output is lost), start; a pooled sandbox is
-    /// then waited for until its runner is ready. Whatever fails on the way removes it.
+    /// Create, attach (before the start, so no output is lost), start, watch its memory
+    /// cgroup for OOMs; a pooled sandbox is then waited for until its runner is ready. Whatever fails on the way removes it.
     async fn start_sandbox(&self, plan: SandboxPlan) -> Result<Box<dyn Sandbox>, RuntimeError> {
         if !plan.init_binary.is_file() {
             return Err(RuntimeError::MissingInit {
@@ -62,8 +63,14 @@ impl DockerRuntime {
         let docker = self.client().await?.clone();
         let mut sandbox = DockerSandbox::create(docker, &plan).await?;
         let started = match sandbox.start().await {
-            Ok(()) if matches!(plan.waits, Waits::Init | Waits::Session(_)) => Ok(()),
-            Ok(()) => sandbox.ready(READY_TIMEOUT).await,
+            Ok(()) => {
+                // Before any job: nothing in the sandbox can run out of memory yet.
+                sandbox.watch_oom().await;
+                match plan.waits {
+                    Waits::Init | Waits::Session(_) => Ok(()),
+                    Waits::Pool(_) => sandbox.ready(READY_TIMEOUT).await,
+                }
+            }
             Err(err) => Err(err),
         };
         match started {

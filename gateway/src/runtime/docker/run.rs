@@ -17,6 +17,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 use super::body::container_body;
 use super::call::{bounded, docker_error};
 use super::cleanup;
+use super::oom::OomWatch;
 use crate::runtime::{
     CappedOutput, Channel, Ending, ExitTrailer, Job, Ran, RunControl, RuntimeError, Sandbox,
     SandboxPlan,
@@ -39,6 +40,9 @@ pub struct DockerSandbox {
     pub(super) name: String,
     pub(super) input: Input,
     pub(super) output: Output,
+    /// The cgroup's OOM notifications, registered once the container runs (`None` where it
+    /// cannot be: dockerd's flag is then the only source).
+    pub(super) oom: Option<OomWatch>,
 }
 
 impl std::fmt::Debug for DockerSandbox {
@@ -85,6 +89,7 @@ impl DockerSandbox {
                 name,
                 input: attached.input,
                 output: attached.output,
+                oom: None,
             }),
             Err(err) => {
                 remove(&docker, &name).await;
@@ -99,6 +104,29 @@ impl DockerSandbox {
             self.docker.start_container(&self.name, None),
         )
         .await
+    }
+
+    /// Registers for the container's cgroup OOM notifications (see `oom.rs`); must run while
+    /// the container runs and before its job is handed over. Failing is logged, not fatal.
+    pub async fn watch_oom(&mut self) {
+        let pid = match bounded(
+            "inspect container",
+            self.docker.inspect_container(&self.name, None),
+        )
+        .await
+        {
+            Ok(info) => info.state.and_then(|state| state.pid).unwrap_or(0),
+            Err(err) => {
+                tracing::warn!(container = %self.name, error = %err, "no OOM watch: inspect failed");
+                return;
+            }
+        };
+        match OomWatch::register(pid) {
+            Ok(watch) => self.oom = Some(watch),
+            Err(err) => {
+                tracing::warn!(container = %self.name, pid, error = %err, "no OOM watch on the sandbox's cgroup: dockerd's flag only");
+            }
+        }
     }
 
     /// Reads stdout until the pooled init's ready line; drops what comes before it.
@@ -163,6 +191,7 @@ impl DockerSandbox {
         Ok(Ran {
             ending,
             stopped,
+            special_files: pump.trailer.report().special_files.clone(),
             stdout: pump.stdout,
             stderr: pump.stderr,
             started_at,
@@ -183,6 +212,7 @@ impl DockerSandbox {
             name,
             input,
             output,
+            oom: _,
         } = self;
         let run = async {
             hand_over(input, line).await;
@@ -201,10 +231,12 @@ impl DockerSandbox {
         }
     }
 
-    /// Asks dockerd how the container ended. Under runsc an OOM kills gVisor's kernel, not
-    /// just the program: the init reports nothing and the container ends with SIGKILL. dockerd
-    /// learns of the OOM from a separate cgroup event that can trail the exit, so look again
-    /// for a moment before calling it anything else.
+    /// Asks dockerd and the cgroup how the container ended. Under runsc an OOM kills gVisor's
+    /// kernel, not just the program: the init reports nothing and the container ends with
+    /// SIGKILL. An OOM is what either says: dockerd's flag (from a separate event that can
+    /// trail the exit) or the cgroup's own notification (`oom.rs`, which may need the
+    /// cgroup's removal to be sure), so a SIGKILL end without a word from the init is looked
+    /// at again for a moment before it is called anything else.
     pub(super) async fn inspect(
         &mut self,
         stop: Stop,
@@ -220,7 +252,8 @@ impl DockerSandbox {
             .await?
             .state
             .unwrap_or_default();
-            let oom = state.oom_killed == Some(true);
+            let cgroup_oom = self.oom.as_mut().is_some_and(OomWatch::saw_oom);
+            let oom = state.oom_killed == Some(true) || cgroup_oom;
             let settled = !died || oom || state.exit_code != Some(137);
             if settled || polls >= OOM_EVENT_POLLS {
                 return Ok(ending(stop, init_exit, oom, state.exit_code));

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use bollard::container::LogOutput;
 use bollard::query_parameters::KillContainerOptionsBuilder;
 use futures_util::StreamExt;
-use sandbox_protocol::{EndMarker, TurnEnd};
+use sandbox_protocol::{EndMarker, ExitTrailer, TurnEnd, REPORT_REQUEST};
 use tokio::io::AsyncWriteExt;
 
 use super::call::bounded;
@@ -19,6 +19,8 @@ use crate::runtime::{
 
 /// After an interrupt: how long the runner has to answer before the sandbox is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(3);
+/// How long the init has to answer a report request after a turn.
+const REPORT_WAIT: Duration = Duration::from_secs(5);
 /// Extra one-second looks for dockerd's OOM flag after a SIGKILL end of a session.
 const OOM_LATE_POLLS: u32 = 3;
 /// After the output ended under a turn: how long to wait for dockerd to report the exit.
@@ -47,10 +49,16 @@ pub(super) async fn turn(
     drop(job);
     let mut pump = TurnPump::new(&control, &nonce);
     let ending = pump_turn(sandbox, &mut pump, &control).await?;
+    let special_files = if ending.session_lives() {
+        report(sandbox).await
+    } else {
+        Vec::new()
+    };
     Ok(TurnRan {
         ending,
         stdout: pump.stdout,
         stderr: pump.stderr,
+        special_files,
         started_at,
         duration: started.elapsed(),
     })
@@ -74,6 +82,40 @@ async fn write_line(sandbox: &mut DockerSandbox, job: &Job<'static>) -> Result<(
         operation: "hand the turn to the session",
         message: err.to_string(),
     })
+}
+
+/// Asks the init what `/output` holds that the host cannot see (sandbox-init's `leftovers`)
+/// and waits for its answer, an exit trailer for a fresh nonce on stderr. What else the
+/// sandbox prints meanwhile belongs to no turn and is dropped. No answer in time: nothing.
+async fn report(sandbox: &mut DockerSandbox) -> Vec<String> {
+    let nonce = nonce();
+    let request = Job {
+        argv: vec![REPORT_REQUEST.to_owned()],
+        cwd: None,
+        env: None,
+        files: Vec::new(),
+        proxy: None,
+        exit_nonce: Some(nonce.clone()),
+    };
+    if let Err(err) = write_line(sandbox, &request).await {
+        tracing::warn!(container = %sandbox.name, error = %err, "asking the session's init for its report failed");
+        return Vec::new();
+    }
+    let mut trailer = ExitTrailer::new(&nonce);
+    let answer = async {
+        while let Some(Ok(frame)) = sandbox.output.next().await {
+            if let LogOutput::StdErr { message } = frame {
+                trailer.feed(&message);
+                if trailer.code().is_some() {
+                    return;
+                }
+            }
+        }
+    };
+    if tokio::time::timeout(REPORT_WAIT, answer).await.is_err() {
+        tracing::warn!(container = %sandbox.name, "the session's init did not answer its report request");
+    }
+    trailer.report().special_files.clone()
 }
 
 /// Why the turn was interrupted.
