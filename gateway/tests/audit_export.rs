@@ -147,11 +147,11 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
         assert!(kinds.contains(&kind), "{kind} not exported: {kinds:?}");
     }
     assert!(events.iter().any(|e| e["event"]["allow"] == false), "no denial exported");
-    assert_eq!(proof["proof"]["events"], events.len(), "{proof}");
-    assert_eq!(proof["proof"]["omitted"], 0, "{proof}");
+    assert_eq!(proof["events"], events.len(), "{proof}");
+    assert_eq!(proof["omitted"], 0, "{proof}");
     // The slice links to what came before it, and the policy's files are in the bundle.
     let first = &events[0]["event"];
-    assert_eq!(proof["proof"]["first"]["prev_hash"], first["prev_hash"]);
+    assert_eq!(proof["first"]["prev_hash"], first["prev_hash"]);
     let revision = lines.iter().find(|l| l["bundle"] == "policy_revision").unwrap();
     let files = revision["files"].as_array().unwrap();
     assert!(files.iter().any(|f| f["path"].as_str().unwrap().ends_with(".rego")), "{revision}");

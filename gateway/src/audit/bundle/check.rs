@@ -157,7 +157,7 @@ impl Walk {
 
     fn ocsf_event(&mut self, record: &Value) -> Result<(), String> {
         let row = ocsf::row_of(record)
-            .ok_or("an OCSF record without its row in unmapped.sandgate".to_owned())?;
+            .ok_or_else(|| "an OCSF record without its row in unmapped.sandgate".to_owned())?;
         if ocsf::record(&row) != *record {
             return Err(format!(
                 "event {} ({}): the OCSF fields differ from the row they were made from \

@@ -190,7 +190,7 @@ impl AuditStore {
         .fetch_all(&self.pool)
         .await?;
         let (loaded_by, loaded_at) =
-            row.unwrap_or_else(|| ("(not recorded)".to_owned(), DateTime::<Utc>::UNIX_EPOCH));
+            row.unwrap_or_else(|| ("(not recorded)".to_owned(), DateTime::<Utc>::default()));
         Ok(PolicyRevision {
             revision: revision.to_owned(),
             loaded_by,

@@ -107,10 +107,11 @@ fn http_activity(method: Option<&str>) -> (u64, &'static str) {
 pub fn record(event: &StoredEvent) -> Value {
     let class = Class::of(&event.kind);
     let (activity_id, activity_name) = activity(class, event);
-    let (action_id, action, severity_id) = match event.allow {
-        Some(true) => (1, "Allowed", 1),
-        Some(false) => (2, "Denied", 3),
-        None => (0, "Unknown", 1),
+    // (action_id, action, disposition_id, status_id, severity_id)
+    let (action_id, action, disposition_id, status_id, severity_id) = match event.allow {
+        Some(true) => (1, "Allowed", 1, 1, 1),
+        Some(false) => (2, "Denied", 2, 2, 3),
+        None => (0, "Unknown", 0, 1, 1),
     };
     let mut record = json!({
         "class_uid": class.uid(),
@@ -123,8 +124,8 @@ pub fn record(event: &StoredEvent) -> Value {
         "severity_id": severity_id,
         "action_id": action_id,
         "action": action,
-        "disposition_id": match event.allow { Some(true) => 1, Some(false) => 2, None => 0 },
-        "status_id": if event.allow == Some(false) { 2 } else { 1 },
+        "disposition_id": disposition_id,
+        "status_id": status_id,
         "message": first_reason(&event.reasons),
         "metadata": {
             "version": OCSF_VERSION,
