@@ -254,7 +254,9 @@ fn tempfile_in(dir: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
 pub fn audit_verify_bundle(path: &Path) -> anyhow::Result<Result<BundleReport, BundleError>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     match check::verify_bundle(std::io::BufReader::new(file)) {
-        Err(BundleError::Read(err)) => Err(err).with_context(|| format!("reading {}", path.display())),
+        Err(BundleError::Read(err)) => {
+            Err(err).with_context(|| format!("reading {}", path.display()))
+        }
         result => Ok(result),
     }
 }

@@ -42,7 +42,14 @@ fn verify_offline(bundle: &Path) -> (bool, String) {
 }
 
 fn export(gw: &TestGateway, out: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["audit", "export", "--since", "1h", "--out", out.to_str().unwrap()];
+    let mut args = vec![
+        "audit",
+        "export",
+        "--since",
+        "1h",
+        "--out",
+        out.to_str().unwrap(),
+    ];
     args.extend_from_slice(extra);
     let output = sandgate(gw, &args);
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
@@ -112,7 +119,9 @@ async fn some_history(gw: &TestGateway) {
     assert_eq!(status, 202, "{body}");
     let (id, approval) = (body["id"].clone(), body["approval_id"].clone());
     let path = format!("/v1/approvals/{}", approval.as_str().unwrap());
-    let (status, body) = gw.post(&reviewer, &path, &json!({"decision": "approve"})).await;
+    let (status, body) = gw
+        .post(&reviewer, &path, &json!({"decision": "approve"}))
+        .await;
     assert_eq!(status, 200, "{body}");
     for _ in 0..600 {
         let (_, record) = gw
@@ -142,19 +151,37 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
     let proof = lines.last().unwrap();
     assert_eq!(proof["bundle"], "proof", "{proof}");
     let events: Vec<&Value> = lines.iter().filter(|l| l["bundle"] == "event").collect();
-    let kinds: Vec<&str> = events.iter().map(|e| e["event"]["kind"].as_str().unwrap()).collect();
-    for kind in ["execution.decision", "approval.requested", "approval.approved"] {
+    let kinds: Vec<&str> = events
+        .iter()
+        .map(|e| e["event"]["kind"].as_str().unwrap())
+        .collect();
+    for kind in [
+        "execution.decision",
+        "approval.requested",
+        "approval.approved",
+    ] {
         assert!(kinds.contains(&kind), "{kind} not exported: {kinds:?}");
     }
-    assert!(events.iter().any(|e| e["event"]["allow"] == false), "no denial exported");
+    assert!(
+        events.iter().any(|e| e["event"]["allow"] == false),
+        "no denial exported"
+    );
     assert_eq!(proof["events"], events.len(), "{proof}");
     assert_eq!(proof["omitted"], 0, "{proof}");
     // The slice links to what came before it, and the policy's files are in the bundle.
     let first = &events[0]["event"];
     assert_eq!(proof["first"]["prev_hash"], first["prev_hash"]);
-    let revision = lines.iter().find(|l| l["bundle"] == "policy_revision").unwrap();
+    let revision = lines
+        .iter()
+        .find(|l| l["bundle"] == "policy_revision")
+        .unwrap();
     let files = revision["files"].as_array().unwrap();
-    assert!(files.iter().any(|f| f["path"].as_str().unwrap().ends_with(".rego")), "{revision}");
+    assert!(
+        files
+            .iter()
+            .any(|f| f["path"].as_str().unwrap().ends_with(".rego")),
+        "{revision}"
+    );
 
     let (ok, said) = verify_offline(&bundle);
     assert!(ok, "{said}");
@@ -165,17 +192,30 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
     let changed = change_bytes(&bundle, "\"cobol\"", "cobol", "cobxl");
     let (ok, said) = verify_offline(&changed);
     assert!(!ok, "a changed event verified: {said}");
-    assert!(said.contains("does not match its hash (modified)"), "{said}");
+    assert!(
+        said.contains("does not match its hash (modified)"),
+        "{said}"
+    );
     assert!(said.contains("line "), "{said}");
 
     // One byte of a policy file: the revision no longer hashes to its name.
-    let changed = change_bytes(&bundle, "\"bundle\":\"policy_revision\"", "package", "packagf");
+    let changed = change_bytes(
+        &bundle,
+        "\"bundle\":\"policy_revision\"",
+        "package",
+        "packagf",
+    );
     let (ok, said) = verify_offline(&changed);
     assert!(!ok, "a changed policy file verified: {said}");
     assert!(said.contains("its files hash to"), "{said}");
 
     // One byte of the header (which no event hash covers): the proof's digest catches it.
-    let changed = change_bytes(&bundle, "\"bundle\":\"header\"", "\"exported_at\":\"20", "\"exported_at\":\"21");
+    let changed = change_bytes(
+        &bundle,
+        "\"bundle\":\"header\"",
+        "\"exported_at\":\"20",
+        "\"exported_at\":\"21",
+    );
     let (ok, said) = verify_offline(&changed);
     assert!(!ok, "a changed header verified: {said}");
     assert!(said.contains("digest does not match"), "{said}");
@@ -232,9 +272,16 @@ async fn tenant_slice_and_ocsf_verify_offline() {
     assert!(!ocsf.is_empty());
     for record in &ocsf {
         let class = record["class_uid"].as_u64().unwrap();
-        assert!([1007, 4001, 4002, 3001, 3002, 6003].contains(&class), "{record}");
+        assert!(
+            [1007, 4001, 4002, 3001, 3002, 6003].contains(&class),
+            "{record}"
+        );
         let activity = record["activity_id"].as_u64().unwrap();
-        assert_eq!(record["type_uid"].as_u64().unwrap(), class * 100 + activity, "{record}");
+        assert_eq!(
+            record["type_uid"].as_u64().unwrap(),
+            class * 100 + activity,
+            "{record}"
+        );
         assert_eq!(record["metadata"]["version"], "1.3.0", "{record}");
         assert!(record["time"].as_i64().unwrap() > 0, "{record}");
     }
@@ -257,9 +304,17 @@ async fn tenant_slice_and_ocsf_verify_offline() {
     assert!(ok, "{said}");
 
     // A mapped field changed (Denied -> Allowed): it no longer follows from its row.
-    let changed = change_bytes(&bundle, "\"action\":\"Denied\"", "\"action_id\":2", "\"action_id\":1");
+    let changed = change_bytes(
+        &bundle,
+        "\"action\":\"Denied\"",
+        "\"action_id\":2",
+        "\"action_id\":1",
+    );
     let (ok, said) = verify_offline(&changed);
     assert!(!ok, "{said}");
-    assert!(said.contains("the OCSF fields differ from the row"), "{said}");
+    assert!(
+        said.contains("the OCSF fields differ from the row"),
+        "{said}"
+    );
     gw.stop().await;
 }

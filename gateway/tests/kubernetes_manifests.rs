@@ -40,7 +40,10 @@ fn manifests() -> Vec<(String, Value)> {
 }
 
 fn of_kind<'a>(all: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
-    all.iter().map(|(_, v)| v).filter(|v| v["kind"] == kind).collect()
+    all.iter()
+        .map(|(_, v)| v)
+        .filter(|v| v["kind"] == kind)
+        .collect()
 }
 
 fn labels(template: &Value) -> BTreeMap<String, String> {
@@ -49,21 +52,29 @@ fn labels(template: &Value) -> BTreeMap<String, String> {
 
 /// Whether a selector (matchLabels only: anything else fails the test) selects `labels`.
 fn selects(selector: &Value, labels: &BTreeMap<String, String>) -> bool {
-    let fields: Vec<&String> = selector.as_object().map(|o| o.keys().collect()).unwrap_or_default();
+    let fields: Vec<&String> = selector
+        .as_object()
+        .map(|o| o.keys().collect())
+        .unwrap_or_default();
     assert!(
         fields.iter().all(|field| *field == "matchLabels"),
         "only matchLabels selectors are checked here: {selector}"
     );
     let wanted: BTreeMap<String, String> =
         serde_json::from_value(selector["matchLabels"].clone()).unwrap_or_default();
-    wanted.iter().all(|(key, value)| labels.get(key) == Some(value))
+    wanted
+        .iter()
+        .all(|(key, value)| labels.get(key) == Some(value))
 }
 
 /// (where, pod template) of every sandbox pod: PodTemplates and agent-sandbox SandboxTemplates.
 fn sandbox_pods(all: &[(String, Value)]) -> Vec<(String, Value)> {
     let mut pods = Vec::new();
     for template in of_kind(all, "PodTemplate") {
-        pods.push((format!("PodTemplate {}", template["metadata"]["name"]), template["template"].clone()));
+        pods.push((
+            format!("PodTemplate {}", template["metadata"]["name"]),
+            template["template"].clone(),
+        ));
     }
     for template in of_kind(all, "SandboxTemplate") {
         pods.push((
@@ -82,7 +93,10 @@ fn gateway_pod(all: &[(String, Value)]) -> Value {
         .find(|d| d["metadata"]["name"] == "sandgate-gateway")
         .expect("a sandgate-gateway Deployment");
     assert_eq!(gateway["metadata"]["namespace"], GATEWAY_NAMESPACE);
-    assert!(gateway["spec"]["replicas"].as_u64().unwrap() >= 2, "replicas: {gateway}");
+    assert!(
+        gateway["spec"]["replicas"].as_u64().unwrap() >= 2,
+        "replicas: {gateway}"
+    );
     gateway["spec"]["template"].clone()
 }
 
@@ -91,7 +105,9 @@ fn sandbox_pods_run_in_gvisor_without_a_token_or_a_resolver() {
     let all = manifests();
     let runtime = of_kind(&all, "RuntimeClass");
     assert!(
-        runtime.iter().any(|r| r["metadata"]["name"] == "gvisor" && r["handler"] == "runsc"),
+        runtime
+            .iter()
+            .any(|r| r["metadata"]["name"] == "gvisor" && r["handler"] == "runsc"),
         "no RuntimeClass gvisor with handler runsc"
     );
     let pods = sandbox_pods(&all);
@@ -102,16 +118,26 @@ fn sandbox_pods_run_in_gvisor_without_a_token_or_a_resolver() {
         assert_eq!(spec["enableServiceLinks"], false, "{name}");
         assert_ne!(spec["hostNetwork"], true, "{name}");
         assert_eq!(spec["dnsPolicy"], "None", "{name}");
-        assert_eq!(labels(pod).get("sandgate.dev/role").map(String::as_str), Some("sandbox"), "{name}");
+        assert_eq!(
+            labels(pod).get("sandgate.dev/role").map(String::as_str),
+            Some("sandbox"),
+            "{name}"
+        );
         for container in spec["containers"].as_array().unwrap() {
             let security = &container["securityContext"];
             assert_eq!(security["allowPrivilegeEscalation"], false, "{name}");
             assert_eq!(security["capabilities"]["drop"], json!(["ALL"]), "{name}");
-            assert!(container["resources"]["limits"]["memory"].is_string(), "{name}");
+            assert!(
+                container["resources"]["limits"]["memory"].is_string(),
+                "{name}"
+            );
         }
     }
     // The cold-start pod and the warm pool's pod are the same pod.
-    assert_eq!(pods[0].1["spec"], pods[1].1["spec"], "the sandbox pod specs differ");
+    assert_eq!(
+        pods[0].1["spec"], pods[1].1["spec"],
+        "the sandbox pod specs differ"
+    );
     for template in of_kind(&all, "SandboxTemplate") {
         assert_eq!(
             template["spec"]["networkPolicyManagement"], "Unmanaged",
@@ -140,7 +166,10 @@ fn sandbox_egress_reaches_only_the_proxy() {
         .iter()
         .map(|p| p["containerPort"].as_u64().unwrap())
         .collect();
-    assert!(proxy_ports.contains(&PROXY_PORT), "the gateway exposes no proxy port");
+    assert!(
+        proxy_ports.contains(&PROXY_PORT),
+        "the gateway exposes no proxy port"
+    );
     let namespace_labels = BTreeMap::from([(
         "kubernetes.io/metadata.name".to_owned(),
         GATEWAY_NAMESPACE.to_owned(),
@@ -150,18 +179,29 @@ fn sandbox_egress_reaches_only_the_proxy() {
         let policies: Vec<&Value> = of_kind(&all, "NetworkPolicy")
             .into_iter()
             .filter(|p| p["metadata"]["namespace"] == SANDBOX_NAMESPACE)
-            .filter(|p| p["spec"]["podSelector"] == json!({}) || selects(&p["spec"]["podSelector"], &pod_labels))
+            .filter(|p| {
+                p["spec"]["podSelector"] == json!({})
+                    || selects(&p["spec"]["podSelector"], &pod_labels)
+            })
             .collect();
         let restricted = policies.iter().any(|p| {
-            p["spec"]["policyTypes"].as_array().unwrap().contains(&json!("Egress"))
+            p["spec"]["policyTypes"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("Egress"))
         });
         assert!(restricted, "{name}: no NetworkPolicy restricts its egress");
         for policy in &policies {
             let empty = vec![];
             for rule in policy["spec"]["egress"].as_array().unwrap_or(&empty) {
-                let peers = rule["to"].as_array().expect("an egress rule without `to` allows everywhere");
+                let peers = rule["to"]
+                    .as_array()
+                    .expect("an egress rule without `to` allows everywhere");
                 for peer in peers {
-                    assert!(peer.get("ipBlock").is_none(), "{name}: ipBlock egress: {rule}");
+                    assert!(
+                        peer.get("ipBlock").is_none(),
+                        "{name}: ipBlock egress: {rule}"
+                    );
                     assert!(
                         selects(&peer["namespaceSelector"], &namespace_labels),
                         "{name}: egress to another namespace: {rule}"
@@ -172,14 +212,19 @@ fn sandbox_egress_reaches_only_the_proxy() {
                         "{name}: egress to pods other than the gateway: {rule}"
                     );
                 }
-                let ports = rule["ports"].as_array().expect("an egress rule without ports allows every port");
+                let ports = rule["ports"]
+                    .as_array()
+                    .expect("an egress rule without ports allows every port");
                 for port in ports {
                     assert_eq!(port["port"], PROXY_PORT, "{name}: {rule}");
                     assert_eq!(port["protocol"], "TCP", "{name}: {rule}");
                 }
             }
             if let Some(ingress) = policy["spec"]["ingress"].as_array() {
-                assert!(ingress.is_empty(), "{name}: ingress to sandbox pods: {policy}");
+                assert!(
+                    ingress.is_empty(),
+                    "{name}: ingress to sandbox pods: {policy}"
+                );
             }
         }
     }
@@ -197,13 +242,22 @@ fn the_database_url_comes_from_a_secret() {
             .expect("the gateway has no SANDGATE_DATABASE_URL");
         assert!(url.get("value").is_none(), "a literal database URL: {url}");
         let secret = &url["valueFrom"]["secretKeyRef"];
-        assert!(secret["name"].is_string() && secret["key"].is_string(), "{url}");
+        assert!(
+            secret["name"].is_string() && secret["key"].is_string(),
+            "{url}"
+        );
         for variable in env {
             let value = variable["value"].as_str().unwrap_or("");
-            assert!(!value.contains("postgres://"), "a database URL in plain env: {variable}");
+            assert!(
+                !value.contains("postgres://"),
+                "a database URL in plain env: {variable}"
+            );
         }
     }
     for (file, manifest) in &all {
-        assert_ne!(manifest["kind"], "Secret", "{file}: secrets are created, never committed");
+        assert_ne!(
+            manifest["kind"], "Secret",
+            "{file}: secrets are created, never committed"
+        );
     }
 }

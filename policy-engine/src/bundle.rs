@@ -127,7 +127,11 @@ pub struct SourceFile {
 /// `sha256:<hex>` over the manifest `<relative path> NUL <sha256 hex of contents> LF`, one line per
 /// file in sorted path order. `policies/README.md` shows how to recompute it with coreutils.
 pub(crate) fn revision(files: &[BundleFile]) -> String {
-    revision_of(files.iter().map(|file| (file.rel.as_str(), file.contents.as_str())))
+    revision_of(
+        files
+            .iter()
+            .map(|file| (file.rel.as_str(), file.contents.as_str())),
+    )
 }
 
 /// [`revision`] of `(relative path, contents)` pairs given in sorted path order: the one

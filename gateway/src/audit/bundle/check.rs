@@ -169,7 +169,10 @@ impl Walk {
     }
 
     fn event(&mut self, event: StoredEvent) -> Result<(), String> {
-        let tenant = self.header.as_ref().and_then(|header| header.tenant.as_ref());
+        let tenant = self
+            .header
+            .as_ref()
+            .and_then(|header| header.tenant.as_ref());
         if let Some(tenant) = tenant {
             if event.tenant.as_ref() != Some(tenant) {
                 return Err(format!(
@@ -293,8 +296,10 @@ impl Walk {
                 )));
             }
         }
-        let (checked, without): (Vec<_>, Vec<_>) =
-            self.revisions.into_iter().partition(|(_, checked)| *checked);
+        let (checked, without): (Vec<_>, Vec<_>) = self
+            .revisions
+            .into_iter()
+            .partition(|(_, checked)| *checked);
         Ok(BundleReport {
             header,
             proof,
@@ -305,6 +310,7 @@ impl Walk {
 }
 
 fn describe(link: &Option<Link>) -> String {
-    link.as_ref()
-        .map_or("none".to_owned(), |link| format!("{} ({})", link.seq, link.hash))
+    link.as_ref().map_or("none".to_owned(), |link| {
+        format!("{} ({})", link.seq, link.hash)
+    })
 }

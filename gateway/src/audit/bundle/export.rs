@@ -115,7 +115,9 @@ impl AuditStore {
         }))?;
         let slice = self.write_events(request, &mut lines).await?;
         for revision in &slice.revisions {
-            lines.write(&Record::PolicyRevision(self.policy_revision(revision).await?))?;
+            lines.write(&Record::PolicyRevision(
+                self.policy_revision(revision).await?,
+            ))?;
         }
         let proof = Proof {
             first: slice.first,
@@ -176,12 +178,11 @@ impl AuditStore {
 
     /// A revision's row and files; `files: None` when none were stored for it.
     async fn policy_revision(&self, revision: &str) -> Result<PolicyRevision, ExportError> {
-        let row: Option<(String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT loaded_by, loaded_at FROM policy_revisions WHERE revision = $1",
-        )
-        .bind(revision)
-        .fetch_optional(&self.pool)
-        .await?;
+        let row: Option<(String, DateTime<Utc>)> =
+            sqlx::query_as("SELECT loaded_by, loaded_at FROM policy_revisions WHERE revision = $1")
+                .bind(revision)
+                .fetch_optional(&self.pool)
+                .await?;
         let files: Vec<(String, String)> = sqlx::query_as(
             "SELECT path, contents FROM policy_revision_files WHERE revision = $1 \
              ORDER BY path COLLATE \"C\"",

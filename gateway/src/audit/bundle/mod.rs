@@ -43,11 +43,19 @@ pub enum EventFormat {
 #[serde(tag = "bundle", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Record {
     Header(Header),
-    Event { event: StoredEvent },
+    Event {
+        event: StoredEvent,
+    },
     /// An OCSF record; its `unmapped.sandgate` is the row, and the rest is made from it.
-    OcsfEvent { ocsf: Value },
+    OcsfEvent {
+        ocsf: Value,
+    },
     /// An event in the slice that the tenant filter left out: its links, never its content.
-    Omitted { seq: i64, prev_hash: String, hash: String },
+    Omitted {
+        seq: i64,
+        prev_hash: String,
+        hash: String,
+    },
     PolicyRevision(PolicyRevision),
     Proof(Proof),
 }

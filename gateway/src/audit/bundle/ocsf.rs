@@ -229,14 +229,27 @@ mod tests {
 
     #[test]
     fn requests_decisions_and_approvals_map_to_their_classes() {
-        let get = record(&event("egress.request", Some(true), json!({"method": "get"})));
-        assert_eq!((get["class_uid"].clone(), get["activity_id"].clone()), (json!(4002), json!(3)));
+        let get = record(&event(
+            "egress.request",
+            Some(true),
+            json!({"method": "get"}),
+        ));
+        assert_eq!(
+            (get["class_uid"].clone(), get["activity_id"].clone()),
+            (json!(4002), json!(3))
+        );
         let launch = record(&event("execution.decision", Some(true), json!({})));
         assert_eq!(launch["type_uid"], 100701);
         let approved = record(&event("approval.approved", None, json!({})));
         assert_eq!(approved["type_uid"], 600303);
         assert_eq!(approved["api"]["operation"], "approval.approved");
-        assert_eq!(record(&event("auth.failure", Some(false), json!({})))["class_uid"], 3002);
-        assert_eq!(record(&event("key.revoke", None, json!({})))["type_uid"], 300105);
+        assert_eq!(
+            record(&event("auth.failure", Some(false), json!({})))["class_uid"],
+            3002
+        );
+        assert_eq!(
+            record(&event("key.revoke", None, json!({})))["type_uid"],
+            300105
+        );
     }
 }
