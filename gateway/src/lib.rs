@@ -21,6 +21,7 @@ pub mod outputs_live;
 pub mod plain;
 pub mod principal;
 pub mod runtime;
+pub mod session_wire;
 pub mod status;
 pub mod tls;
 

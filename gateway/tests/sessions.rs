@@ -251,7 +251,7 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
         timeout_ms: None,
         output_dir: None,
         session: Some(id.clone()),
-        ca_file: None,
+        tls: Default::default(),
         save: Default::default(),
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -430,5 +430,41 @@ threading.Thread(target=in_the_background).start()
     assert_eq!(events, 3, "one audit event per attempt, naming the session");
     let (status, _) = delete(&gw, &agent, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200);
+    gw.stop().await;
+}
+
+/// A session execution has the usual events stream: `wait: false` answers 202 as the turn
+/// starts, the output arrives while it runs, the stream ends with the stored record's end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_execution_streams_its_output_while_it_runs() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let id = open(&gw, &agent, json!({"language": "python"})).await;
+    let code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')\n6 * 7";
+    let (status, started) = run(&gw, &agent, &id, json!({"code": code, "wait": false})).await;
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["status"], "running", "{started}");
+    assert_eq!(started["session_id"], id.as_str(), "{started}");
+    let execution = started["id"].as_str().unwrap().to_owned();
+    let mut reader = gw.events(&agent, &execution).await;
+    let mut events = Vec::new();
+    let mut stdout = String::new();
+    while !stdout.contains('\n') {
+        let event = reader.next().await.expect("the first line");
+        assert_eq!(event.name, "stdout", "{event:?}");
+        stdout.push_str(event.data["text"].as_str().unwrap_or_default());
+        events.push(event);
+    }
+    assert_eq!(stdout, "first\n");
+    let (busy, _) = run(&gw, &agent, &id, json!({"code": "1"})).await;
+    assert_eq!(busy, 409, "one execution at a time, also while it streams");
+    events.extend(reader.collect().await);
+    let last = events.last().unwrap();
+    assert_eq!(last.name, "exit", "{events:?}");
+    let (_, record) = gw.get(&agent, &format!("/v1/executions/{execution}")).await;
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["stdout"], "first\nsecond\n", "{record}");
+    assert_eq!(record["result"], "42", "{record}");
+    assert_eq!(last.data["status"], record["status"]);
     gw.stop().await;
 }

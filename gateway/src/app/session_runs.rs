@@ -53,6 +53,7 @@ impl App {
     /// One execution in a session: decided, recorded, run as a turn, completed. It runs as the
     /// gateway's own task: a caller that goes away does not cut a turn short (its record, its
     /// event stream and the session's state are finished all the same).
+    /// With `wait: false` the answer is the record as the turn starts (or as it was denied).
     pub async fn create_session_execution(
         self: &Arc<Self>,
         caller: &ApiKey,
@@ -61,9 +62,22 @@ impl App {
     ) -> Result<ExecutionRow, AppError> {
         let app = Arc::clone(self);
         let (caller, id) = (caller.clone(), id.to_owned());
-        self.tasks
-            .spawn(async move { app.session_execution(&caller, &id, request).await })
-            .await
+        let (started, starting) = match request.wait {
+            Some(false) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let ran = self
+            .tasks
+            .spawn(async move { app.session_execution(&caller, &id, request, started).await });
+        if let Some(starting) = starting {
+            if let Ok(row) = starting.await {
+                return Ok(row);
+            }
+        }
+        ran.await
             .map_err(|err| AppError::Internal(format!("the session execution failed: {err}")))?
     }
 
@@ -72,6 +86,7 @@ impl App {
         caller: &ApiKey,
         id: &str,
         request: SessionExecutionRequest,
+        started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<ExecutionRow, AppError> {
         let row = self.get_session(caller, id).await?;
         let open = self
@@ -87,7 +102,9 @@ impl App {
             return Err(closed_conflict(id, &row));
         };
         let _ = self.audit.set_session_status(id, "busy", false).await;
-        let ran = self.run_in_session(caller, id, held, request).await;
+        let ran = self
+            .run_in_session(caller, id, held, request, started)
+            .await;
         *open
             .last_used
             .lock()
@@ -197,6 +214,7 @@ impl App {
         session_id: &str,
         held: &mut Held,
         request: SessionExecutionRequest,
+        started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<(ExecutionRow, Option<&'static str>), AppError> {
         let InSession {
             code,
@@ -214,6 +232,11 @@ impl App {
         };
         held.executions += 1;
         let stream = self.streams.open(&row.id);
+        if let Some(started) = started {
+            let mut running = row.clone();
+            "running".clone_into(&mut running.status);
+            let _ = started.send(running);
+        }
         self.session_cursors.running(session_id, Some(&row.id));
         let ran = self
             .run_turn(&row, held, (code, files), (&live, stream), &runnable)

@@ -57,7 +57,8 @@ pub struct SessionExecutionRequest {
     pub files: Vec<FileUpload>,
     #[serde(default)]
     pub limits: TurnLimits,
-    /// Accepted for the shape of 4.2; a session execution always answers when it ended.
+    /// `false`: answer 202 with the record as soon as the turn has started (follow it on
+    /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
     #[serde(default)]
     pub wait: Option<bool>,
 }
