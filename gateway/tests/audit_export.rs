@@ -139,8 +139,25 @@ async fn some_history(gw: &TestGateway) {
 #[tokio::test(flavor = "multi_thread")]
 async fn export_verifies_offline_and_a_changed_byte_is_named() {
     common::require_docker();
-    let gw = TestGateway::start().await;
+    let policies = common::copy_of_shipped();
+    let policy_dir = policies.path().to_owned();
+    let url = common::fresh_database().await;
+    let gw = TestGateway::start_with(Some(url), move |config| config.policy_dir = policy_dir).await;
     some_history(&gw).await;
+    // A reload: the new revision's files are stored too, and a decision names it.
+    let rego = policies.path().join("execution.rego");
+    let text = std::fs::read_to_string(&rego).unwrap();
+    std::fs::write(
+        &rego,
+        format!("{text}\n# reviewed for the audit export test\n"),
+    )
+    .unwrap();
+    let admin = key_for(&gw, "admin", "ops", "dana").await;
+    let (status, body) = gw.post(&admin, "/v1/policy/reload", &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let agent = key_for(&gw, "agent", "acme", "erin").await;
+    let (status, body) = gw.execute(&agent, "cobol", "z", json!({})).await;
+    assert_eq!(status, 403, "{body}");
     let dir = tempfile::tempdir().unwrap();
     let bundle = dir.path().join("audit.jsonl");
     let said = export(&gw, &bundle, &[]);
@@ -171,22 +188,23 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
     // The slice links to what came before it, and the policy's files are in the bundle.
     let first = &events[0]["event"];
     assert_eq!(proof["first"]["prev_hash"], first["prev_hash"]);
-    let revision = lines
+    let revisions: Vec<&Value> = lines
         .iter()
-        .find(|l| l["bundle"] == "policy_revision")
-        .unwrap();
-    let files = revision["files"].as_array().unwrap();
-    assert!(
-        files
+        .filter(|l| l["bundle"] == "policy_revision")
+        .collect();
+    assert_eq!(revisions.len(), 2, "{revisions:?}");
+    for revision in &revisions {
+        let files = revision["files"].as_array().unwrap();
+        let rego = files
             .iter()
-            .any(|f| f["path"].as_str().unwrap().ends_with(".rego")),
-        "{revision}"
-    );
+            .filter(|f| f["path"].as_str().unwrap().ends_with(".rego"));
+        assert!(rego.count() >= 2, "{revision}");
+    }
 
     let (ok, said) = verify_offline(&bundle);
     assert!(ok, "{said}");
     assert!(said.starts_with("ok events "), "{said}");
-    assert!(said.contains("1 policy revisions recomputed"), "{said}");
+    assert!(said.contains("2 policy revisions recomputed"), "{said}");
 
     // One byte of the denied request (cobol -> cobxl): that event no longer matches its hash.
     let changed = change_bytes(&bundle, "\"cobol\"", "cobol", "cobxl");
