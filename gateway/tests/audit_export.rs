@@ -205,11 +205,13 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
     assert!(ok, "{said}");
     assert!(said.starts_with("ok events "), "{said}");
     assert!(said.contains("2 policy revisions recomputed"), "{said}");
+    println!("intact: {said}");
 
     // One byte of the denied request (cobol -> cobxl): that event no longer matches its hash.
     let changed = change_bytes(&bundle, "\"cobol\"", "cobol", "cobxl");
     let (ok, said) = verify_offline(&changed);
     assert!(!ok, "a changed event verified: {said}");
+    println!("a changed event: {said}");
     assert!(
         said.contains("does not match its hash (modified)"),
         "{said}"
