@@ -11,6 +11,8 @@ use policy_engine::{cases, PolicyEngine};
 
 use crate::app::keys::{check_new_key, CheckedKey};
 use crate::app::replay::{self, ReplayReport};
+use crate::audit::bundle::check::{self, BundleError, BundleReport};
+use crate::audit::bundle::{ExportRequest, ExportSummary};
 use crate::audit::keys::{KeyRow, Revoked};
 use crate::audit::verify::Verification;
 use crate::audit::{AuditStore, NewKey};
@@ -200,6 +202,63 @@ pub async fn audit_verify(config: &Config) -> anyhow::Result<Verification> {
     let verified = AuditStore::new(db.pool.clone()).verify_chain().await;
     db.close().await;
     verified.context("reading the audit chain")
+}
+
+/// `--since` / `--until`: an RFC 3339 time, or a span before now (7d, 24h, 30m, 90s).
+pub fn time_arg(flag: &str, text: &str) -> anyhow::Result<DateTime<Utc>> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let span = replay::parse_duration(text).map_err(|err| {
+        anyhow::anyhow!("{flag} {text}: neither an RFC 3339 time nor a span (7d, 24h): {err}")
+    })?;
+    let span = chrono::Duration::from_std(span).with_context(|| format!("{flag} is too long"))?;
+    Utc::now()
+        .checked_sub_signed(span)
+        .with_context(|| format!("{flag} is too long"))
+}
+
+/// `sandgate audit export`: writes the bundle to `out` through a temporary file beside it, so
+/// a failed export never leaves a partial bundle under that name.
+pub async fn audit_export(
+    config: &Config,
+    request: &ExportRequest,
+    out: &Path,
+) -> anyhow::Result<ExportSummary> {
+    let dir = match out.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    let temp = tempfile_in(dir)?;
+    let db = Database::open(config).await?;
+    let written = AuditStore::new(db.pool.clone())
+        .export_bundle(request, std::io::BufWriter::new(temp.as_file()))
+        .await;
+    db.close().await;
+    let summary = written.context("exporting the audit trail")?;
+    temp.as_file().sync_all().context("flushing the bundle")?;
+    temp.persist(out)
+        .with_context(|| format!("writing {}", out.display()))?;
+    Ok(summary)
+}
+
+fn tempfile_in(dir: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
+    tempfile::Builder::new()
+        .prefix(".sandgate-export-")
+        .tempfile_in(dir)
+        .with_context(|| format!("creating a file in {}", dir.display()))
+}
+
+/// `sandgate audit verify --bundle FILE`: checks a bundle offline. The outer error is about
+/// reading the file; the inner one says what in the bundle is wrong.
+pub fn audit_verify_bundle(path: &Path) -> anyhow::Result<Result<BundleReport, BundleError>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    match check::verify_bundle(std::io::BufReader::new(file)) {
+        Err(BundleError::Read(err)) => {
+            Err(err).with_context(|| format!("reading {}", path.display()))
+        }
+        result => Ok(result),
+    }
 }
 
 pub fn load(dir: &Path) -> anyhow::Result<PolicyEngine> {

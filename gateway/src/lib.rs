@@ -120,6 +120,9 @@ async fn run(
     audit
         .record_policy_revision(active.state.revision(), active.state.files(), "startup")
         .await?;
+    audit
+        .record_policy_sources(active.state.revision(), active.state.sources())
+        .await?;
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
     let instance = instance_id(&config.data_dir).map_err(|err| ServeError::DataDir {
         path: config.data_dir.clone(),

@@ -165,8 +165,32 @@ struct ExecArgs {
 
 #[derive(Subcommand)]
 enum AuditCommand {
-    /// Walk the hash chain: prints `ok N events` or the first broken event (exit 1).
-    Verify,
+    /// Walk the hash chain: prints `ok N events` or the first broken event (exit 1). With
+    /// --bundle, check an exported bundle offline instead (no database).
+    Verify {
+        /// A bundle written by `sandgate audit export`.
+        #[arg(long)]
+        bundle: Option<PathBuf>,
+    },
+    /// Write the events of a time window, the policy revisions they name (with their files)
+    /// and a proof to one file, for `sandgate audit verify --bundle` to check offline.
+    Export {
+        /// From: an RFC 3339 time, or a span before now (7d, 24h, 30m).
+        #[arg(long)]
+        since: String,
+        /// Until (exclusive), as --since; default: now.
+        #[arg(long)]
+        until: Option<String>,
+        /// Only this tenant's events carry their content; the others are links only.
+        #[arg(long)]
+        tenant: Option<String>,
+        /// jsonl (sandgate's rows) or ocsf (OCSF 1.3 records carrying the rows).
+        #[arg(long, value_enum, default_value = "jsonl")]
+        format: ExportFormat,
+        /// The bundle to write (replaced when it exists).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Print the hash of the last event, to anchor outside the database.
     Head,
 }
@@ -253,6 +277,12 @@ enum PolicyCommand {
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    Jsonl,
+    Ocsf,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -468,25 +498,79 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
             Command::Exec(_) | Command::Mcp(_) | Command::Repl(_) => {
                 unreachable!("handled in main_exit")
             }
-            Command::Audit { command } => {
-                let verification = gateway::commands::audit_verify(&config).await?;
-                match command {
-                    AuditCommand::Verify => {
-                        println!("{}", verification.summary());
-                        if !verification.ok() {
-                            anyhow::bail!("the audit chain is broken");
-                        }
-                    }
-                    AuditCommand::Head => match (&verification.head, verification.ok()) {
-                        (Some(head), true) => println!("{} {head}", verification.events),
-                        (None, true) => println!("0 (empty chain)"),
-                        (_, false) => anyhow::bail!("{}", verification.summary()),
-                    },
-                }
-            }
+            Command::Audit { command } => audit(command, &config).await?,
         }
         Ok(())
     })
+}
+
+async fn audit(command: AuditCommand, config: &Config) -> anyhow::Result<()> {
+    match command {
+        AuditCommand::Verify {
+            bundle: Some(bundle),
+        } => match gateway::commands::audit_verify_bundle(&bundle)? {
+            Ok(report) => println!("{}", report.summary()),
+            Err(problem) => anyhow::bail!("{}: {problem}", bundle.display()),
+        },
+        AuditCommand::Verify { bundle: None } => {
+            let verification = gateway::commands::audit_verify(config).await?;
+            println!("{}", verification.summary());
+            if !verification.ok() {
+                anyhow::bail!("the audit chain is broken");
+            }
+        }
+        AuditCommand::Head => {
+            let verification = gateway::commands::audit_verify(config).await?;
+            match (&verification.head, verification.ok()) {
+                (Some(head), true) => println!("{} {head}", verification.events),
+                (None, true) => println!("0 (empty chain)"),
+                (_, false) => anyhow::bail!("{}", verification.summary()),
+            }
+        }
+        AuditCommand::Export {
+            since,
+            until,
+            tenant,
+            format,
+            out,
+        } => audit_export(since, until, tenant, format, &out, config).await?,
+    }
+    Ok(())
+}
+
+async fn audit_export(
+    since: String,
+    until: Option<String>,
+    tenant: Option<String>,
+    format: ExportFormat,
+    out: &std::path::Path,
+    config: &Config,
+) -> anyhow::Result<()> {
+    use gateway::audit::bundle::{EventFormat, ExportRequest};
+    use gateway::commands::time_arg;
+    let request = ExportRequest {
+        since: time_arg("--since", &since)?,
+        until: match until {
+            Some(until) => time_arg("--until", &until)?,
+            None => chrono::Utc::now(),
+        },
+        tenant,
+        format: match format {
+            ExportFormat::Jsonl => EventFormat::Jsonl,
+            ExportFormat::Ocsf => EventFormat::Ocsf,
+        },
+    };
+    let summary = gateway::commands::audit_export(config, &request, out).await?;
+    let proof = &summary.proof;
+    println!(
+        "wrote {}: {} events, {} omitted, {} policy revisions; chain at export: {}",
+        out.display(),
+        proof.events,
+        proof.omitted,
+        summary.revisions,
+        proof.chain.summary()
+    );
+    Ok(())
 }
 
 async fn keys(command: KeysCommand, config: &Config) -> anyhow::Result<()> {

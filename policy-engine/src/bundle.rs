@@ -116,14 +116,32 @@ fn in_data_dir(rel: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('/'))
 }
 
+/// One file of a bundle as stored with its revision: the path relative to the bundle root and
+/// the contents. `sandgate audit export` writes these; `audit verify` recomputes the revision.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SourceFile {
+    pub path: String,
+    pub contents: String,
+}
+
 /// `sha256:<hex>` over the manifest `<relative path> NUL <sha256 hex of contents> LF`, one line per
 /// file in sorted path order. `policies/README.md` shows how to recompute it with coreutils.
 pub(crate) fn revision(files: &[BundleFile]) -> String {
+    revision_of(
+        files
+            .iter()
+            .map(|file| (file.rel.as_str(), file.contents.as_str())),
+    )
+}
+
+/// [`revision`] of `(relative path, contents)` pairs given in sorted path order: the one
+/// definition, for a bundle read from disk and for one read back from an audit export.
+pub fn revision_of<'a>(files: impl IntoIterator<Item = (&'a str, &'a str)>) -> String {
     let mut manifest = Sha256::new();
-    for file in files {
-        manifest.update(file.rel.as_bytes());
+    for (rel, contents) in files {
+        manifest.update(rel.as_bytes());
         manifest.update([0u8]);
-        manifest.update(hex::encode(Sha256::digest(file.contents.as_bytes())).as_bytes());
+        manifest.update(hex::encode(Sha256::digest(contents.as_bytes())).as_bytes());
         manifest.update(b"\n");
     }
     format!("sha256:{}", hex::encode(manifest.finalize()))

@@ -9,7 +9,7 @@ use regorus::utils::limits::ExecutionTimerConfig;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::bundle::{self, BundleFile, FileKind};
+use crate::bundle::{self, BundleFile, FileKind, SourceFile};
 use crate::{hosts, Decision, EgressDecision, EgressInput, PolicyError, PolicyInput};
 
 /// The rule sandgate queries for every execution request.
@@ -63,6 +63,8 @@ pub struct PolicyEngine {
     has_egress: bool,
     revision: String,
     files: Vec<String>,
+    /// The files with their contents, as the revision was computed over them.
+    sources: Vec<SourceFile>,
     tenants: Vec<String>,
 }
 
@@ -111,7 +113,14 @@ impl PolicyEngine {
             prepared: engine,
             has_egress,
             revision: bundle::revision(&files),
-            files: files.into_iter().map(|file| file.rel).collect(),
+            files: files.iter().map(|file| file.rel.clone()).collect(),
+            sources: files
+                .into_iter()
+                .map(|file| SourceFile {
+                    path: file.rel,
+                    contents: file.contents,
+                })
+                .collect(),
             tenants,
         })
     }
@@ -130,6 +139,11 @@ impl PolicyEngine {
     /// Paths of the bundle's files relative to its directory, sorted.
     pub fn files(&self) -> &[String] {
         &self.files
+    }
+
+    /// The bundle's files with their contents, sorted by path (what [`Self::revision`] covers).
+    pub fn sources(&self) -> &[SourceFile] {
+        &self.sources
     }
 
     /// Whether the bundle defines [`EGRESS_RULE`].

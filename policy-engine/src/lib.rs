@@ -29,6 +29,7 @@ mod hosts;
 pub mod matrix;
 mod types;
 
+pub use bundle::{revision_of, SourceFile};
 pub use engine::{PolicyEngine, DECISION_RULE, EGRESS_RULE, EVAL_TIME_LIMIT};
 pub use error::PolicyError;
 pub use hosts::validate_host_pattern;

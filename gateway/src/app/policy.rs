@@ -72,6 +72,14 @@ impl PolicyState {
         }
     }
 
+    /// The bundle's files with their contents (none when the bundle failed to load).
+    pub fn sources(&self) -> &[policy_engine::SourceFile] {
+        match self {
+            PolicyState::Loaded(engine) => engine.sources(),
+            PolicyState::Failed { .. } => &[],
+        }
+    }
+
     pub fn error(&self) -> Option<&str> {
         match self {
             PolicyState::Loaded(_) => None,
@@ -165,6 +173,10 @@ impl PolicyHandle {
         let revision = engine.revision().to_owned();
         audit
             .record_policy_revision(&revision, engine.files(), loaded_by)
+            .await
+            .map_err(AppError::from)?;
+        audit
+            .record_policy_sources(&revision, engine.sources())
             .await
             .map_err(AppError::from)?;
         let event = reload_event(loaded_by, &self.dir, &previous, Some(&revision), None);

@@ -2,6 +2,7 @@
 //! hash-chained `audit_events`. The only module that writes SQL.
 
 pub mod approvals;
+pub mod bundle;
 pub mod chain;
 pub mod durable;
 pub mod egress;

@@ -3,7 +3,7 @@
 //! changed in place (by someone who could bypass the triggers) breaks its own hash.
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::chain::{self, Row, GENESIS};
@@ -12,27 +12,33 @@ use super::{AuditError, AuditStore};
 /// Rows read per round trip.
 const PAGE: i64 = 1000;
 
-#[derive(Debug, Clone, sqlx::FromRow)]
-struct StoredEvent {
-    seq: i64,
-    id: String,
-    at: DateTime<Utc>,
-    kind: String,
-    execution_id: Option<String>,
-    key_id: Option<String>,
-    tenant: Option<String>,
-    decision_id: Option<String>,
-    allow: Option<bool>,
-    reasons: Value,
-    input: Value,
-    decision: Value,
-    policy_revision: Option<String>,
-    prev_hash: String,
-    hash: String,
+/// One row of `audit_events` with its links, as stored and as an export bundle carries it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredEvent {
+    pub seq: i64,
+    pub id: String,
+    pub at: DateTime<Utc>,
+    pub kind: String,
+    pub execution_id: Option<String>,
+    pub key_id: Option<String>,
+    pub tenant: Option<String>,
+    pub decision_id: Option<String>,
+    pub allow: Option<bool>,
+    pub reasons: Value,
+    pub input: Value,
+    pub decision: Value,
+    pub policy_revision: Option<String>,
+    pub prev_hash: String,
+    pub hash: String,
 }
 
+/// The columns of [`StoredEvent`], for `SELECT`s that read whole rows.
+pub const STORED_COLUMNS: &str = "seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
+     allow, reasons, input, decision, policy_revision, prev_hash, hash";
+
 impl StoredEvent {
-    fn row(&self) -> Row<'_> {
+    pub fn row(&self) -> Row<'_> {
         Row {
             seq: self.seq,
             id: &self.id,
@@ -52,14 +58,14 @@ impl StoredEvent {
 }
 
 /// The first event that does not verify, and why.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Broken {
     pub seq: i64,
     pub id: String,
     pub problem: String,
 }
 
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Verification {
     /// Events checked (all of them when the chain is intact).
     pub events: i64,
@@ -92,11 +98,9 @@ impl AuditStore {
         let mut expected_seq = 1;
         let mut checked = 0;
         loop {
-            let page: Vec<StoredEvent> = sqlx::query_as(
-                "SELECT seq, id, at, kind, execution_id, key_id, tenant, decision_id, allow, \
-                 reasons, input, decision, policy_revision, prev_hash, hash FROM audit_events \
-                 WHERE seq >= $1 ORDER BY seq LIMIT $2",
-            )
+            let page: Vec<StoredEvent> = sqlx::query_as(&format!(
+                "SELECT {STORED_COLUMNS} FROM audit_events WHERE seq >= $1 ORDER BY seq LIMIT $2"
+            ))
             .bind(expected_seq)
             .bind(PAGE)
             .fetch_all(&self.pool)
@@ -129,7 +133,9 @@ impl AuditStore {
     }
 }
 
-fn check(event: &StoredEvent, expected_seq: i64, expected_prev: &str) -> Option<String> {
+/// What is wrong with `event` as the next link after `expected_seq - 1` with hash
+/// `expected_prev`, or `None`: the one check the database walk and an offline bundle share.
+pub fn check(event: &StoredEvent, expected_seq: i64, expected_prev: &str) -> Option<String> {
     if event.seq != expected_seq {
         return Some(format!(
             "expected event {expected_seq} next: events are missing"

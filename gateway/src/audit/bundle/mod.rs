@@ -1,0 +1,122 @@
+//! Audit export bundles: a slice of the chain an auditor checks offline, with no database.
+//!
+//! A bundle is one file of JSON lines, each an object tagged by `"bundle"`:
+//! `header` first; then, in `seq` order, one `event` (or `ocsf_event`) per exported event and one
+//! `omitted` per event a tenant filter left out (its `seq`, `prev_hash` and `hash` only); then one
+//! `policy_revision` per revision the exported events name, with the bundle files; `proof` last.
+//! [`check`] walks it as the database walk does ([`super::verify::check`], the chain's one hash
+//! definition in [`super::chain`]). `docs/audit.md` ("Export") says what a bundle proves.
+
+pub mod check;
+mod export;
+pub mod ocsf;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use policy_engine::SourceFile;
+
+use super::verify::{StoredEvent, Verification};
+
+pub use export::{ExportError, ExportRequest, ExportSummary};
+
+/// `header.format` of every bundle.
+pub const FORMAT: &str = "sandgate.audit.bundle";
+/// `header.version` this code writes and reads.
+pub const VERSION: u32 = 1;
+/// The longest line a bundle may hold (an event or a policy revision with its files).
+pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
+/// The most events (exported and omitted) one bundle may hold: narrow `--since`/`--until` past it.
+pub const MAX_EVENTS: i64 = 50_000_000;
+
+/// How events are written: sandgate's own rows, or OCSF records carrying the row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventFormat {
+    Jsonl,
+    Ocsf,
+}
+
+/// One line of a bundle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "bundle", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Record {
+    Header(Header),
+    Event {
+        event: StoredEvent,
+    },
+    /// An OCSF record; its `unmapped.sandgate` is the row, and the rest is made from it.
+    OcsfEvent {
+        ocsf: Value,
+    },
+    /// An event in the slice that the tenant filter left out: its links, never its content.
+    Omitted {
+        seq: i64,
+        prev_hash: String,
+        hash: String,
+    },
+    PolicyRevision(PolicyRevision),
+    Proof(Proof),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Header {
+    pub format: String,
+    pub version: u32,
+    pub event_format: EventFormat,
+    /// Events from the first one at or after `since` to the last one before `until`, by `seq`.
+    pub since: DateTime<Utc>,
+    pub until: DateTime<Utc>,
+    /// Only this tenant's events carry content; the others are `omitted`.
+    pub tenant: Option<String>,
+    pub exported_at: DateTime<Utc>,
+}
+
+/// A policy revision the exported events name, with its bundle files (`None`: recorded before
+/// sandgate stored bundle files, so the revision cannot be recomputed).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyRevision {
+    pub revision: String,
+    pub loaded_by: String,
+    pub loaded_at: DateTime<Utc>,
+    pub files: Option<Vec<SourceFile>>,
+}
+
+/// The last line: what the slice is and what the database's own walk found when it was made.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Proof {
+    /// `None` when the window held no events.
+    pub first: Option<Link>,
+    pub last: Option<Link>,
+    /// Events written with their content.
+    pub events: u64,
+    /// Events left out by the tenant filter.
+    pub omitted: u64,
+    /// `sandgate audit verify` over the whole chain at export time.
+    pub chain: Verification,
+    /// sha256 (hex) of every byte of the bundle before this line.
+    pub digest: String,
+}
+
+/// One end of the slice: an event's `seq`, the hash it links to and its own hash.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Link {
+    pub seq: i64,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+impl Link {
+    fn of(seq: i64, prev_hash: &str, hash: &str) -> Link {
+        Link {
+            seq,
+            prev_hash: prev_hash.to_owned(),
+            hash: hash.to_owned(),
+        }
+    }
+}
