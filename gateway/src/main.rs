@@ -115,6 +115,13 @@ enum AuditCommand {
     Verify,
     /// Print the hash of the last event, to anchor outside the database.
     Head,
+    /// Open psql on the audit database as the read-only role sandgate_auditor (the embedded
+    /// cluster's socket, or database_url with role=sandgate_auditor). Arguments after `--` go to
+    /// psql, e.g. `sandgate audit psql -- -c 'SELECT * FROM v_denied_egress'`.
+    Psql {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -168,7 +175,8 @@ enum PolicyCommand {
         #[arg(long)]
         bless: bool,
     },
-    /// Print the decision for one input (JSON or YAML file), without running anything.
+    /// Print the decision for one input (JSON or YAML file) and the bundle's revision, as
+    /// `{"revision", "entry_point", "decision"}`, without running anything.
     Eval {
         #[arg(long)]
         input: PathBuf,
@@ -178,6 +186,26 @@ enum PolicyCommand {
         /// Entry point: `execution` (sandgate.execution) or `egress` (sandgate.egress).
         #[arg(long, default_value = "execution")]
         entry_point: String,
+        /// Exit 1 (after printing) when the decision denies, for scripts and CI.
+        #[arg(long)]
+        fail_on_deny: bool,
+    },
+    /// Ask the running gateway (admin key) to load a candidate bundle: the configured
+    /// policy_dir again, or DIR (a path the gateway can read). It must load and pass its own
+    /// test cases, or the active bundle stays (exit 1). Audited as `policy.reload`.
+    Reload {
+        /// Candidate directory, as the gateway sees it (made absolute here).
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Ask the running gateway (admin key) to activate a kept revision again: REVISION
+    /// (`sha256:...`, listed by `GET /v1/policy` as `kept`) or the one before the current.
+    Rollback {
+        revision: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// Re-decide past execution decisions with a candidate bundle and print what would change.
     Replay {
@@ -199,6 +227,58 @@ enum PolicyCommand {
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
+}
+
+/// How an admin subcommand reaches the gateway.
+#[derive(clap::Args)]
+struct GatewayArgs {
+    /// The gateway's URL (default: http:// and the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An admin API key.
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+}
+
+/// `POST path` to the gateway as an admin; prints the outcome, fails on a refusal.
+async fn admin_post(
+    gateway: GatewayArgs,
+    config: &Config,
+    path: &str,
+    body: serde_json::Value,
+) -> anyhow::Result<()> {
+    let key = gateway.key.context(
+        "no API key: set SANDGATE_KEY or pass --key (an admin key: \
+         `sandgate keys create --role admin --tenant ops`)",
+    )?;
+    let url = gateway
+        .url
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let remote = gateway::mcp::remote::Remote::new(&url, &key, gateway.ca_file.as_deref())?;
+    let (status, answer) = remote
+        .post_json(path, &body)
+        .await
+        .map_err(|message| anyhow::anyhow!(message))?;
+    if status == 200 {
+        println!(
+            "accepted revision {} (previous {})",
+            answer["revision"].as_str().unwrap_or("?"),
+            answer["previous"].as_str().unwrap_or("?")
+        );
+        return Ok(());
+    }
+    let error = &answer["error"];
+    for reason in error["reasons"].as_array().into_iter().flatten() {
+        eprintln!("{}: {}", reason["code"].as_str().unwrap_or("?"), reason["message"].as_str().unwrap_or(""));
+    }
+    anyhow::bail!(
+        "{} ({status} {})",
+        error["message"].as_str().unwrap_or("the gateway refused"),
+        error["code"].as_str().unwrap_or("?")
+    )
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -264,6 +344,14 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Exec(args) = cli.command {
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         let code = runtime.block_on(exec(args, &config))?;
+        return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    if let Command::Audit {
+        command: AuditCommand::Psql { args },
+    } = &cli.command
+    {
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        let code = runtime.block_on(gateway::commands::audit_psql(&config, args))?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
     if let Command::Mcp(args) = cli.command {
@@ -374,6 +462,7 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
                         (None, true) => println!("0 (empty chain)"),
                         (_, false) => anyhow::bail!("{}", verification.summary()),
                     },
+                    AuditCommand::Psql { .. } => unreachable!("handled in main_exit"),
                 }
             }
         }
@@ -478,6 +567,7 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
             input,
             policy_dir,
             entry_point,
+            fail_on_deny,
         } => {
             let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
             let engine = gateway::commands::load(&dir)?;
@@ -494,7 +584,34 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 }
                 other => anyhow::bail!("unknown entry point {other:?}: execution or egress"),
             };
-            println!("{}", serde_json::to_string_pretty(&decision)?);
+            let allow = decision["allow"] == serde_json::Value::Bool(true);
+            let answer = serde_json::json!({
+                "revision": engine.revision(),
+                "entry_point": entry_point,
+                "decision": decision,
+            });
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            if fail_on_deny && !allow {
+                anyhow::bail!("the decision denies (--fail-on-deny)");
+            }
+        }
+        PolicyCommand::Reload { dir, gateway } => {
+            let body = match dir {
+                Some(dir) => {
+                    let dir = std::path::absolute(&dir)
+                        .with_context(|| format!("--dir {}", dir.display()))?;
+                    serde_json::json!({ "dir": dir })
+                }
+                None => serde_json::json!({}),
+            };
+            admin_post(gateway, config, "/v1/policy/reload", body).await?;
+        }
+        PolicyCommand::Rollback { revision, gateway } => {
+            let body = match revision {
+                Some(revision) => serde_json::json!({ "revision": revision }),
+                None => serde_json::json!({}),
+            };
+            admin_post(gateway, config, "/v1/policy/rollback", body).await?;
         }
         PolicyCommand::Replay {
             since,

@@ -11,6 +11,7 @@ pub mod listing;
 pub mod overflow;
 pub mod payloads;
 pub mod policy;
+pub mod policy_revisions;
 pub mod pool;
 pub mod reaper;
 pub mod refusals;

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use policy_engine::{Decision, EgressDecision, EgressInput, PolicyEngine, PolicyInput, Reason};
 
+use super::policy_revisions::{KeptRevision, RevisionStore};
 use super::{error_chain, AppError};
 use crate::audit::{AuditStore, NewEvent};
 
@@ -100,11 +101,24 @@ pub struct ReloadAccepted {
     pub previous: String,
 }
 
+/// Where a reload takes its candidate from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The configured `policy_dir` (SIGHUP, `POST /v1/policy/reload` without a body).
+    Configured,
+    /// Another directory the gateway can read (an absolute path).
+    Dir(PathBuf),
+    /// A kept revision (rollback); `None`: the one active before the current one.
+    Revision(Option<String>),
+}
+
 /// The policy directory and the bundle currently answering for it.
 #[derive(Debug)]
 pub struct PolicyHandle {
     dir: PathBuf,
     current: RwLock<Arc<ActivePolicy>>,
+    /// The last accepted bundles, for rollback (absent in tests that build a bare handle).
+    revisions: Option<RevisionStore>,
     /// Reloads run one at a time; decisions never wait for them.
     reloading: tokio::sync::Mutex<()>,
 }
@@ -128,7 +142,31 @@ impl PolicyHandle {
                 loaded_at: crate::ids::now_micros(),
             })),
             reloading: tokio::sync::Mutex::new(()),
+            revisions: None,
         }
+    }
+
+    /// [`PolicyHandle::load`], keeping each accepted bundle in `revisions` (the start-up one
+    /// too) for rollback.
+    pub async fn load_keeping(dir: &Path, revisions: RevisionStore) -> PolicyHandle {
+        let mut handle = PolicyHandle::load(dir).await;
+        let active = handle.current();
+        if let PolicyState::Loaded(engine) = &active.state {
+            let kept = keep(&revisions, dir, engine).await;
+            if let Err(error) = kept {
+                tracing::warn!(error = %error, "the start-up policy bundle could not be kept for rollback");
+            }
+        }
+        handle.revisions = Some(revisions);
+        handle
+    }
+
+    /// The kept revisions, the most recently active first.
+    pub fn kept(&self) -> Vec<KeptRevision> {
+        self.revisions
+            .as_ref()
+            .map(RevisionStore::list)
+            .unwrap_or_default()
     }
 
     pub fn dir(&self) -> &Path {
@@ -140,34 +178,56 @@ impl PolicyHandle {
         Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Loads the policy directory again. The candidate must load and pass its own test cases;
-    /// its revision and the reload event are committed before it answers any decision. On any
-    /// failure the active bundle stays, and the error says why.
+    /// Loads the policy directory again ([`PolicyHandle::reload_from`] the configured one).
     pub async fn reload(
         &self,
         audit: &AuditStore,
         loaded_by: &str,
     ) -> Result<ReloadAccepted, ReloadError> {
+        self.reload_from(audit, loaded_by, Source::Configured).await
+    }
+
+    /// Loads a candidate from `source`. It must load and pass its own test cases (a kept
+    /// revision must also still be that revision); it is kept for rollback, and its revision and
+    /// the reload event are committed before it answers any decision. On any failure the
+    /// active bundle stays, the refusal is audited, and the error says why.
+    pub async fn reload_from(
+        &self,
+        audit: &AuditStore,
+        loaded_by: &str,
+        source: Source,
+    ) -> Result<ReloadAccepted, ReloadError> {
         let _one_at_a_time = self.reloading.lock().await;
         let previous = self.current().state.revision().to_owned();
-        let engine = match candidate(self.dir.clone()).await {
-            Ok(engine) => engine,
-            Err(message) => {
-                let event = reload_event(loaded_by, &self.dir, &previous, None, Some(&message));
-                audit.record_event(&event).await.map_err(AppError::from)?;
-                tracing::warn!(loaded_by, error = %message, "policy reload rejected");
-                return Err(ReloadError::Rejected {
-                    message,
-                    active_revision: previous,
-                });
-            }
+        let mut context = ReloadContext {
+            loaded_by,
+            source: &source,
+            dir: self.dir.clone(),
+            previous: &previous,
         };
+        let engine = match self.resolve(&source, &previous) {
+            Ok((dir, wanted)) => {
+                context.dir = dir.clone();
+                checked_candidate(dir, wanted).await
+            }
+            Err(message) => Err(message),
+        };
+        let engine = match engine {
+            Ok(engine) => engine,
+            Err(message) => return Err(context.reject(audit, message).await),
+        };
+        if let Some(revisions) = &self.revisions {
+            if let Err(error) = keep(revisions, &context.dir, &engine).await {
+                let message = format!("the bundle could not be kept for rollback: {error}");
+                return Err(context.reject(audit, message).await);
+            }
+        }
         let revision = engine.revision().to_owned();
         audit
             .record_policy_revision(&revision, engine.files(), loaded_by)
             .await
             .map_err(AppError::from)?;
-        let event = reload_event(loaded_by, &self.dir, &previous, Some(&revision), None);
+        let event = context.event(Some(&revision), None);
         audit.record_event(&event).await.map_err(AppError::from)?;
         let active = Arc::new(ActivePolicy {
             state: PolicyState::Loaded(Box::new(engine)),
@@ -177,6 +237,95 @@ impl PolicyHandle {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = active;
         tracing::info!(loaded_by, %revision, %previous, "policy reloaded");
         Ok(ReloadAccepted { revision, previous })
+    }
+
+    /// The directory a source names, and the revision it must be (rollback).
+    fn resolve(
+        &self,
+        source: &Source,
+        current: &str,
+    ) -> Result<(PathBuf, Option<String>), String> {
+        match source {
+            Source::Configured => Ok((self.dir.clone(), None)),
+            Source::Dir(dir) if !dir.is_absolute() => Err(format!(
+                "dir must be an absolute path the gateway can read, not {}",
+                dir.display()
+            )),
+            Source::Dir(dir) if !dir.is_dir() => {
+                Err(format!("{} is not a directory the gateway can read", dir.display()))
+            }
+            Source::Dir(dir) => Ok((dir.clone(), None)),
+            Source::Revision(wanted) => {
+                let Some(revisions) = &self.revisions else {
+                    return Err("this gateway keeps no revisions".to_owned());
+                };
+                let kept: Vec<String> = revisions.list().into_iter().map(|k| k.revision).collect();
+                let wanted = match wanted {
+                    Some(wanted) => wanted.clone(),
+                    None => revisions.previous(current).ok_or_else(|| {
+                        "no earlier revision is kept to roll back to".to_owned()
+                    })?,
+                };
+                let dir = revisions.path_of(&wanted).ok_or_else(|| {
+                    format!("revision {wanted} is not kept; kept: {}", kept.join(", "))
+                })?;
+                Ok((dir, Some(wanted)))
+            }
+        }
+    }
+}
+
+/// One reload, for its audit event.
+struct ReloadContext<'a> {
+    loaded_by: &'a str,
+    source: &'a Source,
+    dir: PathBuf,
+    previous: &'a str,
+}
+
+impl ReloadContext<'_> {
+    fn event(&self, accepted: Option<&str>, error: Option<&str>) -> NewEvent {
+        let source = match self.source {
+            Source::Configured => "policy_dir",
+            Source::Dir(_) => "dir",
+            Source::Revision(_) => "rollback",
+        };
+        reload_event(self.loaded_by, (source, &self.dir), self.previous, accepted, error)
+    }
+
+    /// Audits the refusal and says why; the active bundle stays.
+    async fn reject(&self, audit: &AuditStore, message: String) -> ReloadError {
+        let event = self.event(None, Some(&message));
+        if let Err(err) = audit.record_event(&event).await {
+            return ReloadError::App(AppError::from(err));
+        }
+        tracing::warn!(loaded_by = self.loaded_by, error = %message, "policy reload rejected");
+        ReloadError::Rejected {
+            message,
+            active_revision: self.previous.to_owned(),
+        }
+    }
+}
+
+/// Keeps `engine`'s bundle (loaded from `dir`) in `revisions`, off the async threads.
+async fn keep(revisions: &RevisionStore, dir: &Path, engine: &PolicyEngine) -> Result<(), String> {
+    let (store, dir) = (revisions.clone(), dir.to_owned());
+    let (revision, files) = (engine.revision().to_owned(), engine.files().to_vec());
+    tokio::task::spawn_blocking(move || store.keep_active(&dir, &revision, &files))
+        .await
+        .map_err(|err| err.to_string())?
+        .map_err(|err| err.to_string())
+}
+
+/// [`candidate`], which must be revision `wanted` when one is named.
+async fn checked_candidate(dir: PathBuf, wanted: Option<String>) -> Result<PolicyEngine, String> {
+    let engine = candidate(dir).await?;
+    match wanted {
+        Some(wanted) if engine.revision() != wanted => Err(format!(
+            "the kept copy of {wanted} now reads as {}; not activated",
+            engine.revision()
+        )),
+        _ => Ok(engine),
     }
 }
 
@@ -218,7 +367,7 @@ pub fn check_bundle(dir: &Path) -> Result<PolicyEngine, String> {
 
 fn reload_event(
     loaded_by: &str,
-    dir: &Path,
+    (source, dir): (&str, &Path),
     previous: &str,
     accepted: Option<&str>,
     error: Option<&str>,
@@ -238,7 +387,7 @@ fn reload_event(
         decision_id: None,
         allow: Some(accepted.is_some()),
         reasons: json!(reasons),
-        input: json!({"policy_dir": dir.display().to_string(), "loaded_by": loaded_by}),
+        input: json!({"source": source, "policy_dir": dir.display().to_string(), "loaded_by": loaded_by}),
         decision: json!({"accepted": accepted.is_some(), "revision": accepted, "previous": previous}),
         policy_revision: Some(accepted.unwrap_or(previous).to_owned()),
     }
