@@ -438,7 +438,7 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     )
     .await;
 
-    // Paging, 10 a page: 16 executions are 10 then 6, and back.
+    // Paging, 10 a page: 15 executions are 10 then 5, and back.
     cdp.eval(
         "document.getElementById('filters').reset(); \
          document.getElementById('filter-limit').value = '10'; \
@@ -454,7 +454,7 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     let first = listed(&mut cdp).await;
     cdp.click("#older").await;
     cdp.wait_for(
-        "document.getElementById('page-info').textContent === 'page 2 (6 executions)'",
+        "document.getElementById('page-info').textContent === 'page 2 (5 executions)'",
         "the second page",
         10,
     )

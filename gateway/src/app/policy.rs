@@ -152,7 +152,7 @@ impl PolicyHandle {
         let mut handle = PolicyHandle::load(dir).await;
         let active = handle.current();
         if let PolicyState::Loaded(engine) = &active.state {
-            let kept = keep(&revisions, dir, engine).await;
+            let kept = keep(revisions.clone(), dir.to_owned(), engine).await;
             if let Err(error) = kept {
                 tracing::warn!(error = %error, "the start-up policy bundle could not be kept for rollback");
             }
@@ -199,27 +199,25 @@ impl PolicyHandle {
     ) -> Result<ReloadAccepted, ReloadError> {
         let _one_at_a_time = self.reloading.lock().await;
         let previous = self.current().state.revision().to_owned();
-        let mut context = ReloadContext {
-            loaded_by,
-            source: &source,
-            dir: self.dir.clone(),
-            previous: &previous,
+        let context = ReloadContext {
+            loaded_by: loaded_by.to_owned(),
+            source: source_name(&source),
+            previous: previous.clone(),
         };
-        let engine = match self.resolve(&source, &previous) {
-            Ok((dir, wanted)) => {
-                context.dir = dir.clone();
-                checked_candidate(dir, wanted).await
-            }
-            Err(message) => Err(message),
+        let resolved = self.resolve(&source, &previous);
+        let (dir, wanted) = match resolved {
+            Ok(found) => found,
+            Err(message) => return Err(context.reject(audit, &self.dir, message).await),
         };
-        let engine = match engine {
+        let engine = match checked_candidate(dir.clone(), wanted).await {
             Ok(engine) => engine,
-            Err(message) => return Err(context.reject(audit, message).await),
+            Err(message) => return Err(context.reject(audit, &dir, message).await),
         };
-        if let Some(revisions) = &self.revisions {
-            if let Err(error) = keep(revisions, &context.dir, &engine).await {
+        if let Some(revisions) = self.revisions.clone() {
+            let kept = keep(revisions, dir.clone(), &engine).await;
+            if let Err(error) = kept {
                 let message = format!("the bundle could not be kept for rollback: {error}");
-                return Err(context.reject(audit, message).await);
+                return Err(context.reject(audit, &dir, message).await);
             }
         }
         let revision = engine.revision().to_owned();
@@ -227,7 +225,7 @@ impl PolicyHandle {
             .record_policy_revision(&revision, engine.files(), loaded_by)
             .await
             .map_err(AppError::from)?;
-        let event = context.event(Some(&revision), None);
+        let event = context.event(&dir, Some(&revision), None);
         audit.record_event(&event).await.map_err(AppError::from)?;
         let active = Arc::new(ActivePolicy {
             state: PolicyState::Loaded(Box::new(engine)),
@@ -275,43 +273,50 @@ impl PolicyHandle {
     }
 }
 
-/// One reload, for its audit event.
-struct ReloadContext<'a> {
-    loaded_by: &'a str,
-    source: &'a Source,
-    dir: PathBuf,
-    previous: &'a str,
+/// One reload, for its audit events.
+struct ReloadContext {
+    loaded_by: String,
+    source: &'static str,
+    previous: String,
 }
 
-impl ReloadContext<'_> {
-    fn event(&self, accepted: Option<&str>, error: Option<&str>) -> NewEvent {
-        let source = match self.source {
-            Source::Configured => "policy_dir",
-            Source::Dir(_) => "dir",
-            Source::Revision(_) => "rollback",
-        };
-        reload_event(self.loaded_by, (source, &self.dir), self.previous, accepted, error)
+fn source_name(source: &Source) -> &'static str {
+    match source {
+        Source::Configured => "policy_dir",
+        Source::Dir(_) => "dir",
+        Source::Revision(_) => "rollback",
+    }
+}
+
+impl ReloadContext {
+    fn event(&self, dir: &Path, accepted: Option<&str>, error: Option<&str>) -> NewEvent {
+        reload_event(
+            &self.loaded_by,
+            (self.source, dir),
+            &self.previous,
+            accepted,
+            error,
+        )
     }
 
     /// Audits the refusal and says why; the active bundle stays.
-    async fn reject(&self, audit: &AuditStore, message: String) -> ReloadError {
-        let event = self.event(None, Some(&message));
+    async fn reject(&self, audit: &AuditStore, dir: &Path, message: String) -> ReloadError {
+        let event = self.event(dir, None, Some(&message));
         if let Err(err) = audit.record_event(&event).await {
             return ReloadError::App(AppError::from(err));
         }
-        tracing::warn!(loaded_by = self.loaded_by, error = %message, "policy reload rejected");
+        tracing::warn!(loaded_by = %self.loaded_by, error = %message, "policy reload rejected");
         ReloadError::Rejected {
             message,
-            active_revision: self.previous.to_owned(),
+            active_revision: self.previous.clone(),
         }
     }
 }
 
 /// Keeps `engine`'s bundle (loaded from `dir`) in `revisions`, off the async threads.
-async fn keep(revisions: &RevisionStore, dir: &Path, engine: &PolicyEngine) -> Result<(), String> {
-    let (store, dir) = (revisions.clone(), dir.to_owned());
+async fn keep(revisions: RevisionStore, dir: PathBuf, engine: &PolicyEngine) -> Result<(), String> {
     let (revision, files) = (engine.revision().to_owned(), engine.files().to_vec());
-    tokio::task::spawn_blocking(move || store.keep_active(&dir, &revision, &files))
+    tokio::task::spawn_blocking(move || revisions.keep_active(&dir, &revision, &files))
         .await
         .map_err(|err| err.to_string())?
         .map_err(|err| err.to_string())

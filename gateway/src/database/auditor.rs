@@ -2,7 +2,7 @@
 //! configured file at each start and set on the embedded cluster, where `pg_hba.conf` lets
 //! only that role in over TCP (see `embedded.rs`).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection;
@@ -39,22 +39,31 @@ pub fn read_password(path: &Path) -> Result<String, DatabaseError> {
 }
 
 /// Lets `sandgate_auditor` log in with the file's password (hashed by the server, SCRAM).
-pub async fn set_password(options: &PgConnectOptions, file: &Path) -> Result<(), DatabaseError> {
-    let password = read_password(file)?;
+pub async fn set_password(options: &PgConnectOptions, file: PathBuf) -> Result<(), DatabaseError> {
+    let password = read_password(&file)?;
+    // ALTER ROLE takes no bind parameters: the password goes in as a quoted literal (standard
+    // conforming strings; it has no control characters).
+    let statement = format!(
+        "ALTER ROLE sandgate_auditor LOGIN PASSWORD '{}'",
+        password.replace('\'', "''")
+    );
     let mut conn = sqlx::PgConnection::connect_with(options)
         .await
         .map_err(DatabaseError::Connect)?;
-    // ALTER ROLE takes no bind parameters: the password goes in as a quoted literal (standard
-    // conforming strings; it has no control characters).
-    let literal = format!("'{}'", password.replace('\'', "''"));
-    let statement = format!(
-        "SET password_encryption = 'scram-sha-256'; \
-         ALTER ROLE sandgate_auditor LOGIN PASSWORD {literal}"
-    );
-    let done = sqlx::raw_sql(&statement).execute(&mut conn).await;
+    let done = set_on(&mut conn, statement).await;
     let closed = conn.close().await;
     done.map_err(DatabaseError::Connect)?;
     closed.map_err(DatabaseError::Connect)?;
     tracing::info!("sandgate_auditor may log in over TCP with the password of audit_listen");
+    Ok(())
+}
+
+async fn set_on(conn: &mut sqlx::PgConnection, statement: String) -> Result<(), sqlx::Error> {
+    sqlx::query("SET password_encryption = 'scram-sha-256'")
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(&statement)
+        .execute(&mut *conn)
+        .await?;
     Ok(())
 }

@@ -85,8 +85,12 @@ impl Database {
             }
         };
         migrate_as_owner(&options).await?;
-        if let (Some(listen), Some(_)) = (&config.audit_listen, &embedded) {
-            auditor::set_password(&options, &listen.password_file).await?;
+        let password_file = match (&config.audit_listen, &embedded) {
+            (Some(listen), Some(_)) => Some(listen.password_file.clone()),
+            _ => None,
+        };
+        if let Some(file) = password_file {
+            auditor::set_password(&options, file).await?;
         }
         Ok(Database {
             pool: pool(options).await?,

@@ -232,6 +232,7 @@ impl Cdp {
     /// From the next navigation on, every Content-Security-Policy violation of the page is
     /// kept in `window.__csp` (read it with [`Cdp::csp_violations`]).
     pub async fn record_csp_violations(&mut self) {
+        self.call("Page.enable", json!({})).await;
         self.call(
             "Page.addScriptToEvaluateOnNewDocument",
             json!({"source": "window.__csp = []; document.addEventListener(\
