@@ -137,11 +137,12 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
     let sessions: Value = cdp
         .eval("Chart.getChart(document.getElementById('chart-sessions')).data.labels")
         .await;
+    let id = session["id"].as_str().unwrap();
     assert!(
         sessions.as_array().unwrap()[0]
             .as_str()
             .unwrap()
-            .starts_with(session["id"].as_str().unwrap()),
+            .starts_with(&format!("ss_\u{2026}{} (acme, python", &id[id.len() - 7..])),
         "{sessions}"
     );
     cdp.screenshot("audit-page.png").await;

@@ -27,6 +27,15 @@
     $('note-' + id).textContent = empty ? 'Nothing in this window.' : '';
   }
 
+  // "ap_…38788dc": ids are long; the start and the end tell them apart.
+  function short(id) {
+    return id.length > 14 ? id.slice(0, 3) + '\u2026' + id.slice(-7) : id;
+  }
+
+  function minutes(seconds) {
+    return +(Math.max(0, seconds) / 60).toFixed(2);
+  }
+
   function timeLabel(iso, bucket) {
     const d = new Date(iso);
     const opts = bucket >= 86400 ? { month: 'short', day: 'numeric' }
@@ -85,10 +94,10 @@
     draw('approvals', {
       type: 'bar',
       data: {
-        labels: list.map((a) => a.id + (a.tenant ? ' (' + a.tenant + ')' : '')),
+        labels: list.map((a) => short(a.id) + (a.tenant ? ' (' + a.tenant + ')' : '')),
         datasets: [
-          { label: 'waiting (min)', backgroundColor: '#2a4f9a', data: list.map((a) => +(a.age_seconds / 60).toFixed(1)) },
-          { label: 'expires in (min)', backgroundColor: '#c7d4ea', data: list.map((a) => +(Math.max(0, a.expires_in_seconds) / 60).toFixed(1)) },
+          { label: 'waiting (min)', backgroundColor: '#2a4f9a', data: list.map((a) => minutes(a.age_seconds)) },
+          { label: 'expires in (min)', backgroundColor: '#c7d4ea', data: list.map((a) => minutes(a.expires_in_seconds)) },
         ],
       },
       options: { indexAxis: 'y', scales: { x: { beginAtZero: true, title: { display: true, text: 'minutes' } } } },
@@ -125,10 +134,10 @@
     draw('sessions', {
       type: 'bar',
       data: {
-        labels: list.map((x) => x.id + ' (' + x.tenant + ', ' + x.language + ', ' + x.executions + ' runs)'),
+        labels: list.map((x) => short(x.id) + ' (' + x.tenant + ', ' + x.language + ', ' + x.executions + ' runs)'),
         datasets: [
-          { label: 'age (min)', backgroundColor: '#1f9aa8', data: list.map((x) => +(x.age_seconds / 60).toFixed(1)) },
-          { label: 'idle (min)', backgroundColor: '#b8dde1', data: list.map((x) => +(x.idle_seconds / 60).toFixed(1)) },
+          { label: 'age (min)', backgroundColor: '#1f9aa8', data: list.map((x) => minutes(x.age_seconds)) },
+          { label: 'idle (min)', backgroundColor: '#b8dde1', data: list.map((x) => minutes(x.idle_seconds)) },
         ],
       },
       options: { indexAxis: 'y', scales: { x: { beginAtZero: true, title: { display: true, text: 'minutes' } } } },
