@@ -272,7 +272,11 @@ async fn admin_post(
     }
     let error = &answer["error"];
     for reason in error["reasons"].as_array().into_iter().flatten() {
-        eprintln!("{}: {}", reason["code"].as_str().unwrap_or("?"), reason["message"].as_str().unwrap_or(""));
+        eprintln!(
+            "{}: {}",
+            reason["code"].as_str().unwrap_or("?"),
+            reason["message"].as_str().unwrap_or("")
+        );
     }
     anyhow::bail!(
         "{} ({status} {})",

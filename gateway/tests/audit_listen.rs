@@ -73,7 +73,9 @@ async fn only_the_auditor_logs_in_over_tcp_and_audit_psql_is_read_only() {
         ("sandgate_app", PASSWORD),
     ] {
         let refused = sqlx::PgConnection::connect_with(&over_tcp(port, user, password)).await;
-        let err = refused.err().unwrap_or_else(|| panic!("{user} got in over TCP"));
+        let err = refused
+            .err()
+            .unwrap_or_else(|| panic!("{user} got in over TCP"));
         let text = err.to_string();
         assert!(
             text.contains("password authentication failed") || text.contains("pg_hba.conf"),
@@ -98,7 +100,10 @@ async fn only_the_auditor_logs_in_over_tcp_and_audit_psql_is_read_only() {
     };
     let who = psql("SELECT current_user, count(*) FROM v_decisions");
     assert!(who.status.success(), "{who:?}");
-    assert_eq!(String::from_utf8_lossy(&who.stdout).trim(), "sandgate_auditor|0");
+    assert_eq!(
+        String::from_utf8_lossy(&who.stdout).trim(),
+        "sandgate_auditor|0"
+    );
     let write = psql("DELETE FROM api_keys");
     assert!(!write.status.success(), "{write:?}");
     assert!(

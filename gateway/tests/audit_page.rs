@@ -60,7 +60,12 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
     // Denied by the policy, twice; one held for review; one session open.
     for _ in 0..2 {
         let (status, denied) = gw
-            .execute(&agent, "python", "print(1)", json!({"mounts": ["dataset:nope"]}))
+            .execute(
+                &agent,
+                "python",
+                "print(1)",
+                json!({"mounts": ["dataset:nope"]}),
+            )
             .await;
         assert_eq!(status, 403, "{denied}");
     }
@@ -100,14 +105,29 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
     .await;
     let total = |chart: &str, index: Option<usize>| chart_total(chart, index);
     // Decisions over time: allow, review, deny (the two refusals; sessions and egress count too).
-    assert!(cdp.eval(&total("decisions", Some(0))).await.as_i64().unwrap() >= 1);
+    assert!(
+        cdp.eval(&total("decisions", Some(0)))
+            .await
+            .as_i64()
+            .unwrap()
+            >= 1
+    );
     assert_eq!(cdp.eval(&total("decisions", Some(1))).await, json!(1));
-    assert!(cdp.eval(&total("decisions", Some(2))).await.as_i64().unwrap() >= 2);
+    assert!(
+        cdp.eval(&total("decisions", Some(2)))
+            .await
+            .as_i64()
+            .unwrap()
+            >= 2
+    );
     let denials: Value = cdp
         .eval("Chart.getChart(document.getElementById('chart-denials')).data.labels")
         .await;
     assert!(
-        denials.as_array().unwrap().contains(&json!("mount.not_allowed")),
+        denials
+            .as_array()
+            .unwrap()
+            .contains(&json!("mount.not_allowed")),
         "{denials}"
     );
     let egress: Value = cdp
@@ -118,10 +138,8 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
         .await;
     assert_eq!(egress, json!([["evil.example"], ["allow:0", "deny:2"]]));
     assert_eq!(
-        cdp.eval(
-            "Chart.getChart(document.getElementById('chart-approvals')).data.labels.length"
-        )
-        .await,
+        cdp.eval("Chart.getChart(document.getElementById('chart-approvals')).data.labels.length")
+            .await,
         json!(1)
     );
     let statuses: Value = cdp
@@ -133,7 +151,13 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
             "{statuses}"
         );
     }
-    assert!(cdp.eval(&total("durations", Some(2))).await.as_i64().unwrap() > 0);
+    assert!(
+        cdp.eval(&total("durations", Some(2)))
+            .await
+            .as_i64()
+            .unwrap()
+            > 0
+    );
     let sessions: Value = cdp
         .eval("Chart.getChart(document.getElementById('chart-sessions')).data.labels")
         .await;
@@ -157,7 +181,9 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
             .await
             .unwrap();
         assert_eq!(answer.status(), 200, "{file}");
-        let csp = answer.headers()["content-security-policy"].to_str().unwrap();
+        let csp = answer.headers()["content-security-policy"]
+            .to_str()
+            .unwrap();
         assert!(csp.starts_with("default-src 'self'"), "{file}: {csp}");
     }
     let html = gw
@@ -169,7 +195,10 @@ async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions
         .text()
         .await
         .unwrap();
-    assert!(!html.contains("<script>") && !html.contains("https://"), "no inline script, no CDN");
+    assert!(
+        !html.contains("<script>") && !html.contains("https://"),
+        "no inline script, no CDN"
+    );
     drop(cdp);
     drop(browser);
     gw.stop().await;

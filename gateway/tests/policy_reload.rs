@@ -60,7 +60,11 @@ async fn a_candidate_directory_is_reloaded_kept_and_rolled_back() {
     // A candidate from another directory.
     let second_dir = variant("second");
     let (status, answer) = gw
-        .post(&admin, "/v1/policy/reload", &json!({"dir": second_dir.path()}))
+        .post(
+            &admin,
+            "/v1/policy/reload",
+            &json!({"dir": second_dir.path()}),
+        )
         .await;
     assert_eq!(status, 200, "{answer}");
     let second = answer["revision"].as_str().unwrap().to_owned();
@@ -69,7 +73,11 @@ async fn a_candidate_directory_is_reloaded_kept_and_rolled_back() {
 
     // Refused: a relative path, a missing one, a bundle that does not compile. It stays.
     let broken = variant("broken");
-    std::fs::write(broken.path().join("execution.rego"), "package sandgate.execution\nnot rego(").unwrap();
+    std::fs::write(
+        broken.path().join("execution.rego"),
+        "package sandgate.execution\nnot rego(",
+    )
+    .unwrap();
     for body in [
         json!({"dir": "policies"}),
         json!({"dir": "/nonexistent/policies"}),
@@ -86,7 +94,12 @@ async fn a_candidate_directory_is_reloaded_kept_and_rolled_back() {
     let out = sandgate(
         &gw,
         &admin,
-        &["policy", "reload", "--dir", third_dir.path().to_str().unwrap()],
+        &[
+            "policy",
+            "reload",
+            "--dir",
+            third_dir.path().to_str().unwrap(),
+        ],
     );
     assert!(out.status.success(), "{out:?}");
     let (third, kept) = revision(&gw, &admin).await;
@@ -94,7 +107,11 @@ async fn a_candidate_directory_is_reloaded_kept_and_rolled_back() {
         String::from_utf8_lossy(&out.stdout).contains(&format!("accepted revision {third}")),
         "{out:?}"
     );
-    assert_eq!(kept, vec![third.clone(), second.clone()], "keep 2, newest first");
+    assert_eq!(
+        kept,
+        vec![third.clone(), second.clone()],
+        "keep 2, newest first"
+    );
 
     // Roll back to the one before, then by name; an unkept one is refused.
     let out = sandgate(&gw, &admin, &["policy", "rollback"]);
@@ -174,10 +191,16 @@ fn policy_eval_prints_the_revision_and_fails_on_deny_when_asked() {
     let allowed = eval("acme.json", "acme", &["--fail-on-deny"]);
     assert!(allowed.status.success(), "{allowed:?}");
     let answer: Value = serde_json::from_slice(&allowed.stdout).unwrap();
-    assert!(answer["revision"].as_str().unwrap().starts_with("sha256:"), "{answer}");
+    assert!(
+        answer["revision"].as_str().unwrap().starts_with("sha256:"),
+        "{answer}"
+    );
     assert_eq!(answer["decision"]["allow"], true, "{answer}");
     let denied = eval("nobody.json", "nobody", &[]);
-    assert!(denied.status.success(), "without --fail-on-deny: {denied:?}");
+    assert!(
+        denied.status.success(),
+        "without --fail-on-deny: {denied:?}"
+    );
     let denied = eval("nobody.json", "nobody", &["--fail-on-deny"]);
     assert_eq!(denied.status.code(), Some(1), "{denied:?}");
     let answer: Value = serde_json::from_slice(&denied.stdout).unwrap();

@@ -316,8 +316,10 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     )
     .await;
     assert_eq!(
-        cdp.eval("document.querySelectorAll('button.approve, button.reject, input.comment').length")
-            .await,
+        cdp.eval(
+            "document.querySelectorAll('button.approve, button.reject, input.comment').length"
+        )
+        .await,
         json!(0),
         "no review controls for an auditor"
     );
@@ -337,9 +339,15 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     )
     .await;
     let shown = cdp.text(&row).await;
-    assert!(shown.contains("agent=analyst-7") && shown.contains("ticket=T-1"), "{shown}");
+    assert!(
+        shown.contains("agent=analyst-7") && shown.contains("ticket=T-1"),
+        "{shown}"
+    );
     let created = record["created_at"].as_str().unwrap();
-    assert!(!shown.contains(created) && !shown.contains(&created[..19]), "{shown}");
+    assert!(
+        !shown.contains(created) && !shown.contains(&created[..19]),
+        "{shown}"
+    );
     assert!(shown.contains(" ago)"), "relative time shown: {shown}");
 
     // The detail view opens directly under its row, with everything about the execution.
@@ -364,7 +372,11 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
             js(&detail)
         ))
         .await;
-    assert_eq!(adjacent, json!(true), "the detail must sit right under its row");
+    assert_eq!(
+        adjacent,
+        json!(true),
+        "the detail must sit right under its row"
+    );
     let text = cdp.text(&detail).await;
     for expected in [
         "Decision",
@@ -384,7 +396,10 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
         "execution.decision",
         "refused: ",
     ] {
-        assert!(text.contains(expected), "detail lacks {expected:?}:\n{text}");
+        assert!(
+            text.contains(expected),
+            "detail lacks {expected:?}:\n{text}"
+        );
     }
     cdp.screenshot("review-page-detail.png").await;
 
@@ -460,7 +475,10 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     )
     .await;
     let second = listed(&mut cdp).await;
-    assert!(second.iter().all(|x| !first.contains(x)), "{first:?} {second:?}");
+    assert!(
+        second.iter().all(|x| !first.contains(x)),
+        "{first:?} {second:?}"
+    );
     assert!(second.contains(&id), "the oldest is on the last page");
     cdp.click("#newer").await;
     cdp.wait_for(
@@ -479,7 +497,10 @@ async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_butt
     )
     .await;
     let shown = cdp.text(&session_row).await;
-    assert!(shown.contains("ready") && shown.contains("python"), "{shown}");
+    assert!(
+        shown.contains("ready") && shown.contains("python"),
+        "{shown}"
+    );
     cdp.click(&format!("{session_row} button.session-executions"))
         .await;
     let nested = format!(

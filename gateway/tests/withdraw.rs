@@ -86,23 +86,24 @@ async fn an_agent_withdraws_its_pending_request_and_it_is_audited() {
         .get(&reviewer, &format!("/v1/approvals/{approval}"))
         .await;
     assert_eq!(shown["status"], "withdrawn", "{shown}");
-    let (status, listed) = gw
-        .get(&reviewer, "/v1/approvals?status=withdrawn")
-        .await;
+    let (status, listed) = gw.get(&reviewer, "/v1/approvals?status=withdrawn").await;
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["approvals"][0]["id"], approval.as_str(), "{listed}");
 
     let pool = gw.pool().await;
-    let kinds: Vec<String> = sqlx::query_scalar(
-        "SELECT kind FROM audit_events WHERE execution_id = $1 ORDER BY seq",
-    )
-    .bind(&id)
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let kinds: Vec<String> =
+        sqlx::query_scalar("SELECT kind FROM audit_events WHERE execution_id = $1 ORDER BY seq")
+            .bind(&id)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(
         kinds,
-        ["execution.decision", "approval.requested", "approval.withdrawn"]
+        [
+            "execution.decision",
+            "approval.requested",
+            "approval.withdrawn"
+        ]
     );
     let payload: Option<serde_json::Value> =
         sqlx::query_scalar("SELECT request FROM approvals WHERE id = $1")
@@ -112,7 +113,10 @@ async fn an_agent_withdraws_its_pending_request_and_it_is_audited() {
             .unwrap();
     assert!(payload.is_none(), "the held code is cleared");
     let (_, verified) = gw
-        .get(&key_for(&gw, "auditor", "acme", "dana").await, "/v1/audit/verify")
+        .get(
+            &key_for(&gw, "auditor", "acme", "dana").await,
+            "/v1/audit/verify",
+        )
         .await;
     assert!(verified["broken"].is_null(), "{verified}");
     pool.close().await;

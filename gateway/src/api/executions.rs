@@ -281,7 +281,9 @@ pub async fn get(
         .flatten();
     let recorded = app.audit.execution_grant(&row.id).await;
     let mut view = ExecutionView::from(row);
-    if let Some((files, grant)) = recorded.map_err(|err| ApiError::from(crate::app::AppError::from(err)))? {
+    if let Some((files, grant)) =
+        recorded.map_err(|err| ApiError::from(crate::app::AppError::from(err)))?
+    {
         view.files = Some(files);
         view.grant = Some(grant);
     }

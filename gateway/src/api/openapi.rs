@@ -19,8 +19,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    approvals, audit, charts, executions, health, keys, listing, mcp, me, metrics, payloads, policy, sessions,
-    ui,
+    approvals, audit, charts, executions, health, keys, listing, mcp, me, metrics, payloads,
+    policy, sessions, ui,
 };
 
 #[derive(OpenApi)]

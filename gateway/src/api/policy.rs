@@ -171,7 +171,11 @@ pub async fn reload(
         Some(dir) => Source::Dir(dir),
         None => Source::Configured,
     };
-    answer(app.policy.reload_from(&app.audit, &caller.0.id, source).await)
+    answer(
+        app.policy
+            .reload_from(&app.audit, &caller.0.id, source)
+            .await,
+    )
 }
 
 #[utoipa::path(
@@ -196,7 +200,11 @@ pub async fn rollback(
     caller.require_role(&["admin"])?;
     let request: RollbackRequest = optional_body(body).await?;
     let source = Source::Revision(request.revision);
-    answer(app.policy.reload_from(&app.audit, &caller.0.id, source).await)
+    answer(
+        app.policy
+            .reload_from(&app.audit, &caller.0.id, source)
+            .await,
+    )
 }
 
 /// A JSON body that may be absent (empty: the default).
@@ -218,7 +226,9 @@ async fn optional_body<T: Default + serde::de::DeserializeOwned>(
         .map_err(|err| ApiError::new(ErrorCode::InvalidRequest, format!("body: {err}")))
 }
 
-fn answer(result: Result<crate::app::policy::ReloadAccepted, ReloadError>) -> Result<Json<Value>, ApiError> {
+fn answer(
+    result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
+) -> Result<Json<Value>, ApiError> {
     match result {
         Ok(accepted) => Ok(Json(json!({
             "accepted": true,

@@ -14,12 +14,36 @@ const INDEX: &str = include_str!("../../ui/index.html");
 /// The page's other files, by the one name each is served under (`/ui/{file}`). Nothing else
 /// is served: an unknown name is a 404, and no name reaches the file system.
 const ASSETS: &[(&str, &str, &str)] = &[
-    ("app.js", "text/javascript; charset=utf-8", include_str!("../../ui/app.js")),
-    ("detail.js", "text/javascript; charset=utf-8", include_str!("../../ui/detail.js")),
-    ("common.js", "text/javascript; charset=utf-8", include_str!("../../ui/common.js")),
-    ("style.css", "text/css; charset=utf-8", include_str!("../../ui/style.css")),
-    ("audit.html", "text/html; charset=utf-8", include_str!("../../ui/audit.html")),
-    ("audit.js", "text/javascript; charset=utf-8", include_str!("../../ui/audit.js")),
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/app.js"),
+    ),
+    (
+        "detail.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/detail.js"),
+    ),
+    (
+        "common.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/common.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/style.css"),
+    ),
+    (
+        "audit.html",
+        "text/html; charset=utf-8",
+        include_str!("../../ui/audit.html"),
+    ),
+    (
+        "audit.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/audit.js"),
+    ),
     // Chart.js 4.6.1 from npm, unmodified (MIT; gateway/ui/vendor/README.md).
     (
         "chart.umd.min.js",

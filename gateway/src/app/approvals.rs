@@ -343,7 +343,10 @@ impl App {
     ) -> Result<ExecutionRow, AppError> {
         let reason = Reason {
             code: "approval.withdrawn".to_owned(),
-            message: format!("withdrawn by {} ({}) before review", caller.principal, caller.id),
+            message: format!(
+                "withdrawn by {} ({}) before review",
+                caller.principal, caller.id
+            ),
         };
         let event = NewEvent {
             kind: "approval.withdrawn",
@@ -357,7 +360,11 @@ impl App {
             decision: json!({"status": "withdrawn"}),
             policy_revision: None,
         };
-        match self.audit.withdraw_approval(&row.id, &reason, &event).await? {
+        match self
+            .audit
+            .withdraw_approval(&row.id, &reason, &event)
+            .await?
+        {
             Some(_) => self.get_execution(caller, &row.id).await,
             None => {
                 let now = self.get_execution(caller, &row.id).await?;

@@ -238,20 +238,17 @@ impl PolicyHandle {
     }
 
     /// The directory a source names, and the revision it must be (rollback).
-    fn resolve(
-        &self,
-        source: &Source,
-        current: &str,
-    ) -> Result<(PathBuf, Option<String>), String> {
+    fn resolve(&self, source: &Source, current: &str) -> Result<(PathBuf, Option<String>), String> {
         match source {
             Source::Configured => Ok((self.dir.clone(), None)),
             Source::Dir(dir) if !dir.is_absolute() => Err(format!(
                 "dir must be an absolute path the gateway can read, not {}",
                 dir.display()
             )),
-            Source::Dir(dir) if !dir.is_dir() => {
-                Err(format!("{} is not a directory the gateway can read", dir.display()))
-            }
+            Source::Dir(dir) if !dir.is_dir() => Err(format!(
+                "{} is not a directory the gateway can read",
+                dir.display()
+            )),
             Source::Dir(dir) => Ok((dir.clone(), None)),
             Source::Revision(wanted) => {
                 let Some(revisions) = &self.revisions else {
@@ -260,9 +257,9 @@ impl PolicyHandle {
                 let kept: Vec<String> = revisions.list().into_iter().map(|k| k.revision).collect();
                 let wanted = match wanted {
                     Some(wanted) => wanted.clone(),
-                    None => revisions.previous(current).ok_or_else(|| {
-                        "no earlier revision is kept to roll back to".to_owned()
-                    })?,
+                    None => revisions
+                        .previous(current)
+                        .ok_or_else(|| "no earlier revision is kept to roll back to".to_owned())?,
                 };
                 let dir = revisions.path_of(&wanted).ok_or_else(|| {
                     format!("revision {wanted} is not kept; kept: {}", kept.join(", "))

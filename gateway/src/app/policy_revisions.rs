@@ -38,8 +38,11 @@ impl RevisionStore {
     /// The directory of `revision` (`sha256:<64 hex>`), if it is well formed.
     fn dir_of(&self, revision: &str) -> Option<PathBuf> {
         let hex = revision.strip_prefix("sha256:")?;
-        (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
-            .then(|| self.root.join(hex))
+        (hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+        .then(|| self.root.join(hex))
     }
 
     /// Where `revision` is kept, if it is.
@@ -60,7 +63,9 @@ impl RevisionStore {
             .dir_of(revision)
             .ok_or_else(|| std::io::Error::other(format!("odd revision {revision:?}")))?;
         if !dir.join(ACTIVATED).is_file() {
-            let incoming = self.root.join(format!(".incoming-{}", uuid::Uuid::new_v4()));
+            let incoming = self
+                .root
+                .join(format!(".incoming-{}", uuid::Uuid::new_v4()));
             let copied = copy_bundle(source, files, &incoming);
             if let Err(err) = copied.and_then(|()| {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -91,7 +96,7 @@ impl RevisionStore {
             })
             .filter(|kept| self.dir_of(&kept.revision).is_some())
             .collect();
-        kept.sort_by(|a, b| b.activated_at.cmp(&a.activated_at));
+        kept.sort_by_key(|kept| std::cmp::Reverse(kept.activated_at));
         kept
     }
 

@@ -62,8 +62,6 @@ async fn set_on(conn: &mut sqlx::PgConnection, statement: String) -> Result<(), 
     sqlx::query("SET password_encryption = 'scram-sha-256'")
         .execute(&mut *conn)
         .await?;
-    sqlx::query(&statement)
-        .execute(&mut *conn)
-        .await?;
+    sqlx::query(&statement).execute(&mut *conn).await?;
     Ok(())
 }

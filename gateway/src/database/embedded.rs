@@ -245,7 +245,10 @@ impl EmbeddedPostgres {
             });
         }
         // pg_ctl hands -o to the server through a shell; the path is single-quoted above.
-        let listen = self.tcp.map(|address| address.ip().to_string()).unwrap_or_default();
+        let listen = self
+            .tcp
+            .map(|address| address.ip().to_string())
+            .unwrap_or_default();
         let options = format!(
             "-c listen_addresses='{listen}' -k '{socket_dir}' -p {} \
              -c unix_socket_permissions=0700 -c password_encryption=scram-sha-256",

@@ -204,7 +204,6 @@ pub fn js(text: &str) -> String {
     serde_json::to_string(text).unwrap()
 }
 
-
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
