@@ -53,6 +53,9 @@ pub const EVENT_KINDS: &[&str] = &[
     "request.traversal",
     "request.traversal.repeated",
     "retention.purge",
+    "session.closed",
+    "session.created",
+    "session.denied",
 ];
 
 /// A `kind` filter: one kind, or every kind of a family (`approval.*`).
