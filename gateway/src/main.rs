@@ -195,8 +195,12 @@ enum PolicyCommand {
     /// test cases, or the active bundle stays (exit 1). Audited as `policy.reload`.
     Reload {
         /// Candidate directory, as the gateway sees it (made absolute here).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "upload")]
         dir: Option<PathBuf>,
+        /// Candidate directory here, sent to the gateway as a gzip'd tar (for a gateway on
+        /// another machine).
+        #[arg(long)]
+        upload: Option<PathBuf>,
         #[command(flatten)]
         gateway: GatewayArgs,
     },
@@ -243,12 +247,18 @@ struct GatewayArgs {
     ca_file: Option<PathBuf>,
 }
 
+/// What an admin subcommand sends.
+enum AdminBody {
+    Json(serde_json::Value),
+    Bytes(&'static str, Vec<u8>),
+}
+
 /// `POST path` to the gateway as an admin; prints the outcome, fails on a refusal.
 async fn admin_post(
     gateway: GatewayArgs,
     config: &Config,
     path: &str,
-    body: serde_json::Value,
+    body: AdminBody,
 ) -> anyhow::Result<()> {
     let key = gateway.key.context(
         "no API key: set SANDGATE_KEY or pass --key (an admin key: \
@@ -258,10 +268,11 @@ async fn admin_post(
         .url
         .unwrap_or_else(|| format!("http://{}", config.listen));
     let remote = gateway::mcp::remote::Remote::new(&url, &key, gateway.ca_file.as_deref())?;
-    let (status, answer) = remote
-        .post_json(path, &body)
-        .await
-        .map_err(|message| anyhow::anyhow!(message))?;
+    let sent = match body {
+        AdminBody::Json(body) => remote.post_json(path, &body).await,
+        AdminBody::Bytes(content_type, bytes) => remote.post_bytes(path, content_type, bytes).await,
+    };
+    let (status, answer) = sent.map_err(|message| anyhow::anyhow!(message))?;
     if status == 200 {
         println!(
             "accepted revision {} (previous {})",
@@ -599,7 +610,17 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 anyhow::bail!("the decision denies (--fail-on-deny)");
             }
         }
-        PolicyCommand::Reload { dir, gateway } => {
+        PolicyCommand::Reload {
+            upload: Some(upload),
+            gateway,
+            ..
+        } => {
+            let bytes = gateway::app::policy_upload::pack(&upload)
+                .with_context(|| format!("packing {}", upload.display()))?;
+            let body = AdminBody::Bytes("application/gzip", bytes);
+            admin_post(gateway, config, "/v1/policy/reload", body).await?;
+        }
+        PolicyCommand::Reload { dir, gateway, .. } => {
             let body = match dir {
                 Some(dir) => {
                     let dir = std::path::absolute(&dir)
@@ -608,14 +629,20 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 }
                 None => serde_json::json!({}),
             };
-            admin_post(gateway, config, "/v1/policy/reload", body).await?;
+            admin_post(gateway, config, "/v1/policy/reload", AdminBody::Json(body)).await?;
         }
         PolicyCommand::Rollback { revision, gateway } => {
             let body = match revision {
                 Some(revision) => serde_json::json!({ "revision": revision }),
                 None => serde_json::json!({}),
             };
-            admin_post(gateway, config, "/v1/policy/rollback", body).await?;
+            admin_post(
+                gateway,
+                config,
+                "/v1/policy/rollback",
+                AdminBody::Json(body),
+            )
+            .await?;
         }
         PolicyCommand::Replay {
             since,

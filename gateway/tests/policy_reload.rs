@@ -207,3 +207,110 @@ fn policy_eval_prints_the_revision_and_fails_on_deny_when_asked() {
     assert_eq!(answer["decision"]["allow"], false, "{answer}");
     assert!(Path::new(dir.path()).exists());
 }
+
+/// A gzip'd tar written entry by entry with raw names, as a hostile client could.
+fn tarball(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
+    let encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    let mut builder = tar::Builder::new(encoder);
+    for (name, kind, data) in entries {
+        let mut header = tar::Header::new_gnu();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        if *kind == tar::EntryType::Symlink {
+            let target = b"/etc/passwd";
+            header.as_old_mut().linkname[..target.len()].copy_from_slice(target);
+        }
+        header.set_entry_type(*kind);
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append(&header, *data).unwrap();
+    }
+    builder.into_inner().unwrap().finish().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_uploaded_bundle_is_unpacked_safely_and_reloaded() {
+    let shipped = copy_of_shipped();
+    let policy_dir = shipped.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
+    })
+    .await;
+    let admin = gw.key("admin", "ops").await;
+    let (first, _) = revision(&gw, &admin).await;
+
+    // From the command line: the directory here, packed and sent.
+    let candidate = variant("uploaded");
+    let out = sandgate(
+        &gw,
+        &admin,
+        &[
+            "policy",
+            "reload",
+            "--upload",
+            candidate.path().to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let (uploaded, kept) = revision(&gw, &admin).await;
+    assert_ne!(uploaded, first);
+    assert_eq!(kept, vec![uploaded.clone(), first.clone()]);
+
+    // Hostile archives are refused, nothing lands outside the upload's own directory, and the
+    // active bundle stays.
+    let upload = |body: Vec<u8>| {
+        gw.http
+            .post(format!("{}/v1/policy/reload", gw.url))
+            .bearer_auth(&admin)
+            .header("content-type", "application/gzip")
+            .body(body)
+            .send()
+    };
+    let rego = b"package sandgate.execution\n";
+    for (body, why) in [
+        (
+            tarball(&[("../escape.rego", tar::EntryType::Regular, rego)]),
+            "names must be relative",
+        ),
+        (
+            tarball(&[("/tmp/abs.rego", tar::EntryType::Regular, rego)]),
+            "names must be relative",
+        ),
+        (
+            tarball(&[("link.rego", tar::EntryType::Symlink, b"")]),
+            "only regular files and directories",
+        ),
+        (b"not an archive".to_vec(), "not a gzip'd tar"),
+    ] {
+        let answer = upload(body).await.unwrap();
+        assert_eq!(answer.status(), 409, "{why}");
+        let answer: Value = answer.json().await.unwrap();
+        let reason = answer["error"]["reasons"][0]["message"].as_str().unwrap();
+        assert!(reason.contains(why), "{why}: {answer}");
+        assert_eq!(revision(&gw, &admin).await.0, uploaded);
+    }
+    let incoming = gw.data_dir.path().join("policy-incoming");
+    assert!(!incoming.join("escape.rego").exists());
+    assert!(!gw.data_dir.path().join("escape.rego").exists());
+    assert_eq!(
+        std::fs::read_dir(&incoming).unwrap().count(),
+        0,
+        "unpacked uploads are removed"
+    );
+
+    let pool = gw.pool().await;
+    let sources: Vec<(bool, String)> = sqlx::query_as(
+        "SELECT allow, input ->> 'source' FROM audit_events WHERE kind = 'policy.reload' \
+         ORDER BY seq",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    let expected: Vec<(bool, String)> = [true, false, false, false, false]
+        .iter()
+        .map(|allow| (*allow, "upload".to_owned()))
+        .collect();
+    assert_eq!(sources, expected);
+    gw.stop().await;
+}

@@ -14,6 +14,7 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
 use crate::app::policy::{ReloadError, Source};
+use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
 use crate::app::App;
 use crate::audit::NewEvent;
@@ -151,7 +152,7 @@ pub struct RollbackRequest {
     path = "/v1/policy/reload",
     tag = "policy",
     operation_id = "policy_reload",
-    summary = "Load a candidate bundle: the policy directory again, or `{\"dir\": \"/abs/path\"}`.",
+    summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip.",
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
     responses(
@@ -166,6 +167,22 @@ pub async fn reload(
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
+    if is_gzip(&body) {
+        let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    ErrorCode::PayloadTooLarge,
+                    format!("an uploaded bundle must be at most {MAX_UPLOAD_BYTES} bytes"),
+                )
+            })?;
+        let incoming = app.config.data_dir.join("policy-incoming");
+        let uploaded = app
+            .policy
+            .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
+            .await;
+        return answer(uploaded);
+    }
     let request: ReloadRequest = optional_body(body).await?;
     let source = match request.dir {
         Some(dir) => Source::Dir(dir),
@@ -205,6 +222,23 @@ pub async fn rollback(
             .reload_from(&app.audit, &caller.0.id, source)
             .await,
     )
+}
+
+/// `content-type: application/gzip` (or `application/x-gzip`, `application/x-tar+gzip`): an
+/// uploaded bundle, a gzip'd tar of the policy directory.
+fn is_gzip(body: &axum::extract::Request) -> bool {
+    let Some(value) = body.headers().get(axum::http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let mime = value.to_str().unwrap_or_default();
+    let mime = mime.split(';').next().unwrap_or_default().trim();
+    [
+        "application/gzip",
+        "application/x-gzip",
+        "application/x-tar+gzip",
+    ]
+    .iter()
+    .any(|known| mime.eq_ignore_ascii_case(known))
 }
 
 /// A JSON body that may be absent (empty: the default).

@@ -110,6 +110,8 @@ pub enum Source {
     Dir(PathBuf),
     /// A kept revision (rollback); `None`: the one active before the current one.
     Revision(Option<String>),
+    /// An uploaded bundle, unpacked into this directory of its own.
+    Upload(PathBuf),
 }
 
 /// The policy directory and the bundle currently answering for it.
@@ -237,6 +239,43 @@ impl PolicyHandle {
         Ok(ReloadAccepted { revision, previous })
     }
 
+    /// Unpacks an uploaded gzip'd tar bundle into a fresh directory under `incoming` and
+    /// reloads from it (source `upload`); the unpacked copy is removed afterwards (an accepted
+    /// bundle is kept in the revision store). A bad archive is a refusal like any other.
+    pub async fn reload_upload(
+        &self,
+        audit: &AuditStore,
+        loaded_by: &str,
+        bytes: Vec<u8>,
+        incoming: &Path,
+    ) -> Result<ReloadAccepted, ReloadError> {
+        let dir = incoming.join(uuid::Uuid::new_v4().to_string());
+        let target = dir.clone();
+        let unpacked =
+            tokio::task::spawn_blocking(move || super::policy_upload::unpack(&bytes, &target))
+                .await
+                .unwrap_or_else(|err| Err(format!("unpack task failed: {err}")));
+        let result = match unpacked {
+            Ok(()) => {
+                self.reload_from(audit, loaded_by, Source::Upload(dir.clone()))
+                    .await
+            }
+            Err(message) => {
+                let context = ReloadContext {
+                    loaded_by: loaded_by.to_owned(),
+                    source: "upload",
+                    previous: self.current().state.revision().to_owned(),
+                };
+                let message = format!("the uploaded bundle was refused: {message}");
+                Err(context.reject(audit, &dir, message).await)
+            }
+        };
+        if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove an unpacked upload");
+        }
+        result
+    }
+
     /// The directory a source names, and the revision it must be (rollback).
     fn resolve(&self, source: &Source, current: &str) -> Result<(PathBuf, Option<String>), String> {
         match source {
@@ -249,7 +288,7 @@ impl PolicyHandle {
                 "{} is not a directory the gateway can read",
                 dir.display()
             )),
-            Source::Dir(dir) => Ok((dir.clone(), None)),
+            Source::Dir(dir) | Source::Upload(dir) => Ok((dir.clone(), None)),
             Source::Revision(wanted) => {
                 let Some(revisions) = &self.revisions else {
                     return Err("this gateway keeps no revisions".to_owned());
@@ -282,6 +321,7 @@ fn source_name(source: &Source) -> &'static str {
         Source::Configured => "policy_dir",
         Source::Dir(_) => "dir",
         Source::Revision(_) => "rollback",
+        Source::Upload(_) => "upload",
     }
 }
 
