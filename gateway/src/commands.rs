@@ -261,6 +261,40 @@ pub fn audit_verify_bundle(path: &Path) -> anyhow::Result<Result<BundleReport, B
     }
 }
 
+/// `sandgate audit psql [-- ARGS]`: psql as the read-only `sandgate_auditor`, on the embedded
+/// cluster's socket (started for the session if no gateway runs) or on `database_url` with
+/// `role=sandgate_auditor`. Returns psql's exit code.
+pub async fn audit_psql(config: &Config, args: &[String]) -> anyhow::Result<i32> {
+    let db = Database::open(config).await?;
+    let mut command = match (db.embedded(), &config.database_url) {
+        (Some(pg), _) => {
+            let mut command = tokio::process::Command::new(pg.program("psql"));
+            command
+                .arg("--host")
+                .arg(pg.socket_dir())
+                .arg("--port")
+                .arg(pg.port().to_string())
+                .args(["--username", "sandgate_auditor", "--dbname", "sandgate"]);
+            command
+        }
+        (None, Some(url)) => {
+            let mut command = tokio::process::Command::new("psql");
+            command
+                .arg(url)
+                .env("PGOPTIONS", "-c role=sandgate_auditor");
+            command
+        }
+        (None, None) => anyhow::bail!("no database: neither embedded nor database_url"),
+    };
+    command.env("PGAPPNAME", "sandgate-audit-psql").args(args);
+    let status = command
+        .status()
+        .await
+        .context("running psql (install the postgresql-client package)");
+    db.close().await;
+    Ok(status?.code().unwrap_or(1))
+}
+
 pub fn load(dir: &Path) -> anyhow::Result<PolicyEngine> {
     PolicyEngine::load(dir)
         .with_context(|| format!("loading the policy bundle in {}", dir.display()))

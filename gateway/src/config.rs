@@ -156,6 +156,23 @@ pub struct Config {
     /// Credentials the proxy may attach to inspected requests, by name. Only where their values
     /// come from is configured here; the values are read at start-up and never printed.
     pub credentials: BTreeMap<String, CredentialConfig>,
+    /// The embedded database also listens on TCP here, for auditors' tools (Grafana, psql):
+    /// only the read-only role `sandgate_auditor` may log in over it, with the password in
+    /// `password_file`. Absent: Unix socket only. Ignored with `database_url`.
+    pub audit_listen: Option<AuditListen>,
+    /// Accepted policy bundles kept (under `<data_dir>/policy-revisions/`) for rollback.
+    pub policy_keep: usize,
+}
+
+/// `audit_listen: {address: 127.0.0.1:5433, password_file: /etc/sandgate/auditor.password}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct AuditListen {
+    /// The address and port PostgreSQL listens on (its one port: the Unix socket is then named
+    /// after it too).
+    pub address: SocketAddr,
+    /// The `sandgate_auditor` password (one line; a trailing newline is dropped).
+    pub password_file: PathBuf,
 }
 
 /// Where one credential's value comes from and how it is sent: exactly one of `value_env` (an
@@ -215,6 +232,8 @@ impl Default for Config {
             refusals: crate::app::refusals::RefusalLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
+            audit_listen: None,
+            policy_keep: 10,
         }
     }
 }
@@ -276,6 +295,8 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("refusals", EnvValue::Yaml),
     ("egress_ca_file", EnvValue::Text),
     ("credentials", EnvValue::Yaml),
+    ("audit_listen", EnvValue::Yaml),
+    ("policy_keep", EnvValue::Yaml),
 ];
 
 /// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,

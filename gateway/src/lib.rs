@@ -88,7 +88,11 @@ pub async fn serve_on(
     runtime: Arc<dyn SandboxRuntime>,
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
-    let policy = Arc::new(PolicyHandle::load(&config.policy_dir).await);
+    let revisions = app::policy_revisions::RevisionStore::new(
+        config.data_dir.join("policy-revisions"),
+        config.policy_keep,
+    );
+    let policy = Arc::new(PolicyHandle::load_keeping(&config.policy_dir, revisions).await);
     let db = Database::open_for_server(&config).await?;
     let result = run(listener, config, policy, &db, runtime, shutdown).await;
     db.close().await;

@@ -193,6 +193,13 @@ enum AuditCommand {
     },
     /// Print the hash of the last event, to anchor outside the database.
     Head,
+    /// Open psql on the audit database as the read-only role sandgate_auditor (the embedded
+    /// cluster's socket, or database_url with role=sandgate_auditor). Arguments after `--` go to
+    /// psql, e.g. `sandgate audit psql -- -c 'SELECT * FROM v_denied_egress'`.
+    Psql {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -246,7 +253,8 @@ enum PolicyCommand {
         #[arg(long)]
         bless: bool,
     },
-    /// Print the decision for one input (JSON or YAML file), without running anything.
+    /// Print the decision for one input (JSON or YAML file) and the bundle's revision, as
+    /// `{"revision", "entry_point", "decision"}`, without running anything.
     Eval {
         #[arg(long)]
         input: PathBuf,
@@ -256,6 +264,30 @@ enum PolicyCommand {
         /// Entry point: `execution` (sandgate.execution) or `egress` (sandgate.egress).
         #[arg(long, default_value = "execution")]
         entry_point: String,
+        /// Exit 1 (after printing) when the decision denies, for scripts and CI.
+        #[arg(long)]
+        fail_on_deny: bool,
+    },
+    /// Ask the running gateway (admin key) to load a candidate bundle: the configured
+    /// policy_dir again, or DIR (a path the gateway can read). It must load and pass its own
+    /// test cases, or the active bundle stays (exit 1). Audited as `policy.reload`.
+    Reload {
+        /// Candidate directory, as the gateway sees it (made absolute here).
+        #[arg(long, conflicts_with = "upload")]
+        dir: Option<PathBuf>,
+        /// Candidate directory here, sent to the gateway as a gzip'd tar (for a gateway on
+        /// another machine).
+        #[arg(long)]
+        upload: Option<PathBuf>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
+    },
+    /// Ask the running gateway (admin key) to activate a kept revision again: REVISION
+    /// (`sha256:...`, listed by `GET /v1/policy` as `kept`) or the one before the current.
+    Rollback {
+        revision: Option<String>,
+        #[command(flatten)]
+        gateway: GatewayArgs,
     },
     /// Re-decide past execution decisions with a candidate bundle and print what would change.
     Replay {
@@ -277,6 +309,70 @@ enum PolicyCommand {
         #[arg(long, value_enum, default_value = "text")]
         format: ReportFormat,
     },
+}
+
+/// How an admin subcommand reaches the gateway.
+#[derive(clap::Args)]
+struct GatewayArgs {
+    /// The gateway's URL (default: http:// and the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An admin API key.
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+}
+
+/// What an admin subcommand sends.
+enum AdminBody {
+    Json(serde_json::Value),
+    Bytes(&'static str, Vec<u8>),
+}
+
+/// `POST path` to the gateway as an admin; prints the outcome, fails on a refusal.
+async fn admin_post(
+    gateway: GatewayArgs,
+    config: &Config,
+    path: &str,
+    body: AdminBody,
+) -> anyhow::Result<()> {
+    let key = gateway.key.context(
+        "no API key: set SANDGATE_KEY or pass --key (an admin key: \
+         `sandgate keys create --role admin --tenant ops`)",
+    )?;
+    let url = gateway
+        .url
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let tls = tls_files(gateway.ca_file, None, None);
+    let remote = gateway::mcp::remote::Remote::new(&url, &key, &tls)?;
+    let sent = match body {
+        AdminBody::Json(body) => remote.post_json(path, &body).await,
+        AdminBody::Bytes(content_type, bytes) => remote.post_bytes(path, content_type, bytes).await,
+    };
+    let (status, answer) = sent.map_err(|message| anyhow::anyhow!(message))?;
+    if status == 200 {
+        println!(
+            "accepted revision {} (previous {})",
+            answer["revision"].as_str().unwrap_or("?"),
+            answer["previous"].as_str().unwrap_or("?")
+        );
+        return Ok(());
+    }
+    let error = &answer["error"];
+    for reason in error["reasons"].as_array().into_iter().flatten() {
+        eprintln!(
+            "{}: {}",
+            reason["code"].as_str().unwrap_or("?"),
+            reason["message"].as_str().unwrap_or("")
+        );
+    }
+    anyhow::bail!(
+        "{} ({status} {})",
+        error["message"].as_str().unwrap_or("the gateway refused"),
+        error["code"].as_str().unwrap_or("?")
+    )
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -352,6 +448,14 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
     }
     if let Command::Repl(args) = cli.command {
         return repl(args, &config).map(|code| ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
+    if let Command::Audit {
+        command: AuditCommand::Psql { args },
+    } = &cli.command
+    {
+        let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+        let code = runtime.block_on(gateway::commands::audit_psql(&config, args))?;
+        return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
     if let Command::Mcp(args) = cli.command {
         let url = args
@@ -534,6 +638,7 @@ async fn audit(command: AuditCommand, config: &Config) -> anyhow::Result<()> {
             format,
             out,
         } => audit_export(since, until, tenant, format, &out, config).await?,
+        AuditCommand::Psql { .. } => unreachable!("handled in main_exit"),
     }
     Ok(())
 }
@@ -670,6 +775,7 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
             input,
             policy_dir,
             entry_point,
+            fail_on_deny,
         } => {
             let dir = policy_dir.unwrap_or_else(|| config.policy_dir.clone());
             let engine = gateway::commands::load(&dir)?;
@@ -686,7 +792,50 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 }
                 other => anyhow::bail!("unknown entry point {other:?}: execution or egress"),
             };
-            println!("{}", serde_json::to_string_pretty(&decision)?);
+            let allow = decision["allow"] == serde_json::Value::Bool(true);
+            let answer = serde_json::json!({
+                "revision": engine.revision(),
+                "entry_point": entry_point,
+                "decision": decision,
+            });
+            println!("{}", serde_json::to_string_pretty(&answer)?);
+            if fail_on_deny && !allow {
+                anyhow::bail!("the decision denies (--fail-on-deny)");
+            }
+        }
+        PolicyCommand::Reload {
+            upload: Some(upload),
+            gateway,
+            ..
+        } => {
+            let bytes = gateway::app::policy_upload::pack(&upload)
+                .with_context(|| format!("packing {}", upload.display()))?;
+            let body = AdminBody::Bytes("application/gzip", bytes);
+            admin_post(gateway, config, "/v1/policy/reload", body).await?;
+        }
+        PolicyCommand::Reload { dir, gateway, .. } => {
+            let body = match dir {
+                Some(dir) => {
+                    let dir = std::path::absolute(&dir)
+                        .with_context(|| format!("--dir {}", dir.display()))?;
+                    serde_json::json!({ "dir": dir })
+                }
+                None => serde_json::json!({}),
+            };
+            admin_post(gateway, config, "/v1/policy/reload", AdminBody::Json(body)).await?;
+        }
+        PolicyCommand::Rollback { revision, gateway } => {
+            let body = match revision {
+                Some(revision) => serde_json::json!({ "revision": revision }),
+                None => serde_json::json!({}),
+            };
+            admin_post(
+                gateway,
+                config,
+                "/v1/policy/rollback",
+                AdminBody::Json(body),
+            )
+            .await?;
         }
         PolicyCommand::Replay {
             since,

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 use gateway::audit::egress::{
     ConnectionClose, ConnectionOpen, EgressOwner, RequestClose, RequestOpen,
 };
+use gateway::audit::sessions::SessionRow;
 use gateway::audit::{AuditStore, Completion, ExecutionRow, NewEvent};
 
 /// Tables a dashboard must not read directly: the views are the dashboards' interface.
@@ -318,6 +319,30 @@ async fn seed(app: &PgPool) {
         policy_revision: None,
     };
     store.record_event(&failure).await.unwrap();
+    for (id, minutes_ago) in [("ss_open", 30), ("ss_idle", 90)] {
+        let created = gateway::ids::now_micros() - chrono::Duration::minutes(minutes_ago);
+        let session = SessionRow {
+            id: id.into(),
+            tenant: "acme".into(),
+            key_id: "key_1".into(),
+            language: "python".into(),
+            status: "ready".into(),
+            closed_reason: None,
+            decision: Json(json!({})),
+            limits: Json(json!({})),
+            idle_timeout_s: 600,
+            ttl_s: 7200,
+            executions: 0,
+            instance: "test".into(),
+            container: None,
+            created_at: created,
+            last_used_at: created,
+            expires_at: created + chrono::Duration::hours(2),
+            closed_at: None,
+        };
+        store.insert_session(&session).await.unwrap();
+    }
+    store.close_session("ss_idle", "idle").await.unwrap();
 }
 
 #[test]
@@ -436,6 +461,13 @@ async fn every_dashboard_query_runs_on_the_views() {
         "{reasons:?}"
     );
     assert!(reasons.contains(&("allow".to_owned(), None)), "{reasons:?}");
+    let open: Vec<(String, i64)> = sqlx::query_as("SELECT id, age_seconds FROM v_sessions_open")
+        .fetch_all(&auditor)
+        .await
+        .unwrap();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0].0, "ss_open");
+    assert!((1790..=1900).contains(&open[0].1), "{open:?}");
     let by_status: Vec<(String, String, String, i64)> = sqlx::query_as(
         "SELECT tenant, backend, status, count(*) FROM v_executions GROUP BY 1, 2, 3 ORDER BY 1, 3",
     )
@@ -452,4 +484,76 @@ async fn every_dashboard_query_runs_on_the_views() {
         ]
     );
     auditor.close().await;
+}
+
+/// The auditor page's series (`GET /v1/audit/summary`) say what was seeded, read through the
+/// gateway's own role, as the API reads them.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_auditor_page_summary_counts_what_the_views_hold() {
+    let url = common::fresh_database().await;
+    let options: PgConnectOptions = url.parse().unwrap();
+    gateway::database::migrate_as_owner(&options).await.unwrap();
+    let app = gateway::database::pool(options.clone()).await.unwrap();
+    seed(&app).await;
+    let since = chrono::Utc::now() - chrono::Duration::days(1);
+    let summary = AuditStore::new(app.clone())
+        .summary(since, 1800)
+        .await
+        .unwrap();
+    let s = serde_json::to_value(&summary).unwrap();
+    app.close().await;
+
+    let total = |outcome: &str| -> i64 {
+        s["decisions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|b| b["outcome"] == outcome)
+            .map(|b| b["decisions"].as_i64().unwrap())
+            .sum()
+    };
+    // Decisions: 3 executions allowed (one to review), 1 denied; egress attempts 1 allowed,
+    // 3 denied; requests 1 allowed, 2 denied; the authentication failure denied.
+    assert_eq!(total("review"), 1, "{s}");
+    assert!(total("deny") >= 2, "{s}");
+    assert!(total("allow") >= 2, "{s}");
+    let denials = &s["denials"];
+    assert!(
+        denials
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["reason"] == "language.not_allowed" && d["decisions"] == 1),
+        "{denials}"
+    );
+    let egress = s["egress"].as_array().unwrap();
+    assert!(
+        egress.contains(&json!({"host": "evil.example", "outcome": "deny", "attempts": 2})),
+        "{egress:?}"
+    );
+    assert!(
+        egress.contains(&json!({"host": "pypi.org", "outcome": "allow", "attempts": 1})),
+        "{egress:?}"
+    );
+    assert_eq!(s["approvals_waiting"][0]["id"], "ap_wait", "{s}");
+    let statuses: Vec<&str> = s["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        ["denied", "pending_approval", "running", "succeeded"]
+    );
+    let done = s["executions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["status"] == "succeeded")
+        .unwrap();
+    assert_eq!(done["max_ms"], 120, "{done}");
+    let open = s["sessions_open"].as_array().unwrap();
+    assert_eq!(open.len(), 1, "{open:?}");
+    assert_eq!(open[0]["id"], "ss_open");
 }

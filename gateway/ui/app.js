@@ -1,60 +1,23 @@
-// sandgate review page. Every piece of data is put on the page with textContent, never as HTML.
+// sandgate review page: pending approvals (Approve/Reject for reviewers and admins), executions
+// with filters, paging and a detail view under each row, sessions with their executions, and
+// the audit chain. Every piece of data is put on the page as text, never as HTML.
 'use strict';
 
-(function () {
-  const KEY = 'sandgate.key';
+(function (sg) {
+  const { $, el, cell, api, errorText, say, when, whenCell, reasonsText } = sg;
   const REFRESH_MS = 2000;
   // Verifying walks the whole chain: not on every refresh.
   const CHAIN_EVERY_MS = 60000;
   let chainCheckedAt = 0;
-  const $ = (id) => document.getElementById(id);
+  let me = null;
+  // Paging: the `before` cursor of each page seen, the current one last (null: the newest).
+  let cursors = [null];
+  let nextBefore = null;
+  // Open detail rows by key ("x:<execution id>", "s:<session id>"), kept across refreshes.
+  const details = new Map();
 
-  function key() {
-    return sessionStorage.getItem(KEY) || '';
-  }
-
-  async function api(method, path, body) {
-    const init = { method: method, headers: { Authorization: 'Bearer ' + key() } };
-    if (body !== undefined) {
-      init.headers['Content-Type'] = 'application/json';
-      init.body = JSON.stringify(body);
-    }
-    const response = await fetch(path, init);
-    let data = null;
-    try {
-      data = await response.json();
-    } catch (_) {
-      data = null;
-    }
-    return { status: response.status, data: data };
-  }
-
-  function el(tag, text, className) {
-    const node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = String(text);
-    if (className) node.className = className;
-    return node;
-  }
-
-  function cell(row, text, className) {
-    const td = el('td', text, className);
-    row.appendChild(td);
-    return td;
-  }
-
-  function errorText(reply) {
-    const error = reply.data && reply.data.error;
-    return error ? error.code + ': ' + error.message : 'HTTP ' + reply.status;
-  }
-
-  function say(text, isError) {
-    const message = $('message');
-    message.textContent = text;
-    message.className = isError ? 'error' : '';
-  }
-
-  function reasonsText(reasons) {
-    return (reasons || []).map((r) => r.code + ': ' + r.message).join('\n');
+  function canDecide() {
+    return me && (me.role === 'reviewer' || me.role === 'admin');
   }
 
   function decisionText(decision) {
@@ -73,6 +36,42 @@
     return lines.join('\n');
   }
 
+  // A detail row under `row`, spanning the table; built by `build` (a promise of a node) on the
+  // first click, removed by the second.
+  function toggleDetail(row, key, build) {
+    if (details.has(key)) {
+      details.get(key).tr.remove();
+      details.delete(key);
+      return;
+    }
+    const tr = document.createElement('tr');
+    tr.className = 'detail-row';
+    tr.dataset.detailFor = key;
+    const td = el('td', 'Loading...');
+    td.colSpan = row.cells.length;
+    tr.appendChild(td);
+    row.after(tr);
+    const entry = { tr: tr, version: null };
+    details.set(key, entry);
+    fill(entry, build);
+  }
+
+  async function fill(entry, build) {
+    const node = await build();
+    entry.tr.cells[0].replaceChildren(node);
+  }
+
+  // After a table is redrawn: puts each open detail back under its row, rebuilding it when
+  // what it shows has changed (`version`).
+  function reattach(row, key, version, build) {
+    const entry = details.get(key);
+    if (!entry) return;
+    row.after(entry.tr);
+    entry.tr.cells[0].colSpan = row.cells.length;
+    if (entry.version !== null && entry.version !== version) fill(entry, build);
+    entry.version = version;
+  }
+
   // Pending approvals: rows are kept (and so is a comment being typed) while still pending.
   function renderApprovals(approvals) {
     const body = $('approvals').tBodies[0];
@@ -85,20 +84,26 @@
       if (present.has(approval.id)) return;
       body.appendChild(approvalRow(approval));
     });
-    $('approvals-empty').hidden = approvals.length > 0;
+    $('approvals').hidden = approvals.length === 0;
+    $('approvals').classList.toggle('view-only', !canDecide());
+    $('approvals-note').hidden = approvals.length > 0 && canDecide();
+    $('approvals-note').textContent = approvals.length === 0 ? 'No pending approvals.'
+      : 'View only: ' + me.role + ' keys cannot approve or reject.';
   }
 
   function approvalRow(approval) {
     const row = document.createElement('tr');
     row.dataset.approvalId = approval.id;
     row.dataset.executionId = approval.execution_id;
-    cell(row, approval.created_at + '\n' + approval.execution_id);
+    const requested = whenCell(row, approval.created_at);
+    requested.appendChild(el('div', approval.execution_id, 'muted'));
     const by = approval.requested_by || {};
     cell(row, (approval.tenant || '') + '\n' + (by.principal || '') + ' (' + (by.key_id || '') + ')');
+    const request = approval.request || {};
+    cell(row).appendChild(sg.labelChips(request.labels));
     cell(row, reasonsText(approval.reasons));
     cell(row).appendChild(el('pre', decisionText(approval.decision)));
-    const request = approval.request || {};
-    const files = (request.files || []).map((f) => f.path + ' (' + f.bytes + ' B)').join(', ');
+    const files = (request.files || []).map((f) => f.path + ' (' + sg.bytes(f.bytes) + ')').join(', ');
     const code = cell(row);
     const preview = approval.code_preview || '';
     code.appendChild(el('pre', preview));
@@ -109,8 +114,13 @@
     }
     code.appendChild(el('div', request.language + ', sha256 ' + request.code_sha256 +
       (files ? ', files: ' + files : ''), 'muted'));
-    cell(row, approval.expires_at);
-    const actions = cell(row);
+    whenCell(row, approval.expires_at);
+    if (canDecide()) row.appendChild(decideCell(approval));
+    return row;
+  }
+
+  function decideCell(approval) {
+    const actions = el('td', null, 'decide');
     const comment = el('input', null, 'comment');
     comment.type = 'text';
     comment.placeholder = 'comment';
@@ -133,7 +143,7 @@
     approve.addEventListener('click', once('approve'));
     reject.addEventListener('click', once('reject'));
     actions.append(comment, approve, reject);
-    return row;
+    return actions;
   }
 
   async function decide(id, decision, comment) {
@@ -148,51 +158,119 @@
     refresh();
   }
 
-  function renderExecutions(executions) {
-    const body = $('executions').tBodies[0];
+  function detailButton(row, id) {
+    const show = el('button', 'Details', 'details');
+    show.type = 'button';
+    show.addEventListener('click', () => toggleDetail(row, 'x:' + id, () => sg.detail.render(id)));
+    return show;
+  }
+
+  function executionRow(execution) {
+    const row = document.createElement('tr');
+    row.dataset.executionId = execution.id;
+    cell(row, execution.id);
+    whenCell(row, execution.created_at);
+    cell(row, execution.tenant);
+    cell(row, execution.language);
+    cell(row).appendChild(sg.labelChips(execution.labels));
+    cell(row, execution.status, 'status status-' + execution.status);
+    const d = execution.decision || {};
+    cell(row, (d.allow ? 'allow' : 'deny') + (d.backend ? ' on ' + d.backend : ''));
+    cell(row, reasonsText(d.reasons));
+    cell(row, execution.exit_code === null ? '' : execution.exit_code);
+    cell(row).appendChild(detailButton(row, execution.id));
+    return row;
+  }
+
+  function renderExecutions(body, executions) {
     body.replaceChildren();
     executions.forEach((execution) => {
-      const row = document.createElement('tr');
-      row.dataset.executionId = execution.id;
-      cell(row, execution.id);
-      cell(row, execution.created_at);
-      cell(row, execution.tenant);
-      cell(row, execution.language);
-      cell(row, execution.status, 'status status-' + execution.status);
-      const d = execution.decision || {};
-      cell(row, (d.allow ? 'allow' : 'deny') + (d.backend ? ' on ' + d.backend : ''));
-      cell(row, reasonsText(d.reasons));
-      cell(row, execution.exit_code === null ? '' : execution.exit_code);
-      const show = el('button', 'Connections', 'connections');
-      show.type = 'button';
-      show.addEventListener('click', () => loadConnections(execution.id));
-      cell(row).appendChild(show);
+      const row = executionRow(execution);
       body.appendChild(row);
+      reattach(row, 'x:' + execution.id, execution.status,
+        () => sg.detail.render(execution.id));
     });
   }
 
-  async function loadConnections(id) {
-    const reply = await api('GET', '/v1/executions/' + encodeURIComponent(id) + '/connections');
-    const body = $('connections').tBodies[0];
-    body.replaceChildren();
-    $('connections-for').textContent = 'of ' + id;
+  function filterQuery() {
+    const params = new URLSearchParams();
+    params.set('limit', $('filter-limit').value);
+    const tenant = $('filter-tenant').value.trim();
+    const status = $('filter-status').value;
+    const label = $('filter-label').value.trim();
+    if (tenant) params.set('tenant', tenant);
+    if (status) params.set('status', status);
+    if (label) params.set('label', label);
+    const before = cursors[cursors.length - 1];
+    if (before) params.set('before', before);
+    return params.toString();
+  }
+
+  async function loadExecutions() {
+    const reply = await api('GET', '/v1/executions?' + filterQuery());
     if (reply.status !== 200) {
-      say('Connections of ' + id + ': ' + errorText(reply), true);
+      say('Executions: ' + errorText(reply), true);
       return;
     }
-    const connections = reply.data.connections || [];
-    if (connections.length === 0) $('connections-for').textContent = 'of ' + id + ': none';
-    connections.forEach((c) => {
-      const row = document.createElement('tr');
-      cell(row, c.opened_at);
-      cell(row, c.host);
-      cell(row, c.port);
-      cell(row, c.scheme);
-      cell(row, c.allow ? 'yes' : 'no');
-      cell(row, c.reason + (c.message ? ': ' + c.message : ''));
-      cell(row, (c.bytes_up || 0) + ' / ' + (c.bytes_down || 0));
+    renderExecutions($('executions').tBodies[0], reply.data.executions);
+    nextBefore = reply.data.next_before || null;
+    $('older').disabled = !nextBefore;
+    $('newer').disabled = cursors.length <= 1;
+    const shown = reply.data.executions.length;
+    $('page-info').textContent = 'page ' + cursors.length + ' (' + shown +
+      (shown === 1 ? ' execution)' : ' executions)');
+  }
+
+  function sessionExecutions(id) {
+    return async () => {
+      const reply = await api('GET', '/v1/executions?limit=100&session=' + encodeURIComponent(id));
+      if (reply.status !== 200) return el('p', errorText(reply), 'error');
+      const list = reply.data.executions;
+      if (list.length === 0) return el('p', 'No executions in this session yet.', 'muted');
+      const t = el('table', null, 'session-executions');
+      const head = t.createTHead().insertRow();
+      ['Execution', 'Created', 'Tenant', 'Language', 'Labels', 'Status', 'Decision', 'Reasons', 'Exit', '']
+        .forEach((h) => head.appendChild(el('th', h)));
+      renderExecutions(t.createTBody(), list.slice().reverse());
+      return t;
+    };
+  }
+
+  function sessionRow(session) {
+    const row = document.createElement('tr');
+    row.dataset.sessionId = session.id;
+    cell(row, session.id);
+    whenCell(row, session.created_at);
+    cell(row, session.tenant);
+    cell(row, session.language);
+    cell(row, session.status + (session.closed_reason ? ' (' + session.closed_reason + ')' : ''),
+      'status status-' + session.status);
+    cell(row, session.executions);
+    whenCell(row, session.last_used_at);
+    whenCell(row, session.status === 'closed' ? session.closed_at : session.expires_at);
+    const show = el('button', 'Executions', 'session-executions');
+    show.type = 'button';
+    show.addEventListener('click', () => toggleDetail(row, 's:' + session.id, sessionExecutions(session.id)));
+    cell(row).appendChild(show);
+    return row;
+  }
+
+  async function loadSessions() {
+    const reply = await api('GET', '/v1/sessions');
+    if (reply.status !== 200) {
+      say('Sessions: ' + errorText(reply), true);
+      return;
+    }
+    const body = $('sessions').tBodies[0];
+    body.replaceChildren();
+    const sessions = reply.data.sessions.slice(0, 50);
+    sessions.forEach((session) => {
+      const row = sessionRow(session);
       body.appendChild(row);
+      reattach(row, 's:' + session.id, session.executions + session.status,
+        sessionExecutions(session.id));
     });
+    $('sessions-empty').hidden = sessions.length > 0;
   }
 
   async function refreshChain() {
@@ -232,19 +310,33 @@
     return { status: 200, data: { approvals: all } };
   }
 
+  async function identify() {
+    const found = await sg.whoami();
+    if (found.error) {
+      me = null;
+      say('This key is refused: ' + errorText(found.error), true);
+      return false;
+    }
+    me = found.me;
+    $('whoami').textContent = 'Signed in as ' + me.principal + ' (' + me.role + ', tenant ' + me.tenant + ')';
+    document.body.dataset.role = me.role;
+    return true;
+  }
+
   let busy = false;
   async function refresh() {
-    if (!key() || busy) return;
+    if (!sg.key() || busy) return;
     busy = true;
     try {
+      if (!me && !(await identify())) return;
       const approvals = await pendingApprovals();
       if (approvals.status === 200) {
         renderApprovals(approvals.data.approvals);
       } else {
-        say('Approvals: ' + errorText(approvals), true);
+        $('approvals-note').textContent = 'Approvals: ' + errorText(approvals);
       }
-      const executions = await api('GET', '/v1/executions?limit=50');
-      if (executions.status === 200) renderExecutions(executions.data.executions);
+      await loadExecutions();
+      await loadSessions();
       if (Date.now() - chainCheckedAt >= CHAIN_EVERY_MS) await refreshChain();
     } catch (err) {
       say('The gateway did not answer: ' + err, true);
@@ -253,29 +345,64 @@
     }
   }
 
-  document.addEventListener('DOMContentLoaded', () => {
+  function forget() {
+    sg.setKey('');
+    me = null;
+    details.clear();
+    ['approvals', 'executions', 'sessions'].forEach((id) => $(id).tBodies[0].replaceChildren());
+    $('approvals').hidden = true;
+    $('approvals-note').hidden = false;
+    $('approvals-note').textContent = 'Paste a key to see the pending approvals.';
+    $('whoami').textContent = '';
+    $('chain').textContent = 'unknown';
+    say('Key forgotten.');
+  }
+
+  function wire() {
     $('key-form').addEventListener('submit', (event) => {
       event.preventDefault();
       const value = $('key').value.trim();
       $('key').value = '';
       if (!value) return;
-      sessionStorage.setItem(KEY, value);
+      sg.setKey(value);
+      me = null;
       chainCheckedAt = 0;
       say('Key set for this tab.');
       refresh();
     });
     $('verify-chain').addEventListener('click', () => {
-      if (key()) refreshChain();
+      if (sg.key()) refreshChain();
     });
-    $('forget-key').addEventListener('click', () => {
-      sessionStorage.removeItem(KEY);
-      $('approvals').tBodies[0].replaceChildren();
-      $('executions').tBodies[0].replaceChildren();
-      $('chain').textContent = 'unknown';
-      say('Key forgotten.');
+    $('forget-key').addEventListener('click', forget);
+    $('filters').addEventListener('submit', (event) => {
+      event.preventDefault();
+      cursors = [null];
+      refresh();
     });
-    if (key()) say('Using the key set earlier in this tab.');
+    $('filter-limit').addEventListener('change', () => {
+      cursors = [null];
+      refresh();
+    });
+    $('clear-filters').addEventListener('click', () => {
+      $('filters').reset();
+      cursors = [null];
+      refresh();
+    });
+    $('older').addEventListener('click', () => {
+      if (!nextBefore) return;
+      cursors.push(nextBefore);
+      refresh();
+    });
+    $('newer').addEventListener('click', () => {
+      if (cursors.length > 1) cursors.pop();
+      refresh();
+    });
+  }
+
+  document.addEventListener('DOMContentLoaded', () => {
+    wire();
+    if (sg.key()) say('Using the key set earlier in this tab.');
     refresh();
     setInterval(refresh, REFRESH_MS);
   });
-})();
+})(window.sandgate);

@@ -117,7 +117,7 @@ fn unknown_kind(kind: &str) -> ApiError {
     )
 }
 
-fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
+pub(super) fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&Utc));
     }

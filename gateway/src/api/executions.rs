@@ -69,6 +69,12 @@ pub struct ExecutionView {
     /// Set for status `error`; the detail stays in the gateway's log and audit store.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// `GET /v1/executions/{id}` only: the uploaded files, `[{"path","bytes"}]`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub files: Option<Value>,
+    /// `GET /v1/executions/{id}` only: what the policy granted, `{"network","mounts"}`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<Value>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -143,6 +149,8 @@ impl From<ExecutionRow> for ExecutionView {
             container: row.container,
             session_id: row.session_id,
             result: row.result,
+            files: None,
+            grant: None,
         }
     }
 }
@@ -222,7 +230,7 @@ pub async fn cancel(
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "`{\"connections\": [...]}`", body = serde_json::Value),
+        (status = 200, description = "`{\"connections\": [...], \"requests\": [...]}`: the attempts and the HTTP requests inside inspected tunnels", body = serde_json::Value),
         super::openapi::ApiErrors,
     ),
 )]
@@ -237,7 +245,14 @@ pub async fn connections(
         .connections(&row.id)
         .await
         .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
-    Ok(Json(serde_json::json!({ "connections": connections })))
+    let requests = app
+        .audit
+        .egress_requests(&row.id)
+        .await
+        .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
+    Ok(Json(
+        serde_json::json!({ "connections": connections, "requests": requests }),
+    ))
 }
 
 #[utoipa::path(
@@ -264,7 +279,14 @@ pub async fn get(
     let live = (row.finished_at.is_none())
         .then(|| app.streams.get(&row.id))
         .flatten();
+    let recorded = app.audit.execution_grant(&row.id).await;
     let mut view = ExecutionView::from(row);
+    if let Some((files, grant)) =
+        recorded.map_err(|err| ApiError::from(crate::app::AppError::from(err)))?
+    {
+        view.files = Some(files);
+        view.grant = Some(grant);
+    }
     // While it runs here: the output so far, as the live stream has it.
     if let Some(stream) = live {
         (view.stdout, view.stderr) = stream.text_so_far();

@@ -1,4 +1,4 @@
-//! `GET /v1/executions?status=&tenant=&limit=&before=`: executions, newest first, one bounded
+//! `GET /v1/executions?status=&tenant=&label=&session=&limit=&before=`: executions, newest first, one bounded
 //! page at a time, each as `GET /v1/executions/{id}` shows it but without `stdout` and `stderr`.
 //! Agents see their own tenant's only (`tenant` is ignored for them); reviewers, auditors and
 //! admins see every tenant's.
@@ -27,6 +27,10 @@ pub const MAX_LIMIT: u32 = 500;
 pub struct ListQuery {
     status: Option<String>,
     tenant: Option<String>,
+    /// `key=value`: only executions carrying that label.
+    label: Option<String>,
+    /// `ss_...`: only the executions of that session.
+    session: Option<String>,
     limit: Option<u32>,
     /// The id of the last execution of the previous page.
     before: Option<String>,
@@ -51,6 +55,8 @@ pub struct ExecutionPage {
     params(
         ("status" = Option<String>, Query),
         ("tenant" = Option<String>, Query),
+        ("label" = Option<String>, Query, description = "`key=value`: only executions with that label"),
+        ("session" = Option<String>, Query, description = "only the executions of that session"),
         ("limit" = Option<u32>, Query),
         ("before" = Option<String>, Query),
     ),
@@ -69,6 +75,8 @@ pub async fn list(
     let filter = ExecutionFilter {
         tenant: non_empty(query.tenant),
         status: non_empty(query.status),
+        label: non_empty(query.label).map(label_pair).transpose()?,
+        session: non_empty(query.session),
         before: non_empty(query.before),
         limit,
     };
@@ -91,6 +99,17 @@ fn without_output(row: crate::audit::ExecutionRow) -> Value {
         fields.remove("stderr");
     }
     view
+}
+
+/// `label=key=value` as its two parts; the value may be empty, the key may not.
+fn label_pair(text: String) -> Result<(String, String), ApiError> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+        _ => Err(ApiError::new(
+            super::error::ErrorCode::InvalidRequest,
+            format!("label must be key=value (like label=agent=analyst-7), not {text:?}"),
+        )),
+    }
 }
 
 /// `?status=` (empty) means no filter.

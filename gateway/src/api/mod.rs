@@ -4,6 +4,7 @@
 pub mod approvals;
 pub mod audit;
 pub mod auth;
+pub mod charts;
 pub mod error;
 pub mod executions;
 pub mod health;
@@ -11,6 +12,7 @@ pub mod json;
 pub mod keys;
 pub mod listing;
 pub mod mcp;
+pub mod me;
 pub mod metrics;
 pub mod openapi;
 pub mod payloads;
@@ -107,17 +109,19 @@ pub fn routes() -> Vec<Route> {
         post("/v1/approvals/{id}", approvals::decide),
         get("/v1/audit/events", audit::events),
         get("/v1/audit/verify", audit::verify),
+        get("/v1/audit/summary", charts::summary),
         get("/v1/policy", policy::show),
         post("/v1/policy/evaluate", policy::evaluate),
         post("/v1/policy/reload", policy::reload),
+        post("/v1/policy/rollback", policy::rollback),
         post("/v1/keys", keys::create),
         get("/v1/keys", keys::list),
+        get("/v1/me", me::me),
         delete("/v1/keys/{id}", keys::revoke),
         // The review page: static, no key; it calls the API above with the user's key.
         get("/ui", ui::redirect),
         get("/ui/", ui::index),
-        get("/ui/app.js", ui::script),
-        get("/ui/style.css", ui::style),
+        get("/ui/{file}", ui::asset),
     ]
 }
 

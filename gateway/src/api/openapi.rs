@@ -19,8 +19,8 @@ use utoipa::{Modify, OpenApi};
 
 use super::error::ErrorBody;
 use super::{
-    approvals, audit, executions, health, keys, listing, mcp, metrics, payloads, policy, sessions,
-    ui,
+    approvals, audit, charts, executions, health, keys, listing, mcp, me, metrics, payloads,
+    policy, sessions, ui,
 };
 
 #[derive(OpenApi)]
@@ -56,16 +56,18 @@ use super::{
         approvals::decide,
         audit::events,
         audit::verify,
+        charts::summary,
         policy::show,
         policy::evaluate,
         policy::reload,
+        policy::rollback,
         keys::create,
         keys::list,
         keys::revoke,
+        me::me,
         ui::redirect,
         ui::index,
-        ui::script,
-        ui::style,
+        ui::asset,
     )
 )]
 struct ApiDoc;

@@ -13,7 +13,8 @@ use policy_engine::{EgressInput, Reason};
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
-use crate::app::policy::ReloadError;
+use crate::app::policy::{ReloadError, Source};
+use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
 use crate::app::App;
 use crate::audit::NewEvent;
@@ -39,6 +40,7 @@ pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Va
         "loaded_by": active.loaded_by,
         "loaded_at": active.loaded_at,
         "error": active.state.error(),
+        "kept": app.policy.kept(),
     })))
 }
 
@@ -125,21 +127,143 @@ pub async fn evaluate(
     })))
 }
 
+/// Most bytes of a reload or rollback body.
+const MAX_RELOAD_BODY: usize = 16 * 1024;
+
+/// `POST /v1/policy/reload` body (optional): a candidate directory instead of `policy_dir`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReloadRequest {
+    /// An absolute path of a directory the gateway can read; absent: the configured policy_dir.
+    dir: Option<std::path::PathBuf>,
+}
+
+/// `POST /v1/policy/rollback` body (optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// A kept revision (`sha256:...`, `GET /v1/policy` lists them); absent: the one active
+    /// before the current one.
+    revision: Option<String>,
+}
+
 #[utoipa::path(
     post,
     path = "/v1/policy/reload",
     tag = "policy",
     operation_id = "policy_reload",
-    summary = "Reload the policy directory.",
+    summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip.",
     security(("bearer" = ["admin"])),
+    request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
     responses(
-        (status = 200, description = "accepted or kept the last good bundle", body = serde_json::Value),
+        (status = 200, description = "accepted", body = serde_json::Value),
+        (status = 409, description = "rejected; the active bundle stays", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
 )]
-pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
+pub async fn reload(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    body: axum::extract::Request,
+) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
-    match app.policy.reload(&app.audit, &caller.0.id).await {
+    if is_gzip(&body) {
+        let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)
+            .await
+            .map_err(|_| {
+                ApiError::new(
+                    ErrorCode::PayloadTooLarge,
+                    format!("an uploaded bundle must be at most {MAX_UPLOAD_BYTES} bytes"),
+                )
+            })?;
+        let incoming = app.config.data_dir.join("policy-incoming");
+        let uploaded = app
+            .policy
+            .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
+            .await;
+        return answer(uploaded);
+    }
+    let request: ReloadRequest = optional_body(body).await?;
+    let source = match request.dir {
+        Some(dir) => Source::Dir(dir),
+        None => Source::Configured,
+    };
+    answer(
+        app.policy
+            .reload_from(&app.audit, &caller.0.id, source)
+            .await,
+    )
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/policy/rollback",
+    tag = "policy",
+    operation_id = "policy_rollback",
+    summary = "Activate a kept revision again (default: the one before the current).",
+    security(("bearer" = ["admin"])),
+    request_body(content = serde_json::Value, description = "optional: `{\"revision\": \"sha256:...\"}`"),
+    responses(
+        (status = 200, description = "accepted", body = serde_json::Value),
+        (status = 409, description = "rejected; the active bundle stays", body = super::error::ErrorBody),
+        super::openapi::ApiErrors,
+    ),
+)]
+pub async fn rollback(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+    body: axum::extract::Request,
+) -> Result<Json<Value>, ApiError> {
+    caller.require_role(&["admin"])?;
+    let request: RollbackRequest = optional_body(body).await?;
+    let source = Source::Revision(request.revision);
+    answer(
+        app.policy
+            .reload_from(&app.audit, &caller.0.id, source)
+            .await,
+    )
+}
+
+/// `content-type: application/gzip` (or `application/x-gzip`, `application/x-tar+gzip`): an
+/// uploaded bundle, a gzip'd tar of the policy directory.
+fn is_gzip(body: &axum::extract::Request) -> bool {
+    let Some(value) = body.headers().get(axum::http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let mime = value.to_str().unwrap_or_default();
+    let mime = mime.split(';').next().unwrap_or_default().trim();
+    [
+        "application/gzip",
+        "application/x-gzip",
+        "application/x-tar+gzip",
+    ]
+    .iter()
+    .any(|known| mime.eq_ignore_ascii_case(known))
+}
+
+/// A JSON body that may be absent (empty: the default).
+async fn optional_body<T: Default + serde::de::DeserializeOwned>(
+    body: axum::extract::Request,
+) -> Result<T, ApiError> {
+    let bytes = axum::body::to_bytes(body.into_body(), MAX_RELOAD_BODY)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the body must be at most {MAX_RELOAD_BODY} bytes"),
+            )
+        })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|err| ApiError::new(ErrorCode::InvalidRequest, format!("body: {err}")))
+}
+
+fn answer(
+    result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
+) -> Result<Json<Value>, ApiError> {
+    match result {
         Ok(accepted) => Ok(Json(json!({
             "accepted": true,
             "revision": accepted.revision,

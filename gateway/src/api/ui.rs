@@ -1,14 +1,56 @@
-//! The review page (`/ui/`): static HTML, one script and one style sheet, compiled into the
-//! binary. No CDN and no inline script: every answer carries `Content-Security-Policy:
+//! The review page (`/ui/`) and the auditor's charts (`/ui/audit.html`): static HTML, scripts,
+//! one style sheet and the vendored chart library, compiled into the binary. No CDN and no inline script: every answer carries `Content-Security-Policy:
 //! default-src 'self'`. The page itself holds no data; it calls the JSON API with the key the
 //! user pastes (kept in `sessionStorage`), so the API's role checks apply unchanged.
 
+use axum::extract::Path;
 use axum::http::header::{self, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Redirect, Response};
 
+use super::error::{ApiError, ErrorCode};
+
 const INDEX: &str = include_str!("../../ui/index.html");
-const SCRIPT: &str = include_str!("../../ui/app.js");
-const STYLE: &str = include_str!("../../ui/style.css");
+
+/// The page's other files, by the one name each is served under (`/ui/{file}`). Nothing else
+/// is served: an unknown name is a 404, and no name reaches the file system.
+const ASSETS: &[(&str, &str, &str)] = &[
+    (
+        "app.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/app.js"),
+    ),
+    (
+        "detail.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/detail.js"),
+    ),
+    (
+        "common.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/common.js"),
+    ),
+    (
+        "style.css",
+        "text/css; charset=utf-8",
+        include_str!("../../ui/style.css"),
+    ),
+    (
+        "audit.html",
+        "text/html; charset=utf-8",
+        include_str!("../../ui/audit.html"),
+    ),
+    (
+        "audit.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/audit.js"),
+    ),
+    // Chart.js 4.6.1 from npm, unmodified (MIT; gateway/ui/vendor/README.md).
+    (
+        "chart.umd.min.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/vendor/chart.umd.min.js"),
+    ),
+];
 
 /// The policy every page answer carries.
 pub const CSP: &str =
@@ -46,36 +88,28 @@ pub async fn index() -> Response {
     page("text/html; charset=utf-8", INDEX)
 }
 
-/// `/ui/app.js`
+/// `/ui/{file}`: one of the page's compiled-in files.
 #[utoipa::path(
     get,
-    path = "/ui/app.js",
+    path = "/ui/{file}",
     tag = "ui",
-    operation_id = "ui_script",
-    summary = "The review page script.",
+    operation_id = "ui_asset",
+    summary = "A file of the review and audit pages (scripts, style sheet, the audit page, the vendored chart library).",
     security(()),
+    params(
+        ("file" = String, Path, description = "app.js, detail.js, common.js, style.css, audit.html, audit.js or chart.umd.min.js"),
+    ),
     responses(
-        (status = 200, description = "JavaScript", body = String, content_type = "text/javascript"),
+        (status = 200, description = "the file", body = String),
+        (status = 404, description = "no such file"),
     ),
 )]
-pub async fn script() -> Response {
-    page("text/javascript; charset=utf-8", SCRIPT)
-}
-
-/// `/ui/style.css`
-#[utoipa::path(
-    get,
-    path = "/ui/style.css",
-    tag = "ui",
-    operation_id = "ui_style",
-    summary = "The review page style.",
-    security(()),
-    responses(
-        (status = 200, description = "CSS", body = String, content_type = "text/css"),
-    ),
-)]
-pub async fn style() -> Response {
-    page("text/css; charset=utf-8", STYLE)
+pub async fn asset(Path(file): Path<String>) -> Response {
+    match ASSETS.iter().find(|(name, _, _)| *name == file) {
+        Some((_, content_type, body)) => page(content_type, body),
+        None => ApiError::new(ErrorCode::NotFound, format!("no page file named {file:?}"))
+            .into_response(),
+    }
 }
 
 fn page(content_type: &'static str, body: &'static str) -> Response {

@@ -27,7 +27,7 @@ pub const MAX_COMMENT_BYTES: usize = 1000;
 pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
-pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired"];
+pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired", "withdrawn"];
 
 /// `POST /v1/approvals/{id}` body.
 #[derive(Debug, Clone, Deserialize)]
@@ -328,6 +328,52 @@ fn verb(approve: bool) -> &'static str {
         "approved"
     } else {
         "rejected"
+    }
+}
+
+impl App {
+    /// Withdraws a request held for review (`POST /v1/executions/{id}/cancel` on a
+    /// `pending_approval` execution, by an agent of its tenant or an admin): audited as
+    /// `approval.withdrawn`, the execution ends `cancelled`, and nothing ever runs. Returns
+    /// the final record; a request decided meanwhile is a conflict.
+    pub(super) async fn withdraw_request(
+        &self,
+        caller: &ApiKey,
+        row: &ExecutionRow,
+    ) -> Result<ExecutionRow, AppError> {
+        let reason = Reason {
+            code: "approval.withdrawn".to_owned(),
+            message: format!(
+                "withdrawn by {} ({}) before review",
+                caller.principal, caller.id
+            ),
+        };
+        let event = NewEvent {
+            kind: "approval.withdrawn",
+            execution_id: Some(row.id.clone()),
+            key_id: Some(caller.id.clone()),
+            tenant: Some(row.tenant.clone()),
+            decision_id: None,
+            allow: Some(false),
+            reasons: json!([reason]),
+            input: json!({}),
+            decision: json!({"status": "withdrawn"}),
+            policy_revision: None,
+        };
+        match self
+            .audit
+            .withdraw_approval(&row.id, &reason, &event)
+            .await?
+        {
+            Some(_) => self.get_execution(caller, &row.id).await,
+            None => {
+                let now = self.get_execution(caller, &row.id).await?;
+                Err(AppError::Conflict(format!(
+                    "execution {} is no longer waiting for review (it is {})",
+                    row.id, now.status
+                )))
+            }
+        }
     }
 }
 

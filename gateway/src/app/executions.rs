@@ -148,8 +148,8 @@ impl App {
         }
     }
 
-    /// Stops a running execution (its sandbox is killed at once) and returns the final record.
-    /// Cancelling one that has finished is a conflict.
+    /// Stops a running execution (its sandbox is killed at once) and returns the final record;
+    /// withdraws one held for review. Cancelling one that has finished is a conflict.
     pub async fn cancel_execution(
         &self,
         caller: &ApiKey,
@@ -161,6 +161,10 @@ impl App {
                 "execution {id} has already finished ({})",
                 row.status
             )));
+        }
+        // Held for review: the agent withdraws its request (audited); nothing ever ran.
+        if row.status == "pending_approval" {
+            return self.withdraw_request(caller, &row).await;
         }
         // Only what runs here can be cancelled: anything else is refused before it is recorded.
         if !self.live.contains(id) {

@@ -11,6 +11,8 @@ pub mod listing;
 pub mod overflow;
 pub mod payloads;
 pub mod policy;
+pub mod policy_revisions;
+pub mod policy_upload;
 pub mod pool;
 pub mod reaper;
 pub mod refusals;

@@ -11,6 +11,7 @@ use serde_json::json;
 
 use policy_engine::{Decision, EgressDecision, EgressInput, PolicyEngine, PolicyInput, Reason};
 
+use super::policy_revisions::{KeptRevision, RevisionStore};
 use super::{error_chain, AppError};
 use crate::audit::{AuditStore, NewEvent};
 
@@ -108,11 +109,26 @@ pub struct ReloadAccepted {
     pub previous: String,
 }
 
+/// Where a reload takes its candidate from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    /// The configured `policy_dir` (SIGHUP, `POST /v1/policy/reload` without a body).
+    Configured,
+    /// Another directory the gateway can read (an absolute path).
+    Dir(PathBuf),
+    /// A kept revision (rollback); `None`: the one active before the current one.
+    Revision(Option<String>),
+    /// An uploaded bundle, unpacked into this directory of its own.
+    Upload(PathBuf),
+}
+
 /// The policy directory and the bundle currently answering for it.
 #[derive(Debug)]
 pub struct PolicyHandle {
     dir: PathBuf,
     current: RwLock<Arc<ActivePolicy>>,
+    /// The last accepted bundles, for rollback (absent in tests that build a bare handle).
+    revisions: Option<RevisionStore>,
     /// Reloads run one at a time; decisions never wait for them.
     reloading: tokio::sync::Mutex<()>,
 }
@@ -136,7 +152,31 @@ impl PolicyHandle {
                 loaded_at: crate::ids::now_micros(),
             })),
             reloading: tokio::sync::Mutex::new(()),
+            revisions: None,
         }
+    }
+
+    /// [`PolicyHandle::load`], keeping each accepted bundle in `revisions` (the start-up one
+    /// too) for rollback.
+    pub async fn load_keeping(dir: &Path, revisions: RevisionStore) -> PolicyHandle {
+        let mut handle = PolicyHandle::load(dir).await;
+        let active = handle.current();
+        if let PolicyState::Loaded(engine) = &active.state {
+            let kept = keep(revisions.clone(), dir.to_owned(), engine).await;
+            if let Err(error) = kept {
+                tracing::warn!(error = %error, "the start-up policy bundle could not be kept for rollback");
+            }
+        }
+        handle.revisions = Some(revisions);
+        handle
+    }
+
+    /// The kept revisions, the most recently active first.
+    pub fn kept(&self) -> Vec<KeptRevision> {
+        self.revisions
+            .as_ref()
+            .map(RevisionStore::list)
+            .unwrap_or_default()
     }
 
     pub fn dir(&self) -> &Path {
@@ -148,28 +188,48 @@ impl PolicyHandle {
         Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
     }
 
-    /// Loads the policy directory again. The candidate must load and pass its own test cases;
-    /// its revision and the reload event are committed before it answers any decision. On any
-    /// failure the active bundle stays, and the error says why.
+    /// Loads the policy directory again ([`PolicyHandle::reload_from`] the configured one).
     pub async fn reload(
         &self,
         audit: &AuditStore,
         loaded_by: &str,
     ) -> Result<ReloadAccepted, ReloadError> {
+        self.reload_from(audit, loaded_by, Source::Configured).await
+    }
+
+    /// Loads a candidate from `source`. It must load and pass its own test cases (a kept
+    /// revision must also still be that revision); it is kept for rollback, and its revision and
+    /// the reload event are committed before it answers any decision. On any failure the
+    /// active bundle stays, the refusal is audited, and the error says why.
+    pub async fn reload_from(
+        &self,
+        audit: &AuditStore,
+        loaded_by: &str,
+        source: Source,
+    ) -> Result<ReloadAccepted, ReloadError> {
         let _one_at_a_time = self.reloading.lock().await;
         let previous = self.current().state.revision().to_owned();
-        let engine = match candidate(self.dir.clone()).await {
-            Ok(engine) => engine,
-            Err(message) => {
-                let event = reload_event(loaded_by, &self.dir, &previous, None, Some(&message));
-                audit.record_event(&event).await.map_err(AppError::from)?;
-                tracing::warn!(loaded_by, error = %message, "policy reload rejected");
-                return Err(ReloadError::Rejected {
-                    message,
-                    active_revision: previous,
-                });
-            }
+        let context = ReloadContext {
+            loaded_by: loaded_by.to_owned(),
+            source: source_name(&source),
+            previous: previous.clone(),
         };
+        let resolved = self.resolve(&source, &previous);
+        let (dir, wanted) = match resolved {
+            Ok(found) => found,
+            Err(message) => return Err(context.reject(audit, &self.dir, message).await),
+        };
+        let engine = match checked_candidate(dir.clone(), wanted).await {
+            Ok(engine) => engine,
+            Err(message) => return Err(context.reject(audit, &dir, message).await),
+        };
+        if let Some(revisions) = self.revisions.clone() {
+            let kept = keep(revisions, dir.clone(), &engine).await;
+            if let Err(error) = kept {
+                let message = format!("the bundle could not be kept for rollback: {error}");
+                return Err(context.reject(audit, &dir, message).await);
+            }
+        }
         let revision = engine.revision().to_owned();
         audit
             .record_policy_revision(&revision, engine.files(), loaded_by)
@@ -179,7 +239,7 @@ impl PolicyHandle {
             .record_policy_sources(&revision, engine.sources())
             .await
             .map_err(AppError::from)?;
-        let event = reload_event(loaded_by, &self.dir, &previous, Some(&revision), None);
+        let event = context.event(&dir, Some(&revision), None);
         audit.record_event(&event).await.map_err(AppError::from)?;
         let active = Arc::new(ActivePolicy {
             state: PolicyState::Loaded(Box::new(engine)),
@@ -189,6 +249,137 @@ impl PolicyHandle {
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = active;
         tracing::info!(loaded_by, %revision, %previous, "policy reloaded");
         Ok(ReloadAccepted { revision, previous })
+    }
+
+    /// Unpacks an uploaded gzip'd tar bundle into a fresh directory under `incoming` and
+    /// reloads from it (source `upload`); the unpacked copy is removed afterwards (an accepted
+    /// bundle is kept in the revision store). A bad archive is a refusal like any other.
+    pub async fn reload_upload(
+        &self,
+        audit: &AuditStore,
+        loaded_by: &str,
+        bytes: Vec<u8>,
+        incoming: &Path,
+    ) -> Result<ReloadAccepted, ReloadError> {
+        let dir = incoming.join(uuid::Uuid::new_v4().to_string());
+        let target = dir.clone();
+        let unpacked =
+            tokio::task::spawn_blocking(move || super::policy_upload::unpack(&bytes, &target))
+                .await
+                .unwrap_or_else(|err| Err(format!("unpack task failed: {err}")));
+        let result = match unpacked {
+            Ok(()) => {
+                self.reload_from(audit, loaded_by, Source::Upload(dir.clone()))
+                    .await
+            }
+            Err(message) => {
+                let context = ReloadContext {
+                    loaded_by: loaded_by.to_owned(),
+                    source: "upload",
+                    previous: self.current().state.revision().to_owned(),
+                };
+                let message = format!("the uploaded bundle was refused: {message}");
+                Err(context.reject(audit, &dir, message).await)
+            }
+        };
+        if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
+            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove an unpacked upload");
+        }
+        result
+    }
+
+    /// The directory a source names, and the revision it must be (rollback).
+    fn resolve(&self, source: &Source, current: &str) -> Result<(PathBuf, Option<String>), String> {
+        match source {
+            Source::Configured => Ok((self.dir.clone(), None)),
+            Source::Dir(dir) if !dir.is_absolute() => Err(format!(
+                "dir must be an absolute path the gateway can read, not {}",
+                dir.display()
+            )),
+            Source::Dir(dir) if !dir.is_dir() => Err(format!(
+                "{} is not a directory the gateway can read",
+                dir.display()
+            )),
+            Source::Dir(dir) | Source::Upload(dir) => Ok((dir.clone(), None)),
+            Source::Revision(wanted) => {
+                let Some(revisions) = &self.revisions else {
+                    return Err("this gateway keeps no revisions".to_owned());
+                };
+                let kept: Vec<String> = revisions.list().into_iter().map(|k| k.revision).collect();
+                let wanted = match wanted {
+                    Some(wanted) => wanted.clone(),
+                    None => revisions
+                        .previous(current)
+                        .ok_or_else(|| "no earlier revision is kept to roll back to".to_owned())?,
+                };
+                let dir = revisions.path_of(&wanted).ok_or_else(|| {
+                    format!("revision {wanted} is not kept; kept: {}", kept.join(", "))
+                })?;
+                Ok((dir, Some(wanted)))
+            }
+        }
+    }
+}
+
+/// One reload, for its audit events.
+struct ReloadContext {
+    loaded_by: String,
+    source: &'static str,
+    previous: String,
+}
+
+fn source_name(source: &Source) -> &'static str {
+    match source {
+        Source::Configured => "policy_dir",
+        Source::Dir(_) => "dir",
+        Source::Revision(_) => "rollback",
+        Source::Upload(_) => "upload",
+    }
+}
+
+impl ReloadContext {
+    fn event(&self, dir: &Path, accepted: Option<&str>, error: Option<&str>) -> NewEvent {
+        reload_event(
+            &self.loaded_by,
+            (self.source, dir),
+            &self.previous,
+            accepted,
+            error,
+        )
+    }
+
+    /// Audits the refusal and says why; the active bundle stays.
+    async fn reject(&self, audit: &AuditStore, dir: &Path, message: String) -> ReloadError {
+        let event = self.event(dir, None, Some(&message));
+        if let Err(err) = audit.record_event(&event).await {
+            return ReloadError::App(AppError::from(err));
+        }
+        tracing::warn!(loaded_by = %self.loaded_by, error = %message, "policy reload rejected");
+        ReloadError::Rejected {
+            message,
+            active_revision: self.previous.clone(),
+        }
+    }
+}
+
+/// Keeps `engine`'s bundle (loaded from `dir`) in `revisions`, off the async threads.
+async fn keep(revisions: RevisionStore, dir: PathBuf, engine: &PolicyEngine) -> Result<(), String> {
+    let (revision, files) = (engine.revision().to_owned(), engine.files().to_vec());
+    tokio::task::spawn_blocking(move || revisions.keep_active(&dir, &revision, &files))
+        .await
+        .map_err(|err| err.to_string())?
+        .map_err(|err| err.to_string())
+}
+
+/// [`candidate`], which must be revision `wanted` when one is named.
+async fn checked_candidate(dir: PathBuf, wanted: Option<String>) -> Result<PolicyEngine, String> {
+    let engine = candidate(dir).await?;
+    match wanted {
+        Some(wanted) if engine.revision() != wanted => Err(format!(
+            "the kept copy of {wanted} now reads as {}; not activated",
+            engine.revision()
+        )),
+        _ => Ok(engine),
     }
 }
 
@@ -230,7 +421,7 @@ pub fn check_bundle(dir: &Path) -> Result<PolicyEngine, String> {
 
 fn reload_event(
     loaded_by: &str,
-    dir: &Path,
+    (source, dir): (&str, &Path),
     previous: &str,
     accepted: Option<&str>,
     error: Option<&str>,
@@ -250,7 +441,7 @@ fn reload_event(
         decision_id: None,
         allow: Some(accepted.is_some()),
         reasons: json!(reasons),
-        input: json!({"policy_dir": dir.display().to_string(), "loaded_by": loaded_by}),
+        input: json!({"source": source, "policy_dir": dir.display().to_string(), "loaded_by": loaded_by}),
         decision: json!({"accepted": accepted.is_some(), "revision": accepted, "previous": previous}),
         policy_revision: Some(accepted.unwrap_or(previous).to_owned()),
     }

@@ -250,6 +250,43 @@ impl AuditStore {
         }))
     }
 
+    /// Withdraws the pending approval of `execution_id` at its agent's request: the approval
+    /// becomes `withdrawn` (its payload cleared), the execution `cancelled` with `reason`, and
+    /// `event` is appended, in one transaction. `None`: nothing was pending (decided, expired,
+    /// or withdrawn already).
+    pub async fn withdraw_approval(
+        &self,
+        execution_id: &str,
+        reason: &Reason,
+        event: &NewEvent,
+    ) -> Result<Option<String>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let approval: Option<String> = sqlx::query_scalar(
+            "UPDATE approvals SET status = 'withdrawn', decided_at = now(), request = NULL \
+             WHERE execution_id = $1 AND status = 'pending' RETURNING id",
+        )
+        .bind(execution_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(approval) = approval else {
+            return Ok(None);
+        };
+        sqlx::query(
+            "UPDATE executions SET status = 'cancelled', reasons = reasons || $2::jsonb, \
+             finished_at = now() WHERE id = $1 AND status = 'pending_approval'",
+        )
+        .bind(execution_id)
+        .bind(Json(json!([reason])))
+        .execute(&mut *tx)
+        .await?;
+        let mut event = event.clone();
+        event.input = json!({"approval_id": approval, "requested_by": event.key_id});
+        chain::append(&mut tx, &event).await?;
+        tx.commit().await?;
+        self.metrics.execution_finished(ExecutionStatus::Cancelled);
+        Ok(Some(approval))
+    }
+
     /// Expires every pending approval past its `expires_at`: the approval becomes `expired`,
     /// its execution `denied` (reason `approval.expired`), each with an `approval.expired` audit
     /// event, in one transaction. Returns the expired approvals.

@@ -4,11 +4,13 @@
 pub mod approvals;
 pub mod bundle;
 pub mod chain;
+pub mod charts;
 pub mod durable;
 pub mod egress;
 pub mod journal;
 pub mod keys;
 pub mod read;
+pub mod review;
 pub mod sessions;
 pub mod verify;
 

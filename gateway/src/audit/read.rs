@@ -32,6 +32,7 @@ pub const EVENT_KINDS: &[&str] = &[
     "approval.refused",
     "approval.rejected",
     "approval.requested",
+    "approval.withdrawn",
     "auth.failure",
     "auth.failure.repeated",
     "egress.connection",
@@ -52,6 +53,9 @@ pub const EVENT_KINDS: &[&str] = &[
     "request.traversal",
     "request.traversal.repeated",
     "retention.purge",
+    "session.closed",
+    "session.created",
+    "session.denied",
 ];
 
 /// A `kind` filter: one kind, or every kind of a family (`approval.*`).
@@ -92,6 +96,10 @@ pub struct ExecutionFilter {
     /// Set for agents: only their own tenant's executions.
     pub tenant: Option<String>,
     pub status: Option<String>,
+    /// Only executions carrying this label (`key`, `value`).
+    pub label: Option<(String, String)>,
+    /// Only the executions of this session.
+    pub session: Option<String>,
     /// Only executions created before this one (the previous page's last id).
     pub before: Option<String>,
     pub limit: i64,
@@ -146,12 +154,17 @@ impl AuditStore {
              AND ($3::text IS NULL OR (created_at, id) < \
                   (SELECT created_at, id FROM executions WHERE id = $3 \
                    AND ($1::text IS NULL OR tenant = $1))) \
+             AND ($5::text IS NULL OR labels @> jsonb_build_object($5::text, $6::text)) \
+             AND ($7::text IS NULL OR session_id = $7) \
              ORDER BY created_at DESC, id DESC LIMIT $4",
         )
         .bind(&filter.tenant)
         .bind(&filter.status)
         .bind(&filter.before)
         .bind(filter.limit)
+        .bind(filter.label.as_ref().map(|(key, _)| key))
+        .bind(filter.label.as_ref().map(|(_, value)| value))
+        .bind(&filter.session)
         .fetch_all(&self.pool)
         .await?;
         Ok(rows)

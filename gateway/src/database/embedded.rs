@@ -1,6 +1,8 @@
 //! The embedded default database: a private PostgreSQL cluster under the data directory,
-//! run from the system's own `initdb`/`pg_ctl`, reachable only through a Unix socket in a
-//! directory only its owner can enter. No TCP listener.
+//! run from the system's own `initdb`/`pg_ctl`, reachable through a Unix socket in a directory
+//! only its owner can enter. No TCP listener, unless the admin asks for one for auditors
+//! (`audit_listen`): then only `sandgate_auditor` may log in over TCP, with a password
+//! (`pg_hba.conf` is rewritten at each start; see [`HBA`]).
 //!
 //! `initdb` refuses to run as root, so when sandgate runs as root the cluster runs as the
 //! `postgres` system user, which owns `<data_dir>/pg`. That user must be able to enter
@@ -10,6 +12,7 @@
 //! permission of the user's directories is changed.
 
 use std::ffi::OsStr;
+use std::net::SocketAddr;
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -21,8 +24,16 @@ use sqlx::postgres::PgConnectOptions;
 
 use super::DatabaseError;
 
-/// Port number used only to name the socket file (`.s.PGSQL.5432`); there is no TCP listener.
+/// Port number used only to name the socket file (`.s.PGSQL.5432`) when there is no TCP
+/// listener; with `audit_listen`, its port names the socket instead.
 const SOCKET_PORT: u16 = 5432;
+/// The client authentication rules, written at each start: the socket (0700, reached only by
+/// root and the cluster's user) is trusted; over TCP only the read-only auditor role, only
+/// into the sandgate database, only with its password (SCRAM); everything else is refused.
+const HBA: &str = "# Written by sandgate at each start of the embedded cluster; edits are lost.\n\
+    local all all trust\n\
+    host sandgate sandgate_auditor all scram-sha-256\n\
+    host all all all reject\n";
 /// `sun_path` is 108 bytes including the terminating NUL.
 const MAX_SOCKET_PATH: usize = 107;
 const SUPERUSER: &str = "postgres";
@@ -36,6 +47,9 @@ pub struct EmbeddedPostgres {
     socket_dir: PathBuf,
     log_file: PathBuf,
     run_as: Option<(Uid, Gid)>,
+    /// The port (socket name and, with `tcp`, the TCP port) and the TCP listener, if any.
+    port: u16,
+    tcp: Option<SocketAddr>,
     /// True when this process started the server and so must stop it.
     owned: bool,
 }
@@ -46,6 +60,15 @@ impl EmbeddedPostgres {
     pub fn start(
         data_dir: &Path,
         bin_dir: Option<&Path>,
+    ) -> Result<EmbeddedPostgres, DatabaseError> {
+        EmbeddedPostgres::start_listening(data_dir, bin_dir, None)
+    }
+
+    /// [`EmbeddedPostgres::start`], listening on TCP at `tcp` too (for auditors).
+    pub fn start_listening(
+        data_dir: &Path,
+        bin_dir: Option<&Path>,
+        tcp: Option<SocketAddr>,
     ) -> Result<EmbeddedPostgres, DatabaseError> {
         let bin_dir = match bin_dir {
             Some(dir) => dir.to_owned(),
@@ -59,9 +82,11 @@ impl EmbeddedPostgres {
             socket_dir: root.join("run"),
             log_file: root.join("postgres.log"),
             run_as,
+            port: tcp.map_or(SOCKET_PORT, |address| address.port()),
+            tcp,
             owned: false,
         };
-        let socket = pg.socket_dir.join(format!(".s.PGSQL.{SOCKET_PORT}"));
+        let socket = pg.socket_dir.join(format!(".s.PGSQL.{}", pg.port));
         if socket.as_os_str().len() > MAX_SOCKET_PATH {
             return Err(DatabaseError::Embedded {
                 message: format!(
@@ -75,8 +100,19 @@ impl EmbeddedPostgres {
             pg.initdb()?;
         }
         if pg.is_running()? {
+            if !socket.exists() {
+                return Err(DatabaseError::Embedded {
+                    message: format!(
+                        "the embedded PostgreSQL in {} runs with another port than this \
+                         configuration's (audit_listen changed since it started): stop what \
+                         uses it (the gateway), then start again",
+                        pg.pgdata.display()
+                    ),
+                });
+            }
             tracing::info!(pgdata = %pg.pgdata.display(), "using the running embedded PostgreSQL");
         } else {
+            pg.write_hba()?;
             pg.pg_ctl_start()?;
             pg.owned = true;
             tracing::info!(pgdata = %pg.pgdata.display(), "started embedded PostgreSQL");
@@ -87,7 +123,7 @@ impl EmbeddedPostgres {
     pub fn connect_options(&self, database: &str) -> PgConnectOptions {
         PgConnectOptions::new()
             .socket(&self.socket_dir)
-            .port(SOCKET_PORT)
+            .port(self.port)
             .username(SUPERUSER)
             .database(database)
     }
@@ -147,6 +183,31 @@ impl EmbeddedPostgres {
         Ok(())
     }
 
+    fn write_hba(&self) -> Result<(), DatabaseError> {
+        let path = self.pgdata.join("pg_hba.conf");
+        std::fs::write(&path, HBA).map_err(|err| io_error(&path, err))?;
+        if let Some((uid, gid)) = self.run_as {
+            nix::unistd::chown(&path, Some(uid), Some(gid))
+                .map_err(|err| io_error(&path, std::io::Error::from_raw_os_error(err as i32)))?;
+        }
+        Ok(())
+    }
+
+    /// The TCP listener for auditors, if configured.
+    pub fn tcp(&self) -> Option<SocketAddr> {
+        self.tcp
+    }
+
+    /// The port the socket file is named after (`.s.PGSQL.<port>`).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// `psql` (or another client program) of the same PostgreSQL installation.
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.bin_dir.join(name)
+    }
+
     fn initdb(&self) -> Result<(), DatabaseError> {
         let pgdata = self.pgdata.as_os_str();
         let args: [&OsStr; 9] = [
@@ -184,8 +245,14 @@ impl EmbeddedPostgres {
             });
         }
         // pg_ctl hands -o to the server through a shell; the path is single-quoted above.
+        let listen = self
+            .tcp
+            .map(|address| address.ip().to_string())
+            .unwrap_or_default();
         let options = format!(
-            "-c listen_addresses='' -k '{socket_dir}' -p {SOCKET_PORT} -c unix_socket_permissions=0700"
+            "-c listen_addresses='{listen}' -k '{socket_dir}' -p {} \
+             -c unix_socket_permissions=0700 -c password_encryption=scram-sha-256",
+            self.port
         );
         let pgdata = self.pgdata.as_os_str();
         let log = self.log_file.as_os_str();

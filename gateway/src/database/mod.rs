@@ -2,6 +2,7 @@
 //! Opening the database also runs the migrations, as the connecting user; every pooled
 //! connection then acts as [`APP_ROLE`], which may append to `audit_events` but not change it.
 
+mod auditor;
 pub mod embedded;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ pub enum DatabaseError {
     Connect(#[source] sqlx::Error),
     #[error("database migrations failed")]
     Migrate(#[source] sqlx::migrate::MigrateError),
+    #[error("audit_listen.password_file {path}: {problem}")]
+    AuditorPassword { path: PathBuf, problem: String },
     #[error("embedded PostgreSQL task failed: {0}")]
     Task(String),
 }
@@ -71,8 +74,9 @@ impl Database {
             None => {
                 let data_dir = config.data_dir.clone();
                 let bin_dir = config.postgres_bin_dir.clone();
+                let tcp = config.audit_listen.as_ref().map(|listen| listen.address);
                 let pg = tokio::task::spawn_blocking(move || {
-                    EmbeddedPostgres::start(&data_dir, bin_dir.as_deref())
+                    EmbeddedPostgres::start_listening(&data_dir, bin_dir.as_deref(), tcp)
                 })
                 .await
                 .map_err(|err| DatabaseError::Task(err.to_string()))??;
@@ -81,6 +85,13 @@ impl Database {
             }
         };
         migrate_as_owner(&options).await?;
+        let password_file = match (&config.audit_listen, &embedded) {
+            (Some(listen), Some(_)) => Some(listen.password_file.clone()),
+            _ => None,
+        };
+        if let Some(file) = password_file {
+            auditor::set_password(&options, file).await?;
+        }
         Ok(Database {
             pool: pool(options).await?,
             embedded,

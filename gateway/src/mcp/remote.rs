@@ -87,6 +87,43 @@ impl Remote {
         })
     }
 
+    /// `POST path` with a JSON body: the status and the JSON answer, whatever the status (for
+    /// the admin subcommands, which print refusals themselves).
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .json(body)
+            .send()
+            .await
+            .map_err(|err| unreachable(&self.base, &err).message)?;
+        let status = response.status().as_u16();
+        let answer = response.json().await.unwrap_or(Value::Null);
+        Ok((status, answer))
+    }
+
+    /// `POST path` with a raw body of `content_type`; as [`Remote::post_json`].
+    pub async fn post_bytes(
+        &self,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, Value), String> {
+        let response = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.key)
+            .header(reqwest::header::CONTENT_TYPE, content_type)
+            .body(body)
+            .send()
+            .await
+            .map_err(|err| unreachable(&self.base, &err).message)?;
+        let status = response.status().as_u16();
+        let answer = response.json().await.unwrap_or(Value::Null);
+        Ok((status, answer))
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refusal> {
         let response = request
             .bearer_auth(&self.key)
