@@ -20,6 +20,7 @@ pub mod outputs;
 pub mod outputs_live;
 pub mod plain;
 pub mod principal;
+pub mod role;
 pub mod runtime;
 pub mod session_wire;
 pub mod status;

@@ -22,11 +22,12 @@ use super::query::page_size;
 use crate::app::approvals::Review;
 use crate::app::App;
 use crate::audit::approvals::ApprovalRow;
+use crate::role::Role;
 
 /// Roles that may read approvals.
-const READERS: &[&str] = &["reviewer", "auditor", "admin"];
+const READERS: &[Role] = &[Role::Reviewer, Role::Auditor, Role::Admin];
 /// Roles that may decide them.
-const DECIDERS: &[&str] = &["reviewer", "admin"];
+const DECIDERS: &[Role] = &[Role::Reviewer, Role::Admin];
 
 /// An approval as clients see it.
 #[derive(Debug, Serialize)]

@@ -14,6 +14,7 @@ use super::query::{page_size, ApiQuery};
 use crate::app::{App, AppError};
 use crate::audit::read::{AuditEvent, EventFilter, KindFilter, EVENT_KINDS};
 use crate::audit::verify::Verification;
+use crate::role::Role;
 
 /// Page size when `limit` is absent.
 pub const DEFAULT_LIMIT: u32 = 100;
@@ -65,7 +66,7 @@ pub async fn events(
     caller: Caller,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Json<EventPage>, ApiError> {
-    caller.require_role(&["auditor", "admin"])?;
+    caller.require_role(&[Role::Auditor, Role::Admin])?;
     let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let since = match non_empty(query.since) {
         Some(since) => Some(parse_since(&since)?),
@@ -149,7 +150,7 @@ pub async fn verify(
     State(app): State<Arc<App>>,
     caller: Caller,
 ) -> Result<Json<Verification>, ApiError> {
-    caller.require_role(&["auditor", "admin"])?;
+    caller.require_role(&[Role::Auditor, Role::Admin])?;
     let verification = app.audit.verify_chain().await.map_err(AppError::from)?;
     Ok(Json(verification))
 }

@@ -15,14 +15,15 @@ use super::error::{ApiError, ErrorCode};
 use crate::app::refusals::{bounded_text, Refusal, RefusalKind, Verdict};
 use crate::app::App;
 use crate::audit::{claimed_key_id, ApiKey};
+use crate::role::Role;
 
 /// The authenticated caller of a request.
 #[derive(Debug, Clone)]
 pub struct Caller(pub ApiKey);
 
 impl Caller {
-    pub fn require_role(&self, roles: &[&str]) -> Result<(), ApiError> {
-        if roles.contains(&self.0.role.as_str()) {
+    pub fn require_role(&self, roles: &[Role]) -> Result<(), ApiError> {
+        if self.0.is_any(roles) {
             return Ok(());
         }
         Err(ApiError::new(
@@ -30,7 +31,7 @@ impl Caller {
             format!(
                 "role {} may not call this route; it is open to the roles: {}",
                 self.0.role,
-                roles.join(", ")
+                Role::names(roles)
             ),
         ))
     }

@@ -14,6 +14,7 @@ use super::listing::non_empty;
 use super::query::ApiQuery;
 use crate::app::{App, AppError};
 use crate::audit::charts::Summary;
+use crate::role::Role;
 
 /// The window when `since` is absent.
 const DEFAULT_SINCE: &str = "24h";
@@ -47,7 +48,7 @@ pub async fn summary(
     caller: Caller,
     ApiQuery(query): ApiQuery<SummaryQuery>,
 ) -> Result<Json<Summary>, ApiError> {
-    caller.require_role(&["auditor", "admin"])?;
+    caller.require_role(&[Role::Auditor, Role::Admin])?;
     let since_text = non_empty(query.since).unwrap_or_else(|| DEFAULT_SINCE.to_owned());
     let since = parse_since(&since_text)?;
     let window = (chrono::Utc::now() - since).num_seconds().max(60);

@@ -19,6 +19,7 @@ use super::json::ApiJson;
 use crate::app::executions::{Created, ExecutionRequest};
 use crate::app::App;
 use crate::audit::ExecutionRow;
+use crate::role::Role;
 use crate::status::ExecutionStatus;
 
 /// An execution as clients see it (DESIGN 4.2).
@@ -174,7 +175,7 @@ pub async fn create(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    caller.require_role(&["agent"])?;
+    caller.require_role(&[Role::Agent])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<ExecutionRequest>::from_request(body, &app).await?;
     match app.create_execution(&caller.0, request).await? {
@@ -213,7 +214,7 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ExecutionView>, ApiError> {
-    caller.require_role(&["agent", "admin"])?;
+    caller.require_role(&[Role::Agent, Role::Admin])?;
     let row = app.cancel_execution(&caller.0, &id).await?;
     Ok(Json(ExecutionView::from(row)))
 }

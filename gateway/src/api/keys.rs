@@ -25,6 +25,7 @@ use super::query::{page_size, ApiQuery};
 use crate::app::keys::{check_new_key, unknown_tenant_warning};
 use crate::app::{App, AppError};
 use crate::audit::keys::KeyRow;
+use crate::role::Role;
 
 /// Page size of `GET /v1/keys` when `limit` is absent, and the largest.
 const DEFAULT_LIMIT: u32 = 100;
@@ -60,7 +61,7 @@ pub async fn create(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    caller.require_role(&["admin"])?;
+    caller.require_role(&[Role::Admin])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<CreateKey>::from_request(body, &app).await?;
     let checked = check_new_key(
@@ -121,7 +122,7 @@ pub async fn list(
     caller: Caller,
     ApiQuery(query): ApiQuery<KeyQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin"])?;
+    caller.require_role(&[Role::Admin])?;
     let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let tenant = non_empty(query.tenant);
     let before = non_empty(query.before);
@@ -160,7 +161,7 @@ pub async fn revoke(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin"])?;
+    caller.require_role(&[Role::Admin])?;
     let row = app.revoke_key(&caller.0, &id).await?;
     Ok(Json(key_view(&row, Utc::now())))
 }

@@ -16,6 +16,7 @@ use super::executions::ExecutionView;
 use super::query::{page_size, ApiQuery};
 use crate::app::App;
 use crate::audit::read::ExecutionFilter;
+use crate::role::Role;
 
 /// Page size when `limit` is absent.
 pub const DEFAULT_LIMIT: u32 = 50;
@@ -70,7 +71,7 @@ pub async fn list(
     caller: Caller,
     ApiQuery(query): ApiQuery<ListQuery>,
 ) -> Result<Json<ExecutionPage>, ApiError> {
-    caller.require_role(&["agent", "reviewer", "auditor", "admin"])?;
+    caller.require_role(&[Role::Agent, Role::Reviewer, Role::Auditor, Role::Admin])?;
     let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let filter = ExecutionFilter {
         tenant: non_empty(query.tenant),

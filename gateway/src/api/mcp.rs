@@ -15,6 +15,7 @@ use super::error::ApiError;
 use crate::app::App;
 use crate::mcp::local::Local;
 use crate::mcp::protocol;
+use crate::role::Role;
 
 #[utoipa::path(
     post,
@@ -35,7 +36,7 @@ pub async fn serve(
     caller: Caller,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    caller.require_role(&["agent"])?;
+    caller.require_role(&[Role::Agent])?;
     let runner = Local {
         app,
         caller: caller.0,

@@ -12,6 +12,7 @@ use axum::response::IntoResponse;
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::app::App;
+use crate::role::Role;
 
 #[utoipa::path(
     get,
@@ -29,7 +30,7 @@ pub async fn scrape(
     State(app): State<Arc<App>>,
     caller: Caller,
 ) -> Result<impl IntoResponse, ApiError> {
-    caller.require_role(&["auditor", "admin"])?;
+    caller.require_role(&[Role::Auditor, Role::Admin])?;
     let metrics = app.audit.metrics();
     for (language, waiting) in app.pool.waiting() {
         metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));

@@ -18,6 +18,7 @@ use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
 use crate::app::App;
 use crate::audit::NewEvent;
+use crate::role::Role;
 
 #[utoipa::path(
     get,
@@ -32,7 +33,7 @@ use crate::audit::NewEvent;
     ),
 )]
 pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin", "reviewer", "auditor"])?;
+    caller.require_role(&[Role::Admin, Role::Reviewer, Role::Auditor])?;
     let active = app.policy.current();
     Ok(Json(json!({
         "revision": active.state.revision(),
@@ -79,7 +80,7 @@ pub async fn evaluate(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin", "reviewer"])?;
+    caller.require_role(&[Role::Admin, Role::Reviewer])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<EvaluateRequest>::from_request(body, &app).await?;
     // The policy may echo input into its reasons, which the audit row stores as jsonb (no NUL).
@@ -166,7 +167,7 @@ pub async fn reload(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin"])?;
+    caller.require_role(&[Role::Admin])?;
     if is_gzip(&body) {
         let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)
             .await
@@ -214,7 +215,7 @@ pub async fn rollback(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
-    caller.require_role(&["admin"])?;
+    caller.require_role(&[Role::Admin])?;
     let request: RollbackRequest = optional_body(body).await?;
     let source = Source::Revision(request.revision);
     answer(

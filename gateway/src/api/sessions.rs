@@ -15,6 +15,7 @@ use super::json::ApiJson;
 use crate::app::sessions::{Opened, SessionExecutionRequest, SessionRequest};
 use crate::app::App;
 use crate::audit::sessions::SessionRow;
+use crate::role::Role;
 use crate::session_wire::{ClosedReason, SessionList, SessionStatus, SessionView};
 
 /// A session as clients see it. The store keeps status and reason as text; one it does not
@@ -72,7 +73,7 @@ pub async fn create(
     caller: Caller,
     body: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    caller.require_role(&["agent"])?;
+    caller.require_role(&[Role::Agent])?;
     let ApiJson(request) = ApiJson::<SessionRequest>::from_request(body, &app).await?;
     match app.create_session(&caller.0, request).await? {
         Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row)?)).into_response()),
@@ -108,7 +109,7 @@ pub async fn execute(
     Path(id): Path<String>,
     body: axum::extract::Request,
 ) -> Result<Response, ApiError> {
-    caller.require_role(&["agent"])?;
+    caller.require_role(&[Role::Agent])?;
     let ApiJson(request) = ApiJson::<SessionExecutionRequest>::from_request(body, &app).await?;
     let row = app
         .create_session_execution(&caller.0, &id, request)
@@ -188,6 +189,6 @@ pub async fn delete(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SessionView>, ApiError> {
-    caller.require_role(&["agent", "admin"])?;
+    caller.require_role(&[Role::Agent, Role::Admin])?;
     Ok(Json(view(app.delete_session(&caller.0, &id).await?)?))
 }

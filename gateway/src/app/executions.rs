@@ -16,6 +16,7 @@ pub use super::request::{ExecutionRequest, FileUpload, MAX_CODE_BYTES};
 use super::validate::check_fields;
 use super::{App, AppError};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::role::Role;
 
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
 const CANCEL_WAIT_STEPS: u32 = 100;
@@ -140,7 +141,9 @@ impl App {
 
     pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
         match self.audit.get_execution(id).await? {
-            Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
+            Some(row) if row.tenant == caller.tenant || caller.is_any(&Role::ACROSS_TENANTS) => {
+                Ok(row)
+            }
             // Another tenant's execution is indistinguishable from a missing one, but audited
             // (bounded: `refusals`) as the probe it is.
             Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),

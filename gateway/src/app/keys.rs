@@ -5,7 +5,8 @@ use chrono::{DateTime, Utc};
 
 use super::{App, AppError};
 use crate::audit::keys::{KeyRow, KeySpec, Revoked};
-use crate::audit::{ApiKey, NewKey, ROLES};
+use crate::audit::{ApiKey, NewKey};
+use crate::role::Role;
 
 /// Longest tenant name.
 const MAX_TENANT_BYTES: usize = 64;
@@ -42,8 +43,8 @@ pub fn check_new_key(
     principal: Option<&str>,
     expires_at: Option<DateTime<Utc>>,
 ) -> Result<CheckedKey, String> {
-    if !ROLES.contains(&role) {
-        return Err(format!("role must be one of {}", ROLES.join(", ")));
+    if Role::parse(role).is_none() {
+        return Err(format!("role must be one of {}", Role::names(&Role::ALL)));
     }
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || !tenant.chars().all(valid) {

@@ -3,6 +3,7 @@
 use super::{App, AppError};
 use crate::audit::read::{ExecutionFilter, STATUSES};
 use crate::audit::{ApiKey, ExecutionRow};
+use crate::role::Role;
 
 impl App {
     /// One page of executions, newest first. `filter.tenant` is replaced by the caller's tenant
@@ -20,7 +21,7 @@ impl App {
                 )));
             }
         }
-        if caller.role == "agent" {
+        if !caller.is_any(&Role::ACROSS_TENANTS) {
             filter.tenant = Some(caller.tenant.clone());
         }
         if let Some(before) = &filter.before {

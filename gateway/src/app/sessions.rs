@@ -29,6 +29,7 @@ use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
+use crate::role::Role;
 use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
 
 /// Body of `POST /v1/sessions`.
@@ -426,14 +427,16 @@ impl App {
 
     pub async fn get_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
         match self.audit.get_session(id).await? {
-            Some(row) if row.tenant == caller.tenant || caller.role != "agent" => Ok(row),
+            Some(row) if row.tenant == caller.tenant || caller.is_any(&Role::ACROSS_TENANTS) => {
+                Ok(row)
+            }
             Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),
             None => Err(AppError::NotFound),
         }
     }
 
     pub async fn list_sessions(&self, caller: &ApiKey) -> Result<Vec<SessionRow>, AppError> {
-        let tenant = (caller.role == "agent").then_some(caller.tenant.as_str());
+        let tenant = (!caller.is_any(&Role::ACROSS_TENANTS)).then_some(caller.tenant.as_str());
         Ok(self.audit.list_sessions(tenant).await?)
     }
 

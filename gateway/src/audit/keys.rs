@@ -29,6 +29,18 @@ pub struct ApiKey {
     pub principal: String,
 }
 
+impl ApiKey {
+    /// The key's role, `None` for a name that is none (such a key matches no role check).
+    pub fn role(&self) -> Option<crate::role::Role> {
+        crate::role::Role::parse(&self.role)
+    }
+
+    /// Whether the key holds one of `roles`.
+    pub fn is_any(&self, roles: &[crate::role::Role]) -> bool {
+        self.role().is_some_and(|role| roles.contains(&role))
+    }
+}
+
 /// A freshly created key: `secret` is shown once and never stored.
 #[derive(Debug)]
 pub struct NewKey {

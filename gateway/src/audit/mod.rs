@@ -42,8 +42,6 @@ impl From<sqlx::Error> for AuditError {
     }
 }
 
-pub const ROLES: &[&str] = &["agent", "reviewer", "auditor", "admin"];
-
 pub use keys::{ApiKey, NewKey};
 
 /// One row of `executions`.
