@@ -342,7 +342,10 @@ async fn seed(app: &PgPool) {
         };
         store.insert_session(&session).await.unwrap();
     }
-    store.close_session("ss_idle", "idle").await.unwrap();
+    store
+        .close_session("ss_idle", gateway::session_wire::ClosedReason::Idle)
+        .await
+        .unwrap();
 }
 
 #[test]

@@ -8,7 +8,7 @@ mod common;
 
 use serde_json::{json, Value};
 
-use common::{containers_of, TestGateway};
+use common::TestGateway;
 
 /// Allocates in 10 MiB steps until the memory limit ends it.
 const SMALL_STEP_BOMB: &str =
@@ -34,7 +34,7 @@ const BASH_SIGNALS_THE_INIT: &str = "kill -STOP 1 || echo stop refused\n\
 
 fn assert_oom(record: &Value) {
     assert_eq!(record["status"], "oom", "{record}");
-    assert!(containers_of(record["id"].as_str().unwrap()).is_empty());
+    assert!(common::removed_soon(record["id"].as_str().unwrap()));
 }
 
 /// The bomb under 256 MB (the classroom tenant; cold, as the pool keeps python at 512 MB) and

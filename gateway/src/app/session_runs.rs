@@ -19,6 +19,7 @@ use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::outputs::Collected;
 use crate::runtime::{Ending, Job, JobFile, TurnEnding, TurnRan};
+use crate::session_wire::{ClosedReason, SessionStatus};
 
 /// What a decision in a session needs of it (shareable across awaits, unlike the sandbox).
 struct Facts<'a> {
@@ -101,7 +102,10 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(closed_conflict(id, &row));
         };
-        let _ = self.audit.set_session_status(id, "busy", false).await;
+        let _ = self
+            .audit
+            .set_session_status(id, SessionStatus::Busy, false)
+            .await;
         let ran = self
             .run_in_session(caller, id, held, request, started)
             .await;
@@ -112,13 +116,16 @@ impl App {
         let (record, closes) = match ran {
             Ok(ran) => ran,
             Err(err) => {
-                let _ = self.audit.set_session_status(id, "ready", false).await;
+                let _ = self
+                    .audit
+                    .set_session_status(id, SessionStatus::Ready, false)
+                    .await;
                 return Err(err);
             }
         };
         let _ = self
             .audit
-            .set_session_status(id, "ready", record.allow)
+            .set_session_status(id, SessionStatus::Ready, record.allow)
             .await;
         drop(guard);
         if let Some(reason) = closes {
@@ -215,7 +222,7 @@ impl App {
         held: &mut Held,
         request: SessionExecutionRequest,
         started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
-    ) -> Result<(ExecutionRow, Option<&'static str>), AppError> {
+    ) -> Result<(ExecutionRow, Option<ClosedReason>), AppError> {
         let InSession {
             code,
             files,
@@ -247,8 +254,8 @@ impl App {
             Ok(TurnRan {
                 ending: TurnEnding::Ended(Ending::Oom { .. }),
                 ..
-            }) => Some("oom"),
-            _ => Some("crashed"),
+            }) => Some(ClosedReason::Oom),
+            _ => Some(ClosedReason::Crashed),
         };
         let result = match &ran {
             Ok(TurnRan {

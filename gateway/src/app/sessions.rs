@@ -31,6 +31,7 @@ use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
 use crate::role::Role;
 use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
+use crate::session_wire::{ClosedReason, SessionStatus};
 
 /// Body of `POST /v1/sessions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -199,7 +200,7 @@ impl App {
             tenant: caller.tenant.clone(),
             key_id: caller.id.clone(),
             language: request.language.clone(),
-            status: "ready".into(),
+            status: SessionStatus::Ready.as_str().to_owned(),
             closed_reason: None,
             decision: Json(json!(decision)),
             limits: Json(json!(held.runnable.limits)),
@@ -340,16 +341,16 @@ impl App {
                     .unwrap_or_else(PoisonError::into_inner);
                 let idle_at = last + Duration::from_secs(idle);
                 let (wake, reason) = if idle_at < expires {
-                    (idle_at, "idle")
+                    (idle_at, ClosedReason::Idle)
                 } else {
-                    (expires, "ttl")
+                    (expires, ClosedReason::Ttl)
                 };
                 tokio::select! {
                     () = tokio::time::sleep_until(wake.into()) => {}
                     () = open.closing.cancelled() => {
                         // Shutting down: the session does not outlive its gateway.
                         if app.shutdown.is_cancelled() {
-                            app.close_session(&id, "gateway_restart").await;
+                            app.close_session(&id, ClosedReason::GatewayRestart).await;
                         }
                         return;
                     }
@@ -358,7 +359,7 @@ impl App {
                     .last_used
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
-                if reason == "ttl" || still == last {
+                if reason == ClosedReason::Ttl || still == last {
                     // A busy session closes once its execution ended (the lock waits for it).
                     app.close_session(&id, reason).await;
                     return;
@@ -368,7 +369,7 @@ impl App {
     }
 
     /// Closes an open session of this gateway: the sandbox is removed, the record closed.
-    pub(super) async fn close_session(&self, id: &str, reason: &str) -> Option<SessionRow> {
+    pub(super) async fn close_session(&self, id: &str, reason: ClosedReason) -> Option<SessionRow> {
         let open = self.sessions.lock().remove(id)?;
         open.closing.cancel();
         let held = open.held.lock().await.take();
@@ -442,10 +443,10 @@ impl App {
 
     pub async fn delete_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
         let row = self.get_session(caller, id).await?;
-        if row.status == "closed" {
+        if row.status == SessionStatus::Closed.as_str() {
             return Ok(row);
         }
-        match self.close_session(id, "deleted").await {
+        match self.close_session(id, ClosedReason::Deleted).await {
             Some(closed) => Ok(closed),
             None => self.get_session(caller, id).await,
         }

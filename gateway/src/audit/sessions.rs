@@ -5,6 +5,7 @@ use serde_json::Value;
 use sqlx::types::Json;
 
 use super::{AuditError, AuditStore};
+use crate::session_wire::{ClosedReason, SessionStatus};
 
 /// One row of `sessions`.
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -80,7 +81,7 @@ impl AuditStore {
     pub async fn set_session_status(
         &self,
         id: &str,
-        status: &str,
+        status: SessionStatus,
         ran_one: bool,
     ) -> Result<(), AuditError> {
         sqlx::query(
@@ -88,7 +89,7 @@ impl AuditStore {
              last_used_at = now() WHERE id = $1 AND status <> 'closed'",
         )
         .bind(id)
-        .bind(status)
+        .bind(status.as_str())
         .bind(i64::from(ran_one))
         .execute(&self.pool)
         .await?;
@@ -99,14 +100,14 @@ impl AuditStore {
     pub async fn close_session(
         &self,
         id: &str,
-        reason: &str,
+        reason: ClosedReason,
     ) -> Result<Option<SessionRow>, AuditError> {
         Ok(sqlx::query_as(
             "UPDATE sessions SET status = 'closed', closed_reason = $2, closed_at = now() \
              WHERE id = $1 AND status <> 'closed' RETURNING *",
         )
         .bind(id)
-        .bind(reason)
+        .bind(reason.as_str())
         .fetch_optional(&self.pool)
         .await?)
     }
