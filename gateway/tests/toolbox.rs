@@ -301,3 +301,57 @@ async fn curl_git_requests_urllib_and_pip_work_unchanged_through_inspection() {
     );
     gw.stop().await;
 }
+
+/// A refused CONNECT says why in its status line, so clients that show only that line show the
+/// reason: `curl -v`, Python's `requests` and `urllib` (`Tunnel connection failed: 403
+/// sandgate-egress: egress.host_not_granted: ...`) and pip; a refused plain-HTTP request has it
+/// in the body too. Nothing reaches any upstream and each attempt has its row.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_refused_connect_names_its_reason_to_curl_requests_urllib_and_pip() {
+    let policies = bundle_with_test_tenant(&[(SECURE_HOST, 443)]);
+    let gw = gateway_with(policies.path(), &[(SECURE_HOST, UPSTREAM)]).await;
+    let key = gw.key("agent", "nettest").await;
+    let code = r#"
+import json, subprocess, urllib.request
+import requests
+def run(argv):
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    return p.stdout + p.stderr
+out = {"curl": run(["curl", "-sS", "-v", "https://denied.test/"]),
+       "curl_http": run(["curl", "-sS", "http://denied.test/"]),
+       "pip": run(["pip", "install", "--retries", "1", "--index-url", "https://denied.test/simple/", "x"])}
+try:
+    requests.get("https://denied.test/", timeout=20)
+except Exception as e:
+    out["requests"] = str(e)
+try:
+    urllib.request.urlopen("https://denied.test/", timeout=20)
+except Exception as e:
+    out["urllib"] = str(e)
+print(json.dumps(out))
+"#;
+    let extra = json!({"network": [{"host": SECURE_HOST, "port": 443}]});
+    let (status, body) = gw.execute(&key, "python", code, extra).await;
+    assert_eq!(status, 200, "{body}");
+    let (id, out) = last_json(&body);
+    let phrase = "403 sandgate-egress: egress.host_not_granted: ";
+    let tunnel_failed = format!("Tunnel connection failed: {phrase}");
+    let expect = |case: &str, text: &str| {
+        assert!(out[case].as_str().unwrap().contains(text), "{case}: {out:#}");
+    };
+    expect("curl", &format!("< HTTP/1.1 {phrase}"));
+    expect("curl", "< X-Sandgate-Reason: egress.host_not_granted");
+    expect("curl_http", "sandgate-egress: egress.host_not_granted: ");
+    expect("requests", &tunnel_failed);
+    expect("urllib", &tunnel_failed);
+    expect("pip", &tunnel_failed);
+    let rows = connection_rows(&gw, &id).await;
+    assert!(rows.len() >= 4, "{rows:?}");
+    for (host, allow, reason) in &rows {
+        assert_eq!(
+            (host.as_str(), *allow, reason.as_str()),
+            ("denied.test", false, "egress.host_not_granted")
+        );
+    }
+    gw.stop().await;
+}
