@@ -262,7 +262,13 @@ pub(crate) fn denial_line(reason: ReasonCode, message: &str) -> String {
 pub(crate) fn reason_phrase(reason: ReasonCode, message: &str) -> String {
     denial_line(reason, message)
         .chars()
-        .map(|c| if c.is_ascii_graphic() || c == ' ' { c } else { '?' })
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
         .collect()
 }
 

@@ -570,12 +570,14 @@ print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws"),
     // The proxy's refusal names its reason in the status line too.
     let status_line = |case: &str| out[case][0].as_str().unwrap().to_owned();
     assert!(
-        status_line("denied").starts_with("HTTP/1.1 403 sandgate-egress: egress.path_not_allowed: "),
+        status_line("denied")
+            .starts_with("HTTP/1.1 403 sandgate-egress: egress.path_not_allowed: "),
         "{out:#}"
     );
     // A request naming another host than the tunnel's is refused too.
     assert!(
-        status_line("other_host").starts_with("HTTP/1.1 400 sandgate-egress: egress.host_mismatch: "),
+        status_line("other_host")
+            .starts_with("HTTP/1.1 400 sandgate-egress: egress.host_mismatch: "),
         "{out:#}"
     );
     assert_eq!(

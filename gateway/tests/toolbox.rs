@@ -107,7 +107,10 @@ print(json.dumps(out))
         );
     }
     let rows = connection_rows(&gw, &id).await;
-    assert!(!rows.is_empty() && rows.iter().all(|(_, allow, _)| *allow), "{rows:?}");
+    assert!(
+        !rows.is_empty() && rows.iter().all(|(_, allow, _)| *allow),
+        "{rows:?}"
+    );
     gw.stop().await;
 }
 
@@ -152,7 +155,10 @@ curl --version | head -n 1
         2,
         "{body:#}"
     );
-    assert!(lines.iter().any(|l| l.starts_with("git version ")), "{body:#}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("git version ")),
+        "{body:#}"
+    );
     assert!(lines.iter().any(|l| l.starts_with("curl ")), "{body:#}");
     gw.stop().await;
 }
@@ -195,7 +201,8 @@ async fn curl_git_requests_and_urllib_reach_an_https_upstream_through_a_tunnel()
         "export CURL_CA='--cacert /workspace/ca.pem' GIT_CA='-c http.sslCAInfo=/workspace/ca.pem' \
          TEST_CA=/workspace/ca.pem\n{FETCH_SH}"
     );
-    let ca = base64::engine::general_purpose::STANDARD.encode(std::fs::read(files.ca_file()).unwrap());
+    let ca =
+        base64::engine::general_purpose::STANDARD.encode(std::fs::read(files.ca_file()).unwrap());
     let extra = json!({
         "network": [{"host": SECURE_HOST, "port": 443}],
         "files": [{"path": "ca.pem", "content_b64": ca}],
@@ -206,14 +213,20 @@ async fn curl_git_requests_and_urllib_reach_an_https_upstream_through_a_tunnel()
     let lines: Vec<&str> = body["stdout"].as_str().unwrap().lines().collect();
     assert_eq!(lines, fetched(), "{body:#}");
     assert!(
-        files.requests().iter().any(|r| r.starts_with("GET /repo.git/")),
+        files
+            .requests()
+            .iter()
+            .any(|r| r.starts_with("GET /repo.git/")),
         "{:?}",
         files.requests()
     );
     let rows = connection_rows(&gw, body["id"].as_str().unwrap()).await;
     assert!(rows.len() >= 4, "{rows:?}");
     for (host, allow, reason) in &rows {
-        assert_eq!((host.as_str(), *allow, reason.as_str()), (SECURE_HOST, true, "egress.allowed"));
+        assert_eq!(
+            (host.as_str(), *allow, reason.as_str()),
+            (SECURE_HOST, true, "egress.allowed")
+        );
     }
     gw.stop().await;
 }
@@ -275,7 +288,10 @@ async fn curl_git_requests_urllib_and_pip_work_unchanged_through_inspection() {
     );
     let reached = files.requests();
     assert!(reached.iter().all(|r| r.starts_with("GET ")), "{reached:?}");
-    assert!(reached.contains(&format!("GET /simple/{PACKAGE}/")), "{reached:?}");
+    assert!(
+        reached.contains(&format!("GET /simple/{PACKAGE}/")),
+        "{reached:?}"
+    );
 
     let pool = gw.pool().await;
     let rows: Vec<(String, String, bool, String)> = sqlx::query_as(
@@ -288,7 +304,11 @@ async fn curl_git_requests_urllib_and_pip_work_unchanged_through_inspection() {
     .unwrap();
     pool.close().await;
     let allowed = rows.iter().filter(|row| row.2).count();
-    assert_eq!(allowed, reached.len(), "one row per request that reached it: {rows:#?}");
+    assert_eq!(
+        allowed,
+        reached.len(),
+        "one row per request that reached it: {rows:#?}"
+    );
     assert_eq!(
         rows.iter().filter(|row| !row.2).collect::<Vec<_>>(),
         vec![&(
@@ -337,7 +357,10 @@ print(json.dumps(out))
     let phrase = "403 sandgate-egress: egress.host_not_granted: ";
     let tunnel_failed = format!("Tunnel connection failed: {phrase}");
     let expect = |case: &str, text: &str| {
-        assert!(out[case].as_str().unwrap().contains(text), "{case}: {out:#}");
+        assert!(
+            out[case].as_str().unwrap().contains(text),
+            "{case}: {out:#}"
+        );
     };
     expect("curl", &format!("< HTTP/1.1 {phrase}"));
     expect("curl", "< X-Sandgate-Reason: egress.host_not_granted");
