@@ -6,8 +6,8 @@
 //! swap read it. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
 //! so a placeholder seen in one execution means nothing in another.
 
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use rand::RngCore;
 
@@ -52,6 +52,39 @@ impl Credential {
     /// The header value sent upstream.
     pub(crate) fn header_value(&self) -> String {
         self.format.replace("{value}", self.value.expose())
+    }
+}
+
+/// The gateway's credentials by name. Clones share one set, which a reload replaces as a whole
+/// (the values read again); an execution takes the credentials current when its inspection is
+/// prepared and keeps them for its life.
+#[derive(Clone, Default)]
+pub struct CredentialSet(Arc<RwLock<Arc<BTreeMap<String, Credential>>>>);
+
+impl CredentialSet {
+    pub fn new(credentials: BTreeMap<String, Credential>) -> CredentialSet {
+        CredentialSet(Arc::new(RwLock::new(Arc::new(credentials))))
+    }
+
+    /// The current credential of that name.
+    pub fn get(&self, name: &str) -> Option<Credential> {
+        self.current().get(name).cloned()
+    }
+
+    /// Replaces every credential at once (executions that already started keep theirs).
+    pub fn replace(&self, credentials: BTreeMap<String, Credential>) {
+        *self.0.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(credentials);
+    }
+
+    fn current(&self) -> Arc<BTreeMap<String, Credential>> {
+        Arc::clone(&self.0.read().unwrap_or_else(PoisonError::into_inner))
+    }
+}
+
+/// Names only: the values never print.
+impl std::fmt::Debug for CredentialSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.current().keys()).finish()
     }
 }
 

@@ -130,7 +130,9 @@ pub async fn evaluate(
     path = "/v1/policy/reload",
     tag = "policy",
     operation_id = "policy_reload",
-    summary = "Reload the policy directory.",
+    summary = "Reload the policy directory, and read the credentials' values again.",
+    description = "The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
+        the credential whose value could not be read (the previous values then stay).",
     security(("bearer" = ["admin"])),
     responses(
         (status = 200, description = "accepted or kept the last good bundle", body = serde_json::Value),
@@ -139,12 +141,18 @@ pub async fn evaluate(
 )]
 pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
+    let credentials = match app.reload_credentials(&caller.0.id) {
+        None => json!({"reloaded": 0}),
+        Some(Ok(count)) => json!({"reloaded": count}),
+        Some(Err(err)) => json!({"error": crate::app::error_chain(&err)}),
+    };
     match app.policy.reload(&app.audit, &caller.0.id).await {
         Ok(accepted) => Ok(Json(json!({
             "accepted": true,
             "revision": accepted.revision,
             "previous": accepted.previous,
             "changed": accepted.revision != accepted.previous,
+            "credentials": credentials,
         }))),
         Err(ReloadError::Rejected {
             message,

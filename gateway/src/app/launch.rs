@@ -402,7 +402,8 @@ pub fn program_names() -> [&'static str; 3] {
 /// Where `pip install x` puts x (a user installation: the root file system is read-only and the
 /// program is not root), in the execution's own `/workspace`: gone with the sandbox, kept across
 /// a session's executions, counted in its disk limit. The image makes its `site-packages`
-/// importable from the interpreter's start (images/python/sandgate_user_site.py).
+/// importable from the interpreter's start, before pip creates it
+/// (images/python/sandgate_user_site.py).
 pub const PYTHON_USER_BASE: &str = "/workspace/.local";
 
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
