@@ -289,7 +289,7 @@ async fn curl_git_requests_urllib_and_pip_work_unchanged_through_inspection() {
     let reached = files.requests();
     assert!(reached.iter().all(|r| r.starts_with("GET ")), "{reached:?}");
     assert!(
-        reached.contains(&format!("GET /simple/{PACKAGE}/")),
+        reached.contains(&format!("GET /simple/{PACKAGE}/ auth=-")),
         "{reached:?}"
     );
 

@@ -1,8 +1,8 @@
 //! A static HTTPS file server in the test network namespace (198.51.100.2:443, certificate for
 //! `secure.test` from a throwaway CA) serving what real tools fetch: a text file, a git
 //! repository over git's "dumb" HTTP protocol, and a one-package Python index with its wheel.
-//! Every request is logged (`<METHOD> <PATH>`) before it is answered, so a test can tell what
-//! reached it. Used by the image-toolbox and inspection tests.
+//! Every request is logged (`<METHOD> <PATH> auth=<Authorization or ->`) before it is answered,
+//! so a test can tell what reached it, and with which credential. Used by the image-toolbox and inspection tests.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -69,7 +69,7 @@ class Handler(SimpleHTTPRequestHandler):
         ok = super().parse_request()
         if ok:
             with lock, open(os.path.join(root, "requests.log"), "a") as f:
-                f.write("%s %s\n" % (self.command, self.path))
+                f.write("%s %s auth=%s\n" % (self.command, self.path, self.headers.get("Authorization", "-")))
         return ok
     def log_message(self, *args):
         pass
@@ -138,7 +138,7 @@ impl FilesUpstream {
         }
     }
 
-    /// `<METHOD> <PATH>` of every request that reached the server, in order.
+    /// `<METHOD> <PATH> auth=<Authorization or ->` of every request that reached it, in order.
     pub fn requests(&self) -> Vec<String> {
         read_lines(&self.root.path().join("requests.log"))
     }
