@@ -24,9 +24,12 @@ use common::{copy_of_shipped, fresh_database, TestGateway};
 
 const CREDENTIAL: &str = "testcred";
 
+/// The plain-HTTP host of the body test.
+const SINK_HOST: &str = "sink.test";
+
 /// The shipped bundle plus tenant `credtest`: `secure.test:443` inspected, every GET carrying
-/// `testcred`.
-fn bundle() -> tempfile::TempDir {
+/// `testcred`; `sink.test` on `sink_port` as a plain granted host.
+fn bundle(sink_port: u16) -> tempfile::TempDir {
     let dir = copy_of_shipped();
     let tenants = dir.path().join("data/tenants.yaml");
     let mut data: serde_yaml_ng::Value =
@@ -34,12 +37,37 @@ fn bundle() -> tempfile::TempDir {
     let mut tenant = data["tenants"]["acme"].clone();
     let allow = json!([{"host": SECURE_HOST, "ports": [443], "inspect": true,
                         "credentials": [CREDENTIAL],
-                        "requests": [{"methods": ["GET"], "paths": ["/"], "credentials": [CREDENTIAL]}]}]);
+                        "requests": [{"methods": ["GET"], "paths": ["/"], "credentials": [CREDENTIAL]}]},
+                       {"host": SINK_HOST, "ports": [sink_port]}]);
     tenant["network"]["allow"] = serde_yaml_ng::to_value(allow).unwrap();
     tenant["network"]["review_unlisted_hosts"] = serde_yaml_ng::Value::Bool(false);
     data["tenants"]["credtest"] = tenant;
     std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
     dir
+}
+
+/// A gateway inspecting with the test CA as `egress_ca_file`, `testcred` read from `token`.
+async fn gateway(policies: &Path, ca: PathBuf, token: PathBuf) -> TestGateway {
+    let dir = policies.to_owned();
+    TestGateway::start_with(Some(fresh_database().await), move |config| {
+        config.policy_dir = dir;
+        config.egress_ca_file = Some(ca);
+        for host in [SECURE_HOST, SINK_HOST] {
+            config
+                .egress_hosts
+                .insert(host.to_owned(), vec![UPSTREAM.parse().unwrap()]);
+        }
+        config.credentials.insert(
+            CREDENTIAL.to_owned(),
+            gateway::config::CredentialConfig {
+                value_env: None,
+                value_file: Some(token),
+                header: "authorization".to_owned(),
+                format: "Bearer {value}".to_owned(),
+            },
+        );
+    })
+    .await
 }
 
 fn secret(round: &str) -> String {
@@ -170,29 +198,12 @@ fn write(path: &Path, value: &str) {
 async fn credential_values_are_read_again_on_reload_and_never_reach_the_database_or_logs() {
     let logs = capture_logs();
     let files = FilesUpstream::start().await;
-    let policies = bundle();
+    let policies = bundle(9);
     let secrets = tempfile::tempdir().unwrap();
     let token = secrets.path().join("token");
     let first = secret("first");
     write(&token, &first);
-    let (dir, ca, file) = (policies.path().to_owned(), files.ca_file(), token.clone());
-    let gw = TestGateway::start_with(Some(fresh_database().await), move |config| {
-        config.policy_dir = dir;
-        config.egress_ca_file = Some(ca);
-        config
-            .egress_hosts
-            .insert(SECURE_HOST.to_owned(), vec![UPSTREAM.parse().unwrap()]);
-        config.credentials.insert(
-            CREDENTIAL.to_owned(),
-            gateway::config::CredentialConfig {
-                value_env: None,
-                value_file: Some(file),
-                header: "authorization".to_owned(),
-                format: "Bearer {value}".to_owned(),
-            },
-        );
-    })
-    .await;
+    let gw = gateway(policies.path(), files.ca_file(), token.clone()).await;
     let key = gw.key("agent", "credtest").await;
     let admin = gw.key("admin", "ops").await;
     assert_eq!(
@@ -273,4 +284,162 @@ async fn credential_values_are_read_again_on_reload_and_never_reach_the_database
             "the log holds a credential's value"
         );
     }
+}
+
+/// Records every byte it receives (`received.bin`) and answers `200` once a request's whole
+/// body (Content-Length) has arrived; never before, so only the proxy can answer first.
+const SINK_PY: &str = r#"
+import os, socket, sys
+address, root = sys.argv[1], sys.argv[2]
+server = socket.socket()
+server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+server.bind((address, 0))
+server.listen(8)
+open(os.path.join(root, "port.tmp"), "w").write(str(server.getsockname()[1]))
+os.rename(os.path.join(root, "port.tmp"), os.path.join(root, "port"))
+while True:
+    conn, _ = server.accept()
+    data = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+        with open(os.path.join(root, "received.bin"), "ab") as f:
+            f.write(chunk)
+        head, sep, body = data.partition(b"\r\n\r\n")
+        length = [int(l.split(b":")[1]) for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")]
+        if sep and length and len(body) >= length[0]:
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+            break
+    conn.close()
+"#;
+
+/// The sink, killed on drop.
+struct Sink {
+    child: std::process::Child,
+    root: tempfile::TempDir,
+    port: u16,
+}
+
+impl Drop for Sink {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Sink {
+    fn start() -> Sink {
+        common::egress::netns_up();
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("sink.py"), SINK_PY).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", "sgtest", "python3"])
+            .arg(root.path().join("sink.py"))
+            .arg(UPSTREAM)
+            .arg(root.path())
+            .spawn()
+            .unwrap();
+        let port_file = root.path().join("port");
+        for _ in 0..300 {
+            if let Ok(port) = std::fs::read_to_string(&port_file) {
+                let port = port.trim().parse().unwrap();
+                return Sink { child, root, port };
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the sink in the test namespace did not start within 6 s");
+    }
+
+    fn received(&self) -> Vec<u8> {
+        std::fs::read(self.root.path().join("received.bin")).unwrap_or_default()
+    }
+}
+
+/// A placeholder deep in the body of a plain-HTTP request (long after the head, sent after a
+/// pause, so it is not among the bytes read with the head) is found as the body passes: the
+/// request ends with `credential.misdirected`, answered by the proxy, and the upstream never
+/// receives the placeholder, nor any byte of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_placeholder_in_a_plain_http_body_is_refused_before_it_reaches_the_upstream() {
+    let files = FilesUpstream::start().await;
+    let sink = Sink::start();
+    let policies = bundle(sink.port);
+    let secrets = tempfile::tempdir().unwrap();
+    let token = secrets.path().join("token");
+    write(&token, &secret("body"));
+    let gw = gateway(policies.path(), files.ca_file(), token).await;
+    let key = gw.key("agent", "credtest").await;
+    let code = format!(
+        r#"
+import json, os, socket, time
+ph = os.environ["SANDGATE_CREDENTIAL_TESTCRED"].encode()
+body = b"a" * 200000 + ph + b"b" * 10
+s = socket.create_connection(("127.0.0.1", 3128), timeout=20)
+s.sendall(b"POST http://{SINK_HOST}:{port}/upload HTTP/1.1\r\nHost: {SINK_HOST}:{port}\r\n"
+          b"Content-Length: %d\r\n\r\n" % len(body))
+s.sendall(body[:150000])
+time.sleep(1)
+try:
+    s.sendall(body[150000:])
+except OSError:
+    pass
+answer = b""
+while True:
+    try:
+        chunk = s.recv(4096)
+    except OSError:
+        break
+    if not chunk:
+        break
+    answer += chunk
+print(json.dumps({{"status": answer.split(b"\r\n")[0].decode(), "placeholder": ph.decode()}}))
+"#,
+        port = sink.port
+    );
+    let extra = json!({"network": [
+        {"host": SECURE_HOST, "port": 443}, {"host": SINK_HOST, "port": sink.port},
+    ]});
+    let (status, body) = gw.execute(&key, "python", &code, extra).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "succeeded", "{body:#}");
+    let stdout = body["stdout"].as_str().unwrap();
+    let out: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(
+        out["status"]
+            .as_str()
+            .unwrap()
+            .starts_with("HTTP/1.1 403 sandgate-egress: credential.misdirected: "),
+        "{out:#}"
+    );
+    let received = sink.received();
+    let placeholder = out["placeholder"].as_str().unwrap();
+    assert!(
+        received.len() > 150_000,
+        "the head and the clean part passed: {}",
+        received.len()
+    );
+    assert!(
+        !String::from_utf8_lossy(&received).contains("sgph_"),
+        "the upstream received (part of) the placeholder {placeholder}"
+    );
+    let pool = gw.pool().await;
+    let rows: Vec<(String, bool, Option<String>)> = sqlx::query_as(
+        "SELECT host, allow, close_reason FROM egress_connections WHERE execution_id = $1",
+    )
+    .bind(body["id"].as_str().unwrap())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(
+        rows,
+        vec![(
+            SINK_HOST.to_owned(),
+            true,
+            Some("credential.misdirected".to_owned())
+        )]
+    );
+    gw.stop().await;
 }
