@@ -341,11 +341,16 @@ impl Sink {
             .arg(root.path())
             .spawn()
             .unwrap();
-        let port_file = root.path().join("port");
+        let mut sink = Sink {
+            child,
+            root,
+            port: 0,
+        };
+        let port_file = sink.root.path().join("port");
         for _ in 0..300 {
             if let Ok(port) = std::fs::read_to_string(&port_file) {
-                let port = port.trim().parse().unwrap();
-                return Sink { child, root, port };
+                sink.port = port.trim().parse().unwrap();
+                return sink;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
