@@ -21,7 +21,9 @@ use egress_proxy::{
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
 use crate::app::policy::PolicyHandle;
-use crate::audit::egress::{ConnectionClose, ConnectionOpen, RequestClose, RequestOpen};
+use crate::audit::egress::{
+    ConnectionClose, ConnectionOpen, EgressOwner, RequestClose, RequestOpen,
+};
 use crate::audit::AuditStore;
 use crate::config::CredentialConfig;
 
@@ -85,13 +87,60 @@ impl EgressTrust {
     }
 }
 
+/// Which execution of a session is running, for the session's connections: a session's grant
+/// is served on one socket for its whole life (its listener is named by the session id), and
+/// each connection row names the session and the execution running when it opened (none
+/// between executions, e.g. a background thread's).
+#[derive(Debug, Default)]
+pub struct SessionCursors {
+    running: std::sync::Mutex<BTreeMap<String, Option<String>>>,
+}
+
+impl SessionCursors {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Option<String>>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A session's listener starts: its connections are the session's from now on.
+    pub fn open(&self, session_id: &str) {
+        self.lock().insert(session_id.to_owned(), None);
+    }
+
+    /// `execution_id` runs in the session now (`None`: it ended).
+    pub fn running(&self, session_id: &str, execution_id: Option<&str>) {
+        if let Some(slot) = self.lock().get_mut(session_id) {
+            *slot = execution_id.map(str::to_owned);
+        }
+    }
+
+    pub fn close(&self, session_id: &str) {
+        self.lock().remove(session_id);
+    }
+
+    /// Whose a connection on the listener named `listener` is.
+    pub fn owner(&self, listener: &str) -> EgressOwner {
+        match self.lock().get(listener) {
+            Some(running) => EgressOwner {
+                execution_id: running.clone(),
+                session_id: Some(listener.to_owned()),
+            },
+            None => EgressOwner {
+                execution_id: Some(listener.to_owned()),
+                session_id: None,
+            },
+        }
+    }
+}
+
 /// Builds the proxy the gateway serves every execution's socket with.
 pub fn proxy(
     policy: Arc<PolicyHandle>,
     audit: AuditStore,
     static_hosts: &BTreeMap<String, Vec<IpAddr>>,
     own_addresses: Vec<IpAddr>,
-    trust: EgressTrust,
+    (trust, cursors): (EgressTrust, Arc<SessionCursors>),
 ) -> Result<EgressProxy, EgressError> {
     let config = ProxyConfig {
         denied_addresses: own_addresses,
@@ -107,7 +156,11 @@ pub fn proxy(
         config,
         Arc::new(ActivePolicy(Arc::clone(&policy))),
         Arc::new(resolver),
-        Arc::new(Recorder { audit, policy }),
+        Arc::new(Recorder {
+            audit,
+            policy,
+            cursors,
+        }),
     ))
 }
 
@@ -279,6 +332,7 @@ impl Resolve for LayeredResolver {
 struct Recorder {
     audit: AuditStore,
     policy: Arc<PolicyHandle>,
+    cursors: Arc<SessionCursors>,
 }
 
 impl ConnectionRecorder for Recorder {
@@ -288,7 +342,7 @@ impl ConnectionRecorder for Recorder {
     ) -> BoxFuture<'a, Result<ConnectionId, RecordError>> {
         async move {
             let open = ConnectionOpen {
-                execution_id: attempt.execution_id.clone(),
+                owner: self.cursors.owner(&attempt.execution_id),
                 tenant: attempt.tenant.clone(),
                 host: attempt.host.clone(),
                 port: i32::from(attempt.port),
@@ -383,7 +437,7 @@ impl ConnectionRecorder for Recorder {
         async move {
             let open = RequestOpen {
                 connection_id: request.connection.0.clone(),
-                execution_id: request.execution_id.clone(),
+                owner: self.cursors.owner(&request.execution_id),
                 tenant: request.tenant.clone(),
                 host: request.host.clone(),
                 port: i32::from(request.port),

@@ -22,6 +22,7 @@ pub mod outputs_live;
 pub mod plain;
 pub mod principal;
 pub mod runtime;
+pub mod session_wire;
 pub mod status;
 pub mod tls;
 
@@ -134,7 +135,14 @@ async fn run(
         |var| std::env::var(var).ok(),
     )
     .map_err(ServeError::Egress)?;
-    let egress = egress_proxy_for(&config, &policy, &audit, &listener, trust);
+    let cursors = Arc::new(egress::SessionCursors::default());
+    let egress = egress_proxy_for(
+        &config,
+        &policy,
+        &audit,
+        &listener,
+        (trust, Arc::clone(&cursors)),
+    );
     let app = Arc::new(App::new(
         config,
         policy,
@@ -142,7 +150,7 @@ async fn run(
         runtime,
         shutdown.clone(),
         instance,
-        egress,
+        (egress, cursors),
     ));
     app.tasks.spawn(audit::durable::replay_periodically(
         app.audit.clone(),
@@ -190,7 +198,7 @@ fn egress_proxy_for(
     policy: &Arc<PolicyHandle>,
     audit: &AuditStore,
     listener: &TcpListener,
-    trust: egress::EgressTrust,
+    trust: (egress::EgressTrust, Arc<egress::SessionCursors>),
 ) -> Option<egress_proxy::EgressProxy> {
     let mut own = egress_proxy::local_interface_addresses().unwrap_or_default();
     if let Ok(addr) = listener.local_addr() {

@@ -48,6 +48,46 @@ enum Command {
     /// Serve the MCP tool `run_code` over stdio (one JSON-RPC message per line), sending each
     /// call to a gateway, where it is decided and audited like any execution.
     Mcp(McpArgs),
+    /// An interactive session in the terminal: each cell typed runs in one sandbox that keeps
+    /// its state (variables, imports, files); Ctrl-C interrupts the running code, Ctrl-D
+    /// closes the session. Piped stdin is read line by line, without prompts.
+    Repl(ReplArgs),
+}
+
+#[derive(clap::Args)]
+struct ReplArgs {
+    /// The session's language: python or bash (the gateway's configured `images`).
+    #[arg(long, default_value = "python", value_name = "python|bash")]
+    lang: String,
+    /// A network destination to ask for, `host:port` (repeatable; decided when the session
+    /// opens).
+    #[arg(long)]
+    net: Vec<String>,
+    /// A mount to ask for, e.g. `dataset:census` (repeatable).
+    #[arg(long)]
+    mount: Vec<String>,
+    /// Wall-time limit of each cell, in milliseconds (default: the policy's).
+    #[arg(long, value_name = "MS")]
+    timeout_ms: Option<u64>,
+    /// Close the session after this many idle seconds (capped by the gateway's ceiling).
+    #[arg(long, value_name = "S")]
+    idle_timeout_s: Option<u64>,
+    /// The gateway (default: http:// + the configured listen address).
+    #[arg(long, env = "SANDGATE_URL")]
+    url: Option<String>,
+    /// An agent API key (or set SANDGATE_KEY, which keeps it out of the process list).
+    #[arg(long, env = "SANDGATE_KEY", hide_env_values = true)]
+    key: Option<String>,
+    /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) to present to an https:// gateway that requires one
+    /// (`tls.client_ca_file`); with --client-key.
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -61,6 +101,13 @@ struct McpArgs {
     /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) to present to an https:// gateway that requires one
+    /// (`tls.client_ca_file`); with --client-key.
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -107,6 +154,13 @@ struct ExecArgs {
     /// A CA certificate (PEM) to trust for an https:// gateway, beside the system roots.
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) to present to an https:// gateway that requires one
+    /// (`tls.client_ca_file`); with --client-key.
+    #[arg(long, requires = "client_key")]
+    client_cert: Option<PathBuf>,
+    /// The private key (PEM) of --client-cert.
+    #[arg(long, requires = "client_cert")]
+    client_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -266,11 +320,15 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
         let code = runtime.block_on(exec(args, &config))?;
         return Ok(ExitCode::from(u8::try_from(code).unwrap_or(1)));
     }
+    if let Command::Repl(args) = cli.command {
+        return repl(args, &config).map(|code| ExitCode::from(u8::try_from(code).unwrap_or(1)));
+    }
     if let Command::Mcp(args) = cli.command {
         let url = args
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen));
-        let remote = gateway::mcp::remote::Remote::new(&url, &args.key, args.ca_file.as_deref())?;
+        let tls = tls_files(args.ca_file, args.client_cert, args.client_key);
+        let remote = gateway::mcp::remote::Remote::new(&url, &args.key, &tls)?;
         let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
         runtime
             .block_on(gateway::mcp::stdio::serve(
@@ -285,11 +343,68 @@ fn main_exit(cli: Cli) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+const NO_KEY: &str = "no API key: set SANDGATE_KEY (export SANDGATE_KEY=sgk_...) or pass --key; \
+                      an admin creates one with `sandgate keys create --role agent --tenant NAME`";
+
+fn tls_files(
+    ca_file: Option<PathBuf>,
+    client_cert: Option<PathBuf>,
+    client_key: Option<PathBuf>,
+) -> gateway::client::TlsFiles {
+    gateway::client::TlsFiles {
+        ca_file,
+        client_cert: client_cert.zip(client_key),
+    }
+}
+
+/// `--net host:port` values.
+fn destinations(specs: &[String]) -> anyhow::Result<Vec<(String, u16)>> {
+    let mut network = Vec::new();
+    for destination in specs {
+        let (host, port) = destination
+            .rsplit_once(':')
+            .with_context(|| format!("--net {destination}: expected host:port"))?;
+        let port = port
+            .parse()
+            .with_context(|| format!("--net {destination}: bad port"))?;
+        network.push((host.to_owned(), port));
+    }
+    Ok(network)
+}
+
+fn repl(args: ReplArgs, config: &Config) -> anyhow::Result<i32> {
+    use gateway::session_wire::{Destination, OpenSession};
+    let key = args.key.context(NO_KEY)?;
+    let url = args
+        .url
+        .unwrap_or_else(|| format!("http://{}", config.listen));
+    let base = gateway::client::check_url(&url)?;
+    let tls = tls_files(args.ca_file, args.client_cert, args.client_key);
+    let client = gateway::client::sessions::SessionClient::new(
+        gateway::client::http_client(&tls)?,
+        base,
+        &key,
+    );
+    let network = destinations(&args.net)?
+        .into_iter()
+        .map(|(host, port)| Destination { host, port })
+        .collect();
+    let options = gateway::client::repl::ReplOptions {
+        session: OpenSession {
+            language: args.lang,
+            network,
+            mounts: args.mount,
+            idle_timeout_s: args.idle_timeout_s,
+            ttl_s: None,
+        },
+        timeout_ms: args.timeout_ms,
+    };
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    gateway::client::repl::repl(&runtime, &client, &options)
+}
+
 async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
-    let key = args.key.clone().context(
-        "no API key: set SANDGATE_KEY (export SANDGATE_KEY=sgk_...) or pass --key; \
-         an admin creates one with `sandgate keys create --role agent --tenant NAME`",
-    )?;
+    let key = args.key.clone().context(NO_KEY)?;
     let code = if args.file.as_os_str() == "-" {
         std::io::read_to_string(std::io::stdin()).context("reading the program from stdin")?
     } else {
@@ -314,22 +429,13 @@ async fn exec(args: ExecArgs, config: &Config) -> anyhow::Result<i32> {
             std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
         files.push((name, content));
     }
-    let mut network = Vec::new();
-    for destination in &args.net {
-        let (host, port) = destination
-            .rsplit_once(':')
-            .with_context(|| format!("--net {destination}: expected host:port"))?;
-        let port = port
-            .parse()
-            .with_context(|| format!("--net {destination}: bad port"))?;
-        network.push((host.to_owned(), port));
-    }
+    let network = destinations(&args.net)?;
     let request = gateway::client::ExecRequest {
         url: args
             .url
             .unwrap_or_else(|| format!("http://{}", config.listen)),
         key,
-        ca_file: args.ca_file,
+        tls: tls_files(args.ca_file, args.client_cert, args.client_key),
         language: args.lang,
         code,
         files,
@@ -359,7 +465,9 @@ fn run(command: Command, config: Config) -> anyhow::Result<()> {
             }
             Command::Keys { command } => keys(command, &config).await?,
             Command::Policy { command } => policy(command, &config).await?,
-            Command::Exec(_) | Command::Mcp(_) => unreachable!("handled in main_exit"),
+            Command::Exec(_) | Command::Mcp(_) | Command::Repl(_) => {
+                unreachable!("handled in main_exit")
+            }
             Command::Audit { command } => {
                 let verification = gateway::commands::audit_verify(&config).await?;
                 match command {

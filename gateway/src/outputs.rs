@@ -99,7 +99,7 @@ impl OutputArea {
     }
 
     /// Copies what the program left into `dest` (created), at most `budget` bytes of files.
-    /// Only call it once the sandbox is gone.
+    /// Only call it once the sandbox has stopped (every process in it dead).
     pub fn collect(&self, dest: &Path, budget: u64) -> io::Result<Collected> {
         collect(&self.dir, dest, budget)
     }

@@ -3,7 +3,9 @@
 //! them as text; [`ExecutionStatus::parse`] reads them back.
 
 /// Final (or current) status of an execution record (DESIGN 4.2).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, utoipa::ToSchema)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize, utoipa::ToSchema,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum ExecutionStatus {
     Succeeded,

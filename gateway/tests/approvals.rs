@@ -91,10 +91,7 @@ async fn approved_by_another_principal_runs_as_reviewed() {
     let (bob_id, bob) = key_for(&gw, "reviewer", "bob").await;
 
     let (id, approval) = held(&gw, &agent, "print('reviewed')").await;
-    assert!(
-        common::containers_of(&id).is_empty(),
-        "nothing runs before review"
-    );
+    assert!(common::removed_soon(&id), "nothing runs before review");
 
     // Agents cannot see the queue; reviewers see it with what would run.
     let (status, _) = gw.get(&agent, "/v1/approvals?status=pending").await;
@@ -245,7 +242,7 @@ async fn rejected_and_expired_requests_end_denied() {
         .as_str()
         .unwrap()
         .contains("host unknown"));
-    assert!(common::containers_of(&id).is_empty());
+    assert!(common::removed_soon(&id));
 
     // Expired, noticed on read: denied, and too late to approve.
     let (id, approval) = held(&gw, &agent, "print('late')").await;
@@ -265,7 +262,7 @@ async fn rejected_and_expired_requests_end_denied() {
             .any(|r| r["code"] == "approval.expired"),
         "{row}"
     );
-    assert!(common::containers_of(&id).is_empty());
+    assert!(common::removed_soon(&id));
 
     // Expired by the periodic task, without anyone reading the approvals.
     let (id, _) = held(&gw, &agent, "print('forgotten')").await;
@@ -412,7 +409,7 @@ async fn approval_is_refused_when_the_reviewed_decision_no_longer_fits() {
     assert!(message.contains("ceilings"), "{message}");
     let (_, record) = gw.get(&agent, &format!("/v1/executions/{execution}")).await;
     assert_eq!(record["status"], "pending_approval", "{record}");
-    assert!(common::containers_of(&execution).is_empty());
+    assert!(common::removed_soon(&execution));
     gw.stop().await;
 }
 

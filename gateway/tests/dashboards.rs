@@ -13,7 +13,9 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::types::Json;
 use sqlx::PgPool;
 
-use gateway::audit::egress::{ConnectionClose, ConnectionOpen, RequestClose, RequestOpen};
+use gateway::audit::egress::{
+    ConnectionClose, ConnectionOpen, EgressOwner, RequestClose, RequestOpen,
+};
 use gateway::audit::{AuditStore, Completion, ExecutionRow, NewEvent};
 
 /// Tables a dashboard must not read directly: the views are the dashboards' interface.
@@ -165,7 +167,10 @@ fn decision_event(row: &ExecutionRow) -> NewEvent {
 
 fn attempt(execution_id: &str, host: &str, allow: bool) -> ConnectionOpen {
     ConnectionOpen {
-        execution_id: execution_id.into(),
+        owner: EgressOwner {
+            execution_id: Some(execution_id.into()),
+            session_id: None,
+        },
         tenant: "acme".into(),
         host: host.into(),
         port: 443,
@@ -253,7 +258,10 @@ async fn seed(app: &PgPool) {
     ] {
         let request = RequestOpen {
             connection_id: allowed.clone(),
-            execution_id: "ex_done".into(),
+            owner: EgressOwner {
+                execution_id: Some("ex_done".into()),
+                session_id: None,
+            },
             tenant: "acme".into(),
             host: "pypi.org".into(),
             port: 443,

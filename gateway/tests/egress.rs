@@ -6,74 +6,13 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use common::egress::{bundle_with_test_tenant, gateway_with, netns_up};
+use common::egress::{bundle_with_test_tenant, gateway_with, upstream, UPSTREAM};
 use common::TestGateway;
-
-const UPSTREAM: &str = "198.51.100.2";
-
-/// A static HTTP server inside the test namespace, killed on drop.
-struct Upstream {
-    child: Child,
-    port: u16,
-    _root: tempfile::TempDir,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn upstream() -> Upstream {
-    netns_up();
-    let root = tempfile::tempdir().unwrap();
-    std::fs::write(root.path().join("hello.txt"), "hello through the proxy\n").unwrap();
-    let port = 20_000 + (std::process::id() % 20_000) as u16;
-    let mut child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            "sgtest",
-            "python3",
-            "-m",
-            "http.server",
-            "--bind",
-            UPSTREAM,
-        ])
-        .arg(port.to_string())
-        .current_dir(root.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    for _ in 0..100 {
-        let ready = Command::new("ip")
-            .args(["netns", "exec", "sgtest", "python3", "-c"])
-            .arg(format!(
-                "import socket; socket.create_connection(('{UPSTREAM}', {port}), timeout=1)"
-            ))
-            .stderr(Stdio::null())
-            .status()
-            .unwrap();
-        if ready.success() {
-            return Upstream {
-                child,
-                port,
-                _root: root,
-            };
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("the upstream in the test namespace did not start");
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sandbox_reaches_only_what_the_grant_allows_and_every_attempt_is_recorded() {

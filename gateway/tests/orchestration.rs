@@ -58,10 +58,10 @@ impl Sandbox for FakeSandbox {
     }
 
     fn run(
-        self: Box<Self>,
+        &mut self,
         job: Job<'static>,
         _control: RunControl,
-    ) -> BoxFuture<'static, Result<Ran, RuntimeError>> {
+    ) -> BoxFuture<'_, Result<Ran, RuntimeError>> {
         async move {
             self.specs.lock().unwrap()[self.index].1 = Some(job);
             if let Some(gate) = &self.gate {
@@ -69,7 +69,7 @@ impl Sandbox for FakeSandbox {
             }
             Ok(Ran {
                 ending: Ending::Exited(0),
-                removed: true,
+                stopped: true,
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),
                     truncated: false,

@@ -22,8 +22,21 @@ async fn the_python_sdk_passes_its_tests_against_a_live_gateway() {
         "region,people\nnorth,12\n",
     )
     .unwrap();
-    let gw = TestGateway::start_with_census(dataset.path()).await;
+    let census = dataset.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.datasets.insert(
+            "census".to_owned(),
+            gateway::config::Dataset {
+                path: census,
+                description: "census extract".to_owned(),
+            },
+        );
+        // tests/test_sessions.py opens one more than this.
+        config.max_sessions = 2;
+    })
+    .await;
     let agent = gw.key("agent", "acme").await;
+    let other_tenant = gw.key("agent", "classroom").await;
     let reviewer = gw.key("reviewer", "acme").await;
 
     let client = workspace_root().join("clients/python");
@@ -37,6 +50,7 @@ async fn the_python_sdk_passes_its_tests_against_a_live_gateway() {
             .env("SANDGATE_URL", url)
             .env("SANDGATE_KEY", agent)
             .env("SANDGATE_REVIEWER_KEY", reviewer)
+            .env("SANDGATE_OTHER_KEY", other_tenant)
             .env("SANDGATE_DATASET_FILE", "people.csv")
             .output()
             .unwrap()

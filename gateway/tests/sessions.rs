@@ -203,16 +203,6 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
     let (_, after) = run(&gw, &agent, &id, json!({"code": "'still here'"})).await;
     assert_eq!(after["result"], "'still here'", "{after}");
 
-    // Network in a session is refused until egress rows can name a session's execution.
-    let (status, refused) = gw
-        .post(
-            &agent,
-            "/v1/sessions",
-            &json!({"language": "python", "network": [{"host": "pypi.org", "port": 443}]}),
-        )
-        .await;
-    assert_eq!(status, 400, "{refused}");
-
     let student = gw.key("agent", "classroom").await;
     let (status, denied) = gw
         .post(&student, "/v1/sessions", &json!({"language": "python"}))
@@ -261,7 +251,7 @@ async fn bash_sessions_keep_cwd_variables_and_functions() {
         timeout_ms: None,
         output_dir: None,
         session: Some(id.clone()),
-        ca_file: None,
+        tls: Default::default(),
         save: Default::default(),
     };
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -357,5 +347,124 @@ async fn a_shutdown_closes_open_sessions_and_removes_their_containers() {
         assert_eq!(closed["closed_reason"], "gateway_restart", "{closed}");
         assert!(!container_exists(container), "{container} left behind");
     }
+    gw.stop().await;
+}
+
+/// A session's grant is decided when it opens and served on its socket for its whole life:
+/// every connection row names the session, and the execution running when it opened (none for
+/// a background thread's connection between executions).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sessions_connections_name_the_session_and_the_execution_running() {
+    use common::egress::{bundle_with_test_tenant, gateway_with, upstream, UPSTREAM};
+    let upstream = upstream();
+    let port = upstream.port;
+    let policies = bundle_with_test_tenant(&[("files.test", port)]);
+    let gw = gateway_with(policies.path(), &[("files.test", UPSTREAM)]).await;
+    let agent = gw.key("agent", "nettest").await;
+    let id = open(
+        &gw,
+        &agent,
+        json!({"language": "python", "network": [{"host": "files.test", "port": port}]}),
+    )
+    .await;
+    let code = format!(
+        r#"
+import threading, time, urllib.request
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.read().decode()
+    except Exception as e:
+        return "refused: " + str(getattr(e, "code", e))
+later = {{}}
+def in_the_background():
+    time.sleep(1.5)
+    later["body"] = fetch("http://files.test:{port}/hello.txt")
+threading.Thread(target=in_the_background).start()
+[fetch("http://files.test:{port}/hello.txt"), fetch("http://evil.example:{port}/")]
+"#
+    );
+    let (status, first) = run(&gw, &agent, &id, json!({"code": code})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let result = first["result"].as_str().unwrap();
+    assert!(result.contains("hello through the proxy"), "{result}");
+    assert!(result.contains("refused: 403"), "{result}");
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (_, second) = run(&gw, &agent, &id, json!({"code": "later.get('body')"})).await;
+    assert!(
+        second["result"]
+            .as_str()
+            .unwrap()
+            .contains("hello through the proxy"),
+        "{second}"
+    );
+
+    let db = gw.pool().await;
+    let rows: Vec<(Option<String>, String, bool)> = sqlx::query_as(
+        "SELECT execution_id, host, allow FROM egress_connections WHERE session_id = $1 \
+         ORDER BY opened_at",
+    )
+    .bind(&id)
+    .fetch_all(&db)
+    .await
+    .unwrap();
+    let first_id = first["id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        rows,
+        vec![
+            (Some(first_id.clone()), "files.test".to_owned(), true),
+            (Some(first_id), "evil.example".to_owned(), false),
+            (None, "files.test".to_owned(), true),
+        ],
+        "each row names the execution running when it opened"
+    );
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'egress.connection' \
+         AND input->>'session_id' = $1",
+    )
+    .bind(&id)
+    .fetch_one(&db)
+    .await
+    .unwrap();
+    assert_eq!(events, 3, "one audit event per attempt, naming the session");
+    let (status, _) = delete(&gw, &agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    gw.stop().await;
+}
+
+/// A session execution has the usual events stream: `wait: false` answers 202 as the turn
+/// starts, the output arrives while it runs, the stream ends with the stored record's end.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_execution_streams_its_output_while_it_runs() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let id = open(&gw, &agent, json!({"language": "python"})).await;
+    let code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')\n6 * 7";
+    let (status, started) = run(&gw, &agent, &id, json!({"code": code, "wait": false})).await;
+    assert_eq!(status, 202, "{started}");
+    assert_eq!(started["status"], "running", "{started}");
+    assert_eq!(started["session_id"], id.as_str(), "{started}");
+    let execution = started["id"].as_str().unwrap().to_owned();
+    let mut reader = gw.events(&agent, &execution).await;
+    let mut events = Vec::new();
+    let mut stdout = String::new();
+    while !stdout.contains('\n') {
+        let event = reader.next().await.expect("the first line");
+        assert_eq!(event.name, "stdout", "{event:?}");
+        stdout.push_str(event.data["text"].as_str().unwrap_or_default());
+        events.push(event);
+    }
+    assert_eq!(stdout, "first\n");
+    let (busy, _) = run(&gw, &agent, &id, json!({"code": "1"})).await;
+    assert_eq!(busy, 409, "one execution at a time, also while it streams");
+    events.extend(reader.collect().await);
+    let last = events.last().unwrap();
+    assert_eq!(last.name, "exit", "{events:?}");
+    let (_, record) = gw.get(&agent, &format!("/v1/executions/{execution}")).await;
+    assert_eq!(record["status"], "succeeded", "{record}");
+    assert_eq!(record["stdout"], "first\nsecond\n", "{record}");
+    assert_eq!(record["result"], "42", "{record}");
+    assert_eq!(last.data["status"], record["status"]);
     gw.stop().await;
 }

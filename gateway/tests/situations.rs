@@ -10,7 +10,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 
-use common::{containers_of, TestGateway};
+use common::TestGateway;
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
@@ -81,7 +81,7 @@ print(len(df), int(trend.sum()))
     assert_eq!(String::from_utf8(clean).unwrap().lines().count(), 13);
 
     // Gone afterwards: no container, no /output mount left on the host.
-    assert!(containers_of(id).is_empty());
+    assert!(common::removed_soon(id));
     let scratch = gw.data_dir.path().join("scratch").join(id);
     assert!(!scratch.exists(), "{} left behind", scratch.display());
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
@@ -246,7 +246,7 @@ async fn loop_and_memory_bomb_end_while_a_neighbour_succeeds() {
     assert_eq!(normal.1["status"], "succeeded", "{}", normal.1);
     assert_eq!(normal.1["stdout"], "45\n");
     for record in [&looping.1, &bomb.1, &normal.1] {
-        assert!(containers_of(record["id"].as_str().unwrap()).is_empty());
+        assert!(common::removed_soon(record["id"].as_str().unwrap()));
     }
     gw.stop().await;
 }

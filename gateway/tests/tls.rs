@@ -206,8 +206,8 @@ async fn the_api_is_served_over_https_only_to_clients_that_trust_it() {
     let ca = path_str(pki.path().join("ca.pem"));
     let (said, printed) = tokio::task::spawn_blocking(move || {
         (
-            mcp_over_stdio(&url, &key, &ca),
-            exec_over_https(&url, &key, &ca),
+            mcp_over_stdio(&url, &key, &["--ca-file", &ca]),
+            exec_over_https(&url, &key, &["--ca-file", &ca]).unwrap(),
         )
     })
     .await
@@ -220,41 +220,42 @@ async fn the_api_is_served_over_https_only_to_clients_that_trust_it() {
     gw.stop().await;
 }
 
-/// `sandgate exec --ca-file` with a program on stdin; its stdout.
-fn exec_over_https(url: &str, key: &str, ca: &str) -> String {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
-        .args([
-            "exec",
-            "--file",
-            "-",
-            "--url",
-            url,
-            "--key",
-            key,
-            "--ca-file",
-            ca,
-        ])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(b"print('from exec')\n").unwrap();
-    drop(stdin);
-    let output = child.wait_with_output().unwrap();
-    assert!(
-        output.status.success(),
-        "sandgate exec failed: {:?}",
-        output.status
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+/// `sandgate exec` with `tls` (`--ca-file`, ...) and a program on stdin: its stdout, or its
+/// stderr when it failed.
+fn exec_over_https(url: &str, key: &str, tls: &[&str]) -> Result<String, String> {
+    piped(
+        &["exec", "--file", "-", "--url", url, "--key", key],
+        tls,
+        "print('from exec')\n",
+    )
 }
 
-/// One `tools/call` through `sandgate mcp --ca-file`; its stdout.
-fn mcp_over_stdio(url: &str, key: &str, ca: &str) -> String {
+/// `sandgate ARGS TLS` with `stdin`: its stdout, or its stderr when it failed.
+fn piped(args: &[&str], tls: &[&str], stdin: &str) -> Result<String, String> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
-        .args(["mcp", "--url", url, "--key", key, "--ca-file", ca])
+        .args(args)
+        .args(tls)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).unwrap();
+    drop(input);
+    let output = child.wait_with_output().unwrap();
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(String::from_utf8_lossy(&output.stderr).into_owned())
+    }
+}
+
+/// One `tools/call` through `sandgate mcp` with `tls`; its stdout.
+fn mcp_over_stdio(url: &str, key: &str, tls: &[&str]) -> String {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
+        .args(["mcp", "--url", url, "--key", key])
+        .args(tls)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -295,8 +296,46 @@ async fn with_a_client_ca_only_clients_with_its_certificates_are_served() {
         .unwrap();
     assert_eq!(good.status(), 200);
 
-    // The Python SDK with the CA and the client certificate.
+    // The command-line clients with the CA and the client certificate; without it, refused.
     let key = gw.agent_key().await;
+    let (url, dir, agent) = (gw.url.clone(), pki.path().to_owned(), key.clone());
+    let (exec, repl, mcp, refused) = tokio::task::spawn_blocking(move || {
+        let (ca, cert, cert_key) = (
+            path_str(dir.join("ca.pem")),
+            path_str(dir.join("client.pem")),
+            path_str(dir.join("client.key")),
+        );
+        let tls = [
+            "--ca-file",
+            &ca,
+            "--client-cert",
+            &cert,
+            "--client-key",
+            &cert_key,
+        ];
+        let repl = ["repl", "--url", &url, "--key", &agent];
+        (
+            exec_over_https(&url, &agent, &tls),
+            piped(&repl, &tls, "x = 41\nx + 1\n"),
+            mcp_over_stdio(&url, &agent, &tls),
+            exec_over_https(&url, &agent, &tls[..2]),
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(exec.unwrap(), "from exec\n");
+    assert_eq!(repl.unwrap(), "42\n", "sandgate repl over mutual TLS");
+    assert!(
+        mcp.contains("status: succeeded") && mcp.contains("from mcp"),
+        "{mcp}"
+    );
+    let refused = refused.unwrap_err();
+    assert!(
+        refused.contains("cannot reach the gateway"),
+        "without a client certificate: {refused}"
+    );
+
+    // The Python SDK with the CA and the client certificate.
     let dir = pki.path().to_owned();
     let url = gw.url.clone();
     let output = tokio::task::spawn_blocking(move || {

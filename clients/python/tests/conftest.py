@@ -30,6 +30,12 @@ def reviewer_key() -> str:
     return _env("SANDGATE_REVIEWER_KEY")
 
 
+@pytest.fixture(scope="session")
+def other_tenant_key() -> str:
+    """An agent of `classroom`: another tenant, which the shipped policy lets open no sessions."""
+    return _env("SANDGATE_OTHER_KEY")
+
+
 @pytest.fixture
 def client(url: str, key: str):
     with Client(url, key) as client:

@@ -1,6 +1,6 @@
 """Sessions against the DESIGN 10 contract, with a recorded fake of the wire (httpx's
-MockTransport): the gateway does not serve sessions yet, so these check what the SDK sends and
-how it reads the answers. Once it does, test_client.py gains live session tests."""
+MockTransport): exactly what the SDK sends and how it reads the answers. test_sessions.py runs
+the same calls against the live gateway."""
 
 import json
 

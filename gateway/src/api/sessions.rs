@@ -7,7 +7,6 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde_json::{json, Value};
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
@@ -16,25 +15,42 @@ use super::json::ApiJson;
 use crate::app::sessions::{Opened, SessionExecutionRequest, SessionRequest};
 use crate::app::App;
 use crate::audit::sessions::SessionRow;
+use crate::session_wire::{ClosedReason, SessionList, SessionStatus, SessionView};
 
-/// A session as clients see it.
-fn view(row: SessionRow) -> Value {
-    json!({
-        "id": row.id,
-        "status": row.status,
-        "closed_reason": row.closed_reason,
-        "tenant": row.tenant,
-        "language": row.language,
-        "decision": row.decision.0,
-        "limits": row.limits.0,
-        "idle_timeout_s": row.idle_timeout_s,
-        "ttl_s": row.ttl_s,
-        "executions": row.executions,
-        "container": row.container,
-        "created_at": row.created_at,
-        "last_used_at": row.last_used_at,
-        "expires_at": row.expires_at,
-        "closed_at": row.closed_at,
+/// A session as clients see it. The store keeps status and reason as text; one it does not
+/// know is an internal error, never passed on.
+pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
+    let unknown = |what: &str, text: &str| {
+        tracing::error!(session_id = %row.id, what, text, "the store holds an unknown value");
+        ApiError::new(
+            ErrorCode::Internal,
+            "the session's stored state is not readable",
+        )
+    };
+    let status = SessionStatus::parse(&row.status).ok_or_else(|| unknown("status", &row.status))?;
+    let closed_reason = match row.closed_reason.as_deref() {
+        None => None,
+        Some(text) => {
+            Some(ClosedReason::parse(text).ok_or_else(|| unknown("closed_reason", text))?)
+        }
+    };
+    Ok(SessionView {
+        id: row.id,
+        status,
+        closed_reason,
+        tenant: row.tenant,
+        language: row.language,
+        decision: row.decision.0,
+        limits: row.limits.0,
+        idle_timeout_s: row.idle_timeout_s,
+        ttl_s: row.ttl_s,
+        executions: row.executions,
+        container: row.container,
+        created_at: row.created_at,
+        last_used_at: row.last_used_at,
+        expires_at: row.expires_at,
+        closed_at: row.closed_at,
+        approval_id: None,
     })
 }
 
@@ -47,7 +63,7 @@ fn view(row: SessionRow) -> Value {
     security(("bearer" = ["agent"])),
     request_body = serde_json::Value,
     responses(
-        (status = 201, description = "the session, `ready`", body = serde_json::Value),
+        (status = 201, description = "the session, `ready`", body = SessionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -59,7 +75,7 @@ pub async fn create(
     caller.require_role(&["agent"])?;
     let ApiJson(request) = ApiJson::<SessionRequest>::from_request(body, &app).await?;
     match app.create_session(&caller.0, request).await? {
-        Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row))).into_response()),
+        Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row)?)).into_response()),
         Opened::Denied(decision) => {
             let mut denied =
                 ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");
@@ -82,6 +98,7 @@ pub async fn create(
     request_body = serde_json::Value,
     responses(
         (status = 200, description = "the execution record, with `session_id` and `result`", body = ExecutionView),
+        (status = 202, description = "`wait: false`: the record as the turn started; follow its events", body = ExecutionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -99,7 +116,12 @@ pub async fn execute(
     if !row.allow {
         return Err(ApiError::policy_denied(row.id, row.reasons.0));
     }
-    Ok((StatusCode::OK, Json(ExecutionView::from(row))).into_response())
+    let status = if row.status == "running" {
+        StatusCode::ACCEPTED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(ExecutionView::from(row))).into_response())
 }
 
 #[utoipa::path(
@@ -113,7 +135,7 @@ pub async fn execute(
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "the session", body = serde_json::Value),
+        (status = 200, description = "the session", body = SessionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -121,8 +143,8 @@ pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(view(app.get_session(&caller.0, &id).await?)))
+) -> Result<Json<SessionView>, ApiError> {
+    Ok(Json(view(app.get_session(&caller.0, &id).await?)?))
 }
 
 #[utoipa::path(
@@ -133,15 +155,17 @@ pub async fn get(
     summary = "Sessions, newest first (an agent sees its tenant's).",
     security(("bearer" = ["agent", "reviewer", "auditor", "admin"])),
     responses(
-        (status = 200, description = "`{\"sessions\": [...]}`", body = serde_json::Value),
+        (status = 200, description = "sessions, newest first", body = SessionList),
         super::openapi::ApiErrors,
     ),
 )]
-pub async fn list(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
+pub async fn list(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+) -> Result<Json<SessionList>, ApiError> {
     let rows = app.list_sessions(&caller.0).await?;
-    Ok(Json(
-        json!({"sessions": rows.into_iter().map(view).collect::<Vec<_>>()}),
-    ))
+    let sessions = rows.into_iter().map(view).collect::<Result<_, _>>()?;
+    Ok(Json(SessionList { sessions }))
 }
 
 #[utoipa::path(
@@ -155,7 +179,7 @@ pub async fn list(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Va
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "the closed session", body = serde_json::Value),
+        (status = 200, description = "the closed session", body = SessionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -163,7 +187,7 @@ pub async fn delete(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SessionView>, ApiError> {
     caller.require_role(&["agent", "admin"])?;
-    Ok(Json(view(app.delete_session(&caller.0, &id).await?)))
+    Ok(Json(view(app.delete_session(&caller.0, &id).await?)?))
 }

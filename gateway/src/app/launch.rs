@@ -1,8 +1,9 @@
 //! The one launch path. Every execution that may run (allowed at once, approved by a reviewer)
 //! comes here with its committed decision: wait for a slot -> a sandbox (claimed from the warm
 //! pool, or started cold) -> its grant served in the sandbox's socket directory -> the job
-//! handed over and run -> `/output` collected once the sandbox is gone -> the record completed
-//! -> the event stream closed.
+//! handed over and run -> `/output` collected once dockerd says the sandbox stopped (nothing in
+//! it runs any more) -> the record completed -> the event stream closed; the stopped container
+//! is removed in the background, off the answer's path (the reaper removes what that misses).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -125,7 +126,7 @@ impl App {
             Err(err) => return failed(&row.id, &err),
         };
         let Claimed {
-            sandbox,
+            mut sandbox,
             home,
             member,
         } = claimed;
@@ -156,7 +157,13 @@ impl App {
         if let Some(egress) = egress {
             egress.finish().await;
         }
-        let collectable = matches!(&ran, Ok(ran) if ran.removed);
+        let collectable = matches!(&ran, Ok(ran) if ran.stopped);
+        if collectable {
+            // Nothing runs in it any more: removing it need not delay the answer.
+            self.tasks.spawn(sandbox.discard());
+        } else {
+            sandbox.discard().await;
+        }
         let mut done = completion(ran, &row.id);
         done.outputs = collect(
             home,
@@ -305,7 +312,7 @@ async fn collect(
             home.output.collect(&dest, budget)
         } else {
             Err(std::io::Error::other(
-                "the sandbox was not confirmed removed; /output not collected",
+                "the sandbox was not confirmed stopped; /output not collected",
             ))
         };
         home.remove();
@@ -354,19 +361,7 @@ fn job_for(program: Program, cpus: f64, egress: Option<&ExecutionEgress>) -> Job
         mode: Some(0o644),
     }));
     let mut env = sandbox_env(cpus);
-    let proxy = egress.map(|egress| {
-        env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
-        env.extend(egress.sandbox.env.iter().cloned());
-        files.extend(egress.sandbox.files.iter().map(|file| JobFile {
-            path: file.path.clone(),
-            content_b64: b64.encode(&file.contents).into(),
-            mode: Some(file.mode),
-        }));
-        JobProxy {
-            listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
-            socket: egress::SANDBOX_SOCKET.to_owned(),
-        }
-    });
+    let proxy = egress.map(|egress| with_egress(egress, &mut env, &mut files));
     Job {
         argv,
         cwd: Some(WORKSPACE.to_owned()),
@@ -374,6 +369,27 @@ fn job_for(program: Program, cpus: f64, egress: Option<&ExecutionEgress>) -> Job
         files,
         proxy,
         exit_nonce: None,
+    }
+}
+
+/// What a sandbox with a grant needs of it: the proxy's variables, for inspected destinations
+/// the trust bundle and credential placeholders, and the bridge to its socket.
+pub(super) fn with_egress(
+    egress: &ExecutionEgress,
+    env: &mut BTreeMap<String, String>,
+    files: &mut Vec<JobFile<'static>>,
+) -> JobProxy {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    env.extend(egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
+    env.extend(egress.sandbox.env.iter().cloned());
+    files.extend(egress.sandbox.files.iter().map(|file| JobFile {
+        path: file.path.clone(),
+        content_b64: b64.encode(&file.contents).into(),
+        mode: Some(file.mode),
+    }));
+    JobProxy {
+        listen: egress::SANDBOX_PROXY_LISTEN.to_owned(),
+        socket: egress::SANDBOX_SOCKET.to_owned(),
     }
 }
 

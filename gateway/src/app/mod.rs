@@ -48,6 +48,8 @@ pub struct App {
     pub instance: String,
     /// The egress proxy; `None` if it could not be set up (then no grant of network is run).
     pub egress: Option<egress_proxy::EgressProxy>,
+    /// The execution running in each session with a grant, for its connections' rows.
+    pub session_cursors: Arc<crate::egress::SessionCursors>,
     /// Where per-execution egress socket directories are created.
     pub egress_root: PathBuf,
     /// Executions in flight in this process, for the reaper.
@@ -84,7 +86,10 @@ impl App {
         runtime: Arc<dyn SandboxRuntime>,
         shutdown: CancellationToken,
         instance: String,
-        egress: Option<egress_proxy::EgressProxy>,
+        (egress, session_cursors): (
+            Option<egress_proxy::EgressProxy>,
+            Arc<crate::egress::SessionCursors>,
+        ),
     ) -> App {
         let under_data = |name: &str| {
             let path = config.data_dir.join(name);
@@ -98,6 +103,7 @@ impl App {
         App {
             pool,
             egress,
+            session_cursors,
             egress_root: under_data("egress"),
             scratch_root: under_data("scratch"),
             outputs_root: under_data("outputs"),

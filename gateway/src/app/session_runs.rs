@@ -50,12 +50,43 @@ struct InSession {
 }
 
 impl App {
-    /// One execution in a session: decided, recorded, run as a turn, completed.
+    /// One execution in a session: decided, recorded, run as a turn, completed. It runs as the
+    /// gateway's own task: a caller that goes away does not cut a turn short (its record, its
+    /// event stream and the session's state are finished all the same).
+    /// With `wait: false` the answer is the record as the turn starts (or as it was denied).
     pub async fn create_session_execution(
         self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
         request: SessionExecutionRequest,
+    ) -> Result<ExecutionRow, AppError> {
+        let app = Arc::clone(self);
+        let (caller, id) = (caller.clone(), id.to_owned());
+        let (started, starting) = match request.wait {
+            Some(false) => {
+                let (tx, rx) = tokio::sync::oneshot::channel();
+                (Some(tx), Some(rx))
+            }
+            _ => (None, None),
+        };
+        let ran = self
+            .tasks
+            .spawn(async move { app.session_execution(&caller, &id, request, started).await });
+        if let Some(starting) = starting {
+            if let Ok(row) = starting.await {
+                return Ok(row);
+            }
+        }
+        ran.await
+            .map_err(|err| AppError::Internal(format!("the session execution failed: {err}")))?
+    }
+
+    async fn session_execution(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+        request: SessionExecutionRequest,
+        started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<ExecutionRow, AppError> {
         let row = self.get_session(caller, id).await?;
         let open = self
@@ -71,7 +102,9 @@ impl App {
             return Err(closed_conflict(id, &row));
         };
         let _ = self.audit.set_session_status(id, "busy", false).await;
-        let ran = self.run_in_session(caller, id, held, request).await;
+        let ran = self
+            .run_in_session(caller, id, held, request, started)
+            .await;
         *open
             .last_used
             .lock()
@@ -181,6 +214,7 @@ impl App {
         session_id: &str,
         held: &mut Held,
         request: SessionExecutionRequest,
+        started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<(ExecutionRow, Option<&'static str>), AppError> {
         let InSession {
             code,
@@ -197,9 +231,17 @@ impl App {
             return Ok((row, None));
         };
         held.executions += 1;
+        let stream = self.streams.open(&row.id);
+        if let Some(started) = started {
+            let mut running = row.clone();
+            "running".clone_into(&mut running.status);
+            let _ = started.send(running);
+        }
+        self.session_cursors.running(session_id, Some(&row.id));
         let ran = self
-            .run_turn(&row, held, code, files, &live, &runnable)
+            .run_turn(&row, held, (code, files), (&live, stream), &runnable)
             .await;
+        self.session_cursors.running(session_id, None);
         let closes = match &ran {
             Ok(ran) if ran.ending.session_lives() => None,
             Ok(TurnRan {
@@ -220,6 +262,7 @@ impl App {
         done.outputs = self
             .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
             .await;
+        self.save_stream_layout(&row.id).await;
         let mut stored = self.complete_durably(row, done).await;
         if let Some(result) = result {
             if let Err(err) = self.audit.set_result(&stored.id, &result).await {
@@ -227,6 +270,11 @@ impl App {
             }
             stored.result = Some(result);
         }
+        // As for any execution: the stream ends once the record it summarises is stored.
+        if let Some(stream) = self.streams.get(&stored.id) {
+            stream.close(super::executions::exit_summary(&stored));
+        }
+        self.streams.remove(&stored.id);
         drop(live);
         Ok((stored, closes))
     }
@@ -272,15 +320,14 @@ impl App {
         &self,
         row: &ExecutionRow,
         held: &mut Held,
-        code: String,
-        files: Vec<(String, Vec<u8>)>,
-        live: &LiveGuard,
+        (code, files): (String, Vec<(String, Vec<u8>)>),
+        (live, stream): (&LiveGuard, Arc<super::stream::Stream>),
         runnable: &Runnable,
     ) -> Result<TurnRan, crate::runtime::RuntimeError> {
         let control = crate::runtime::RunControl {
             timeout: Duration::from_millis(runnable.limits.timeout_ms),
             output_cap: usize::try_from(runnable.limits.output_bytes).unwrap_or(usize::MAX),
-            sink: None,
+            sink: Some(stream),
             cancel: live.cancel_token(),
         };
         if let Err(err) = self

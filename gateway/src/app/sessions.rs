@@ -20,7 +20,7 @@ use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits};
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
-use super::launch::sandbox_env;
+use super::launch::{sandbox_env, with_egress};
 use super::pool::Shape;
 use super::reaper::LiveGuard;
 use super::request::{ExecutionRequest, FileUpload};
@@ -29,7 +29,7 @@ use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
-use crate::runtime::{Job, JobProxy, Owner, Sandbox, SessionRunner, Waits};
+use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
 
 /// Body of `POST /v1/sessions`.
 #[derive(Debug, Clone, Deserialize)]
@@ -57,7 +57,8 @@ pub struct SessionExecutionRequest {
     pub files: Vec<FileUpload>,
     #[serde(default)]
     pub limits: TurnLimits,
-    /// Accepted for the shape of 4.2; a session execution always answers when it ended.
+    /// `false`: answer 202 with the record as soon as the turn has started (follow it on
+    /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
     #[serde(default)]
     pub wait: Option<bool>,
 }
@@ -130,13 +131,6 @@ impl App {
                 request.language
             ))
         })?;
-        if !request.network.is_empty() {
-            // Egress rows reference an execution; a session's connections have none to name
-            // until the proxy learns about sessions. Refused rather than run half-audited.
-            return Err(AppError::Invalid(
-                "sessions cannot ask for network destinations yet; use a plain execution".into(),
-            ));
-        }
         if self.sessions.open_for(&caller.tenant) >= self.config.max_sessions {
             return Err(AppError::RateLimited(format!(
                 "tenant {} already has {} open sessions (max_sessions); close one first",
@@ -288,21 +282,25 @@ impl App {
             }
         };
         let egress = match (&runnable.network, self.egress.as_ref()) {
-            (Some(grant), Some(proxy)) => ExecutionEgress::start(
-                proxy,
-                &home.egress_dir,
-                id,
-                &caller.tenant,
-                grant,
-                self.shutdown.child_token(),
-            )
-            .map(Some)
-            .map_err(|err| unavailable("its egress grant", &error_chain(&err))),
+            (Some(grant), Some(proxy)) => {
+                // Named before the first connection can arrive: every row names the session.
+                self.session_cursors.open(id);
+                ExecutionEgress::start(
+                    proxy,
+                    &home.egress_dir,
+                    id,
+                    &caller.tenant,
+                    grant,
+                    self.shutdown.child_token(),
+                )
+                .map(Some)
+                .map_err(|err| unavailable("its egress grant", &error_chain(&err)))
+            }
             _ => Ok(None),
         };
         let opened = match egress {
             Ok(egress) => sandbox
-                .open_session(opening_line(egress.is_some(), runnable.limits.cpus))
+                .open_session(opening_line(egress.as_ref(), runnable.limits.cpus))
                 .await
                 .map(|()| egress)
                 .map_err(|err| unavailable("the opening line", &err)),
@@ -323,6 +321,7 @@ impl App {
             Err(err) => {
                 sandbox.discard().await;
                 home.remove();
+                self.session_cursors.close(id);
                 Err(err)
             }
         }
@@ -375,6 +374,7 @@ impl App {
         if let Some(held) = held {
             release(held).await;
         }
+        self.session_cursors.close(id);
         let closed = match self.audit.close_session(id, reason).await {
             Ok(closed) => closed,
             Err(err) => {
@@ -464,21 +464,17 @@ async fn release(held: Held) {
     home.remove();
 }
 
-/// The opening line: the session's environment and bridge.
-fn opening_line(proxied: bool, cpus: f64) -> Job<'static> {
+/// The opening line: the session's environment, and with a grant its bridge, trust bundle and
+/// credential placeholders (as a plain execution's job carries them).
+fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64) -> Job<'static> {
     let mut env = sandbox_env(cpus);
-    let proxy = proxied.then(|| {
-        env.extend(crate::egress::proxy_env().map(|(k, v)| (k.to_owned(), v)));
-        JobProxy {
-            listen: crate::egress::SANDBOX_PROXY_LISTEN.to_owned(),
-            socket: crate::egress::SANDBOX_SOCKET.to_owned(),
-        }
-    });
+    let mut files = Vec::new();
+    let proxy = egress.map(|egress| with_egress(egress, &mut env, &mut files));
     Job {
         argv: vec!["session".to_owned()],
         cwd: Some(crate::runtime::WORKSPACE.to_owned()),
         env: Some(env),
-        files: Vec::new(),
+        files,
         proxy,
         exit_nonce: None,
     }

@@ -8,10 +8,28 @@ use serde_json::{json, Value};
 use super::{chain, AuditError, AuditStore, NewEvent};
 use crate::metrics::EgressDecision;
 
+/// Whose a connection or request is: an execution's, or a session's (and the execution running
+/// in it at that moment, if any). At least one of the two is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressOwner {
+    pub execution_id: Option<String>,
+    pub session_id: Option<String>,
+}
+
+impl EgressOwner {
+    /// The event's input, with the session named when there is one.
+    fn into_input(self, mut input: Value) -> Value {
+        if let (Some(session), Some(fields)) = (self.session_id, input.as_object_mut()) {
+            fields.insert("session_id".to_owned(), json!(session));
+        }
+        input
+    }
+}
+
 /// An attempt as it is recorded (the proxy's `Attempt`, flattened for SQL).
 #[derive(Debug, Clone)]
 pub struct ConnectionOpen {
-    pub execution_id: String,
+    pub owner: EgressOwner,
     pub tenant: String,
     pub host: String,
     pub port: i32,
@@ -72,11 +90,12 @@ impl AuditStore {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO egress_connections (id, execution_id, tenant, host, port, scheme, sni, \
-             method, path, resolved_addr, allow, reason, message, policy_revision, opened_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
+             method, path, resolved_addr, allow, reason, message, policy_revision, opened_at, \
+             session_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
         )
         .bind(&id)
-        .bind(&open.execution_id)
+        .bind(&open.owner.execution_id)
         .bind(&open.tenant)
         .bind(&open.host)
         .bind(open.port)
@@ -90,20 +109,21 @@ impl AuditStore {
         .bind(&open.message)
         .bind(&open.policy_revision)
         .bind(open.opened_at)
+        .bind(&open.owner.session_id)
         .execute(&mut *tx)
         .await?;
         let event = NewEvent {
             kind: "egress.connection",
-            execution_id: Some(open.execution_id.clone()),
+            execution_id: open.owner.execution_id.clone(),
             key_id: None,
             tenant: Some(open.tenant.clone()),
             decision_id: Some(id.clone()),
             allow: Some(open.allow),
             reasons: json!([{"code": open.reason, "message": open.message}]),
-            input: json!({
+            input: open.owner.clone().into_input(json!({
                 "host": open.host, "port": open.port, "scheme": open.scheme, "sni": open.sni,
                 "method": open.method, "path": open.path, "resolved_addr": open.resolved_addr,
-            }),
+            })),
             decision: json!({"allow": open.allow, "policy_reasons": open.policy_reasons}),
             policy_revision: Some(open.policy_revision.clone()),
         };
@@ -157,7 +177,7 @@ impl AuditStore {
 #[derive(Debug, Clone)]
 pub struct RequestOpen {
     pub connection_id: String,
-    pub execution_id: String,
+    pub owner: EgressOwner,
     pub tenant: String,
     pub host: String,
     pub port: i32,
@@ -192,12 +212,13 @@ impl AuditStore {
         sqlx::query(
             "INSERT INTO egress_requests (id, connection_id, execution_id, tenant, host, port, \
              method, path, query_sha256, header_names, credentials, upgrade, allow, reason, \
-             message, policy_revision, started_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)",
+             message, policy_revision, started_at, session_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
+             $18)",
         )
         .bind(&id)
         .bind(&open.connection_id)
-        .bind(&open.execution_id)
+        .bind(&open.owner.execution_id)
         .bind(&open.tenant)
         .bind(&open.host)
         .bind(open.port)
@@ -212,21 +233,22 @@ impl AuditStore {
         .bind(&open.message)
         .bind(&open.policy_revision)
         .bind(open.started_at)
+        .bind(&open.owner.session_id)
         .execute(&mut *tx)
         .await?;
         let event = NewEvent {
             kind: "egress.request",
-            execution_id: Some(open.execution_id.clone()),
+            execution_id: open.owner.execution_id.clone(),
             key_id: None,
             tenant: Some(open.tenant.clone()),
             decision_id: Some(id.clone()),
             allow: Some(open.allow),
             reasons: json!([{"code": open.reason, "message": open.message}]),
-            input: json!({
+            input: open.owner.clone().into_input(json!({
                 "connection_id": open.connection_id, "host": open.host, "port": open.port,
                 "method": open.method, "path": open.path, "query_sha256": open.query_sha256,
                 "headers": open.header_names, "upgrade": open.upgrade,
-            }),
+            })),
             decision: json!({
                 "allow": open.allow, "credentials": open.credentials,
                 "policy_reasons": open.policy_reasons,

@@ -4,7 +4,10 @@
 //! program's exit code. `http://` or `https://` (reqwest with rustls; `ca_file` adds a private
 //! CA to the system roots).
 
+mod cells;
+pub mod repl;
 pub mod save;
+pub mod sessions;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,12 +18,15 @@ use base64::Engine as _;
 use reqwest::{Method, Response, StatusCode};
 use serde_json::{json, Value};
 
+use crate::session_wire::{RunInSession, TurnLimits, Upload};
+
 /// Exit codes for endings that carry no program exit code.
 const EXIT_TIMEOUT: i32 = 124;
 const EXIT_KILLED: i32 = 137;
 const EXIT_CANCELLED: i32 = 130;
 const EXIT_DENIED: i32 = 77;
 const EXIT_ERROR: i32 = 70;
+
 /// How often a request waiting for human review is looked at again.
 const APPROVAL_POLL: Duration = Duration::from_secs(2);
 
@@ -29,8 +35,9 @@ const APPROVAL_POLL: Duration = Duration::from_secs(2);
 pub struct ExecRequest {
     /// `http://host:port` or `https://host:port` of the gateway.
     pub url: String,
-    /// A CA certificate (PEM) to trust beside the system roots, for `https://`.
-    pub ca_file: Option<PathBuf>,
+    /// A CA certificate (PEM) to trust beside the system roots, and a client certificate to
+    /// present, for `https://`.
+    pub tls: TlsFiles,
     pub key: String,
     pub language: String,
     pub code: String,
@@ -49,15 +56,63 @@ pub struct ExecRequest {
 
 type HttpClient = reqwest::Client;
 
-fn http_client(ca_file: Option<&Path>) -> anyhow::Result<HttpClient> {
+/// The files an `https://` gateway may need: a private CA to trust, and a client certificate
+/// with its key (PEM) for a gateway configured with `tls.client_ca_file`.
+#[derive(Debug, Clone, Default)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub client_cert: Option<(PathBuf, PathBuf)>,
+}
+
+/// The HTTP client of the command-line tools, trusting `tls.ca_file` beside the system roots
+/// and presenting `tls.client_cert` when the server asks for one.
+pub fn http_client(tls: &TlsFiles) -> anyhow::Result<HttpClient> {
     let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(10));
-    if let Some(path) = ca_file {
+    if let Some(path) = &tls.ca_file {
         let pem = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let ca = reqwest::Certificate::from_pem(&pem)
             .with_context(|| format!("{}: not a PEM certificate", path.display()))?;
         builder = builder.add_root_certificate(ca);
     }
+    if let Some((cert, key)) = &tls.client_cert {
+        builder = builder.identity(identity(cert, key)?);
+    }
     builder.build().context("building the HTTP client")
+}
+
+/// A client certificate (chain) and its private key, both PEM, as one identity.
+fn identity(cert: &Path, key: &Path) -> anyhow::Result<reqwest::Identity> {
+    let mut pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+    pem.push(b'\n');
+    pem.extend(std::fs::read(key).with_context(|| format!("reading {}", key.display()))?);
+    reqwest::Identity::from_pem(&pem).with_context(|| {
+        format!(
+            "{} and {}: want a PEM certificate and its PEM private key",
+            cert.display(),
+            key.display()
+        )
+    })
+}
+
+/// `base` checked: the tools speak to `http://` or `https://` gateways only.
+pub fn check_url(url: &str) -> anyhow::Result<&str> {
+    let base = url.trim_end_matches('/');
+    if !(base.starts_with("http://") || base.starts_with("https://")) {
+        bail!("--url must be an http:// or https:// URL of the gateway (got {base:?})");
+    }
+    Ok(base)
+}
+
+/// An error with its causes, one line.
+fn error_chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(inner) = source {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    text
 }
 
 /// Runs one execution; returns the exit code `sandgate exec` should exit with.
@@ -66,11 +121,8 @@ pub async fn exec(
     stdout: &mut (dyn Write + Send),
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
-    let base = request.url.trim_end_matches('/');
-    if !(base.starts_with("http://") || base.starts_with("https://")) {
-        bail!("--url must be an http:// or https:// URL of the gateway (got {base:?})");
-    }
-    let client = http_client(request.ca_file.as_deref())?;
+    let base = check_url(&request.url)?;
+    let client = http_client(&request.tls)?;
     if let Some(session) = &request.session {
         return exec_in_session(&client, request, base, session, stdout, stderr).await;
     }
@@ -190,31 +242,43 @@ async fn exec_in_session(
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut body = json!({
-        "code": request.code,
-        "files": request.files.iter().map(|(path, content)| {
-            json!({"path": path, "content_b64": b64.encode(content)})
-        }).collect::<Vec<_>>(),
-    });
-    if let Some(timeout_ms) = request.timeout_ms {
-        body["limits"] = json!({ "timeout_ms": timeout_ms });
-    }
-    let url = format!("{base}/v1/sessions/{}/executions", encode_path(session));
-    let (status, record) = call(client, &request.key, Method::POST, &url, Some(&body)).await?;
-    if !status.is_success() {
-        bail!("{}", api_error(status, &record));
-    }
-    stdout.write_all(record["stdout"].as_str().unwrap_or("").as_bytes())?;
-    stderr.write_all(record["stderr"].as_str().unwrap_or("").as_bytes())?;
-    if let Some(result) = record["result"].as_str() {
+    let body = RunInSession {
+        code: request.code.clone(),
+        files: request
+            .files
+            .iter()
+            .map(|(path, content)| Upload {
+                path: path.clone(),
+                content_b64: b64.encode(content),
+            })
+            .collect(),
+        limits: request.timeout_ms.map(|timeout_ms| TurnLimits {
+            timeout_ms: Some(timeout_ms),
+        }),
+    };
+    let sessions = sessions::SessionClient::new(client.clone(), base, &request.key);
+    let run = match sessions.run(session, &body).await {
+        Ok(run) => run,
+        Err(sessions::CallError::Api { code, reasons, .. }) if code == "policy_denied" => {
+            writeln!(stderr, "sandgate: denied by policy")?;
+            for (code, message) in reasons {
+                writeln!(stderr, "  {code}: {message}")?;
+            }
+            return Ok(EXIT_DENIED);
+        }
+        Err(err) => return Err(err.into()),
+    };
+    stdout.write_all(run.stdout.as_bytes())?;
+    stderr.write_all(run.stderr.as_bytes())?;
+    if let Some(result) = &run.result {
         writeln!(stdout, "{result}")?;
     }
     stdout.flush()?;
-    let id = record["id"].as_str().unwrap_or("?").to_owned();
     if let Some(dir) = &request.output_dir {
-        download_outputs(client, request, base, &id, dir, stderr).await?;
+        download_outputs(client, request, base, &run.id, dir, stderr).await?;
     }
-    exit_code_for(&record, &id, stderr)
+    let summary = json!({"status": run.status, "exit_code": run.exit_code});
+    exit_code_for(&summary, &run.id, stderr)
 }
 
 /// Prints the event stream as it arrives; returns the `exit` event's data.
@@ -337,7 +401,7 @@ async fn download_outputs(
 }
 
 /// Percent-encodes everything but unreserved characters and `/`.
-fn encode_path(path: &str) -> String {
+pub fn encode_path(path: &str) -> String {
     path.bytes()
         .map(|byte| match byte {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => {

@@ -1,5 +1,6 @@
-//! Tool calls run by this gateway itself (`POST /mcp`): `App::create_execution` under the
-//! caller's key, the same use case `POST /v1/executions` calls, so policy and audit are the same.
+//! Tool calls run by this gateway itself (`POST /mcp`): `App::create_execution` (and the
+//! session use cases) under the caller's key, the same use cases `POST /v1/executions` and the
+//! session routes call, so policy, audit and tenant scoping are the same.
 
 use std::io::Read;
 use std::sync::Arc;
@@ -7,9 +8,10 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use super::{Refusal, Runner};
-use crate::api::error::ApiError;
+use crate::api::error::{ApiError, ErrorCode};
 use crate::api::executions::ExecutionView;
 use crate::app::executions::{Created, ExecutionRequest};
+use crate::app::sessions::{Opened, SessionExecutionRequest, SessionRequest};
 use crate::app::App;
 use crate::audit::ApiKey;
 
@@ -42,6 +44,39 @@ impl Runner for Local {
         record.map_err(|err| Refusal::new("internal", format!("encoding the record: {err}")))
     }
 
+    async fn open_session(&self, body: Value) -> Result<Value, Refusal> {
+        let request: SessionRequest = serde_json::from_value(body).map_err(invalid)?;
+        let opened = self.app.create_session(&self.caller, request).await;
+        match opened.map_err(|err| refusal(ApiError::from(err)))? {
+            Opened::Ready(row) => session_value(row),
+            Opened::Denied(decision) => {
+                let mut denied =
+                    ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");
+                denied.reasons = Some(decision.reasons);
+                Err(refusal(denied))
+            }
+        }
+    }
+
+    async fn run_in_session(&self, id: &str, body: Value) -> Result<Value, Refusal> {
+        let request: SessionExecutionRequest = serde_json::from_value(body).map_err(invalid)?;
+        let row = self
+            .app
+            .create_session_execution(&self.caller, id, request)
+            .await
+            .map_err(|err| refusal(ApiError::from(err)))?;
+        if !row.allow {
+            return Err(refusal(ApiError::policy_denied(row.id, row.reasons.0)));
+        }
+        serde_json::to_value(ExecutionView::from(row))
+            .map_err(|err| Refusal::new("internal", format!("encoding the record: {err}")))
+    }
+
+    async fn close_session(&self, id: &str) -> Result<Value, Refusal> {
+        let row = self.app.delete_session(&self.caller, id).await;
+        session_value(row.map_err(|err| refusal(ApiError::from(err)))?)
+    }
+
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {
         let download = self
             .app
@@ -57,6 +92,17 @@ impl Runner for Local {
         .map_err(|err| Refusal::new("internal", err.to_string()))?
         .map_err(|err| Refusal::new("unavailable", format!("reading the output file: {err}")))
     }
+}
+
+/// A `session_wire::SessionView` (or an API error) as the tool sees it.
+fn session_value(row: crate::audit::sessions::SessionRow) -> Result<Value, Refusal> {
+    let view = crate::api::sessions::view(row).map_err(refusal)?;
+    serde_json::to_value(view)
+        .map_err(|err| Refusal::new("internal", format!("encoding the session: {err}")))
+}
+
+fn invalid(err: serde_json::Error) -> Refusal {
+    Refusal::new("invalid_request", err.to_string())
 }
 
 fn refusal(error: ApiError) -> Refusal {

@@ -1,19 +1,21 @@
 //! The MCP (Model Context Protocol) server: agent frameworks call sandgate as a tool.
 //!
 //! One protocol core ([`protocol`]: JSON-RPC 2.0, `initialize`, `tools/list`, `tools/call`)
-//! and one tool ([`tools`]: `run_code`), served two ways:
+//! and the tools ([`tools`]: `run_code`; [`session_tools`]: `open_session`, `run_in_session`,
+//! `close_session`), served two ways:
 //! - `POST /mcp` on the gateway (streamable HTTP, bearer key; `api::mcp`), running through
 //!   [`local::Local`], which calls `App::create_execution` under the caller's key;
 //! - `sandgate mcp --url --key` over stdio ([`stdio`]), a client of the gateway's HTTP API
 //!   ([`remote::Remote`]).
 //!
 //! Either way every call is decided by the policy and audited by the gateway, exactly as
-//! `POST /v1/executions` is: this module never reaches the runtime or the audit store itself.
-//! Session tools (DESIGN 10) join `run_code` when sessions exist.
+//! `POST /v1/executions` (or the session routes) are: this module never reaches the runtime or
+//! the audit store itself.
 
 pub mod local;
 pub mod protocol;
 pub mod remote;
+pub mod session_tools;
 pub mod stdio;
 pub mod tools;
 
@@ -72,4 +74,15 @@ pub trait Runner: Sync {
         execution_id: &str,
         path: &str,
     ) -> impl Future<Output = Result<Vec<u8>, Refusal>> + Send;
+    /// Opens a session from a `POST /v1/sessions` body; returns the session as the API shows it.
+    fn open_session(&self, body: Value) -> impl Future<Output = Result<Value, Refusal>> + Send;
+    /// Runs one execution in session `id` (a `POST /v1/sessions/{id}/executions` body); returns
+    /// its record as the API shows it.
+    fn run_in_session(
+        &self,
+        id: &str,
+        body: Value,
+    ) -> impl Future<Output = Result<Value, Refusal>> + Send;
+    /// Closes session `id`; returns it as the API shows it.
+    fn close_session(&self, id: &str) -> impl Future<Output = Result<Value, Refusal>> + Send;
 }

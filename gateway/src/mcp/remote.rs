@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::{Refusal, Runner};
+use crate::client::{encode_path, TlsFiles};
 
 /// Connecting should be quick; an execution may queue and run for minutes.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,6 +29,19 @@ pub enum RemoteError {
         #[source]
         err: reqwest::Error,
     },
+    #[error("the client certificate {cert} or its key {key} is not usable (want PEM)")]
+    Identity {
+        cert: std::path::PathBuf,
+        key: std::path::PathBuf,
+        #[source]
+        err: reqwest::Error,
+    },
+    #[error("cannot read the client certificate or key {path}")]
+    IdentityFile {
+        path: std::path::PathBuf,
+        #[source]
+        err: std::io::Error,
+    },
     #[error("cannot build the HTTP client")]
     Client(#[source] reqwest::Error),
 }
@@ -41,8 +55,9 @@ pub struct Remote {
 }
 
 impl Remote {
-    /// `ca_file` adds a CA to the system roots, for gateways with a private certificate.
-    pub fn new(url: &str, key: &str, ca_file: Option<&Path>) -> Result<Remote, RemoteError> {
+    /// `tls.ca_file` adds a CA to the system roots, for gateways with a private certificate;
+    /// `tls.client_cert` is presented to gateways that require one.
+    pub fn new(url: &str, key: &str, tls: &TlsFiles) -> Result<Remote, RemoteError> {
         let base = url.trim_end_matches('/').to_owned();
         if !(base.starts_with("http://") || base.starts_with("https://")) {
             return Err(RemoteError::Url(base));
@@ -50,7 +65,7 @@ impl Remote {
         let mut builder = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .timeout(REQUEST_TIMEOUT);
-        if let Some(path) = ca_file {
+        if let Some(path) = tls.ca_file.as_deref() {
             let pem = std::fs::read(path).map_err(|err| RemoteError::CaFile {
                 path: path.to_owned(),
                 err,
@@ -60,6 +75,9 @@ impl Remote {
                 err,
             })?;
             builder = builder.add_root_certificate(ca);
+        }
+        if let Some((cert, key)) = &tls.client_cert {
+            builder = builder.identity(identity(cert, key)?);
         }
         let http = builder.build().map_err(RemoteError::Client)?;
         Ok(Remote {
@@ -84,6 +102,33 @@ impl Remote {
     }
 }
 
+impl Remote {
+    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value, Refusal> {
+        let response = self.send(request).await?;
+        response
+            .json()
+            .await
+            .map_err(|err| unreachable(&self.base, &err))
+    }
+}
+
+fn identity(cert: &Path, key: &Path) -> Result<reqwest::Identity, RemoteError> {
+    let read = |path: &Path| {
+        std::fs::read(path).map_err(|err| RemoteError::IdentityFile {
+            path: path.to_owned(),
+            err,
+        })
+    };
+    let mut pem = read(cert)?;
+    pem.push(b'\n');
+    pem.extend(read(key)?);
+    reqwest::Identity::from_pem(&pem).map_err(|err| RemoteError::Identity {
+        cert: cert.to_owned(),
+        key: key.to_owned(),
+        err,
+    })
+}
+
 fn unreachable(base: &str, err: &reqwest::Error) -> Refusal {
     let mut text = err.to_string();
     let mut source = std::error::Error::source(err);
@@ -101,11 +146,22 @@ fn unreachable(base: &str, err: &reqwest::Error) -> Refusal {
 impl Runner for Remote {
     async fn run(&self, body: Value) -> Result<Value, Refusal> {
         let url = format!("{}/v1/executions", self.base);
-        let response = self.send(self.http.post(url).json(&body)).await?;
-        response
-            .json()
-            .await
-            .map_err(|err| unreachable(&self.base, &err))
+        self.json(self.http.post(url).json(&body)).await
+    }
+
+    async fn open_session(&self, body: Value) -> Result<Value, Refusal> {
+        let url = format!("{}/v1/sessions", self.base);
+        self.json(self.http.post(url).json(&body)).await
+    }
+
+    async fn run_in_session(&self, id: &str, body: Value) -> Result<Value, Refusal> {
+        let url = format!("{}/v1/sessions/{}/executions", self.base, encode_path(id));
+        self.json(self.http.post(url).json(&body)).await
+    }
+
+    async fn close_session(&self, id: &str) -> Result<Value, Refusal> {
+        let url = format!("{}/v1/sessions/{}", self.base, encode_path(id));
+        self.json(self.http.delete(url)).await
     }
 
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {

@@ -1,4 +1,5 @@
-//! The tools: `run_code`. Arguments are checked here (a malformed call is a JSON-RPC
+//! The tools: `run_code` here, the session tools in [`super::session_tools`]. Arguments are
+//! checked here (a malformed call is a JSON-RPC
 //! `invalid params` error); what may run is decided by the gateway's policy (a denial is a tool
 //! result with `isError` and the policy's reasons, as the MCP spec wants for tool failures).
 
@@ -15,7 +16,13 @@ const ARGUMENTS: [&str; 5] = ["code", "language", "files", "network", "timeout_m
 
 /// `tools/list`.
 pub fn list() -> Value {
-    json!([{
+    let mut tools = vec![run_code_tool()];
+    tools.extend(super::session_tools::list());
+    Value::Array(tools)
+}
+
+fn run_code_tool() -> Value {
+    json!({
         "name": "run_code",
         "title": "Run code in a sandbox",
         "description": "Runs a program in a fresh gVisor sandbox, if sandgate's policy allows it, \
@@ -47,7 +54,7 @@ pub fn list() -> Value {
             "required": ["code"],
             "additionalProperties": false,
         },
-    }])
+    })
 }
 
 /// `tools/call`: the result, or a JSON-RPC error for a malformed call.
@@ -55,12 +62,6 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
     let name = params["name"]
         .as_str()
         .ok_or_else(|| RpcError::new(INVALID_PARAMS, "tools/call needs a \"name\""))?;
-    if name != "run_code" {
-        return Err(RpcError::new(
-            INVALID_PARAMS,
-            format!("unknown tool {name:?}: the tool is run_code"),
-        ));
-    }
     let empty = Map::new();
     let arguments = match &params["arguments"] {
         Value::Null => &empty,
@@ -72,6 +73,18 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
             ))
         }
     };
+    if super::session_tools::NAMES.contains(&name) {
+        return super::session_tools::call(runner, name, arguments).await;
+    }
+    if name != "run_code" {
+        return Err(RpcError::new(
+            INVALID_PARAMS,
+            format!(
+                "unknown tool {name:?}: the tools are run_code and {}",
+                super::session_tools::NAMES.join(", ")
+            ),
+        ));
+    }
     let body = execution_body(arguments)?;
     Ok(match runner.run(body).await {
         Ok(record) => success(runner, &record).await,
@@ -81,61 +94,111 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
 
 /// The `POST /v1/executions` body for `run_code`'s arguments.
 fn execution_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
-    let invalid = |message: String| RpcError::new(INVALID_PARAMS, message);
-    if let Some(unknown) = arguments
-        .keys()
-        .find(|key| !ARGUMENTS.contains(&key.as_str()))
-    {
-        return Err(invalid(format!(
-            "unknown argument {unknown:?}; run_code takes {ARGUMENTS:?}"
-        )));
+    only(arguments, "run_code", &ARGUMENTS)?;
+    let code = required_text(arguments, "code")?;
+    let language = language(arguments)?;
+    let files = files(arguments)?;
+    let network = network(arguments)?;
+    let mut body = json!({
+        "language": language, "code": code, "files": files, "network": network, "wait": true,
+    });
+    if let Some(timeout) = positive(arguments, "timeout_ms")? {
+        body["limits"] = json!({ "timeout_ms": timeout });
     }
-    let code = arguments
-        .get("code")
-        .and_then(Value::as_str)
-        .ok_or_else(|| invalid("\"code\" (a string) is required".to_owned()))?;
-    let language = match arguments.get("language") {
-        None | Some(Value::Null) => "python",
-        Some(Value::String(language)) => language.as_str(),
-        Some(_) => return Err(invalid("\"language\" must be a string".to_owned())),
-    };
+    Ok(body)
+}
+
+/// `files` (name -> text) as API uploads.
+pub(super) fn files(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = Vec::new();
     match arguments.get("files") {
         None | Some(Value::Null) => {}
         Some(Value::Object(map)) => {
             for (path, content) in map {
-                let text = content
-                    .as_str()
-                    .ok_or_else(|| invalid(format!("file {path:?}: content must be a string")))?;
+                let text = content.as_str().ok_or_else(|| {
+                    RpcError::new(
+                        INVALID_PARAMS,
+                        format!("file {path:?}: content must be a string"),
+                    )
+                })?;
                 files.push(json!({"path": path, "content_b64": b64.encode(text)}));
             }
         }
-        Some(_) => return Err(invalid("\"files\" must map names to text".to_owned())),
-    }
-    let network = match arguments.get("network") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(items)) => items.iter().map(destination).collect::<Result<_, _>>()?,
         Some(_) => {
-            return Err(invalid(
-                "\"network\" must be a list of {host, port}".to_owned(),
+            return Err(RpcError::new(
+                INVALID_PARAMS,
+                "\"files\" must map names to text",
             ))
         }
-    };
-    let mut body = json!({
-        "language": language, "code": code, "files": files, "network": network, "wait": true,
-    });
-    match arguments.get("timeout_ms") {
-        None | Some(Value::Null) => {}
-        Some(value) => {
-            let timeout = value
-                .as_u64()
-                .filter(|ms| *ms > 0)
-                .ok_or_else(|| invalid("\"timeout_ms\" must be a positive integer".to_owned()))?;
-            body["limits"] = json!({ "timeout_ms": timeout });
-        }
     }
-    Ok(body)
+    Ok(files)
+}
+
+/// `network`: a list of `{host, port}`.
+pub(super) fn network(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcError> {
+    match arguments.get("network") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(items)) => items.iter().map(destination).collect(),
+        Some(_) => Err(RpcError::new(
+            INVALID_PARAMS,
+            "\"network\" must be a list of {host, port}",
+        )),
+    }
+}
+
+/// An optional positive integer argument.
+pub(super) fn positive(
+    arguments: &Map<String, Value>,
+    name: &str,
+) -> Result<Option<u64>, RpcError> {
+    match arguments.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value.as_u64().filter(|n| *n > 0).map(Some).ok_or_else(|| {
+            RpcError::new(
+                INVALID_PARAMS,
+                format!("\"{name}\" must be a positive integer"),
+            )
+        }),
+    }
+}
+
+/// A required string argument.
+pub(super) fn required_text<'a>(
+    arguments: &'a Map<String, Value>,
+    name: &str,
+) -> Result<&'a str, RpcError> {
+    arguments
+        .get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| RpcError::new(INVALID_PARAMS, format!("\"{name}\" (a string) is required")))
+}
+
+/// Refuses arguments a tool does not take.
+pub(super) fn only(
+    arguments: &Map<String, Value>,
+    tool: &str,
+    known: &[&str],
+) -> Result<(), RpcError> {
+    match arguments.keys().find(|key| !known.contains(&key.as_str())) {
+        Some(unknown) => Err(RpcError::new(
+            INVALID_PARAMS,
+            format!("unknown argument {unknown:?}; {tool} takes {known:?}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// `language`, python when absent.
+pub(super) fn language(arguments: &Map<String, Value>) -> Result<&str, RpcError> {
+    match arguments.get("language") {
+        None | Some(Value::Null) => Ok("python"),
+        Some(Value::String(language)) => Ok(language.as_str()),
+        Some(_) => Err(RpcError::new(
+            INVALID_PARAMS,
+            "\"language\" must be a string",
+        )),
+    }
 }
 
 fn destination(item: &Value) -> Result<Value, RpcError> {
@@ -152,7 +215,7 @@ fn destination(item: &Value) -> Result<Value, RpcError> {
 
 /// A record (any final status, or `pending_approval`): text, images, and the fields as
 /// structured content. Only an execution that did not end well is `isError`.
-async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
+pub(super) async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
     let status = record["status"].as_str().unwrap_or("error");
     let mut text = format!("status: {status}\n");
     if let Some(code) = record["exit_code"].as_i64() {
@@ -172,6 +235,9 @@ async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
             }
         }
     }
+    if let Some(result) = record["result"].as_str() {
+        text.push_str(&format!("result: {result}\n"));
+    }
     let outputs = record["outputs"].as_array().cloned().unwrap_or_default();
     for output in &outputs {
         text.push_str(&format!(
@@ -188,6 +254,8 @@ async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
             "id": record["id"], "status": status, "exit_code": record["exit_code"],
             "stdout": record["stdout"], "stderr": record["stderr"], "outputs": outputs,
             "approval_id": record.get("approval_id").cloned().unwrap_or(Value::Null),
+            "session_id": record.get("session_id").cloned().unwrap_or(Value::Null),
+            "result": record.get("result").cloned().unwrap_or(Value::Null),
         },
         "isError": !matches!(status, "succeeded" | "pending_approval"),
     })
@@ -231,7 +299,7 @@ fn image_type(path: &str) -> Option<&'static str> {
 }
 
 /// A refusal (policy denial, bad request, unavailable) as a tool error with the reasons.
-fn refused(refusal: &Refusal) -> Value {
+pub(super) fn refused(refusal: &Refusal) -> Value {
     let mut text = format!("{}: {}\n", refusal.code, refusal.message);
     for reason in &refusal.reasons {
         text.push_str(&format!(

@@ -256,9 +256,10 @@ pub struct TurnRan {
 #[derive(Debug, Clone)]
 pub struct Ran {
     pub ending: Ending,
-    /// The container is confirmed gone: nothing in the sandbox runs any more, so what it left
-    /// (the output area) can no longer change under the gateway.
-    pub removed: bool,
+    /// dockerd confirmed the container stopped: nothing in the sandbox runs any more (a gVisor
+    /// sandbox ends with its PID 1, every process and its kernel with it), so what it left (the
+    /// output area) can no longer change under the gateway. Removal may follow later.
+    pub stopped: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
     /// When the job was handed over, and how long the run took from there.
@@ -274,12 +275,14 @@ pub trait Sandbox: Send + std::fmt::Debug {
     /// drops whatever it prints meanwhile. Cancel-safe: nothing is lost by dropping it.
     fn closed(&mut self) -> BoxFuture<'_, ()>;
     /// Hands the job over, keeps output under the control's cap until the program ends, the
-    /// deadline passes or the run is cancelled, and always removes the sandbox.
+    /// deadline passes or the run is cancelled (both kill it). The sandbox is left stopped, not
+    /// removed: the caller collects its output area, then [`Sandbox::discard`]s it, off the
+    /// response's path.
     fn run(
-        self: Box<Self>,
+        &mut self,
         job: Job<'static>,
         control: RunControl,
-    ) -> BoxFuture<'static, Result<Ran, RuntimeError>>;
+    ) -> BoxFuture<'_, Result<Ran, RuntimeError>>;
     /// Removes the sandbox without running anything.
     fn discard(self: Box<Self>) -> BoxFuture<'static, ()>;
     /// A session sandbox ([`Waits::Session`]): hands over the opening line (its environment,

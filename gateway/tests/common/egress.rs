@@ -3,7 +3,9 @@
 
 use std::net::IpAddr;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -57,4 +59,68 @@ pub async fn gateway_with(policies: &Path, hosts: &[(&str, &str)]) -> TestGatewa
         }
     })
     .await
+}
+
+pub const UPSTREAM: &str = "198.51.100.2";
+
+/// A static HTTP server inside the test namespace (`hello.txt`), killed on drop.
+pub struct Upstream {
+    child: Child,
+    pub port: u16,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn upstream() -> Upstream {
+    netns_up();
+    let root = tempfile::tempdir().unwrap();
+    std::fs::write(root.path().join("hello.txt"), "hello through the proxy\n").unwrap();
+    // One port per test process and call: tests of one binary run side by side.
+    static CALLS: AtomicU16 = AtomicU16::new(0);
+    let port =
+        20_000 + (std::process::id() % 15_000) as u16 + CALLS.fetch_add(1, Ordering::SeqCst) * 7;
+    let mut child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            "sgtest",
+            "python3",
+            "-m",
+            "http.server",
+            "--bind",
+            UPSTREAM,
+        ])
+        .arg(port.to_string())
+        .current_dir(root.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        let ready = Command::new("ip")
+            .args(["netns", "exec", "sgtest", "python3", "-c"])
+            .arg(format!(
+                "import socket; socket.create_connection(('{UPSTREAM}', {port}), timeout=1)"
+            ))
+            .stderr(Stdio::null())
+            .status()
+            .unwrap();
+        if ready.success() {
+            return Upstream {
+                child,
+                port,
+                _root: root,
+            };
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("the upstream in the test namespace did not start");
 }

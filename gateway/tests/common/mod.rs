@@ -347,6 +347,18 @@ pub fn note_container(record: &Value) {
     }
 }
 
+/// Whether every container of this execution is gone within a few seconds: an execution's
+/// stopped container is removed in the background once its answer has been sent.
+pub fn removed_soon(execution_id: &str) -> bool {
+    for _ in 0..150 {
+        if containers_of(execution_id).is_empty() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
 /// Containers (running or not) labelled with this execution id, or named in its record.
 pub fn containers_of(execution_id: &str) -> Vec<String> {
     let named: Vec<String> = CONTAINERS

@@ -15,6 +15,8 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 URL = os.environ.get("SANDGATE_URL", "")
 KEY = os.environ.get("SANDGATE_KEY", "")
 BIN = os.environ.get("SANDGATE_BIN", "")
+# An agent of `classroom`, which the shipped policy does not let open sessions.
+CLASSROOM_KEY = os.environ.get("SANDGATE_CLASSROOM_KEY", "")
 
 
 @pytest.fixture
@@ -23,16 +25,18 @@ def anyio_backend():
 
 
 def _require_env():
-    if not (URL and KEY and BIN):
-        pytest.fail("SANDGATE_URL, SANDGATE_KEY and SANDGATE_BIN are unset: run `cargo test -p gateway --test mcp`")
+    if not (URL and KEY and BIN and CLASSROOM_KEY):
+        pytest.fail("SANDGATE_URL, SANDGATE_KEY, SANDGATE_CLASSROOM_KEY and SANDGATE_BIN are unset: "
+                    "run `cargo test -p gateway --test mcp`")
 
 
 async def _exercise(session: ClientSession, with_image: bool) -> None:
     init = await session.initialize()
     assert init.server_info.name == "sandgate"
     tools = await session.list_tools()
-    assert [tool.name for tool in tools.tools] == ["run_code"]
+    assert [tool.name for tool in tools.tools] == ["run_code", "open_session", "run_in_session", "close_session"]
     assert "code" in tools.tools[0].input_schema["required"]
+    assert tools.tools[2].input_schema["required"] == ["session_id", "code"]
 
     ran = await session.call_tool("run_code", {"code": "import sys\nprint(6 * 7)\nprint('w', file=sys.stderr)"})
     assert not ran.is_error, ran
@@ -52,6 +56,8 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
     with pytest.raises(MCPError):
         await session.call_tool("no_such_tool", {})
 
+    await _session_tools(session)
+
     if with_image:
         code = (
             "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
@@ -61,6 +67,41 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
         assert not drawn.is_error, drawn
         images = [c for c in drawn.content if c.type == "image"]
         assert len(images) == 1 and images[0].mime_type == "image/png"
+
+
+async def _session_tools(session: ClientSession) -> None:
+    opened = await session.call_tool("open_session", {"language": "python", "idle_timeout_s": 120})
+    assert not opened.is_error, opened
+    session_id = opened.structured_content["session_id"]
+    assert session_id.startswith("ss_") and session_id in opened.content[0].text
+    assert opened.structured_content["status"] == "ready"
+
+    first = await session.call_tool("run_in_session", {"session_id": session_id, "code": "x = 41"})
+    assert not first.is_error, first
+    second = await session.call_tool("run_in_session", {"session_id": session_id, "code": "x + 1"})
+    assert second.structured_content["result"] == "42", second
+    assert second.structured_content["session_id"] == session_id
+    assert "result: 42" in second.content[0].text
+
+    with pytest.raises(MCPError) as malformed:
+        await session.call_tool("run_in_session", {"code": "x"})
+    assert malformed.value.error.code == -32602
+    with pytest.raises(MCPError) as malformed:
+        await session.call_tool("open_session", {"idle_timeout_s": "soon"})
+    assert malformed.value.error.code == -32602
+
+    unknown = await session.call_tool("run_in_session", {"session_id": "ss_nonesuch", "code": "1"})
+    assert unknown.is_error and unknown.structured_content["error"]["code"] == "not_found"
+    refused = await session.call_tool("open_session", {"language": "cobol"})
+    assert refused.is_error and refused.structured_content["error"]["code"] == "invalid_request"
+    assert "sessions run python or bash" in refused.content[0].text
+
+    closed = await session.call_tool("close_session", {"session_id": session_id})
+    assert not closed.is_error, closed
+    assert closed.structured_content["status"] == "closed"
+    assert closed.structured_content["closed_reason"] == "deleted"
+    after = await session.call_tool("run_in_session", {"session_id": session_id, "code": "x"})
+    assert after.is_error and after.structured_content["error"]["code"] == "conflict"
 
 
 @pytest.mark.anyio
@@ -98,3 +139,16 @@ def test_malformed_messages_get_json_rpc_errors():
         assert answer.json()["error"]["code"] == code, answer.text
     notification = httpx.post(f"{URL}/mcp", content=b'{"jsonrpc": "2.0", "method": "notifications/initialized"}', headers=headers)
     assert notification.status_code == 202 and notification.content == b""
+
+
+@pytest.mark.anyio
+async def test_a_session_the_policy_refuses_is_a_tool_error_with_its_reasons():
+    _require_env()
+    http = create_mcp_http_client(headers={"Authorization": f"Bearer {CLASSROOM_KEY}"})
+    async with http, streamable_http_client(f"{URL}/mcp", http_client=http) as streams:
+        async with ClientSession(streams[0], streams[1]) as session:
+            await session.initialize()
+            refused = await session.call_tool("open_session", {"language": "python"})
+    assert refused.is_error
+    assert "policy_denied" in refused.content[0].text
+    assert [r["code"] for r in refused.structured_content["error"]["reasons"]] == ["session.not_allowed"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any, AsyncIterator, Mapping, Optional, Sequence, Tuple
+from typing import Any, AsyncIterator, Generator, Mapping, Optional, Sequence, Tuple
 
 import httpx
 
@@ -82,7 +82,7 @@ class AsyncClient:
         except httpx.TransportError as err:
             raise _wire.transport_error(err, self.url) from err
 
-    async def session(
+    def session(
         self,
         language: str = "python",
         *,
@@ -92,10 +92,19 @@ class AsyncClient:
         labels: Optional[Mapping[str, str]] = None,
         idle_timeout_s: Optional[int] = None,
         ttl_s: Optional[int] = None,
-    ) -> "AsyncSession":
-        """As ``Client.session``; use ``async with await client.session() as s``."""
+    ) -> "_OpeningSession":
+        """As ``Client.session``: ``async with client.session() as s`` opens it and closes it on
+        leaving; ``s = await client.session()`` opens it (then ``await s.close()``)."""
         body = _wire.session_body(language, network, mounts, limits, labels, idle_timeout_s, ttl_s)
+        return _OpeningSession(self, body)
+
+    async def _open_session(self, body: Mapping[str, Any]) -> "AsyncSession":
         response = await self._request("POST", "/v1/sessions", json=body)
+        return AsyncSession(self, session_from(response.json()))
+
+    async def get_session(self, session_id: str) -> "AsyncSession":
+        """As ``Client.get_session``."""
+        response = await self._request("GET", f"/v1/sessions/{session_id}")
         return AsyncSession(self, session_from(response.json()))
 
     async def get(self, execution_id: str) -> "AsyncExecution":
@@ -156,6 +165,26 @@ class AsyncExecution(ExecutionRecord):
 
     async def wait_for_approval(self, timeout: float = 3600.0, poll: float = 1.0) -> "AsyncExecution":
         return await self.wait(timeout=timeout, poll=poll)
+
+
+class _OpeningSession:
+    """What ``AsyncClient.session`` returns: awaitable, or an async context manager."""
+
+    def __init__(self, client: AsyncClient, body: Mapping[str, Any]) -> None:
+        self._client = client
+        self._body = body
+        self._session: Optional["AsyncSession"] = None
+
+    def __await__(self) -> Generator[Any, None, "AsyncSession"]:
+        return self._client._open_session(self._body).__await__()
+
+    async def __aenter__(self) -> "AsyncSession":
+        self._session = await self._client._open_session(self._body)
+        return self._session
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 class AsyncSession(SessionRecord):

@@ -109,6 +109,10 @@ class Client:
         body = _wire.session_body(language, network, mounts, limits, labels, idle_timeout_s, ttl_s)
         return Session(self, session_from(self._request("POST", "/v1/sessions", json=body).json()))
 
+    def get_session(self, session_id: str) -> "Session":
+        """An existing session of this key's tenant (``NotFound`` otherwise), to run in or close."""
+        return Session(self, session_from(self._request("GET", f"/v1/sessions/{session_id}").json()))
+
     def get(self, execution_id: str) -> "Execution":
         return Execution(self, record_from(self._request("GET", f"/v1/executions/{execution_id}").json()))
 

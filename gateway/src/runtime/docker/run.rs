@@ -143,7 +143,7 @@ impl DockerSandbox {
     async fn run_job(
         &mut self,
         mut job: Job<'static>,
-        control: &RunControl,
+        control: RunControl,
     ) -> Result<Ran, RuntimeError> {
         // A fresh secret per run authenticates sandbox-init's exit trailer.
         let nonce = hex::encode(rand::random::<[u8; 16]>());
@@ -156,13 +156,13 @@ impl DockerSandbox {
         drop(job);
         let started_at = crate::ids::now_micros();
         let started = Instant::now();
-        let mut pump = Pump::new(control, &nonce);
-        let stop = self.until_stop(&line, &mut pump, control).await?;
+        let mut pump = Pump::new(&control, &nonce);
+        let (stop, stopped) = self.until_stop(&line, &mut pump, &control).await?;
         let duration = started.elapsed();
         let ending = self.inspect(stop, pump.init_exit).await?;
         Ok(Ran {
             ending,
-            removed: false,
+            stopped,
             stdout: pump.stdout,
             stderr: pump.stderr,
             started_at,
@@ -171,13 +171,13 @@ impl DockerSandbox {
     }
 
     /// Hands the job over and pumps output until the container exits, the deadline passes or
-    /// the run is cancelled (the last two kill it).
+    /// the run is cancelled (the last two kill it); and whether dockerd confirmed it stopped.
     async fn until_stop(
         &mut self,
         line: &[u8],
         pump: &mut Pump,
         control: &RunControl,
-    ) -> Result<Stop, RuntimeError> {
+    ) -> Result<(Stop, bool), RuntimeError> {
         let DockerSandbox {
             docker,
             name,
@@ -191,16 +191,13 @@ impl DockerSandbox {
         };
         tokio::select! {
             finished = tokio::time::timeout(control.timeout, run) => match finished {
-                Ok(exit) => Ok(Stop::Exited(exit?)),
-                Err(_) => {
-                    kill(docker, name).await;
-                    Ok(Stop::TimedOut)
+                Ok(exit) => {
+                    let exit = exit?;
+                    Ok((Stop::Exited(exit), exit.is_some()))
                 }
+                Err(_) => Ok((Stop::TimedOut, kill(docker, name).await)),
             },
-            () = control.cancel.cancelled() => {
-                kill(docker, name).await;
-                Ok(Stop::Cancelled)
-            }
+            () = control.cancel.cancelled() => Ok((Stop::Cancelled, kill(docker, name).await)),
         }
     }
 
@@ -261,19 +258,11 @@ impl Sandbox for DockerSandbox {
     }
 
     fn run(
-        mut self: Box<Self>,
+        &mut self,
         job: Job<'static>,
         control: RunControl,
-    ) -> BoxFuture<'static, Result<Ran, RuntimeError>> {
-        async move {
-            let mut ran = self.run_job(job, &control).await;
-            let removed = remove(&self.docker, &self.name).await;
-            if let Ok(ran) = &mut ran {
-                ran.removed = removed;
-            }
-            ran
-        }
-        .boxed()
+    ) -> BoxFuture<'_, Result<Ran, RuntimeError>> {
+        self.run_job(job, control).boxed()
     }
 
     fn discard(self: Box<Self>) -> BoxFuture<'static, ()> {
@@ -374,16 +363,21 @@ pub(super) async fn wait_exit(docker: &Docker, name: &str) -> Result<Option<i64>
     }
 }
 
-pub(super) async fn kill(docker: &Docker, name: &str) {
+/// Kills the container; says whether dockerd then reported it stopped.
+pub(super) async fn kill(docker: &Docker, name: &str) -> bool {
     let options = KillContainerOptionsBuilder::new().signal("SIGKILL").build();
     if let Err(err) = bounded("kill container", docker.kill_container(name, Some(options))).await {
         tracing::warn!(container = name, error = %err, "kill failed");
     }
-    if tokio::time::timeout(KILL_GRACE, wait_exit(docker, name))
-        .await
-        .is_err()
-    {
-        tracing::warn!(container = name, "container did not stop after SIGKILL");
+    match tokio::time::timeout(KILL_GRACE, wait_exit(docker, name)).await {
+        Ok(Ok(Some(_))) => true,
+        Ok(_) | Err(_) => {
+            tracing::warn!(
+                container = name,
+                "container did not report its end after SIGKILL"
+            );
+            false
+        }
     }
 }
 
