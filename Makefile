@@ -64,6 +64,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	cargo bench -p policy-engine --bench decide
 	bash scripts/netns.sh up
 	cargo bench -p egress-proxy --bench throughput
+	cargo bench -p egress-proxy --bench inspect
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session

@@ -29,6 +29,9 @@ readonly ALL_IMAGES=(bash python)
 # use plain stat()/lstat(); they shadow coreutils through /usr/local/bin, first on PATH.
 readonly BUSYBOX_SHADOWED=(ls stat)
 readonly SELF="${BASH_SOURCE[0]}"
+# Files the python image gets besides its packages (see customise_python).
+readonly PYTHON_FILES_DIR="$(dirname "$SELF")/python"
+readonly USER_SITE_FILES=(sandgate_user_site.py sandgate_user_site.pth)
 
 WORK=""          # temporary build directory, removed on exit
 declare -A JOBS=()  # image name -> pid of its build job
@@ -42,7 +45,7 @@ die() {
 packages_for() {
     case $1 in
     bash) echo busybox,ca-certificates,procps ;;
-    python) echo python3,python3-pip,python3-pandas,python3-numpy,python3-matplotlib,python3-pytest,busybox,ca-certificates,procps ;;
+    python) echo python3,python3-pip,python3-requests,python3-pandas,python3-numpy,python3-matplotlib,python3-pytest,curl,git,busybox,ca-certificates,procps ;;
     *) die "unknown image '$1' (known: ${ALL_IMAGES[*]})" ;;
     esac
 }
@@ -85,6 +88,12 @@ ca_bundles() {
 recipe_for() {
     {
         cat "$SELF"
+        if [[ $1 == python ]]; then
+            local file
+            for file in "${USER_SITE_FILES[@]}"; do
+                cat "$PYTHON_FILES_DIR/$file"
+            done
+        fi
         printf 'image=%s\npackages=%s\nsuite=%s\nmirror=%s\nca=%s\n' \
             "$1" "$(packages_for "$1")" "$SUITE" "$2" "$3"
     } | sha256sum | cut -d' ' -f1
@@ -179,6 +188,21 @@ prune_replaced() {
         || log "could not prune replaced images (docker image prune --filter label=sandgate.image)"
 }
 
+# customise_python ROOTFS: make `pip install x` work without flags for the sandbox's user. The
+# root file system is read-only at run time and the user is not root, so pip cannot touch the
+# system's packages, and PEP 668's EXTERNALLY-MANAGED marker protects nothing: it goes. pip then
+# falls back to a user installation under PYTHONUSERBASE (the gateway sets /workspace/.local);
+# sandgate_user_site.pth makes that directory importable from the interpreter's start.
+customise_python() {
+    local rootfs=$1 file dest="$1/usr/lib/python3/dist-packages"
+    [[ -d $dest ]] || die "$dest missing: is python3 in the package list?"
+    rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
+    for file in "${USER_SITE_FILES[@]}"; do
+        install -m 0644 "$PYTHON_FILES_DIR/$file" "$dest/$file"
+    done
+    log "sandgate/python: pip installs into PYTHONUSERBASE (EXTERNALLY-MANAGED removed)"
+}
+
 # build_image NAME RECIPE MIRROR BUNDLE...: the whole build of one image (runs as a job).
 build_image() {
     local name=$1 recipe=$2 mirror=$3
@@ -188,6 +212,9 @@ build_image() {
     timeout 1800 debootstrap --variant=minbase --include="$(packages_for "$name")" \
         "$SUITE" "$rootfs" "$mirror"
     install_extra_cas "$rootfs" "$@"
+    if [[ $name == python ]]; then
+        customise_python "$rootfs"
+    fi
     prepare_rootfs "$rootfs"
     log "sandgate/$name: importing $(du -sh "$rootfs" | cut -f1) (debootstrap took $((SECONDS - start))s)"
     start=$SECONDS

@@ -63,7 +63,8 @@ impl Conn<'_> {
     }
 
     /// A plain HTTP request is never inspected, so no credential is ever granted on it: any
-    /// placeholder in its head or in the body bytes already read is misdirected.
+    /// placeholder in its head or in the body bytes already read is misdirected (refused before
+    /// anything is dialled). The rest of the body is searched as it passes (`BodyGuard`).
     fn refuse_placeholders(&self, head: &[u8]) -> Result<(), Denial> {
         let Some(inspection) = &self.execution.inspection else {
             return Ok(());

@@ -8,7 +8,7 @@ use std::time::Duration;
 use policy_engine::NetworkGrant;
 
 use crate::ca::{ExecutionCa, TlsSetupError};
-use crate::credentials::{Credential, ExecutionCredentials};
+use crate::credentials::{Credential, CredentialSet, ExecutionCredentials};
 
 /// Settings shared by every execution's listener.
 #[derive(Debug, Clone)]
@@ -29,9 +29,9 @@ pub struct ProxyConfig {
     /// What inspected upstreams are verified against ([`crate::upstream_tls`]). `None`: no
     /// destination can be inspected (such tunnels are refused with `egress.upstream_tls_failed`).
     pub upstream_tls: Option<Arc<rustls::ClientConfig>>,
-    /// Credentials by name (the gateway's `credentials` config, values loaded); their values
-    /// never print ([`crate::Secret`]).
-    pub credentials: BTreeMap<String, Credential>,
+    /// Credentials by name (the gateway's `credentials` config, values loaded; replaced when
+    /// the gateway reloads); their values never print ([`crate::Secret`]).
+    pub credentials: CredentialSet,
 }
 
 impl Default for ProxyConfig {
@@ -44,7 +44,7 @@ impl Default for ProxyConfig {
             record_timeout: Duration::from_secs(5),
             close_grace: Duration::from_secs(5),
             upstream_tls: None,
-            credentials: BTreeMap::new(),
+            credentials: CredentialSet::default(),
         }
     }
 }
@@ -148,7 +148,7 @@ impl Inspection {
                         host: rule.host.clone(),
                     }
                 })?;
-                credentials.insert(name.clone(), credential.clone());
+                credentials.insert(name.clone(), credential);
             }
         }
         Ok(Some(Inspection {

@@ -25,11 +25,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{field, info, info_span, warn, Instrument};
 
 use crate::body::BodyFramer;
+use crate::credentials::BodyGuard;
 use crate::head::Forward;
 use crate::host::Host;
 use crate::listener::{Execution, Shared};
 use crate::reason::{denial_response, one_line, ReasonCode};
-use crate::relay::{relay, Ended, Meter, Upward};
+use crate::relay::{relay, send_body, Ended, Meter, Upward};
 use crate::seams::{Attempt, Closed, ConnectionId, Scheme};
 
 /// Answer to a CONNECT once the tunnel may start.
@@ -276,8 +277,14 @@ impl Conn<'_> {
                 let used = framer
                     .advance(&pending)
                     .map_err(|err| Ended::new(ReasonCode::Smuggling, err.to_string()))?;
-                meter.send_up(upstream, &pending[..used]).await?;
-                Ok(Upward::Body(framer))
+                let mut guard = BodyGuard::for_execution(self.execution.inspection.as_ref());
+                send_body(meter, upstream, guard.as_mut(), &pending[..used]).await?;
+                if framer.is_done() {
+                    if let Some(guard) = guard.as_mut() {
+                        meter.send_up(upstream, &guard.finish()).await?;
+                    }
+                }
+                Ok(Upward::Body(framer, guard))
             }
         }
     }

@@ -38,7 +38,7 @@ use crate::config::Inspection;
 use crate::conn::{Conn, Denial, Plan};
 use crate::host::{canonical_host, Host};
 use crate::listener::{Execution, Shared};
-use crate::reason::{one_line, ReasonCode};
+use crate::reason::{denial_line, one_line, reason_phrase, ReasonCode};
 use crate::relay::Ended;
 use crate::seams::{ConnectionId, InspectedRequest, RequestDone, RequestId};
 use crate::streams::{Counters, Metered, Prefixed};
@@ -630,13 +630,10 @@ fn audit_unavailable() -> Denial {
     )
 }
 
-/// The proxy's own answer inside a tunnel: the reason's status, `sandgate-egress: <code>: <message>`.
+/// The proxy's own answer inside a tunnel: the reason's status, `sandgate-egress: <code>:
+/// <message>` as its reason phrase and its body (the same shape as a refused CONNECT's).
 fn denial_response(denial: &Denial) -> Response<ProxyBody> {
-    let body = format!(
-        "sandgate-egress: {}: {}\n",
-        denial.reason.code(),
-        one_line(&denial.message)
-    );
+    let body = format!("{}\n", denial_line(denial.reason, &denial.message));
     let mut response = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})
@@ -651,6 +648,11 @@ fn denial_response(denial: &Denial) -> Response<ProxyBody> {
     );
     if let Ok(code) = HeaderValue::from_str(denial.reason.code()) {
         headers.insert("x-sandgate-reason", code);
+    }
+    if let Ok(phrase) =
+        hyper::ext::ReasonPhrase::try_from(reason_phrase(denial.reason, &denial.message))
+    {
+        response.extensions_mut().insert(phrase);
     }
     response
 }

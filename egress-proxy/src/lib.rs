@@ -62,8 +62,8 @@ pub use config::{
     ProxyConfig, DEFAULT_MAX_DENIED, DEFAULT_MAX_DENIED_PER_S,
 };
 pub use credentials::{
-    placeholder_env_name, Credential, ExecutionCredentials, Secret, PLACEHOLDER_ENV_PREFIX,
-    PLACEHOLDER_PREFIX,
+    placeholder_env_name, Credential, CredentialSet, ExecutionCredentials, Secret,
+    PLACEHOLDER_ENV_PREFIX, PLACEHOLDER_PREFIX,
 };
 pub use denials::SUMMARY_WINDOW;
 pub use host::{canonical_host, Host, HostError};

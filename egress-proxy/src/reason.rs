@@ -233,20 +233,6 @@ impl fmt::Display for ReasonCode {
     }
 }
 
-/// The text for a status line.
-pub(crate) fn status_text(status: u16) -> &'static str {
-    match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        408 => "Request Timeout",
-        429 => "Too Many Requests",
-        502 => "Bad Gateway",
-        503 => "Service Unavailable",
-        504 => "Gateway Timeout",
-        _ => "Error",
-    }
-}
-
 /// Most characters of a message in a denial body.
 const MAX_MESSAGE: usize = 300;
 
@@ -263,19 +249,38 @@ pub(crate) fn one_line(message: &str) -> String {
     out
 }
 
-/// The uniform denial answer: status line, a few headers, and
-/// `sandgate-egress: <code>: <message>` as the body.
+/// The denial's one line, `sandgate-egress: <code>: <message>`: the body of every denial, and
+/// (see [`reason_phrase`]) its status line's reason phrase, so that a client that shows only the
+/// status line (`Tunnel connection failed: 403 sandgate-egress: egress.host_not_granted: ...`)
+/// still shows why.
+pub(crate) fn denial_line(reason: ReasonCode, message: &str) -> String {
+    format!("sandgate-egress: {}: {}", reason.code(), one_line(message))
+}
+
+/// [`denial_line`] as a reason phrase (RFC 9112: tab, space, visible ASCII; anything else, which
+/// only a policy's message could hold, becomes `?`).
+pub(crate) fn reason_phrase(reason: ReasonCode, message: &str) -> String {
+    denial_line(reason, message)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_graphic() || c == ' ' {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+/// The uniform denial answer: `HTTP/1.1 <status> sandgate-egress: <code>: <message>`, a few
+/// headers (`X-Sandgate-Reason: <code>`), and the same line as the body.
 pub(crate) fn denial_response(reason: ReasonCode, message: &str) -> Vec<u8> {
     let status = reason.status();
-    let body = format!(
-        "sandgate-egress: {}: {}\n",
-        reason.code(),
-        one_line(message)
-    );
+    let body = format!("{}\n", denial_line(reason, message));
     format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
          Content-Length: {}\r\nX-Sandgate-Reason: {}\r\nConnection: close\r\n\r\n{body}",
-        status_text(status),
+        reason_phrase(reason, message),
         body.len(),
         reason.code(),
     )
@@ -306,7 +311,12 @@ mod tests {
     fn denial_bodies_are_one_line() {
         let response = denial_response(ReasonCode::HostNotGranted, "a\r\nX-Injected: 1");
         let text = String::from_utf8(response).unwrap();
-        assert!(text.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{text}");
+        assert!(
+            text.starts_with(
+                "HTTP/1.1 403 sandgate-egress: egress.host_not_granted: a  X-Injected: 1\r\n"
+            ),
+            "{text}"
+        );
         assert!(
             text.ends_with("\r\n\r\nsandgate-egress: egress.host_not_granted: a  X-Injected: 1\n"),
             "{text}"
@@ -320,5 +330,15 @@ mod tests {
             ReasonCode::PolicyDenied
         );
         assert!(one_line(&"x".repeat(1000)).len() < 310);
+    }
+
+    #[test]
+    fn reason_phrases_are_visible_ascii() {
+        let phrase = reason_phrase(ReasonCode::PolicyDenied, "tenant \"zürich\"\tis\u{7f}off");
+        assert_eq!(
+            phrase,
+            "sandgate-egress: egress.policy_denied: tenant \"z?rich\" is off"
+        );
+        assert!(hyper::ext::ReasonPhrase::try_from(phrase).is_ok());
     }
 }

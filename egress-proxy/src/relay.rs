@@ -8,6 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::body::BodyFramer;
+use crate::credentials::BodyGuard;
 use crate::reason::ReasonCode;
 
 /// Relay buffer per direction: downloads dominate, so the downward one is larger (fewer
@@ -188,8 +189,33 @@ fn write_failed(direction: Direction, err: &std::io::Error) -> Ended {
 pub(crate) enum Upward {
     /// A tunnel: until the sandbox closes its side, which is then closed upstream too.
     Tunnel,
-    /// One plain HTTP request: until its body ends; later bytes are never sent.
-    Body(BodyFramer),
+    /// One plain HTTP request: until its body ends; later bytes are never sent. With a guard,
+    /// the body is searched for placeholders as it passes.
+    Body(BodyFramer, Option<BodyGuard>),
+}
+
+/// Sends body bytes, through the guard when there is one (a placeholder ends the request with
+/// `credential.misdirected` before any of it is sent).
+pub(crate) async fn send_body<W: AsyncWrite + Unpin>(
+    meter: &Meter<'_>,
+    to: &mut W,
+    guard: Option<&mut BodyGuard>,
+    bytes: &[u8],
+) -> Result<(), Ended> {
+    let Some(guard) = guard else {
+        return meter.send(to, bytes, Direction::Up).await;
+    };
+    let passed = guard.pass(bytes).map_err(|names| {
+        Ended::new(
+            ReasonCode::CredentialMisdirected,
+            format!(
+                "the request body carries the placeholder of credential {}, which is only ever \
+                 attached inside an inspected tunnel",
+                names.join(", ")
+            ),
+        )
+    })?;
+    meter.send(to, &passed, Direction::Up).await
 }
 
 /// Copies one direction until end of stream (or end of body), then half-closes tunnels.
@@ -199,6 +225,7 @@ async fn pump<R, W>(
     meter: &Meter<'_>,
     direction: Direction,
     mut framer: Option<BodyFramer>,
+    mut guard: Option<BodyGuard>,
 ) -> Result<(), Ended>
 where
     R: AsyncRead + Unpin,
@@ -230,8 +257,14 @@ where
                 .map_err(|err| Ended::new(ReasonCode::Smuggling, err.to_string()))?,
             None => n,
         };
-        meter.send(to, &buf[..n], direction).await?;
+        match direction {
+            Direction::Up => send_body(meter, to, guard.as_mut(), &buf[..n]).await?,
+            Direction::Down => meter.send(to, &buf[..n], direction).await?,
+        }
         if framer.as_ref().is_some_and(BodyFramer::is_done) {
+            if let Some(guard) = guard.as_mut() {
+                meter.send(to, &guard.finish(), direction).await?;
+            }
             return Ok(());
         }
     }
@@ -256,11 +289,26 @@ where
     let (client_read, client_write) = client;
     let (upstream_read, upstream_write) = upstream;
     let (framer, wait_for_up) = match upward {
-        Upward::Tunnel => (None, true),
-        Upward::Body(framer) => (Some(framer), false),
+        Upward::Tunnel => ((None, None), true),
+        Upward::Body(framer, guard) => ((Some(framer), guard), false),
     };
-    let up = pump(client_read, upstream_write, meter, Direction::Up, framer);
-    let down = pump(upstream_read, client_write, meter, Direction::Down, None);
+    let (framer, guard) = framer;
+    let up = pump(
+        client_read,
+        upstream_write,
+        meter,
+        Direction::Up,
+        framer,
+        guard,
+    );
+    let down = pump(
+        upstream_read,
+        client_write,
+        meter,
+        Direction::Down,
+        None,
+        None,
+    );
     let both = async {
         tokio::pin!(up, down);
         let (mut up_done, mut down_done) = (false, false);

@@ -203,7 +203,9 @@ impl Default for Config {
             policy_dir: PathBuf::from("policies"),
             images: BTreeMap::from([
                 ("python".to_owned(), "sandgate/python".to_owned()),
-                ("bash".to_owned(), "sandgate/bash".to_owned()),
+                // A coding agent's shell needs the same toolbox as its Python (python3, pip,
+                // pytest, git, curl): bash runs in the python image (README "Sandbox images").
+                ("bash".to_owned(), "sandgate/python".to_owned()),
             ]),
             backends: BTreeMap::from([(
                 "gvisor".to_owned(),

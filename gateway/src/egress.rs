@@ -13,9 +13,10 @@ use futures_util::FutureExt;
 use tokio_util::sync::CancellationToken;
 
 use egress_proxy::{
-    Attempt, Closed, ConnectionId, ConnectionRecorder, Credential, DnsResolver, EgressPolicy,
-    EgressProxy, ExecutionGrant, ExecutionLimits, ExecutionListener, InspectedRequest, Inspection,
-    ProxyConfig, RecordError, RequestDone, RequestId, Resolve, ResolveError, Secret, Suppressed,
+    Attempt, Closed, ConnectionId, ConnectionRecorder, Credential, CredentialSet, DnsResolver,
+    EgressPolicy, EgressProxy, ExecutionGrant, ExecutionLimits, ExecutionListener,
+    InspectedRequest, Inspection, ProxyConfig, RecordError, RequestDone, RequestId, Resolve,
+    ResolveError, Suppressed,
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
@@ -40,9 +41,6 @@ pub const CA_BUNDLE_ENV: [&str; 6] = [
     "NODE_EXTRA_CA_CERTS",
     "GIT_SSL_CAINFO",
 ];
-/// Longest credential value read from a file or variable.
-const MAX_CREDENTIAL_BYTES: usize = 16 * 1024;
-
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
     #[error("egress socket directory {path}")]
@@ -55,27 +53,17 @@ pub enum EgressError {
     Listen(#[source] egress_proxy::ProxyError),
     #[error("egress resolver")]
     Resolver(#[source] egress_proxy::ResolverSetupError),
-    #[error("credential {name}: environment variable {var} is not set (or not UTF-8)")]
-    CredentialEnv { name: String, var: String },
-    #[error("credential {name}: cannot read {path}")]
-    CredentialFile {
-        name: String,
-        path: PathBuf,
-        #[source]
-        err: std::io::Error,
-    },
-    #[error(
-        "credential {name}: the value is empty, longer than 16 KiB or holds a control character"
-    )]
-    CredentialValue { name: String },
+    #[error("egress credentials")]
+    Credentials(#[source] crate::credentials::CredentialError),
     #[error("upstream TLS trust (egress_ca_file)")]
     UpstreamTls(#[source] egress_proxy::TlsSetupError),
     #[error("inspection for the execution")]
     Inspection(#[source] egress_proxy::InspectionError),
 }
 
-/// What the proxy needs to inspect: the upstream trust and the credentials' values. Loaded once
-/// at start-up; a missing variable or file is an error naming the credential, never the value.
+/// What the proxy needs to inspect: the upstream trust and the credentials' values. Loaded at
+/// start-up (a missing variable or file is an error naming the credential, never the value);
+/// the values are read again on reload (`crate::credentials::reload`).
 #[derive(Debug)]
 pub struct EgressTrust {
     pub upstream_tls: Arc<rustls::ClientConfig>,
@@ -90,54 +78,13 @@ impl EgressTrust {
     ) -> Result<EgressTrust, EgressError> {
         let upstream_tls =
             egress_proxy::upstream_tls(egress_ca_file).map_err(EgressError::UpstreamTls)?;
-        let mut credentials = BTreeMap::new();
-        for (name, config) in configured {
-            let value = credential_value(name, config, &env)?;
-            credentials.insert(
-                name.clone(),
-                Credential {
-                    name: name.clone(),
-                    header: config.header.clone(),
-                    format: config.format.clone(),
-                    value,
-                },
-            );
-        }
+        let credentials =
+            crate::credentials::load(configured, env).map_err(EgressError::Credentials)?;
         Ok(EgressTrust {
             upstream_tls,
             credentials,
         })
     }
-}
-
-fn credential_value(
-    name: &str,
-    config: &CredentialConfig,
-    env: &impl Fn(&str) -> Option<String>,
-) -> Result<Secret, EgressError> {
-    let raw = match (&config.value_env, &config.value_file) {
-        (Some(var), _) => env(var).ok_or_else(|| EgressError::CredentialEnv {
-            name: name.to_owned(),
-            var: var.clone(),
-        })?,
-        (None, Some(path)) => {
-            std::fs::read_to_string(path).map_err(|err| EgressError::CredentialFile {
-                name: name.to_owned(),
-                path: path.clone(),
-                err,
-            })?
-        }
-        (None, None) => String::new(),
-    };
-    let value = raw.strip_suffix('\n').unwrap_or(&raw);
-    let value = value.strip_suffix('\r').unwrap_or(value);
-    if value.is_empty() || value.len() > MAX_CREDENTIAL_BYTES || value.chars().any(char::is_control)
-    {
-        return Err(EgressError::CredentialValue {
-            name: name.to_owned(),
-        });
-    }
-    Ok(Secret::new(value))
 }
 
 /// Which execution of a session is running, for the session's connections: a session's grant
@@ -198,7 +145,7 @@ pub fn proxy(
     let config = ProxyConfig {
         denied_addresses: own_addresses,
         upstream_tls: Some(trust.upstream_tls),
-        credentials: trust.credentials,
+        credentials: CredentialSet::new(trust.credentials),
         ..ProxyConfig::default()
     };
     let resolver = LayeredResolver {

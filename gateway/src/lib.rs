@@ -11,6 +11,7 @@ pub mod audit;
 pub mod client;
 pub mod commands;
 pub mod config;
+pub mod credentials;
 pub mod database;
 pub mod egress;
 pub mod ids;
@@ -241,7 +242,7 @@ fn instance_id(data_dir: &std::path::Path) -> std::io::Result<String> {
     }
 }
 
-/// SIGHUP reloads the policy directory, like `POST /v1/policy/reload`.
+/// SIGHUP reloads the policy directory and the credentials' values, like `POST /v1/policy/reload`.
 async fn reload_on_sighup(app: Arc<App>) {
     use tokio::signal::unix::{signal, SignalKind};
     let Ok(mut hangups) = signal(SignalKind::hangup()) else {
@@ -252,6 +253,7 @@ async fn reload_on_sighup(app: Arc<App>) {
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
             _ = hangups.recv() => {
+                app.reload_credentials("sighup");
                 if let Err(err) = app.policy.reload(&app.audit, "sighup").await {
                     tracing::error!(error = %err, "policy reload on SIGHUP failed");
                 }

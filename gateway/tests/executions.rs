@@ -145,6 +145,8 @@ print(json.dumps(facts))
         "PYTHONUNBUFFERED",
         "PYTHONDONTWRITEBYTECODE",
         "MPLBACKEND",
+        "PYTHONUSERBASE",
+        "PIP_DISABLE_PIP_VERSION_CHECK",
         "OPENBLAS_NUM_THREADS",
         "OMP_NUM_THREADS",
     ];

@@ -184,6 +184,8 @@ with open("/output/findings.json", "w") as out:
         "PYTHONUNBUFFERED",
         "PYTHONDONTWRITEBYTECODE",
         "MPLBACKEND",
+        "PYTHONUSERBASE",
+        "PIP_DISABLE_PIP_VERSION_CHECK",
         "OPENBLAS_NUM_THREADS",
         "OMP_NUM_THREADS",
         "HOSTNAME",

@@ -108,8 +108,10 @@ raise SystemExit(7)
             "OMP_NUM_THREADS",
             "OPENBLAS_NUM_THREADS",
             "PATH",
+            "PIP_DISABLE_PIP_VERSION_CHECK",
             "PYTHONDONTWRITEBYTECODE",
-            "PYTHONUNBUFFERED"
+            "PYTHONUNBUFFERED",
+            "PYTHONUSERBASE"
         ],
         "exactly the environment the gateway sets"
     );

@@ -153,7 +153,9 @@ pub struct RollbackRequest {
     path = "/v1/policy/reload",
     tag = "policy",
     operation_id = "policy_reload",
-    summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip.",
+    summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip; the credentials' values are read again.",
+    description = "The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
+        the credential whose value could not be read (the previous values then stay).",
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
     responses(
@@ -168,6 +170,11 @@ pub async fn reload(
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(&[Role::Admin])?;
+    let credentials = Some(match app.reload_credentials(&caller.0.id) {
+        None => json!({"reloaded": 0}),
+        Some(Ok(count)) => json!({"reloaded": count}),
+        Some(Err(err)) => json!({"error": crate::app::error_chain(&err)}),
+    });
     if is_gzip(&body) {
         let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)
             .await
@@ -182,7 +189,7 @@ pub async fn reload(
             .policy
             .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
             .await;
-        return answer(uploaded);
+        return answer(uploaded, credentials);
     }
     let request: ReloadRequest = optional_body(body).await?;
     let source = match request.dir {
@@ -193,6 +200,7 @@ pub async fn reload(
         app.policy
             .reload_from(&app.audit, &caller.0.id, source)
             .await,
+        credentials,
     )
 }
 
@@ -222,6 +230,7 @@ pub async fn rollback(
         app.policy
             .reload_from(&app.audit, &caller.0.id, source)
             .await,
+        None,
     )
 }
 
@@ -263,14 +272,21 @@ async fn optional_body<T: Default + serde::de::DeserializeOwned>(
 
 fn answer(
     result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
+    credentials: Option<Value>,
 ) -> Result<Json<Value>, ApiError> {
     match result {
-        Ok(accepted) => Ok(Json(json!({
-            "accepted": true,
-            "revision": accepted.revision,
-            "previous": accepted.previous,
-            "changed": accepted.revision != accepted.previous,
-        }))),
+        Ok(accepted) => {
+            let mut answer = json!({
+                "accepted": true,
+                "revision": accepted.revision,
+                "previous": accepted.previous,
+                "changed": accepted.revision != accepted.previous,
+            });
+            if let Some(credentials) = credentials {
+                answer["credentials"] = credentials;
+            }
+            Ok(Json(answer))
+        }
         Err(ReloadError::Rejected {
             message,
             active_revision,

@@ -420,17 +420,28 @@ pub fn program_names() -> [&'static str; 3] {
     ["main.py", "main.sh", "main"]
 }
 
+/// Where `pip install x` puts x (a user installation: the root file system is read-only and the
+/// program is not root), in the execution's own `/workspace`: gone with the sandbox, kept across
+/// a session's executions, counted in its disk limit. The image makes its `site-packages`
+/// importable from the interpreter's start, before pip creates it
+/// (images/python/sandgate_user_site.py).
+pub const PYTHON_USER_BASE: &str = "/workspace/.local";
+
 /// The whole environment of the sandboxed program. Nothing of the gateway's own leaks in.
 /// Thread pools (OpenBLAS, OpenMP) are sized to the CPU quota, not to the host's cores that
-/// gVisor reports: every thread costs one of the sandbox's pids.
+/// gVisor reports: every thread costs one of the sandbox's pids. Commands pip installs
+/// (`$PYTHONUSERBASE/bin`) come first on PATH.
 pub fn sandbox_env(cpus: f64) -> BTreeMap<String, String> {
     let threads = format!("{}", cpus.ceil().max(1.0) as u32);
+    let path = format!(
+        "{PYTHON_USER_BASE}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+    );
     let mut env: BTreeMap<String, String> = [
-        (
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        ),
+        ("PATH", path.as_str()),
         ("HOME", "/tmp"),
+        ("PYTHONUSERBASE", PYTHON_USER_BASE),
+        // pip's own version check would be one more (probably denied) connection per install.
+        ("PIP_DISABLE_PIP_VERSION_CHECK", "1"),
         ("LANG", "C.UTF-8"),
         ("PYTHONUNBUFFERED", "1"),
         ("PYTHONDONTWRITEBYTECODE", "1"),

@@ -128,6 +128,30 @@ impl App {
             config,
         }
     }
+
+    /// Reads the credentials' values again (a reload: SIGHUP or `POST /v1/policy/reload`);
+    /// executions started from now on use them. On an error (which names the credential, never
+    /// a value) the previous values stay. `None`: no egress proxy, nothing to reload.
+    pub fn reload_credentials(
+        &self,
+        loaded_by: &str,
+    ) -> Option<Result<usize, crate::credentials::CredentialError>> {
+        let proxy = self.egress.as_ref()?;
+        let reloaded = crate::credentials::reload(proxy, &self.config.credentials, |var| {
+            std::env::var(var).ok()
+        });
+        match &reloaded {
+            Ok(count) => tracing::info!(
+                loaded_by,
+                credentials = count,
+                "credential values read again"
+            ),
+            Err(err) => {
+                tracing::error!(loaded_by, error = %error_chain(err), "credential values not read again; the previous values stay")
+            }
+        }
+        Some(reloaded)
+    }
 }
 
 /// The shape a language's pool starts with: its image, the first configured backend's runtime

@@ -20,6 +20,7 @@ use gateway::database::EmbeddedPostgres;
 use gateway::runtime::docker::DockerRuntime;
 
 pub mod egress;
+pub mod files_upstream;
 pub mod payloads;
 pub mod upstream;
 pub mod warm;
