@@ -134,6 +134,34 @@ impl SessionCursors {
     }
 }
 
+/// An execution running in a session, for its connections' rows: named at the start, and no
+/// longer once this is dropped, however the turn ended.
+#[derive(Debug)]
+pub struct Running<'a> {
+    cursors: &'a SessionCursors,
+    session_id: &'a str,
+}
+
+impl<'a> Running<'a> {
+    pub fn start(
+        cursors: &'a SessionCursors,
+        session_id: &'a str,
+        execution_id: &str,
+    ) -> Running<'a> {
+        cursors.running(session_id, Some(execution_id));
+        Running {
+            cursors,
+            session_id,
+        }
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.cursors.running(self.session_id, None);
+    }
+}
+
 /// Builds the proxy the gateway serves every execution's socket with.
 pub fn proxy(
     policy: Arc<PolicyHandle>,
@@ -386,18 +414,19 @@ impl ConnectionRecorder for Recorder {
                 let micros = at.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros());
                 chrono::DateTime::from_timestamp_micros(i64::try_from(micros).unwrap_or(0))
             };
+            let owner = self.cursors.owner(&summary.execution_id);
             let event = crate::audit::NewEvent {
                 kind: "egress.denied.repeated",
-                execution_id: Some(summary.execution_id.clone()),
+                execution_id: owner.execution_id.clone(),
                 key_id: None,
                 tenant: Some(summary.tenant.clone()),
                 decision_id: None,
                 allow: Some(false),
                 reasons: serde_json::json!([{"code": "egress.too_many_denials",
                     "message": "denied attempts past the execution's bounds, counted"}]),
-                input: serde_json::json!({
+                input: owner.into_input(serde_json::json!({
                     "from": time(summary.from), "until": time(summary.until),
-                }),
+                })),
                 decision: serde_json::json!({
                     "allow": false,
                     "count": summary.count,

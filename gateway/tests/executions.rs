@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Instant;
 
-use serde_json::json;
+use serde_json::{json, Value};
 
 use common::{containers_created_since, containers_of, TestGateway};
 
@@ -32,8 +32,14 @@ async fn python_and_bash_run_in_gvisor_and_read_back() {
     let id = body["id"].as_str().unwrap();
     assert!(common::removed_soon(id), "container left behind");
 
-    let (status, again) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+    let (status, mut again) = gw.get(&key, &format!("/v1/executions/{id}")).await;
     assert_eq!(status, 200);
+    // GET adds what the review page's detail view reads from the decision event.
+    assert_eq!(again["files"], json!([]), "{again}");
+    assert_eq!(again["grant"]["network"], Value::Null, "{again}");
+    let fields = again.as_object_mut().unwrap();
+    fields.remove("files");
+    fields.remove("grant");
     assert_eq!(again, body, "GET returns the same record");
 
     let (status, body) = gw
@@ -117,6 +123,11 @@ except OSError as err:
     facts["etc_write"] = type(err).__name__
 facts["uid"] = os.getuid()
 facts["gid"] = os.getgid()
+facts["uids"] = list(os.getresuid())
+status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
+facts["caps"] = {name: status.get(name, "").strip() for name in ("CapEff", "CapPrm", "CapInh", "CapAmb")}
+import ctypes
+facts["no_new_privs"] = ctypes.CDLL(None).prctl(39, 0, 0, 0, 0)  # PR_GET_NO_NEW_PRIVS
 facts["env"] = dict(os.environ)
 facts["cwd"] = os.getcwd()
 open("/workspace/ok.txt", "w").write("writable")
@@ -135,6 +146,16 @@ print(json.dumps(facts))
     assert_ne!(facts["etc_write"], "succeeded", "{facts}");
     assert_ne!(facts["uid"], 0);
     assert_ne!(facts["gid"], 0);
+    // The container starts as root for the init alone (it leaves uid 0 before the program):
+    // the program holds no uid 0 and no capability of any kind.
+    assert_eq!(facts["uids"], json!([65534, 65534, 65534]), "{facts}");
+    for (name, value) in facts["caps"].as_object().unwrap() {
+        assert!(
+            value.as_str().unwrap().trim_start_matches('0').is_empty(),
+            "{name} = {value}: {facts}"
+        );
+    }
+    assert_eq!(facts["no_new_privs"], 1, "{facts}");
     assert_eq!(facts["cwd"], "/workspace");
     let env = facts["env"].as_object().unwrap();
     let names: Vec<&String> = env.keys().collect();

@@ -203,6 +203,21 @@ print("main done")
     assert_eq!(record["start"], "warm", "{record}");
     assert_eq!(record["exit_code"], 1, "{record}");
     assert_eq!(record["stderr"], "bye\n", "{record}");
+
+    // With a daemon thread alive, an open gzip file is still completed by its finalizer, and
+    // a program that closed its stdout still exits 0.
+    common::warm::wait_for_waiting(&gw.http, &gw.url, "python").await;
+    let code = "import gzip, sys, threading, time\nthreading.Thread(target=lambda: time.sleep(100), daemon=True).start()\npacked = gzip.open('/output/x.gz', 'wt')\npacked.write('data' * 1000)\nprint('bye')\nsys.stdout.close()\n";
+    let (_, record) = gw.execute(&key, "python", code, json!({})).await;
+    assert_eq!(record["start"], "warm", "{record}");
+    assert_eq!(record["exit_code"], 0, "{record}");
+    assert_eq!(record["stdout"], "bye\n", "{record}");
+    assert_eq!(record["outputs"][0]["path"], "x.gz", "{record}");
+    // A gzip file without its end is its 10-byte header and nothing more.
+    assert!(
+        record["outputs"][0]["bytes"].as_u64().unwrap() > 18,
+        "{record}"
+    );
     gw.stop().await;
 }
 

@@ -9,8 +9,9 @@
 # traceback, KeyboardInterrupt: killed by SIGINT). It serves one program, then the interpreter
 # ends: each sandbox serves one execution, so nothing the preload left can reach another.
 # The end is the interpreter's own exit sequence (non-daemon threads joined, atexit handlers,
-# the program's globals released so that finalizers run and unclosed files are flushed, a
-# garbage collection, the streams flushed) without its last step, tearing down every module:
+# unclosed files flushed, the program's globals released so that finalizers run, a garbage
+# collection, the standard streams flushed; daemon threads silenced) without its last step,
+# tearing down every preloaded module:
 # with pandas and matplotlib loaded that alone took ~1.5 s inside gVisor here, for nothing
 # any program can observe.
 # Unlike DESIGN 10's "forks one child per job", the waiting interpreter runs the program itself:
@@ -123,6 +124,9 @@ def _exit_status(code):
     if code is None:
         return 0
     if isinstance(code, int):
+        # As the interpreter: a C long, -1 when it does not fit; the low byte is the status.
+        if not -(2**63) <= code < 2**63:
+            return 0xFF
         return code & 0xFF
     try:
         sys.stderr.write(str(code) + "\n")
@@ -141,6 +145,10 @@ def _finish(status, interrupted, main, preloaded, program_dir):
 
     threading._shutdown()
     atexit._run_exitfuncs()
+    # From here on, as in the interpreter's finalization, a daemon thread still running is
+    # done: it no longer gets the CPU for long, and what it raises is not reported.
+    sys.setswitchinterval(1000.0)
+    threading.excepthook = lambda args: None
     # Files the program never closed are written, as their finalizers would at teardown.
     import io
 
@@ -151,23 +159,26 @@ def _finish(status, interrupted, main, preloaded, program_dir):
                     found.flush()
             except Exception:
                 pass
-    if threading.active_count() == 1:
-        # Release the program's globals, as teardown would, so that its finalizers run (a
-        # daemon thread still running would instead find its globals gone: left alone).
-        builtins = main.__dict__.get("__builtins__")
-        main.__dict__.clear()
-        main.__dict__["__builtins__"] = builtins
-        for name in [name for name in sys.modules if name not in preloaded]:
-            module = sys.modules.get(name)
-            source = getattr(module, "__file__", None) or ""
-            if source.startswith(program_dir + os.sep):
-                module.__dict__.clear()
-        gc.collect()
-    for stream in (sys.stdout, sys.stderr):
+    # Release the program's globals, as teardown does, so that its finalizers run (a gzip or
+    # zip file left open is completed).
+    builtins = main.__dict__.get("__builtins__")
+    main.__dict__.clear()
+    main.__dict__["__builtins__"] = builtins
+    for name in [name for name in sys.modules if name not in preloaded]:
+        module = sys.modules.get(name)
+        source = getattr(module, "__file__", None) or ""
+        if source.startswith(program_dir + os.sep):
+            module.__dict__.clear()
+    gc.collect()
+    # As the interpreter flushes its standard files: closed or missing ones are skipped; one
+    # that cannot be written makes the status 120.
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if stream is None or getattr(stream, "closed", False):
+            continue
         try:
             stream.flush()
         except Exception:
-            status = status or 120  # as the interpreter: output that could not be written
+            status = 120
     if interrupted:
         # Death by SIGINT after KeyboardInterrupt, as python3 ends.
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -244,11 +244,11 @@ impl App {
             "running".clone_into(&mut running.status);
             let _ = started.send(running);
         }
-        self.session_cursors.running(session_id, Some(&row.id));
+        let running = crate::egress::Running::start(&self.session_cursors, session_id, &row.id);
         let ran = self
             .run_turn(&row, held, (code, files), (&live, stream), &runnable)
             .await;
-        self.session_cursors.running(session_id, None);
+        drop(running);
         let closes = match &ran {
             Ok(ran) if ran.ending.session_lives() => None,
             Ok(TurnRan {

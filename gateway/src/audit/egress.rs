@@ -18,7 +18,7 @@ pub struct EgressOwner {
 
 impl EgressOwner {
     /// The event's input, with the session named when there is one.
-    fn into_input(self, mut input: Value) -> Value {
+    pub fn into_input(self, mut input: Value) -> Value {
         if let (Some(session), Some(fields)) = (self.session_id, input.as_object_mut()) {
             fields.insert("session_id".to_owned(), json!(session));
         }

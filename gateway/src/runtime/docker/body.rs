@@ -54,6 +54,9 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
         }),
         auto_remove: Some(false),
         privileged: Some(false),
+        // sandbox-init must be PID 1 whatever dockerd's default (`"init": true` in daemon.json
+        // would put docker-init there): only as PID 1 does it leave uid 0 before the program.
+        init: Some(false),
         ipc_mode: Some("private".to_owned()),
         ..Default::default()
     };

@@ -253,7 +253,10 @@ impl DockerSandbox {
             .state
             .unwrap_or_default();
             let cgroup_oom = self.oom.as_mut().is_some_and(OomWatch::saw_oom);
-            let oom = state.oom_killed == Some(true) || cgroup_oom;
+            // The cgroup's word counts only when the init said nothing: a notification can
+            // also come from an OOM elsewhere in its hierarchy, and a program that ended with
+            // an authenticated trailer was not killed.
+            let oom = state.oom_killed == Some(true) || (cgroup_oom && init_exit.is_none());
             let settled = !died || oom || state.exit_code != Some(137);
             if settled || polls >= OOM_EVENT_POLLS {
                 return Ok(ending(stop, init_exit, oom, state.exit_code));
