@@ -417,6 +417,7 @@ async fn a_full_queue_answers_429_and_the_refusal_is_recorded() {
     let h = start(runtime.clone(), |config| {
         config.max_concurrent = 1;
         config.max_queued = 1;
+        config.refusals.window_s = 1;
     })
     .await;
     let body = json!({"language": "python", "code": "print(1)", "wait": false});
@@ -449,6 +450,35 @@ async fn a_full_queue_answers_429_and_the_refusal_is_recorded() {
     .unwrap();
     assert!(!event_allow, "the event says what the gateway did");
     assert_eq!(said["allow"], true, "and keeps what the policy said");
+    // More refusals in the same window are bounded like any refusal anyone can cause in bulk
+    // (item 9): counted into one `queue.refused.repeated` event, not a row each.
+    for _ in 0..5 {
+        let (status, _) = h.execute(body.clone()).await;
+        assert_eq!(status, 429);
+    }
+    let denied: i64 = sqlx::query_scalar("SELECT count(*) FROM executions WHERE status = 'denied'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(denied <= 2, "{denied} rows for 6 refusals");
+    let mut counted = None;
+    for _ in 0..100 {
+        counted = sqlx::query_scalar::<_, i64>(
+            "SELECT sum((decision->>'repeats')::bigint + (decision->>'throttled')::bigint)::bigint              FROM audit_events WHERE kind = 'queue.refused.repeated'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if counted.unwrap_or(0) + denied == 6 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        counted.unwrap_or(0) + denied,
+        6,
+        "every refusal is a row or counted in a summary"
+    );
     // Let both finish; the queued one runs once the first is done.
     gate.add_permits(2);
     for _ in 0..100 {

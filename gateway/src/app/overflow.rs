@@ -2,11 +2,15 @@
 //! review). The request is still recorded, so a 429 after an allow leaves a trace: the execution
 //! row (`denied`, the policy's own answer kept in the decision event's `decision`) and its
 //! `execution.decision` event, whose `allow` is false and whose reasons name the refusal.
+//! Queue refusals are bounded like the other refusals anyone can cause in bulk
+//! (`app::refusals`): per window and per tenant and key, the first is recorded in full; later
+//! ones are counted into that window's `queue.refused.repeated` event.
 
 use serde_json::json;
 
 use policy_engine::Reason;
 
+use super::refusals::{self, RefusalKind, Verdict};
 use super::{App, AppError};
 use crate::audit::{ExecutionRow, NewEvent};
 
@@ -37,6 +41,29 @@ impl App {
         refusal: Refusal,
         why: String,
     ) -> AppError {
+        if refusal == Refusal::QueueFull {
+            match self.refusals.note(&refusals::Refusal {
+                kind: RefusalKind::QueueFull,
+                source: None,
+                key_id: Some(row.key_id.clone()),
+                tenant: Some(row.tenant.clone()),
+                code: refusal.code().to_owned(),
+                detail: json!({"language": refusals::bounded_text(&row.language)}),
+            }) {
+                Verdict::Record => {}
+                Verdict::Counted => {
+                    return AppError::RateLimited(format!(
+                        "{why} (counted in this window's queue.refused.repeated audit event)"
+                    ))
+                }
+                Verdict::Throttled { retry_after } => {
+                    return AppError::RateLimited(format!(
+                        "{why}; too many refused requests from this key: retry in {} s",
+                        retry_after.as_secs().max(1)
+                    ))
+                }
+            }
+        }
         let reason = Reason {
             code: refusal.code().to_owned(),
             message: why.clone(),
