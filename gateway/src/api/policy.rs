@@ -140,12 +140,16 @@ pub async fn evaluate(
 pub async fn reload(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
     caller.require_role(&["admin"])?;
     match app.policy.reload(&app.audit, &caller.0.id).await {
-        Ok(accepted) => Ok(Json(json!({
+        Ok(accepted) => {
+            // Every other replica on the database loads its policy directory too.
+            app.announce_policy(&accepted.revision).await;
+            Ok(Json(json!({
             "accepted": true,
             "revision": accepted.revision,
             "previous": accepted.previous,
             "changed": accepted.revision != accepted.previous,
-        }))),
+            })))
+        }
         Err(ReloadError::Rejected {
             message,
             active_revision,
