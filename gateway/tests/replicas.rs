@@ -347,11 +347,12 @@ async fn two_replicas_answer_every_route_and_keep_one_verifiable_chain() {
                 .await;
             let id = started["id"].as_str().unwrap().to_owned();
             container_started(&id).await;
-            let (stdout, exit) = shared.events(other(i), agent, &id).await;
-            (id, stdout, exit)
+            let (stdout, exit, live) = shared.events(other(i), agent, &id).await;
+            (id, stdout, exit, live)
         }
     });
-    for (id, stdout, exit) in join_all(watched).await {
+    for (id, stdout, exit, live) in join_all(watched).await {
+        assert!(live, "the events of {id} arrived only once it had ended");
         assert_eq!(
             stdout, "tick-one\ntick-two\n",
             "live events of {id} from the other replica"
