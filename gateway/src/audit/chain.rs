@@ -102,6 +102,15 @@ pub async fn append(
     ids.pop().ok_or(sqlx::Error::RowNotFound)
 }
 
+/// The last link of the chain: its `seq` and `hash`.
+pub type Head = (i64, String);
+
+/// `BEGIN` and the chain lock in one round trip (`Pool::begin_with`): the transaction starts
+/// holding the lock, and the next statement's snapshot sees every committed append.
+pub fn begin_locked() -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock({CHAIN_LOCK})")
+}
+
 /// Appends `events`, in order, inside `tx` under one hold of the chain lock, with one
 /// statement; the caller commits. Returns the new events' ids, in order.
 pub async fn append_many(
@@ -117,10 +126,26 @@ pub async fn append_many(
         .bind(CHAIN_LOCK)
         .execute(&mut **tx)
         .await?;
-    let head: Option<(i64, String)> =
-        sqlx::query_as("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")
-            .fetch_optional(&mut **tx)
-            .await?;
+    let head = read_head(tx).await?;
+    Ok(append_after(tx, events, head).await?.0)
+}
+
+/// The chain's last link as committed (read under the lock: nobody can add one meanwhile).
+pub async fn read_head(tx: &mut Transaction<'_, Postgres>) -> Result<Option<Head>, sqlx::Error> {
+    sqlx::query_as("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(&mut **tx)
+        .await
+}
+
+/// Appends `events` after `head` inside `tx`, whose transaction holds the chain lock. A `head`
+/// that is not the chain's last link (another writer appended since it was read) makes the
+/// insert fail on `seq` (the chain is gapless, so the next `seq` exists): [`stale_head`].
+/// Returns the ids and the new head.
+pub async fn append_after(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[&NewEvent],
+    head: Option<Head>,
+) -> Result<(Vec<String>, Head), sqlx::Error> {
     let (mut seq, mut prev_hash) = match head {
         Some((seq, hash)) => (seq + 1, hash),
         None => (1, GENESIS.to_owned()),
@@ -141,7 +166,13 @@ pub async fn append_many(
         seq += 1;
     }
     columns.insert(tx).await?;
-    Ok(columns.id)
+    Ok((columns.id, (seq - 1, prev_hash)))
+}
+
+/// The insert failed because the head it chained to was not the last link any more.
+pub fn stale_head(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.constraint() == Some("audit_events_pkey"))
 }
 
 /// A batch of chained rows as one array per column, for one `INSERT ... SELECT unnest(...)`.

@@ -83,13 +83,16 @@ impl GroupWriter {
     }
 }
 
-/// The writer: one batch at a time, each what queued while the previous one committed.
+/// The writer: one batch at a time, each what queued while the previous one committed. It
+/// remembers the head it committed last, so a batch costs three round trips (`BEGIN` with the
+/// lock, the insert, `COMMIT`) unless another writer appended meanwhile.
 async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<AtomicU64>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut head = None;
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let (writes, replies): (Vec<Write>, Vec<_>) =
             batch.drain(..).map(|job| (job.write, job.reply)).unzip();
-        match commit(&pool, &writes).await {
+        match commit(&pool, &writes, &mut head).await {
             Ok(ids) => {
                 batches.fetch_add(1, Ordering::Relaxed);
                 answer_all(replies, ids);
@@ -98,7 +101,7 @@ async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<Atomi
                 // One write the database refuses for what it holds must not fail the others
                 // with it: each is tried again on its own, and only what is refused fails.
                 for (write, reply) in writes.into_iter().zip(replies) {
-                    let alone = commit(&pool, std::slice::from_ref(&write)).await;
+                    let alone = commit(&pool, std::slice::from_ref(&write), &mut head).await;
                     let id = alone
                         .and_then(|ids| ids.into_iter().next().ok_or(sqlx::Error::RowNotFound));
                     let _ = reply.send(id.map_err(Arc::new));
@@ -131,9 +134,33 @@ fn refused_for_content(err: &sqlx::Error) -> bool {
 }
 
 /// Writes one batch in one transaction: the execution rows, then every event, chained in
-/// queue order under one hold of the chain lock.
-async fn commit(pool: &PgPool, writes: &[Write]) -> Result<Vec<String>, sqlx::Error> {
-    let mut tx = pool.begin().await?;
+/// queue order under one hold of the chain lock. `head` is the last link this writer
+/// committed; when another writer appended since, the batch is written again after the head
+/// read under the lock. Afterwards `head` is the batch's last link (unknown after a failure).
+async fn commit(
+    pool: &PgPool,
+    writes: &[Write],
+    head: &mut Option<chain::Head>,
+) -> Result<Vec<String>, sqlx::Error> {
+    let known = head.take();
+    let first = write_batch(pool, writes, known.clone()).await;
+    let (ids, last) = match first {
+        Err(err) if known.is_some() && chain::stale_head(&err) => {
+            write_batch(pool, writes, None).await?
+        }
+        other => other?,
+    };
+    *head = Some(last);
+    Ok(ids)
+}
+
+/// One attempt: after `known`, or after the head read under the lock when `None`.
+async fn write_batch(
+    pool: &PgPool,
+    writes: &[Write],
+    known: Option<chain::Head>,
+) -> Result<(Vec<String>, chain::Head), sqlx::Error> {
+    let mut tx = pool.begin_with(chain::begin_locked()).await?;
     for write in writes {
         if let Write::Decision(row, _) = write {
             insert_execution(&mut tx, row)
@@ -141,8 +168,12 @@ async fn commit(pool: &PgPool, writes: &[Write]) -> Result<Vec<String>, sqlx::Er
                 .map_err(AuditError::into_sqlx)?;
         }
     }
+    let head = match known {
+        Some(head) => Some(head),
+        None => chain::read_head(&mut tx).await?,
+    };
     let events: Vec<&NewEvent> = writes.iter().map(Write::event).collect();
-    let ids = chain::append_many(&mut tx, &events).await?;
+    let (ids, last) = chain::append_after(&mut tx, &events, head).await?;
     tx.commit().await?;
-    Ok(ids)
+    Ok((ids, last))
 }
