@@ -184,3 +184,30 @@ async fn a_write_refused_for_its_content_fails_alone() {
     owner.close().await;
     db.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_writers_on_one_chain_take_turns_and_each_finds_the_others_appends() {
+    let (store, owner, db) = stores().await;
+    // A second store is a second writer with its own remembered head, as a replica has.
+    let other = AuditStore::new(db.pool.clone());
+    for n in 0..5 {
+        store.record_event(&event("test.turns", n)).await.unwrap();
+        other.record_event(&event("test.turns", n)).await.unwrap();
+    }
+    let both = (0..40).map(|n| {
+        let writer = if n % 2 == 0 {
+            store.clone()
+        } else {
+            other.clone()
+        };
+        async move { writer.record_event(&event("test.turns", n)).await }
+    });
+    for result in join_all(both).await {
+        result.unwrap();
+    }
+    assert_eq!(events_of(&owner, "test.turns").await, 50);
+    let verified = store.verify_chain().await.unwrap();
+    assert!(verified.ok(), "{}", verified.summary());
+    owner.close().await;
+    db.close().await;
+}
