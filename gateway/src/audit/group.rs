@@ -88,7 +88,7 @@ impl GroupWriter {
 /// lock, the insert, `COMMIT`) unless another writer appended meanwhile.
 async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<AtomicU64>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut head = None;
+    let mut head = Remembered::default();
     while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
         let (writes, replies): (Vec<Write>, Vec<_>) =
             batch.drain(..).map(|job| (job.write, job.reply)).unzip();
@@ -133,24 +133,42 @@ fn refused_for_content(err: &sqlx::Error) -> bool {
         if db.code().is_some_and(|code| code.starts_with("22") || code.starts_with("23")))
 }
 
+/// The last link this writer committed, and how many batches to come read the head instead
+/// (another writer, e.g. another replica, appended recently: a remembered head would be stale).
+#[derive(Debug, Default)]
+struct Remembered {
+    head: Option<chain::Head>,
+    read_first: u32,
+}
+
+/// Batches that read the head after one found the remembered head stale.
+const READ_AFTER_STALE: u32 = 32;
+
 /// Writes one batch in one transaction: the execution rows, then every event, chained in
-/// queue order under one hold of the chain lock. `head` is the last link this writer
-/// committed; when another writer appended since, the batch is written again after the head
-/// read under the lock. Afterwards `head` is the batch's last link (unknown after a failure).
+/// queue order under one hold of the chain lock, after the remembered head; when another
+/// writer appended since, the batch is written again after the head read under the lock.
+/// Afterwards the batch's last link is remembered (nothing is, after a failure).
 async fn commit(
     pool: &PgPool,
     writes: &[Write],
-    head: &mut Option<chain::Head>,
+    remembered: &mut Remembered,
 ) -> Result<Vec<String>, sqlx::Error> {
-    let known = head.take();
+    let known = remembered.head.take();
+    let known = if remembered.read_first > 0 {
+        remembered.read_first -= 1;
+        None
+    } else {
+        known
+    };
     let first = write_batch(pool, writes, known.clone()).await;
     let (ids, last) = match first {
         Err(err) if known.is_some() && chain::stale_head(&err) => {
+            remembered.read_first = READ_AFTER_STALE;
             write_batch(pool, writes, None).await?
         }
         other => other?,
     };
-    *head = Some(last);
+    remembered.head = Some(last);
     Ok(ids)
 }
 
