@@ -10,14 +10,13 @@
 //!    is no warm-up. Target: p50 ratio <= 1.10.
 //! 2. 16 concurrent executions: no errors, exactly one `execution.decision` event each, and the
 //!    hash chain verifies.
-//! 3. Audit write capacity: `AuditStore::record_event` (durable, chained, one transaction each;
-//!    sequential and with 8 writers) against a binary `COPY` of as many rows (chained and encoded
-//!    in the timed part) into a table of the same shape. Target: >= 0.3x.
+//!
+//! Audit write capacity (group commit against binary `COPY`) is `benches/audit.rs`.
 //!
 //! `make bench`, or `cargo bench -p gateway --bench cold` as root (dockerd with runsc, the
 //! sandbox images and the static sandbox-init: `make build`). `SANDGATE_BENCH_RUNS` changes the
 //! runs per series (default 20), `SANDGATE_BENCH_CONCURRENT` the concurrent executions
-//! (default 16), `SANDGATE_BENCH_AUDIT_ROWS` the rows written per series (default 2000).
+//! (default 16).
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -30,12 +29,10 @@ use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
-use sqlx::postgres::PgPoolCopyExt;
+use serde_json::Value;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
-use gateway::audit::chain::{self, NewEvent, Row, GENESIS};
 use gateway::audit::AuditStore;
 use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
@@ -47,9 +44,6 @@ use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, R
 
 mod common;
 use common::{env_usize, ms, sandbox_init, Gateway, Series, StopOnDrop, CODE, DATABASE};
-
-/// Scratch table for the COPY baseline.
-const COPY_TABLE: &str = "bench_copy";
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -105,12 +99,6 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     let limits = decided_limits(&gw.config);
     let cold_ok = cold(&gw, &key, &init, &limits, runs).await;
     let concurrent_ok = concurrent(&gw, &key, &store, &pool).await;
-    // The COPY baseline needs a scratch table, which the gateway's own role may not create.
-    let owner = PgPool::connect_with(pg.connect_options(DATABASE))
-        .await
-        .unwrap();
-    audit_capacity(&store, &owner).await;
-    owner.close().await;
     gw.stop().await;
     pool.close().await;
     cold_ok && concurrent_ok
@@ -400,177 +388,4 @@ async fn concurrent(gw: &Gateway, key: &str, store: &AuditStore, pool: &PgPool) 
         verification.summary()
     );
     all_ran && all_recorded && verification.ok()
-}
-
-/// Target 3: chained durable appends against binary COPY of as many rows of the same shape.
-async fn audit_capacity(store: &AuditStore, pool: &PgPool) {
-    let rows = env_usize("SANDGATE_BENCH_AUDIT_ROWS", 2000).max(8);
-    let template = sample_event(pool).await;
-
-    let started = Instant::now();
-    for _ in 0..rows {
-        store.record_event(&template).await.unwrap();
-    }
-    let sequential = rows as f64 / started.elapsed().as_secs_f64();
-
-    let writers = 8;
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..writers)
-        .map(|_| {
-            let (store, event) = (store.clone(), template.clone());
-            tokio::spawn(async move {
-                for _ in 0..rows / writers {
-                    store.record_event(&event).await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let concurrent = (rows / writers * writers) as f64 / started.elapsed().as_secs_f64();
-
-    sqlx::query(&format!(
-        "CREATE TABLE {COPY_TABLE} (LIKE audit_events INCLUDING ALL)"
-    ))
-    .execute(pool)
-    .await
-    .unwrap();
-    let started = Instant::now();
-    let copied = copy_binary(pool, &template, rows).await;
-    let copy = copied as f64 / started.elapsed().as_secs_f64();
-    assert_eq!(copied, rows as u64);
-
-    let setting = |name: &'static str| async move {
-        sqlx::query_scalar::<_, String>(&format!("SHOW {name}"))
-            .fetch_one(pool)
-            .await
-            .unwrap()
-    };
-    println!(
-        "audit write capacity, {rows} rows of {} bytes of JSON (fsync {}, synchronous_commit {})",
-        template.input.to_string().len() + template.decision.to_string().len(),
-        setting("fsync").await,
-        setting("synchronous_commit").await
-    );
-    println!("  binary COPY, one transaction         {copy:>9.0} rows/s");
-    println!(
-        "  record_event, sequential             {sequential:>9.0} rows/s  {:.3}x COPY (target >= 0.3)",
-        sequential / copy
-    );
-    println!(
-        "  record_event, {writers} concurrent writers    {concurrent:>9.0} rows/s  {:.3}x COPY",
-        concurrent / copy
-    );
-}
-
-/// A stored execution decision, as the template of the rows written.
-async fn sample_event(pool: &PgPool) -> NewEvent {
-    let (execution_id, key_id, decision_id, input, decision, revision): (
-        Option<String>,
-        Option<String>,
-        Option<String>,
-        Value,
-        Value,
-        Option<String>,
-    ) = sqlx::query_as(
-        "SELECT execution_id, key_id, decision_id, input, decision, policy_revision \
-         FROM audit_events WHERE kind = 'execution.decision' ORDER BY seq LIMIT 1",
-    )
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    NewEvent {
-        kind: "bench.audit_write",
-        execution_id,
-        key_id,
-        tenant: Some("acme".to_owned()),
-        decision_id,
-        allow: Some(true),
-        reasons: json!([]),
-        input,
-        decision,
-        policy_revision: revision,
-    }
-}
-
-/// Chains `rows` copies of `event` and writes them with one binary COPY; returns rows copied.
-async fn copy_binary(pool: &PgPool, event: &NewEvent, rows: usize) -> u64 {
-    let mut buf = Vec::with_capacity(rows * 1024);
-    buf.extend_from_slice(b"PGCOPY\n\xff\r\n\0");
-    buf.extend_from_slice(&0i32.to_be_bytes()); // flags
-    buf.extend_from_slice(&0i32.to_be_bytes()); // header extension
-    let mut prev = GENESIS.to_owned();
-    for seq in 1..=rows as i64 {
-        let id = gateway::ids::new("ev");
-        let at = gateway::ids::now_micros();
-        let row = Row {
-            seq,
-            id: &id,
-            at: &at,
-            kind: event.kind,
-            execution_id: event.execution_id.as_deref(),
-            key_id: event.key_id.as_deref(),
-            tenant: event.tenant.as_deref(),
-            decision_id: event.decision_id.as_deref(),
-            allow: event.allow,
-            reasons: &event.reasons,
-            input: &event.input,
-            decision: &event.decision,
-            policy_revision: event.policy_revision.as_deref(),
-        };
-        let hash = chain::link(&prev, &chain::canonical(&row));
-        encode_row(&mut buf, &row, &prev, &hash);
-        prev = hash;
-    }
-    buf.extend_from_slice(&(-1i16).to_be_bytes());
-    let mut copy = pool
-        .copy_in_raw(&format!("COPY {COPY_TABLE} FROM STDIN (FORMAT binary)"))
-        .await
-        .unwrap();
-    copy.send(buf).await.unwrap();
-    copy.finish().await.unwrap()
-}
-
-/// One tuple in PostgreSQL's binary COPY format, columns in `audit_events` order.
-fn encode_row(buf: &mut Vec<u8>, row: &Row<'_>, prev_hash: &str, hash: &str) {
-    fn field(buf: &mut Vec<u8>, bytes: Option<&[u8]>) {
-        match bytes {
-            Some(bytes) => {
-                buf.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
-                buf.extend_from_slice(bytes);
-            }
-            None => buf.extend_from_slice(&(-1i32).to_be_bytes()),
-        }
-    }
-    fn jsonb(value: &Value) -> Vec<u8> {
-        let mut bytes = vec![1u8]; // jsonb binary format version
-        bytes.extend_from_slice(value.to_string().as_bytes());
-        bytes
-    }
-    // timestamptz: microseconds since 2000-01-01 UTC.
-    const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
-    let at = row.at.timestamp_micros() - PG_EPOCH_OFFSET_US;
-    buf.extend_from_slice(&15i16.to_be_bytes());
-    field(buf, Some(&row.seq.to_be_bytes()));
-    field(buf, Some(row.id.as_bytes()));
-    field(buf, Some(&at.to_be_bytes()));
-    field(buf, Some(row.kind.as_bytes()));
-    field(buf, row.execution_id.map(str::as_bytes));
-    field(buf, row.key_id.map(str::as_bytes));
-    field(buf, row.tenant.map(str::as_bytes));
-    field(buf, row.decision_id.map(str::as_bytes));
-    field(
-        buf,
-        row.allow
-            .map(|allow| [u8::from(allow)])
-            .as_ref()
-            .map(|b| &b[..]),
-    );
-    field(buf, Some(&jsonb(row.reasons)));
-    field(buf, Some(&jsonb(row.input)));
-    field(buf, Some(&jsonb(row.decision)));
-    field(buf, row.policy_revision.map(str::as_bytes));
-    field(buf, Some(prev_hash.as_bytes()));
-    field(buf, Some(hash.as_bytes()));
 }

@@ -139,6 +139,10 @@ pub struct Config {
     /// Days after which a finished execution's payload (stdout, stderr, output files) is purged;
     /// its record, decision and audit events stay. 0 keeps payloads forever.
     pub retention_days: u32,
+    /// Milliseconds a replica's lease on a running execution or session lasts; it renews them
+    /// every third of it. Another replica closes the records of one whose leases expired
+    /// (DESIGN 13). Every replica on one database should use the same value.
+    pub lease_ms: u64,
     /// Serve the API over HTTPS; absent: plain HTTP (keep it on loopback then).
     pub tls: Option<Tls>,
     /// Sandboxes started ahead per language (`{}`: no pool).
@@ -225,6 +229,7 @@ impl Default for Config {
             postgres_bin_dir: None,
             approval_ttl_s: 3600,
             retention_days: 30,
+            lease_ms: 30_000,
             tls: None,
             warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
             python_preload: ["numpy", "pandas", "matplotlib"]
@@ -290,6 +295,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("postgres_bin_dir", EnvValue::Text),
     ("approval_ttl_s", EnvValue::Yaml),
     ("retention_days", EnvValue::Yaml),
+    ("lease_ms", EnvValue::Yaml),
     ("tls", EnvValue::Yaml),
     ("warm_pool", EnvValue::Yaml),
     ("python_preload", EnvValue::Yaml),
@@ -414,6 +420,12 @@ impl Config {
             return invalid(format!(
                 "approval_ttl_s must be between 1 and {MAX_APPROVAL_TTL_S} (30 days)"
             ));
+        }
+        if !(300..=600_000).contains(&self.lease_ms) {
+            return invalid(
+                "lease_ms must be between 300 and 600000 (10 minutes); 30000 is the default"
+                    .to_owned(),
+            );
         }
         if self.backends.is_empty() {
             return invalid("at least one backend must be configured".to_owned());

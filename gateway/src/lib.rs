@@ -165,6 +165,7 @@ async fn run(
         shutdown.clone(),
     ));
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
+    app.tasks.spawn(app::replicas::run(Arc::clone(&app)));
     app.tasks.spawn(app::pool::refill(Arc::clone(&app)));
     app.tasks
         .spawn(app::refusals::summarise_periodically(Arc::clone(&app)));
@@ -254,8 +255,9 @@ async fn reload_on_sighup(app: Arc<App>) {
             _ = app.shutdown.cancelled() => return,
             _ = hangups.recv() => {
                 app.reload_credentials("sighup");
-                if let Err(err) = app.policy.reload(&app.audit, "sighup").await {
-                    tracing::error!(error = %err, "policy reload on SIGHUP failed");
+                match app.policy.reload(&app.audit, "sighup").await {
+                    Ok(accepted) => app.announce_policy(&accepted.revision).await,
+                    Err(err) => tracing::error!(error = %err, "policy reload on SIGHUP failed"),
                 }
             }
         }

@@ -202,6 +202,7 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
         reviewer_principal: " A1 ",
         comment: None,
         instance: "gw_test",
+        lease_ms: 30_000,
         reason,
     };
     let event = NewEvent {

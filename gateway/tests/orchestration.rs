@@ -463,7 +463,7 @@ async fn a_full_queue_answers_429_and_the_refusal_is_recorded() {
     assert!(denied <= 2, "{denied} rows for 6 refusals");
     let mut counted = None;
     for _ in 0..100 {
-        counted = sqlx::query_scalar::<_, i64>(
+        counted = sqlx::query_scalar::<_, Option<i64>>(
             "SELECT sum((decision->>'repeats')::bigint + (decision->>'throttled')::bigint)::bigint              FROM audit_events WHERE kind = 'queue.refused.repeated'",
         )
         .fetch_one(&pool)

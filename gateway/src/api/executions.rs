@@ -67,7 +67,8 @@ pub struct ExecutionView {
     pub session_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
-    /// Set for status `error`; the detail stays in the gateway's log and audit store.
+    /// Set for status `error`; the detail stays in the gateway's log and audit store (except
+    /// a record another replica closed: `closed by <instance>: owner <instance> lease expired`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// `GET /v1/executions/{id}` only: the uploaded files, `[{"path","bytes"}]`.
@@ -76,6 +77,9 @@ pub struct ExecutionView {
     /// `GET /v1/executions/{id}` only: what the policy granted, `{"network","mounts"}`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grant: Option<Value>,
+    /// The replica (gateway instance id) that ran it, or holds it while it waits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instance: Option<String>,
 }
 
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -88,7 +92,11 @@ pub struct DecisionView {
 }
 
 /// What a client is told about a failure; the detail stays in the audit store and the logs.
-fn public_error(status: &str) -> &'static str {
+fn public_error<'a>(status: &str, error: &'a str) -> &'a str {
+    if error.starts_with("closed by ") && error.ends_with(" lease expired") {
+        // Names two replicas and nothing else: the whole text is the public reason.
+        return error;
+    }
     match status {
         "killed" => "the sandbox stopped before its program ended (resource exhaustion in the sandbox kernel, or killed from outside)",
         _ => "the sandbox could not be run",
@@ -113,8 +121,9 @@ impl From<ExecutionRow> for ExecutionView {
         ExecutionView {
             error: row
                 .error
-                .as_ref()
-                .map(|_| public_error(&row.status).to_owned()),
+                .as_deref()
+                .map(|error| public_error(&row.status, error).to_owned()),
+            instance: row.instance.clone(),
             decision: DecisionView {
                 id: row.decision_id,
                 allow: row.allow,

@@ -108,6 +108,32 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         "checks": checks,
         // Labels this gateway's containers (`sandgate.instance`), for operators and the reaper.
         "instance": app.instance,
+        "replicas": replicas(&app).await,
     });
     (status, Json(body))
+}
+
+/// Every replica on this database: the policy revision it runs (or why not the one another
+/// announced) and whether its heartbeat is within a lease. Not a readiness condition: another
+/// replica's state does not stop this one from serving.
+async fn replicas(app: &App) -> Value {
+    let lease = chrono::Duration::milliseconds(i64::try_from(app.config.lease_ms).unwrap_or(0));
+    let now = chrono::Utc::now();
+    match app.audit.replicas().await {
+        Ok(rows) => Value::Array(
+            rows.into_iter()
+                .map(|row| {
+                    json!({
+                        "instance": row.instance,
+                        "policy_revision": row.policy_revision,
+                        "policy_error": row.policy_error,
+                        "heartbeat_at": row.heartbeat_at,
+                        "alive": row.heartbeat_at + lease > now,
+                        "this": row.instance == app.instance,
+                    })
+                })
+                .collect(),
+        ),
+        Err(err) => json!({"error": crate::app::error_chain(&err)}),
+    }
 }

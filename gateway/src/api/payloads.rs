@@ -19,7 +19,7 @@ use tokio_util::io::ReaderStream;
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
-use crate::app::payloads::EventSource;
+use crate::app::payloads::{DownloadBody, EventSource};
 use crate::app::stream::StreamEvent;
 use crate::app::App;
 
@@ -161,7 +161,12 @@ pub async fn download(
             }
         })
         .collect::<String>();
-    let body = Body::from_stream(ReaderStream::new(tokio::fs::File::from_std(download.file)));
+    let body = match download.body {
+        DownloadBody::File(file) => {
+            Body::from_stream(ReaderStream::new(tokio::fs::File::from_std(file)))
+        }
+        DownloadBody::Stored(bytes) => Body::from(bytes),
+    };
     let mut response = body.into_response();
     let headers = response.headers_mut();
     headers.insert(

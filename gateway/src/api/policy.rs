@@ -189,19 +189,18 @@ pub async fn reload(
             .policy
             .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
             .await;
-        return answer(uploaded, credentials);
+        return answer(&app, uploaded, credentials).await;
     }
     let request: ReloadRequest = optional_body(body).await?;
     let source = match request.dir {
         Some(dir) => Source::Dir(dir),
         None => Source::Configured,
     };
-    answer(
-        app.policy
-            .reload_from(&app.audit, &caller.0.id, source)
-            .await,
-        credentials,
-    )
+    let reloaded = app
+        .policy
+        .reload_from(&app.audit, &caller.0.id, source)
+        .await;
+    answer(&app, reloaded, credentials).await
 }
 
 #[utoipa::path(
@@ -226,12 +225,11 @@ pub async fn rollback(
     caller.require_role(&[Role::Admin])?;
     let request: RollbackRequest = optional_body(body).await?;
     let source = Source::Revision(request.revision);
-    answer(
-        app.policy
-            .reload_from(&app.audit, &caller.0.id, source)
-            .await,
-        None,
-    )
+    let reloaded = app
+        .policy
+        .reload_from(&app.audit, &caller.0.id, source)
+        .await;
+    answer(&app, reloaded, None).await
 }
 
 /// `content-type: application/gzip` (or `application/x-gzip`, `application/x-tar+gzip`): an
@@ -270,12 +268,16 @@ async fn optional_body<T: Default + serde::de::DeserializeOwned>(
         .map_err(|err| ApiError::new(ErrorCode::InvalidRequest, format!("body: {err}")))
 }
 
-fn answer(
+/// The answer to a reload or rollback; an accepted one is announced to every other replica on
+/// the database (each loads its policy directory too).
+async fn answer(
+    app: &App,
     result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
     credentials: Option<Value>,
 ) -> Result<Json<Value>, ApiError> {
     match result {
         Ok(accepted) => {
+            app.announce_policy(&accepted.revision).await;
             let mut answer = json!({
                 "accepted": true,
                 "revision": accepted.revision,

@@ -222,6 +222,7 @@ impl App {
             reviewer_principal: &caller.principal,
             comment,
             instance: &self.instance,
+            lease_ms: self.config.lease_ms,
             reason: reason.clone(),
         };
         let event = review_event(caller, &approval, approve, comment, &reason);

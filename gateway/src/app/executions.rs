@@ -169,10 +169,13 @@ impl App {
         if row.status == "pending_approval" {
             return self.withdraw_request(caller, &row).await;
         }
-        // Only what runs here can be cancelled: anything else is refused before it is recorded.
-        if !self.live.contains(id) {
+        let elsewhere =
+            super::payloads::runs_elsewhere(&row, &self.instance) && !self.live.contains(id);
+        // Only what runs here or on another replica can be cancelled: anything else is
+        // refused before it is recorded.
+        if !self.live.contains(id) && !elsewhere {
             return Err(AppError::Conflict(format!(
-                "execution {id} is {} and not running on this gateway",
+                "execution {id} is {} and not running on any replica",
                 row.status
             )));
         }
@@ -190,7 +193,9 @@ impl App {
             policy_revision: None,
         };
         self.audit.record_event(&event).await?;
-        if !self.live.cancel(id) {
+        if elsewhere {
+            self.cancel_elsewhere(id).await?;
+        } else if !self.live.cancel(id) {
             return Err(AppError::Conflict(format!(
                 "execution {id} is not running on this gateway"
             )));

@@ -100,6 +100,7 @@ impl App {
             ),
         };
         self.save_stream_layout(&id).await;
+        self.share_outputs(&id, &done.outputs).await;
         let stored = self.complete_durably(row, done).await;
         // Subscribers get the end only once the record is stored: a late reader of the record
         // sees the same thing the stream said.

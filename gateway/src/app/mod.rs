@@ -17,6 +17,7 @@ pub mod pool;
 pub mod reaper;
 pub mod refusals;
 pub mod replay;
+pub mod replicas;
 pub mod request;
 pub mod scheduler;
 mod session_runs;
@@ -69,6 +70,8 @@ pub struct App {
     pub refusals: refusals::Refusals,
     /// The open sessions this gateway holds (DESIGN 10).
     pub sessions: sessions::Sessions,
+    /// This replica's side of the coordination with the others on the database (DESIGN 13).
+    pub replicas: replicas::Replicas,
 }
 
 impl std::fmt::Debug for App {
@@ -112,6 +115,7 @@ impl App {
             streams: stream::Streams::default(),
             refusals: refusals::Refusals::new(config.refusals),
             sessions: sessions::Sessions::default(),
+            replicas: replicas::Replicas::default(),
             scheduler: scheduler::Scheduler::new(
                 config.max_concurrent,
                 config.max_queued,

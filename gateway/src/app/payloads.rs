@@ -33,8 +33,16 @@ pub enum EventSource {
 /// A collected output file, ready to send.
 #[derive(Debug)]
 pub struct Download {
-    pub file: std::fs::File,
+    pub body: DownloadBody,
     pub entry: OutputFile,
+}
+
+/// Where a download's bytes are: collected on this replica's disk, or (ran on another
+/// replica) kept in the database.
+#[derive(Debug)]
+pub enum DownloadBody {
+    File(std::fs::File),
+    Stored(Vec<u8>),
 }
 
 impl App {
@@ -60,21 +68,30 @@ impl App {
         };
         let dir = self.outputs_root.join(&row.id);
         let relative = entry.path.clone();
-        let file =
+        let local =
             tokio::task::spawn_blocking(move || crate::outputs::open_collected(&dir, &relative))
                 .await
-                .map_err(|err| AppError::Internal(err.to_string()))?
-                .map_err(|err| {
+                .map_err(|err| AppError::Internal(err.to_string()))?;
+        let body = match local {
+            Ok(file) => DownloadBody::File(file),
+            // Ran on another replica (or this disk lost it): the copy every replica shares.
+            Err(err) => match self.audit.output_content(id, &entry.path).await? {
+                Some(bytes) => DownloadBody::Stored(bytes),
+                None => {
                     tracing::warn!(execution_id = %id, error = %err, "collected output missing");
-                    AppError::NotFoundWhy(format!("output {path:?} of {id} is no longer stored"))
-                })?;
-        Ok(Download { file, entry })
+                    return Err(AppError::NotFoundWhy(format!(
+                        "output {path:?} of {id} is no longer stored"
+                    )));
+                }
+            },
+        };
+        Ok(Download { body, entry })
     }
 
-    /// The events of an execution: live if it runs here, else once its record is complete
-    /// (an execution running on another gateway is followed by polling its record).
+    /// The events of an execution: live if it runs here or on another replica (mirrored
+    /// through the database, see `app::replicas`), else once its record is complete.
     pub async fn execution_events(
-        &self,
+        self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
     ) -> Result<EventSource, AppError> {
@@ -84,7 +101,7 @@ impl App {
     /// Like [`App::execution_events`] for an execution held for review: waits (at most the
     /// approval TTL) until a reviewer decides, then its live or stored events.
     pub async fn execution_events_after_review(
-        &self,
+        self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
     ) -> Result<EventSource, AppError> {
@@ -92,7 +109,7 @@ impl App {
     }
 
     async fn events_source(
-        &self,
+        self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
         wait_for_review: bool,
@@ -114,6 +131,11 @@ impl App {
             }
             if let Some(stream) = self.streams.get(id) {
                 return Ok(EventSource::Live(stream));
+            }
+            if runs_elsewhere(&row, &self.instance) {
+                if let Some(mirror) = self.mirror_of(id).await {
+                    return Ok(EventSource::Live(mirror));
+                }
             }
             if row.status == "pending_approval" && !wait_for_review {
                 return Ok(EventSource::Pending);
@@ -234,6 +256,16 @@ impl App {
             tracing::warn!(execution_id = %id, error = %err, "could not store the stream layout");
         }
     }
+}
+
+/// Whether `row` is queued or running on another replica than `instance`.
+pub fn runs_elsewhere(row: &ExecutionRow, instance: &str) -> bool {
+    row.finished_at.is_none()
+        && matches!(row.status.as_str(), "queued" | "running")
+        && row
+            .instance
+            .as_deref()
+            .is_some_and(|owner| owner != instance)
 }
 
 #[cfg(test)]

@@ -104,6 +104,11 @@ impl LiveSet {
         self.lock().contains_key(id)
     }
 
+    /// The executions tracked now.
+    pub fn ids(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }

@@ -361,11 +361,16 @@ impl App {
 }
 
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
+    if row.status != "closed" {
+        // Its sandbox lives on one replica's node: its executions run only there.
+        return AppError::Conflict(format!(
+            "session {id} is held by replica {}: send its executions to that replica",
+            row.instance
+        ));
+    }
     AppError::Conflict(format!(
         "session {id} is closed ({})",
-        row.closed_reason
-            .as_deref()
-            .unwrap_or("not open on this gateway")
+        row.closed_reason.as_deref().unwrap_or("unknown reason")
     ))
 }
 

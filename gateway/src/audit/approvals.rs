@@ -90,6 +90,8 @@ pub struct Verdict<'a> {
     /// The gateway instance deciding: an approved execution runs there, so the row names it
     /// (another instance's reaper must not close it).
     pub instance: &'a str,
+    /// The lease the deciding instance takes on an approved execution until its renewal.
+    pub lease_ms: u64,
     /// Appended to the execution's reasons (`approval.approved` / `approval.rejected`).
     pub reason: Reason,
 }
@@ -219,11 +221,13 @@ impl AuditStore {
             // The reviewer's approval joins the reasons, so the record says who let it run.
             sqlx::query(
                 "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
-                 instance = $3 WHERE id = $1 AND status = 'pending_approval'",
+                 instance = $3, lease_until = now() + $4 * interval '1 millisecond' \
+                 WHERE id = $1 AND status = 'pending_approval'",
             )
             .bind(&execution_id)
             .bind(Json(json!([verdict.reason])))
             .bind(verdict.instance)
+            .bind(verdict.lease_ms as f64)
             .execute(&mut *tx)
             .await?;
             false

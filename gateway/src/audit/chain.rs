@@ -1,5 +1,6 @@
 //! The hash chain over `audit_events`: `hash = sha256(prev_hash || canonical JSON of the row)`.
-//! Appends take a transaction-scoped advisory lock so concurrent writers extend one linear chain.
+//! Appends take a transaction-scoped advisory lock so concurrent writers (every task and every
+//! replica on the database) extend one linear chain; a batch ([`append_many`]) holds it once.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::{json, Value};
@@ -9,7 +10,7 @@ use sqlx::{Postgres, Transaction};
 /// `prev_hash` of the first event.
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Advisory lock key serialising appends to the chain ("sgaudit" in ASCII).
-const CHAIN_LOCK: i64 = 0x0073_6761_7564_6974;
+pub const CHAIN_LOCK: i64 = 0x0073_6761_7564_6974;
 
 /// One event to append. `input` must already be free of secrets.
 #[derive(Debug, Clone)]
@@ -97,44 +98,157 @@ pub async fn append(
     tx: &mut Transaction<'_, Postgres>,
     event: &NewEvent,
 ) -> Result<String, sqlx::Error> {
+    let mut ids = append_many(tx, &[event]).await?;
+    ids.pop().ok_or(sqlx::Error::RowNotFound)
+}
+
+/// The last link of the chain: its `seq` and `hash`.
+pub type Head = (i64, String);
+
+/// `BEGIN` and the chain lock in one round trip (`Pool::begin_with`): the transaction starts
+/// holding the lock, and the next statement's snapshot sees every committed append.
+pub fn begin_locked() -> String {
+    format!("BEGIN; SELECT pg_advisory_xact_lock({CHAIN_LOCK})")
+}
+
+/// Appends `events`, in order, inside `tx` under one hold of the chain lock, with one
+/// statement; the caller commits. Returns the new events' ids, in order.
+pub async fn append_many(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[&NewEvent],
+) -> Result<Vec<String>, sqlx::Error> {
+    if events.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The lock is taken in its own statement: a statement's snapshot is taken when it starts,
+    // so the head must be read by a later statement than the one that waited for the lock.
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(CHAIN_LOCK)
         .execute(&mut **tx)
         .await?;
-    let head: Option<(i64, String)> =
-        sqlx::query_as("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")
-            .fetch_optional(&mut **tx)
-            .await?;
-    let (seq, prev_hash) = match head {
+    let head = read_head(tx).await?;
+    Ok(append_after(tx, events, head).await?.0)
+}
+
+/// The chain's last link as committed (read under the lock: nobody can add one meanwhile).
+pub async fn read_head(tx: &mut Transaction<'_, Postgres>) -> Result<Option<Head>, sqlx::Error> {
+    sqlx::query_as("SELECT seq, hash FROM audit_events ORDER BY seq DESC LIMIT 1")
+        .fetch_optional(&mut **tx)
+        .await
+}
+
+/// Appends `events` after `head` inside `tx`, whose transaction holds the chain lock. A `head`
+/// that is not the chain's last link (another writer appended since it was read) makes the
+/// insert fail on `seq` (the chain is gapless, so the next `seq` exists): [`stale_head`].
+/// Returns the ids and the new head.
+pub async fn append_after(
+    tx: &mut Transaction<'_, Postgres>,
+    events: &[&NewEvent],
+    head: Option<Head>,
+) -> Result<(Vec<String>, Head), sqlx::Error> {
+    let (mut seq, mut prev_hash) = match head {
         Some((seq, hash)) => (seq + 1, hash),
         None => (1, GENESIS.to_owned()),
     };
-    let id = crate::ids::new("ev");
-    let at = crate::ids::now_micros();
-    let hash = link(&prev_hash, &canonical(&event.row(seq, &id, &at)));
-    sqlx::query(
-        "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
-         allow, reasons, input, decision, policy_revision, prev_hash, hash) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
-    )
-    .bind(seq)
-    .bind(&id)
-    .bind(at)
-    .bind(event.kind)
-    .bind(&event.execution_id)
-    .bind(&event.key_id)
-    .bind(&event.tenant)
-    .bind(&event.decision_id)
-    .bind(event.allow)
-    .bind(&event.reasons)
-    .bind(&event.input)
-    .bind(&event.decision)
-    .bind(&event.policy_revision)
-    .bind(&prev_hash)
-    .bind(&hash)
-    .execute(&mut **tx)
-    .await?;
-    Ok(id)
+    let mut columns = Columns::default();
+    for event in events {
+        let id = crate::ids::new("ev");
+        let at = crate::ids::now_micros();
+        let hash = link(&prev_hash, &canonical(&event.row(seq, &id, &at)));
+        columns.push(
+            event,
+            seq,
+            id,
+            at,
+            std::mem::replace(&mut prev_hash, hash.clone()),
+            hash,
+        );
+        seq += 1;
+    }
+    columns.insert(tx).await?;
+    Ok((columns.id, (seq - 1, prev_hash)))
+}
+
+/// The insert failed because the head it chained to was not the last link any more.
+pub fn stale_head(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.constraint() == Some("audit_events_pkey"))
+}
+
+/// A batch of chained rows as one array per column, for one `INSERT ... SELECT unnest(...)`.
+#[derive(Default)]
+struct Columns {
+    seq: Vec<i64>,
+    id: Vec<String>,
+    at: Vec<DateTime<Utc>>,
+    kind: Vec<&'static str>,
+    execution_id: Vec<Option<String>>,
+    key_id: Vec<Option<String>>,
+    tenant: Vec<Option<String>>,
+    decision_id: Vec<Option<String>>,
+    allow: Vec<Option<bool>>,
+    reasons: Vec<Value>,
+    input: Vec<Value>,
+    decision: Vec<Value>,
+    policy_revision: Vec<Option<String>>,
+    prev_hash: Vec<String>,
+    hash: Vec<String>,
+}
+
+impl Columns {
+    fn push(
+        &mut self,
+        event: &NewEvent,
+        seq: i64,
+        id: String,
+        at: DateTime<Utc>,
+        prev_hash: String,
+        hash: String,
+    ) {
+        self.seq.push(seq);
+        self.id.push(id);
+        self.at.push(at);
+        self.kind.push(event.kind);
+        self.execution_id.push(event.execution_id.clone());
+        self.key_id.push(event.key_id.clone());
+        self.tenant.push(event.tenant.clone());
+        self.decision_id.push(event.decision_id.clone());
+        self.allow.push(event.allow);
+        self.reasons.push(event.reasons.clone());
+        self.input.push(event.input.clone());
+        self.decision.push(event.decision.clone());
+        self.policy_revision.push(event.policy_revision.clone());
+        self.prev_hash.push(prev_hash);
+        self.hash.push(hash);
+    }
+
+    async fn insert(&self, tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
+        sqlx::query(
+            "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, \
+             decision_id, allow, reasons, input, decision, policy_revision, prev_hash, hash) \
+             SELECT * FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], \
+             $5::text[], $6::text[], $7::text[], $8::text[], $9::boolean[], $10::jsonb[], \
+             $11::jsonb[], $12::jsonb[], $13::text[], $14::text[], $15::text[])",
+        )
+        .bind(&self.seq)
+        .bind(&self.id)
+        .bind(&self.at)
+        .bind(&self.kind)
+        .bind(&self.execution_id)
+        .bind(&self.key_id)
+        .bind(&self.tenant)
+        .bind(&self.decision_id)
+        .bind(&self.allow)
+        .bind(&self.reasons)
+        .bind(&self.input)
+        .bind(&self.decision)
+        .bind(&self.policy_revision)
+        .bind(&self.prev_hash)
+        .bind(&self.hash)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
 }
 
 #[cfg(test)]

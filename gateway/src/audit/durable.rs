@@ -251,7 +251,9 @@ fn panicked(err: tokio::task::JoinError) -> JournalError {
 /// The database refuses the record itself (data or integrity error, or no such row): writing
 /// it again can never succeed, so it must not block the journal.
 fn refused_for_content(err: &AuditError) -> bool {
-    let AuditError::Unavailable(err) = err;
+    let AuditError::Unavailable(err) = err else {
+        return false;
+    };
     match err {
         sqlx::Error::RowNotFound => true,
         sqlx::Error::Database(db) => db

@@ -7,9 +7,11 @@ pub mod chain;
 pub mod charts;
 pub mod durable;
 pub mod egress;
+pub mod group;
 pub mod journal;
 pub mod keys;
 pub mod read;
+pub mod replicas;
 pub mod review;
 pub mod sessions;
 pub mod verify;
@@ -34,6 +36,19 @@ pub enum AuditError {
     /// The store could not be reached or refused the write: callers must not act.
     #[error("audit store unavailable")]
     Unavailable(#[source] sqlx::Error),
+    /// The group-committed batch this write was in did not commit: no write of it is stored.
+    #[error("audit store unavailable (the batch this write was in did not commit)")]
+    Batch(#[source] Arc<sqlx::Error>),
+}
+
+impl AuditError {
+    /// The database error inside, as its own value (a batch's shared one is described).
+    pub fn into_sqlx(self) -> sqlx::Error {
+        match self {
+            AuditError::Unavailable(err) => err,
+            AuditError::Batch(err) => sqlx::Error::Protocol(format!("audit batch failed: {err}")),
+        }
+    }
 }
 
 impl From<sqlx::Error> for AuditError {
@@ -125,6 +140,8 @@ pub struct AuditStore {
     journal: Option<std::sync::Arc<journal::Journal>>,
     /// Counted here, when records commit, so the metrics say what the store holds.
     metrics: Arc<Metrics>,
+    /// The group-commit queue of `record_event` and `record_execution_decision`.
+    writer: Arc<group::GroupWriter>,
 }
 
 impl AuditStore {
@@ -138,7 +155,13 @@ impl AuditStore {
             pool,
             metrics,
             journal: None,
+            writer: Arc::default(),
         }
+    }
+
+    /// Group-committed batches so far (each one transaction, one hold of the chain lock).
+    pub fn batches_committed(&self) -> u64 {
+        self.writer.batches()
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -176,28 +199,28 @@ impl AuditStore {
         Ok(())
     }
 
-    /// Appends one event on its own (decisions that have no execution row).
+    /// Appends one event (decisions that have no execution row), group-committed: returns once
+    /// the batch it landed in is committed.
     pub async fn record_event(&self, event: &NewEvent) -> Result<String, AuditError> {
         let started = Instant::now();
-        let mut tx = self.pool.begin().await?;
-        let id = chain::append(&mut tx, event).await?;
-        tx.commit().await?;
+        let id = self
+            .writer
+            .submit(&self.pool, group::Write::Event(event.clone()))
+            .await?;
         self.metrics.audit_appended(started.elapsed());
         Ok(id)
     }
 
-    /// Commits the execution row and its decision event together. Nothing may run before this
-    /// returns `Ok`.
+    /// Commits the execution row and its decision event together (group-committed with other
+    /// callers' writes). Nothing may run before this returns `Ok`.
     pub async fn record_execution_decision(
         &self,
         row: &ExecutionRow,
         event: &NewEvent,
     ) -> Result<(), AuditError> {
         let started = Instant::now();
-        let mut tx = self.pool.begin().await?;
-        insert_execution(&mut tx, row).await?;
-        chain::append(&mut tx, event).await?;
-        tx.commit().await?;
+        let write = group::Write::Decision(Box::new(row.clone()), event.clone());
+        self.writer.submit(&self.pool, write).await?;
         self.metrics.audit_appended(started.elapsed());
         let outcome = if row.allow {
             DecisionOutcome::Allow
@@ -246,6 +269,10 @@ impl AuditStore {
         .bind(ids)
         .execute(&mut *tx)
         .await?;
+        sqlx::query("DELETE FROM execution_outputs WHERE execution_id = ANY($1)")
+            .bind(ids)
+            .execute(&mut *tx)
+            .await?;
         chain::append(&mut tx, event).await?;
         tx.commit().await?;
         Ok(())
@@ -261,7 +288,7 @@ impl AuditStore {
     ) -> Result<(), AuditError> {
         sqlx::query(
             "UPDATE executions SET status = 'running', started_at = $2, start = $3, \
-             container = $4 WHERE id = $1",
+             container = $4 WHERE id = $1 AND finished_at IS NULL",
         )
         .bind(id)
         .bind(at)
@@ -273,7 +300,8 @@ impl AuditStore {
     }
 
     /// Writes how an execution ended, as it happened at `finished_at` (a replay from the
-    /// journal writes the time it really ended, not the time of the replay). No column can
+    /// journal writes the time it really ended, not the time of the replay). A record already
+    /// closed (another replica declared this one dead) stays as it is: `RowNotFound`. No column can
     /// refuse what a program wrote: output is `bytea`, and NUL is taken out of the error text.
     pub async fn complete_execution(
         &self,
@@ -281,11 +309,11 @@ impl AuditStore {
         done: &Completion,
         finished_at: DateTime<Utc>,
     ) -> Result<ExecutionRow, AuditError> {
-        let row = sqlx::query_as(
+        let updated: Option<ExecutionRow> = sqlx::query_as(
             "UPDATE executions SET status = $2, exit_code = $3, duration_ms = $4, stdout = $5, \
              stderr = $6, stdout_truncated = $7, stderr_truncated = $8, error = $9, \
              outputs = $10, outputs_skipped = $11, outputs_truncated = $12, \
-             finished_at = $13 WHERE id = $1 RETURNING *",
+             finished_at = $13 WHERE id = $1 AND finished_at IS NULL RETURNING *",
         )
         .bind(id)
         .bind(done.status)
@@ -300,8 +328,17 @@ impl AuditStore {
         .bind(Json(&done.outputs.skipped))
         .bind(done.outputs.truncated)
         .bind(finished_at)
-        .fetch_one(&self.pool)
+        .fetch_optional(&self.pool)
         .await?;
+        let Some(row) = updated else {
+            // Closed already: another replica declared this one dead. Its record stays closed.
+            let closed = self
+                .get_execution(id)
+                .await?
+                .ok_or(sqlx::Error::RowNotFound)?;
+            tracing::warn!(execution_id = %id, status = %closed.status, error = ?closed.error, "the record was closed while this gateway still ran it; its end is not written");
+            return Ok(closed);
+        };
         self.count_if_final(done.status);
         if let Ok(ms) = u64::try_from(done.duration_ms) {
             self.metrics

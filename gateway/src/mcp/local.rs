@@ -83,7 +83,10 @@ impl Runner for Local {
             .output_file(&self.caller, execution_id, path)
             .await
             .map_err(|err| refusal(ApiError::from(err)))?;
-        let mut file = download.file;
+        let mut file = match download.body {
+            crate::app::payloads::DownloadBody::File(file) => file,
+            crate::app::payloads::DownloadBody::Stored(bytes) => return Ok(bytes),
+        };
         tokio::task::spawn_blocking(move || {
             let mut bytes = Vec::new();
             file.read_to_end(&mut bytes).map(|_| bytes)

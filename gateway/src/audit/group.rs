@@ -1,0 +1,197 @@
+//! Group commit: callers queue their audit writes, one writer task per store appends what has
+//! queued in one transaction (one chain-lock hold, one commit, one flush) and answers each
+//! caller only after that commit. Durable before acting, as with one transaction each: a caller
+//! returns `Ok` only once its rows are committed, and a failed batch fails every caller in it
+//! (each gets [`AuditError::Batch`], the API's 503), so nothing of theirs runs.
+//!
+//! A lone caller waits for nothing: the writer takes whatever has queued when it is free, so
+//! one writer's batch is one write (today's latency) and eight writers' batches are up to eight.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use sqlx::PgPool;
+use tokio::sync::{mpsc, oneshot};
+
+use super::{chain, insert_execution, AuditError, ExecutionRow, NewEvent};
+
+/// At most this many writes share one transaction.
+pub const MAX_BATCH: usize = 256;
+/// Writes waiting for the writer; past this, callers wait for room (backpressure).
+const QUEUE: usize = 4096;
+
+/// One write a caller queues: an event alone, or an execution row with its decision event.
+#[derive(Debug)]
+pub enum Write {
+    Event(NewEvent),
+    Decision(Box<ExecutionRow>, NewEvent),
+}
+
+impl Write {
+    fn event(&self) -> &NewEvent {
+        match self {
+            Write::Event(event) | Write::Decision(_, event) => event,
+        }
+    }
+}
+
+struct Job {
+    write: Write,
+    /// The appended event's id once committed.
+    reply: Reply,
+}
+
+/// The queue in front of a store's writer task, started on first use (so a store made outside
+/// a runtime, or never written through, starts none). The task ends when the last store clone
+/// holding the queue is dropped.
+#[derive(Debug, Default)]
+pub struct GroupWriter {
+    queue: OnceLock<mpsc::Sender<Job>>,
+    /// Batches committed so far (each one hold of the chain lock), for the benchmark.
+    batches: Arc<AtomicU64>,
+}
+
+impl std::fmt::Debug for Job {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Job").field("write", &self.write).finish()
+    }
+}
+
+impl GroupWriter {
+    /// Batches committed by this writer so far.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Queues `write` and waits for the commit of the batch it lands in.
+    pub async fn submit(&self, pool: &PgPool, write: Write) -> Result<String, AuditError> {
+        let queue = self.queue.get_or_init(|| {
+            let (sender, receiver) = mpsc::channel(QUEUE);
+            tokio::spawn(run(pool.clone(), receiver, Arc::clone(&self.batches)));
+            sender
+        });
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Job { write, reply })
+            .await
+            .map_err(|_| AuditError::Batch(Arc::new(sqlx::Error::PoolClosed)))?;
+        match answer.await {
+            Ok(Ok(id)) => Ok(id),
+            Ok(Err(err)) => Err(AuditError::Batch(err)),
+            Err(_) => Err(AuditError::Batch(Arc::new(sqlx::Error::PoolClosed))),
+        }
+    }
+}
+
+/// The writer: one batch at a time, each what queued while the previous one committed. It
+/// remembers the head it committed last, so a batch costs three round trips (`BEGIN` with the
+/// lock, the insert, `COMMIT`) unless another writer appended meanwhile.
+async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<AtomicU64>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    let mut head = Remembered::default();
+    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let (writes, replies): (Vec<Write>, Vec<_>) =
+            batch.drain(..).map(|job| (job.write, job.reply)).unzip();
+        match commit(&pool, &writes, &mut head).await {
+            Ok(ids) => {
+                batches.fetch_add(1, Ordering::Relaxed);
+                answer_all(replies, ids);
+            }
+            Err(err) if writes.len() > 1 && refused_for_content(&err) => {
+                // One write the database refuses for what it holds must not fail the others
+                // with it: each is tried again on its own, and only what is refused fails.
+                for (write, reply) in writes.into_iter().zip(replies) {
+                    let alone = commit(&pool, std::slice::from_ref(&write), &mut head).await;
+                    let id = alone
+                        .and_then(|ids| ids.into_iter().next().ok_or(sqlx::Error::RowNotFound));
+                    let _ = reply.send(id.map_err(Arc::new));
+                }
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, writes = writes.len(), "audit batch failed; every caller in it gets 503");
+                let err = Arc::new(err);
+                for reply in replies {
+                    let _ = reply.send(Err(Arc::clone(&err)));
+                }
+            }
+        }
+    }
+}
+
+type Reply = oneshot::Sender<Result<String, Arc<sqlx::Error>>>;
+
+fn answer_all(replies: Vec<Reply>, ids: Vec<String>) {
+    for (reply, id) in replies.into_iter().zip(ids) {
+        // A caller that stopped waiting still has its rows committed.
+        let _ = reply.send(Ok(id));
+    }
+}
+
+/// A data or integrity error: the content of some write, not the store, was refused.
+fn refused_for_content(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::Database(db)
+        if db.code().is_some_and(|code| code.starts_with("22") || code.starts_with("23")))
+}
+
+/// The last link this writer committed, and how many batches to come read the head instead
+/// (another writer, e.g. another replica, appended recently: a remembered head would be stale).
+#[derive(Debug, Default)]
+struct Remembered {
+    head: Option<chain::Head>,
+    read_first: u32,
+}
+
+/// Batches that read the head after one found the remembered head stale.
+const READ_AFTER_STALE: u32 = 32;
+
+/// Writes one batch in one transaction: the execution rows, then every event, chained in
+/// queue order under one hold of the chain lock, after the remembered head; when another
+/// writer appended since, the batch is written again after the head read under the lock.
+/// Afterwards the batch's last link is remembered (nothing is, after a failure).
+async fn commit(
+    pool: &PgPool,
+    writes: &[Write],
+    remembered: &mut Remembered,
+) -> Result<Vec<String>, sqlx::Error> {
+    let known = remembered.head.take();
+    let known = if remembered.read_first > 0 {
+        remembered.read_first -= 1;
+        None
+    } else {
+        known
+    };
+    let first = write_batch(pool, writes, known.clone()).await;
+    let (ids, last) = match first {
+        Err(err) if known.is_some() && chain::stale_head(&err) => {
+            remembered.read_first = READ_AFTER_STALE;
+            write_batch(pool, writes, None).await?
+        }
+        other => other?,
+    };
+    remembered.head = Some(last);
+    Ok(ids)
+}
+
+/// One attempt: after `known`, or after the head read under the lock when `None`.
+async fn write_batch(
+    pool: &PgPool,
+    writes: &[Write],
+    known: Option<chain::Head>,
+) -> Result<(Vec<String>, chain::Head), sqlx::Error> {
+    let mut tx = pool.begin_with(chain::begin_locked()).await?;
+    for write in writes {
+        if let Write::Decision(row, _) = write {
+            insert_execution(&mut tx, row)
+                .await
+                .map_err(AuditError::into_sqlx)?;
+        }
+    }
+    let head = match known {
+        Some(head) => Some(head),
+        None => chain::read_head(&mut tx).await?,
+    };
+    let events: Vec<&NewEvent> = writes.iter().map(Write::event).collect();
+    let (ids, last) = chain::append_after(&mut tx, &events, head).await?;
+    tx.commit().await?;
+    Ok((ids, last))
+}
