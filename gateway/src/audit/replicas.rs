@@ -74,18 +74,21 @@ impl AuditStore {
         .await?;
         sqlx::query(
             "UPDATE executions SET lease_until = now() + $2 * interval '1 millisecond' \
-             WHERE instance = $1 AND finished_at IS NULL AND status IN ('queued', 'running')",
+             WHERE instance = $1 AND finished_at IS NULL AND status IN ('queued', 'running') \
+             AND id = ANY($3)",
         )
         .bind(instance)
         .bind(millis(lease_ms))
+        .bind(live)
         .execute(&mut *tx)
         .await?;
         sqlx::query(
             "UPDATE sessions SET lease_until = now() + $2 * interval '1 millisecond' \
-             WHERE instance = $1 AND status <> 'closed'",
+             WHERE instance = $1 AND status <> 'closed' AND id = ANY($3)",
         )
         .bind(instance)
         .bind(millis(lease_ms))
+        .bind(live)
         .execute(&mut *tx)
         .await?;
         let lost = sqlx::query_scalar(
