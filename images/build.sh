@@ -30,7 +30,8 @@ readonly ALL_IMAGES=(bash python)
 readonly BUSYBOX_SHADOWED=(ls stat)
 readonly SELF="${BASH_SOURCE[0]}"
 # Files the python image gets besides its packages (see customise_python).
-readonly PYTHON_FILES_DIR="$(dirname "$SELF")/python"
+PYTHON_FILES_DIR="$(dirname "$SELF")/python"
+readonly PYTHON_FILES_DIR
 readonly USER_SITE_FILES=(sandgate_user_site.py sandgate_user_site.pth)
 
 WORK=""          # temporary build directory, removed on exit
