@@ -40,6 +40,8 @@ pub enum ClosedReason {
     Crashed,
     /// The gateway that held it stopped.
     GatewayRestart,
+    /// The replica that held it stopped renewing its lease; another replica closed it.
+    LeaseExpired,
 }
 
 macro_rules! text_forms {
@@ -77,6 +79,7 @@ text_forms!(ClosedReason {
     Oom => "oom",
     Crashed => "crashed",
     GatewayRestart => "gateway_restart",
+    LeaseExpired => "lease_expired",
 });
 
 /// A session as `GET /v1/sessions/{id}` (and the other session routes) show it.
@@ -194,6 +197,7 @@ mod tests {
             "oom",
             "crashed",
             "gateway_restart",
+            "lease_expired",
         ] {
             let parsed = ClosedReason::parse(reason).unwrap();
             assert_eq!(serde_json::to_value(parsed).unwrap(), reason);
