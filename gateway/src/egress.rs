@@ -455,6 +455,11 @@ impl ConnectionRecorder for Recorder {
             if let Err(err) = self.audit.close_connection_durably(&id.0, &close).await {
                 tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a connection close was lost");
             }
+            if closed.reason == egress_proxy::ReasonCode::CredentialMisdirected {
+                if let Err(err) = self.audit.record_misdirected(&id.0).await {
+                    tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a misdirected placeholder was not recorded as an event");
+                }
+            }
         }
         .boxed()
     }

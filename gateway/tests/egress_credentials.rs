@@ -437,7 +437,6 @@ print(json.dumps({{"status": answer.split(b"\r\n")[0].decode(), "placeholder": p
     .fetch_all(&pool)
     .await
     .unwrap();
-    pool.close().await;
     assert_eq!(
         rows,
         vec![(
@@ -446,5 +445,16 @@ print(json.dumps({{"status": answer.split(b"\r\n")[0].decode(), "placeholder": p
             Some("credential.misdirected".to_owned())
         )]
     );
+    // And the refusal is an audit event of its own, naming the execution.
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'egress.credential.misdirected' \
+         AND execution_id = $1 AND NOT allow",
+    )
+    .bind(body["id"].as_str().unwrap())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(events, 1);
     gw.stop().await;
 }

@@ -138,6 +138,42 @@ impl AuditStore {
         Ok(id)
     }
 
+    /// An allowed connection the proxy cut because a credential placeholder went where its
+    /// grant does not send it (the body of a plain-HTTP request): its own audit event, naming
+    /// the connection and whose it is.
+    pub async fn record_misdirected(&self, connection_id: &str) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let owner: Option<(Option<String>, Option<String>, String, String)> = sqlx::query_as(
+            "SELECT execution_id, session_id, tenant, host FROM egress_connections WHERE id = $1",
+        )
+        .bind(connection_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some((execution_id, session_id, tenant, host)) = owner else {
+            return Ok(());
+        };
+        let owner = EgressOwner {
+            execution_id: execution_id.clone(),
+            session_id,
+        };
+        let event = NewEvent {
+            kind: "egress.credential.misdirected",
+            execution_id,
+            key_id: None,
+            tenant: Some(tenant),
+            decision_id: Some(connection_id.to_owned()),
+            allow: Some(false),
+            reasons: json!([{"code": "credential.misdirected",
+                "message": "a credential placeholder in a request body the grant does not send it to; the connection was cut"}]),
+            input: owner.into_input(json!({"connection_id": connection_id, "host": host})),
+            decision: json!({"allow": false}),
+            policy_revision: None,
+        };
+        chain::append(&mut tx, &event).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
     pub async fn close_connection(
         &self,
         id: &str,

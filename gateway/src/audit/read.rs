@@ -36,6 +36,7 @@ pub const EVENT_KINDS: &[&str] = &[
     "auth.failure",
     "auth.failure.repeated",
     "egress.connection",
+    "egress.credential.misdirected",
     "egress.denied.repeated",
     "egress.request",
     "execution.cancel",
