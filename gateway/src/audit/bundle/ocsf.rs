@@ -31,7 +31,9 @@ impl Class {
     /// The class of an event kind (`audit_events.kind`).
     pub fn of(kind: &str) -> Class {
         match kind {
-            "egress.connection" | "egress.denied.repeated" => Class::NetworkActivity,
+            "egress.connection" | "egress.denied.repeated" | "egress.credential.misdirected" => {
+                Class::NetworkActivity
+            }
             "egress.request" => Class::HttpActivity,
             _ if kind.starts_with("execution.") => Class::ProcessActivity,
             _ if kind.starts_with("auth.") => Class::Authentication,
