@@ -471,6 +471,7 @@ async fn a_killed_replica_is_closed_by_the_other_and_its_own_reaper_removes_its_
     let id = started["id"].as_str().unwrap().to_owned();
     container_started(&id).await;
     // A watcher on B follows the run on A, and is still reading when A dies.
+    let so_far = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
     let watcher = {
         let (http, url, agent, id) = (
             shared.http.clone(),
@@ -478,6 +479,7 @@ async fn a_killed_replica_is_closed_by_the_other_and_its_own_reaper_removes_its_
             agent.clone(),
             id.clone(),
         );
+        let so_far = std::sync::Arc::clone(&so_far);
         tokio::spawn(async move {
             let mut response = http
                 .get(format!("{url}/v1/executions/{id}/events"))
@@ -488,11 +490,18 @@ async fn a_killed_replica_is_closed_by_the_other_and_its_own_reaper_removes_its_
             let mut text = String::new();
             while let Ok(Some(chunk)) = response.chunk().await {
                 text.push_str(&String::from_utf8_lossy(&chunk));
+                so_far.lock().unwrap().clone_from(&text);
             }
             text
         })
     };
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // A dies once B has relayed the live output (not after a guess at how long that takes).
+    for _ in 0..300 {
+        if so_far.lock().unwrap().contains("started") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     a.kill();
 
     let record = shared.finished(&b, &agent, &id).await;
