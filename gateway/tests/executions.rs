@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use serde_json::{json, Value};
 
-use common::{containers_created_since, containers_of, TestGateway};
+use common::{containers_created_since, TestGateway};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_and_bash_run_in_gvisor_and_read_back() {
@@ -584,8 +584,15 @@ async fn cancel_stops_the_sandbox_within_a_second() {
         .await;
     assert_eq!(status, 202, "{body}");
     let id = body["id"].as_str().unwrap().to_owned();
+    // Running once its first line is in the record (cold or warm: a pooled sandbox carries no
+    // execution label to look for).
     for _ in 0..200 {
-        if !containers_of(&id).is_empty() {
+        let (_, so_far) = gw.get(&key, &format!("/v1/executions/{id}")).await;
+        if so_far["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("started")
+        {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
