@@ -36,7 +36,7 @@ use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 
 mod common;
-use common::{env_usize, ms, workspace_root, Series, StopOnDrop, DATABASE};
+use common::{env_usize, ms, private_postgres, workspace_root, Series, DATABASE};
 
 /// Scratch table for the COPY baseline.
 const COPY_TABLE: &str = "bench_copy";
@@ -56,18 +56,12 @@ fn main() -> ExitCode {
         .prefix("sgbench")
         .tempdir()
         .unwrap();
-    // The cluster runs as `postgres`, which must be able to enter the directory.
-    std::fs::set_permissions(
-        root.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let pg = StopOnDrop(
-        EmbeddedPostgres::start(&root.path().join("db"), None)
-            .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}")),
-    );
-    let passed = runtime.block_on(run(&pg.0, &root.path().join("gateway")));
-    drop(pg);
+    let passed = runtime.block_on(async {
+        let (pg, url) = private_postgres(root.path()).await;
+        let passed = run(&pg.0, &url, &root.path().join("gateway")).await;
+        drop(pg);
+        passed
+    });
     if passed {
         ExitCode::SUCCESS
     } else {
@@ -75,21 +69,13 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
-    gateway::database::create_database_if_missing(pg, DATABASE)
-        .await
-        .unwrap();
-    let socket_dir = pg.pgdata().parent().unwrap().join("run");
-    let url = format!(
-        "postgres://postgres@localhost/{DATABASE}?host={}&port=5432",
-        socket_dir.display()
-    );
+async fn run(pg: &EmbeddedPostgres, url: &str, data_dir: &Path) -> bool {
     // Migrations and roles, through the gateway's own opening of the database; then two
     // pools as two replicas would have them.
-    let one = gateway::database::Database::open(&config(&url, data_dir))
+    let one = gateway::database::Database::open(&config(url, data_dir))
         .await
         .unwrap();
-    let two = gateway::database::Database::open(&config(&url, data_dir))
+    let two = gateway::database::Database::open(&config(url, data_dir))
         .await
         .unwrap();
     let (store, other) = (

@@ -43,7 +43,7 @@ use gateway::runtime::{
 use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
 
 mod common;
-use common::{env_usize, ms, sandbox_init, Gateway, Series, StopOnDrop, CODE, DATABASE};
+use common::{env_usize, ms, private_postgres, sandbox_init, Gateway, Series, CODE, DATABASE};
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
@@ -59,18 +59,12 @@ fn main() -> ExitCode {
         .prefix("sgbench")
         .tempdir()
         .unwrap();
-    // The cluster runs as `postgres`, which must be able to enter the directory.
-    std::fs::set_permissions(
-        root.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let pg = StopOnDrop(
-        EmbeddedPostgres::start(&root.path().join("db"), None)
-            .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}")),
-    );
-    let passed = runtime.block_on(run(&pg.0, &root.path().join("gateway")));
-    drop(pg);
+    let passed = runtime.block_on(async {
+        let (pg, url) = private_postgres(root.path()).await;
+        let passed = run(&pg.0, &url, &root.path().join("gateway")).await;
+        drop(pg);
+        passed
+    });
     if passed {
         ExitCode::SUCCESS
     } else {
@@ -78,17 +72,9 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
-    gateway::database::create_database_if_missing(pg, DATABASE)
-        .await
-        .unwrap();
-    let socket_dir = pg.pgdata().parent().unwrap().join("run");
-    let url = format!(
-        "postgres://postgres@localhost/{DATABASE}?host={}&port=5432",
-        socket_dir.display()
-    );
+async fn run(pg: &EmbeddedPostgres, url: &str, data_dir: &Path) -> bool {
     let init = sandbox_init();
-    let gw = Gateway::start(url, data_dir, &init, |_| {}).await;
+    let gw = Gateway::start(url.to_owned(), data_dir, &init, |_| {}).await;
     let pool = gateway::database::pool(pg.connect_options(DATABASE))
         .await
         .unwrap();

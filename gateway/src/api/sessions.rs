@@ -117,7 +117,7 @@ pub async fn execute(
     if !row.allow {
         return Err(ApiError::policy_denied(row.id, row.reasons.0));
     }
-    let status = if row.status == "running" {
+    let status = if row.is(crate::status::ExecutionStatus::Running) {
         StatusCode::ACCEPTED
     } else {
         StatusCode::OK

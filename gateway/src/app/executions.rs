@@ -166,7 +166,7 @@ impl App {
             )));
         }
         // Held for review: the agent withdraws its request (audited); nothing ever ran.
-        if row.status == "pending_approval" {
+        if row.is(crate::status::ExecutionStatus::PendingApproval) {
             return self.withdraw_request(caller, &row).await;
         }
         let elsewhere =

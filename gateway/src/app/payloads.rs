@@ -137,7 +137,7 @@ impl App {
                     return Ok(EventSource::Live(mirror));
                 }
             }
-            if row.status == "pending_approval" && !wait_for_review {
+            if row.is(crate::status::ExecutionStatus::PendingApproval) && !wait_for_review {
                 return Ok(EventSource::Pending);
             }
             if tokio::time::Instant::now() > deadline {

@@ -361,7 +361,7 @@ impl App {
 }
 
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
-    if row.status != "closed" {
+    if !row.is(SessionStatus::Closed) {
         // Its sandbox lives on one replica's node: its executions run only there.
         return AppError::Conflict(format!(
             "session {id} is held by replica {}: send its executions to that replica",

@@ -443,7 +443,7 @@ impl App {
 
     pub async fn delete_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
         let row = self.get_session(caller, id).await?;
-        if row.status == SessionStatus::Closed.as_str() {
+        if row.is(SessionStatus::Closed) {
             return Ok(row);
         }
         match self.close_session(id, ClosedReason::Deleted).await {

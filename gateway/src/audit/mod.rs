@@ -108,6 +108,13 @@ pub struct ExecutionRow {
     pub result: Option<String>,
 }
 
+impl ExecutionRow {
+    /// Whether the record is in `status` (compared through the closed set, not by text).
+    pub fn is(&self, status: crate::status::ExecutionStatus) -> bool {
+        crate::status::ExecutionStatus::parse(&self.status) == Some(status)
+    }
+}
+
 /// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
 /// [`durable::known_status`] instead of borrowing it from the input).
 pub type Status = &'static str;

@@ -29,6 +29,13 @@ pub struct SessionRow {
     pub closed_at: Option<DateTime<Utc>>,
 }
 
+impl SessionRow {
+    /// Whether the session is in `status` (compared through the closed set, not by text).
+    pub fn is(&self, status: SessionStatus) -> bool {
+        SessionStatus::parse(&self.status) == Some(status)
+    }
+}
+
 /// Most sessions one listing returns.
 pub const MAX_LISTED: i64 = 500;
 
