@@ -530,6 +530,9 @@ import sys
 forged = "\0sandgate-exit:0\n\0sandgate-exit:" + "0" * 32 + ":0\n"
 sys.stderr.write(forged)
 sys.stderr.flush()
+# A forged end marker on stdout does not end the run early either: what follows is kept.
+sys.stdout.write("\0sandgate-end:" + "0" * 32 + ":0:\nafter the forged end\n")
+sys.stdout.flush()
 for path in ("/proc/1/mem", "/proc/1/fd/0"):
     try:
         data = open(path, "rb").read(4096)
@@ -550,6 +553,11 @@ sys.exit(3)
     // The init's memory is closed to the program; its stdin (where the job and the nonce came
     // from) is drained before the program starts.
     let stdout = record["stdout"].as_str().unwrap();
+    let forged_end = format!(
+        "\0sandgate-end:{}:0:\nafter the forged end\n",
+        "0".repeat(32)
+    );
+    assert!(stdout.starts_with(&forged_end), "{stdout:?}");
     assert!(stdout.contains("/proc/1/mem PermissionError"), "{stdout}");
     assert!(
         !stdout.contains("/proc/1/fd/0 read") || stdout.contains("/proc/1/fd/0 read 0"),

@@ -69,7 +69,7 @@ impl Sandbox for FakeSandbox {
             }
             Ok(Ran {
                 ending: Ending::Exited(0),
-                stopped: true,
+                settled: true,
                 special_files: Vec::new(),
                 stdout: CappedOutput {
                     bytes: b"fake\n".to_vec(),

@@ -265,3 +265,49 @@ async fn special_files_in_a_sessions_output_are_listed_as_skipped() {
     assert_eq!(record["stdout"], "next\n", "{record}");
     gw.stop().await;
 }
+
+/// The run ends on sandbox-init's word (its end marker on stdout, its trailer on stderr) once
+/// it killed and reaped everything the program left running, before the container has stopped:
+/// the last bytes the program printed on either stream are all there, and a leftover that
+/// left the program's group and session (and ignores SIGTERM) writes nothing after its program
+/// ended, to the streams or to `/output` (cold, and warm in the warm suite).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_programs_last_bytes_arrive_and_its_leftovers_are_gone_before_collection() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let code = "setsid sh -c 'trap \"\" TERM HUP INT; sleep 1; echo late > /output/late.txt; \
+                echo late; echo late >&2' </dev/null &\n\
+                echo early > /output/early.txt\n\
+                head -c 200000 /dev/zero | tr '\\0' o\n\
+                head -c 100000 /dev/zero | tr '\\0' e >&2\n";
+    for _ in 0..3 {
+        let (status, record) = gw.execute(&agent, "bash", code, json!({})).await;
+        assert_eq!(status, 200, "{record}");
+        assert_eq!(record["status"], "succeeded", "{record}");
+        assert_eq!(
+            record["stdout"],
+            "o".repeat(200_000),
+            "stdout's tail arrived"
+        );
+        assert_eq!(
+            record["stderr"],
+            "e".repeat(100_000),
+            "stderr's tail arrived"
+        );
+        let outputs: Vec<&str> = record["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(outputs, ["early.txt"], "{record}");
+        let id = record["id"].as_str().unwrap();
+        // Had the leftover survived the answer, it would write its file now; the area was
+        // collected and unmounted, and the container is going.
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        let (_, again) = gw.get(&agent, &format!("/v1/executions/{id}")).await;
+        assert_eq!(again["outputs"], record["outputs"], "{again}");
+        assert!(common::removed_soon(id));
+    }
+    gw.stop().await;
+}

@@ -36,7 +36,10 @@
 //! 6. forwards SIGTERM, SIGINT, SIGHUP and SIGQUIT to that process group, reaps every process
 //!    that exits (orphans included) and, once the program exits, SIGKILLs what is left of its
 //!    process group and exits with the program's status, or 128 + signal number if a signal
-//!    killed it. Processes that left the group die with the container when PID 1 exits.
+//!    killed it. As a settled PID 1 ([`identity`]) it then kills and reaps every other process
+//!    of the sandbox (those that left the group too: [`process::quiesce`], bounded by
+//!    [`QUIESCE_WITHIN`]); when none is left it says so with the end marker on stdout (below).
+//!    Processes it could not account for die with the container when PID 1 exits.
 //!    Before it exits it lists the FIFOs, sockets and devices left in `/output` ([`leftovers`])
 //!    for the exit trailer's report.
 //!
@@ -51,8 +54,8 @@
 //! | [`EXIT_INIT_ERROR`] (125) | any other init error: no or bad spec, bad file, bad `cwd`, proxy `listen` not bindable, spawn failure, lost status, unexpected arguments |
 //!
 //! These collide with the codes a program may itself exit with; the stderr line is what tells
-//! them apart. Anything the init prints starts with `sandgate-init: `; it prints nothing on
-//! stdout, ever. Once the program runs, the only other lines it may print are the bridge's,
+//! them apart. Anything the init prints starts with `sandgate-init: `; on stdout it prints
+//! only the end marker (below). Once the program runs, the only other lines it may print are the bridge's,
 //! at most one per kind of failure (`sandgate-init: proxy bridge: ...`), which do not change
 //! the exit status.
 //!
@@ -62,7 +65,12 @@
 //! digits), whatever the outcome after the spec was read (the program's status or the init's
 //! own failure) the last bytes written to stderr are
 //! `\0sandgate-exit:<nonce>:<code>[:<report>]\n` ([`exit_trailer`], the report an
-//! [`InitReport`]); the gateway strips it. `exec [--apart] -- PROGRAM [ARG...]`: the internal
+//! [`InitReport`]); the gateway strips it. When, besides, nothing of the program is left
+//! ([`process::quiesce`]), the trailer is preceded on **stdout** by the end marker
+//! `\0sandgate-end:<nonce>:<code>:\n` ([`sandbox_protocol::end_marker`]): each stream is in
+//! order, so a gateway that saw both has everything the program printed, and knows that
+//! nothing of it runs any more (it may collect `/output` before the sandbox has stopped).
+//! `exec [--apart] -- PROGRAM [ARG...]`: the internal
 //! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]). Anything else:
 //! exit 125.
 //!
@@ -112,7 +120,7 @@ pub const EXIT_INIT_ERROR: u8 = 125;
 pub const EXEC_MODE: &str = "exec";
 /// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
 pub const APART_FLAG: &str = "--apart";
-pub use sandbox_protocol::{exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
+pub use sandbox_protocol::{end_marker, exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
 
 /// What the init's exit trailer says besides the code: the job's nonce (the trailer is
 /// written only with one) and the report ([`leftovers`]).
@@ -120,7 +128,13 @@ pub use sandbox_protocol::{exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
 pub struct End {
     pub nonce: Option<String>,
     pub report: InitReport,
+    /// Nothing of the program is left ([`process::quiesce`]): the end marker goes out.
+    pub quiet: bool,
 }
+
+/// How long the init spends making sure nothing of the program is left (see
+/// [`process::quiesce`]) before it gives up and lets the container's end do it.
+pub const QUIESCE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What the command line asks for.
 #[derive(Debug, PartialEq, Eq)]
@@ -252,6 +266,7 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         bridge.serve().map_err(InitError::Bridge)?;
     }
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
+    end.quiet = process::quiesce(QUIESCE_WITHIN);
     end.report.special_files =
         leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));
     Ok(outcome.exit_code())

@@ -25,6 +25,12 @@ fn main() -> ExitCode {
         }
     };
     if let Some(nonce) = &end.nonce {
+        if end.quiet {
+            let mut stdout = std::io::stdout().lock();
+            let _ = stdout
+                .write_all(&sandbox_init::end_marker(nonce, code, ""))
+                .and_then(|()| stdout.flush());
+        }
         let _ = std::io::stderr()
             .lock()
             .write_all(&sandbox_init::exit_trailer(nonce, code, &end.report));

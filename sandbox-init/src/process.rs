@@ -38,6 +38,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, SigSet, Signal};
@@ -204,6 +205,42 @@ impl Supervisor {
         }
     }
 }
+
+/// Kills every process the init may signal (all of the program's: they share its uid, see
+/// [`crate::identity`]) and reaps until none is left or `within` has passed; says whether none
+/// is left. `kill(-1)` reaches every process of the sandbox but the init itself, including
+/// those that left the program's group or session; it fails with `ESRCH` only once there is
+/// nothing left to signal (a zombie still counts until reaped, and orphans are the init's to
+/// reap). Nothing of the program can then write to `/output` or its streams any more.
+///
+/// Only a settled PID 1 does it (returning `false` otherwise): there every process it may
+/// signal is the sandbox's program (its effective uid is [`crate::identity::PROGRAM_UID`]),
+/// while an init run as an ordinary process (the host tests) would signal its neighbours.
+pub fn quiesce(within: Duration) -> bool {
+    if std::process::id() != 1 || !crate::identity::settled() {
+        return false;
+    }
+    let deadline = Instant::now() + within;
+    loop {
+        if kill(Pid::from_raw(-1), Signal::SIGKILL) == Err(Errno::ESRCH) {
+            return true;
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => break,
+                Ok(_) | Err(Errno::EINVAL | Errno::EINTR) => {}
+                Err(_) => return false,
+            }
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(QUIESCE_STEP);
+    }
+}
+
+/// How long [`quiesce`] sleeps between rounds.
+const QUIESCE_STEP: Duration = Duration::from_millis(1);
 
 /// Sent by the init to itself when something it waits for has arrived (see [`Supervisor::until`]);
 /// blocked with the rest, so it only ever wakes the loop.

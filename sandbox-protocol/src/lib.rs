@@ -10,7 +10,10 @@
 //! - The exit trailer `\0sandgate-exit:<nonce>:<code>[:<report>]\n` ([`exit_trailer`],
 //!   [`ExitTrailer`]): the init's last stderr bytes, the gateway's proof that the init saw the
 //!   end, with what the init saw that the host cannot ([`InitReport`]: special files in
-//!   `/output`).
+//!   `/output`). When the init also made sure nothing of the program is left, the trailer is
+//!   preceded on stdout by the [`end_marker`] for the same nonce (with no result): each stream
+//!   is in order, so a gateway that saw both has all of the program's output and knows it no
+//!   longer runs ([`EndMarker`] takes it out of stdout).
 //! - Sessions ([`SESSION_MODE`], turns, [`end_marker`]): see the `session` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);

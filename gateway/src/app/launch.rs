@@ -1,9 +1,10 @@
 //! The one launch path. Every execution that may run (allowed at once, approved by a reviewer)
 //! comes here with its committed decision: wait for a slot -> a sandbox (claimed from the warm
 //! pool, or started cold) -> its grant served in the sandbox's socket directory -> the job
-//! handed over and run -> `/output` collected once dockerd says the sandbox stopped (nothing in
-//! it runs any more) -> the record completed -> the event stream closed; the stopped container
-//! is removed in the background, off the answer's path (the reaper removes what that misses).
+//! handed over and run -> `/output` collected once nothing of the program runs any more (the
+//! init's authenticated end, or dockerd says the sandbox stopped) -> the record completed -> the
+//! event stream closed; the container is removed in the background, off the answer's path (the
+//! reaper removes what that misses).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -158,7 +159,7 @@ impl App {
         if let Some(egress) = egress {
             egress.finish().await;
         }
-        let collectable = matches!(&ran, Ok(ran) if ran.stopped);
+        let collectable = matches!(&ran, Ok(ran) if ran.settled);
         if collectable {
             // Nothing runs in it any more: removing it need not delay the answer.
             self.tasks.spawn(sandbox.discard());
@@ -303,9 +304,9 @@ impl App {
     }
 }
 
-/// Copies what the program left in `/output` (only from a sandbox confirmed gone: one still
-/// running could swap a directory for a symlink while the gateway walks it), then removes the
-/// sandbox's host side.
+/// Copies what the program left in `/output` (only once nothing of the program runs: a program
+/// still running could swap a directory for a symlink while the gateway walks it), then
+/// removes the sandbox's host side.
 async fn collect(
     home: SandboxHome,
     collectable: bool,
@@ -318,7 +319,7 @@ async fn collect(
             home.output.collect(&dest, budget)
         } else {
             Err(std::io::Error::other(
-                "the sandbox was not confirmed stopped; /output not collected",
+                "the program was not confirmed gone; /output not collected",
             ))
         };
         home.remove();

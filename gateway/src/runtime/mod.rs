@@ -260,10 +260,12 @@ pub struct TurnRan {
 #[derive(Debug, Clone)]
 pub struct Ran {
     pub ending: Ending,
-    /// dockerd confirmed the container stopped: nothing in the sandbox runs any more (a gVisor
-    /// sandbox ends with its PID 1, every process and its kernel with it), so what it left (the
-    /// output area) can no longer change under the gateway. Removal may follow later.
-    pub stopped: bool,
+    /// Nothing of the program runs any more, so what it left (the output area) can no longer
+    /// change under the gateway: dockerd confirmed the container stopped (a gVisor sandbox
+    /// ends with its PID 1, every process and its kernel with it), or the init's authenticated
+    /// end said it killed and reaped every other process (sandbox-init's `quiesce`; the
+    /// container may still be ending). Removal may follow later.
+    pub settled: bool,
     pub stdout: CappedOutput,
     pub stderr: CappedOutput,
     /// What the init found in `/output` once the program ended that the host cannot see

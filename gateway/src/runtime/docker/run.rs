@@ -22,6 +22,7 @@ use crate::runtime::{
     CappedOutput, Channel, Ending, ExitTrailer, Job, Ran, RunControl, RuntimeError, Sandbox,
     SandboxPlan,
 };
+use sandbox_protocol::EndMarker;
 
 /// After the program's deadline: how long to wait for the killed container to report its end.
 const KILL_GRACE: Duration = Duration::from_secs(10);
@@ -58,6 +59,10 @@ impl std::fmt::Debug for DockerSandbox {
 pub(super) enum Stop {
     /// The container exited (with this code, if dockerd said).
     Exited(Option<i64>),
+    /// The init's authenticated end (its end marker on stdout and its trailer on stderr):
+    /// everything the program printed has arrived and nothing of it runs any more; the
+    /// container is still ending.
+    Ended,
     TimedOut,
     Cancelled,
 }
@@ -185,12 +190,16 @@ impl DockerSandbox {
         let started_at = crate::ids::now_micros();
         let started = Instant::now();
         let mut pump = Pump::new(&control, &nonce);
-        let (stop, stopped) = self.until_stop(&line, &mut pump, &control).await?;
+        let (stop, settled) = self.until_stop(&line, &mut pump, &control).await?;
         let duration = started.elapsed();
-        let ending = self.inspect(stop, pump.init_exit).await?;
+        let ending = match (stop, pump.init_exit) {
+            // Under runsc an OOM takes the init with it: an end the init reported is not one.
+            (Stop::Ended, Some(code)) => Ending::Exited(code),
+            _ => self.inspect(stop, pump.init_exit).await?,
+        };
         Ok(Ran {
             ending,
-            stopped,
+            settled,
             special_files: pump.trailer.report().special_files.clone(),
             stdout: pump.stdout,
             stderr: pump.stderr,
@@ -199,8 +208,9 @@ impl DockerSandbox {
         })
     }
 
-    /// Hands the job over and pumps output until the container exits, the deadline passes or
-    /// the run is cancelled (the last two kill it); and whether dockerd confirmed it stopped.
+    /// Hands the job over and pumps output until the init's authenticated end, the container's
+    /// exit, the deadline or a cancel (the last two kill it); and whether nothing of the program
+    /// runs any more (the init said so, or dockerd confirmed the stop).
     async fn until_stop(
         &mut self,
         line: &[u8],
@@ -216,14 +226,16 @@ impl DockerSandbox {
         } = self;
         let run = async {
             hand_over(input, line).await;
-            pump.drain(output).await;
-            wait_exit(docker, name).await
+            if pump.drain(output).await {
+                return Ok(Stop::Ended);
+            }
+            wait_exit(docker, name).await.map(Stop::Exited)
         };
         tokio::select! {
             finished = tokio::time::timeout(control.timeout, run) => match finished {
-                Ok(exit) => {
-                    let exit = exit?;
-                    Ok((Stop::Exited(exit), exit.is_some()))
+                Ok(stop) => {
+                    let stop = stop?;
+                    Ok((stop, stop != Stop::Exited(None)))
                 }
                 Err(_) => Ok((Stop::TimedOut, kill(docker, name).await)),
             },
@@ -269,17 +281,21 @@ impl DockerSandbox {
 
 /// The ending, from how the wait stopped, the init's report and dockerd's view.
 fn ending(stop: Stop, init_exit: Option<u8>, oom: bool, container_exit: Option<i64>) -> Ending {
-    match stop {
-        Stop::Cancelled => Ending::Cancelled,
-        Stop::TimedOut => Ending::TimedOut,
-        Stop::Exited(exit) if oom => Ending::Oom {
+    let exit = match stop {
+        Stop::Cancelled => return Ending::Cancelled,
+        Stop::TimedOut => return Ending::TimedOut,
+        Stop::Exited(exit) => exit,
+        Stop::Ended => None,
+    };
+    if oom {
+        return Ending::Oom {
             exit: init_exit.map(i64::from).or(exit).or(container_exit),
-        },
-        Stop::Exited(exit) => match init_exit {
-            Some(code) => Ending::Exited(code),
-            None => Ending::Died {
-                container_exit: exit.or(container_exit),
-            },
+        };
+    }
+    match init_exit {
+        Some(code) => Ending::Exited(code),
+        None => Ending::Died {
+            container_exit: exit.or(container_exit),
         },
     }
 }
@@ -321,12 +337,14 @@ impl Sandbox for DockerSandbox {
     }
 }
 
-/// Output kept under the cap, handed to the live sink as it arrives, the trailer taken out.
+/// Output kept under the cap, handed to the live sink as it arrives, the init's end marker
+/// (stdout) and trailer (stderr) taken out.
 struct Pump {
     cap: usize,
     sink: Option<std::sync::Arc<dyn crate::runtime::OutputSink>>,
     stdout: CappedOutput,
     stderr: CappedOutput,
+    end: EndMarker,
     trailer: ExitTrailer,
     init_exit: Option<u8>,
 }
@@ -338,6 +356,7 @@ impl Pump {
             sink: control.sink.clone(),
             stdout: CappedOutput::default(),
             stderr: CappedOutput::default(),
+            end: EndMarker::new(nonce),
             trailer: ExitTrailer::new(nonce),
             init_exit: None,
         }
@@ -355,10 +374,16 @@ impl Pump {
         }
     }
 
-    async fn drain(&mut self, output: &mut Output) {
+    /// Until the stream ends (`false`) or the init's authenticated end came on both streams
+    /// (`true`: nothing of the program is left, see sandbox-init's `quiesce`).
+    async fn drain(&mut self, output: &mut Output) -> bool {
+        let mut ended = false;
         while let Some(frame) = output.next().await {
             match frame {
-                Ok(LogOutput::StdOut { message }) => self.keep(Channel::Stdout, &message),
+                Ok(LogOutput::StdOut { message }) => {
+                    let passed = self.end.feed(&message);
+                    self.keep(Channel::Stdout, &passed);
+                }
                 Ok(LogOutput::StdErr { message }) => {
                     let passed = self.trailer.feed(&message);
                     self.keep(Channel::Stderr, &passed);
@@ -369,10 +394,17 @@ impl Pump {
                     break;
                 }
             }
+            if self.end.end().is_some() && self.trailer.code().is_some() {
+                ended = true;
+                break;
+            }
         }
+        let held = self.end.finish();
+        self.keep(Channel::Stdout, &held);
         let (held, code) = self.trailer.finish();
         self.keep(Channel::Stderr, &held);
         self.init_exit = code;
+        ended
     }
 }
 
