@@ -60,6 +60,11 @@ impl Shared {
 
     /// Starts a replica with its own data directory (or `data` again, after a kill).
     async fn start(&self, data: Option<&Path>) -> Replica {
+        self.start_with(data, &[]).await
+    }
+
+    /// [`Shared::start`] with more `SANDGATE_*` settings.
+    async fn start_with(&self, data: Option<&Path>, env: &[(&str, &str)]) -> Replica {
         let data = data.map(Path::to_owned).unwrap_or_else(|| {
             let dir = tempfile::tempdir().unwrap().keep();
             std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
@@ -77,6 +82,7 @@ impl Shared {
             .env("SANDGATE_WARM_POOL", "{}")
             .env("SANDGATE_LEASE_MS", LEASE_MS)
             .env("SANDGATE_APPROVAL_TTL_S", "600")
+            .envs(env.iter().copied())
             .arg("serve")
             .stdout(Stdio::null())
             .stderr(log)
@@ -206,10 +212,24 @@ impl Replica {
             nix::sys::signal::Signal::SIGTERM,
         )
         .unwrap();
-        tokio::task::spawn_blocking(move || self.child.wait())
+        tokio::task::spawn_blocking(move || {
+            let mut replica = self;
+            replica.child.wait()
+        })
             .await
             .unwrap()
             .unwrap();
+    }
+}
+
+/// A test that panics must not leave a `sandgate serve` running: a replica still running when
+/// it is dropped is killed (and reaped).
+impl Drop for Replica {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
     }
 }
 
@@ -541,6 +561,457 @@ async fn a_killed_replica_is_closed_by_the_other_and_its_own_reaper_removes_its_
         "the returning replica did not reopen it"
     );
     let _ = &a.listen;
+    a.stop().await;
+    b.stop().await;
+}
+
+impl Shared {
+    async fn delete(&self, at: &Replica, key: &str, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .delete(format!("{}{path}", at.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_the_other() {
+    let shared = Shared::new().await;
+    let a = shared.start(None).await;
+    let b = shared.start(None).await;
+    let agent = shared.key("agent", "acme").await;
+    let other_tenant = shared.key("agent", "no-such-tenant").await;
+
+    let (status, opened) = shared
+        .post(&a, &agent, "/v1/sessions", &json!({"language": "python"}))
+        .await;
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_str().unwrap().to_owned();
+    let run = format!("/v1/sessions/{id}/executions");
+
+    // Executions sent to B run in A's sandbox: state carries over, A decides and records.
+    let (status, first) = shared.post(&b, &agent, &run, &json!({"code": "x = 41"})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["instance"], a.instance.as_str(), "{first}");
+    let (status, second) = shared.post(&b, &agent, &run, &json!({"code": "x + 1"})).await;
+    assert_eq!(status, 200, "{second}");
+    assert_eq!(second["result"], "42", "{second}");
+    assert_eq!(second["session_id"], id.as_str(), "{second}");
+    // The same decision as on A: denied through B, nothing runs, the session goes on.
+    let denied_body = json!({"code": "x = 0", "limits": {"timeout_ms": 0}});
+    let (status, denied) = shared.post(&b, &agent, &run, &denied_body).await;
+    assert_eq!(status, 403, "{denied}");
+    assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
+    let denied_id = denied["error"]["execution_id"].as_str().unwrap().to_owned();
+    // Another tenant's agent gets 404 through B too, and nothing is relayed for it.
+    let (status, _) = shared.post(&b, &other_tenant, &run, &json!({"code": "x"})).await;
+    assert_eq!(status, 404);
+
+    // A turn started through B (wait: false): its live events read on B, cancelled through B.
+    let slow = json!({"code": "print('slow-one', flush=True)\nimport time\ntime.sleep(60)",
+                      "wait": false});
+    let (status, started) = shared.post(&b, &agent, &run, &slow).await;
+    assert_eq!(status, 202, "{started}");
+    let slow_id = started["id"].as_str().unwrap().to_owned();
+    let watcher = {
+        let (http, url, agent, slow_id) = (
+            shared.http.clone(),
+            b.url.clone(),
+            agent.clone(),
+            slow_id.clone(),
+        );
+        tokio::spawn(async move {
+            let mut response = http
+                .get(format!("{url}/v1/executions/{slow_id}/events"))
+                .bearer_auth(&agent)
+                .send()
+                .await
+                .unwrap();
+            let mut text = String::new();
+            while let Ok(Some(chunk)) = response.chunk().await {
+                text.push_str(&String::from_utf8_lossy(&chunk));
+            }
+            text
+        })
+    };
+    let mut running = Value::Null;
+    for _ in 0..200 {
+        running = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await.1;
+        if running["status"] == "busy" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(running["status"], "busy", "{running}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let cancel = format!("/v1/executions/{slow_id}/cancel");
+    let (status, cancelled) = shared.post(&b, &agent, &cancel, &json!({})).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["status"], "cancelled", "{cancelled}");
+    let seen = tokio::time::timeout(Duration::from_secs(30), watcher)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(seen.contains("slow-one"), "live output relayed to B: {seen}");
+    assert!(seen.contains("event: exit"), "{seen}");
+    let (_, after) = shared.post(&b, &agent, &run, &json!({"code": "x"})).await;
+    assert_eq!(after["result"], "41", "the session lives on after the cancel: {after}");
+
+    // Inspected on B: the shared row, counting what ran through B.
+    let (status, seen_on_b) = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{seen_on_b}");
+    assert_eq!(seen_on_b["status"], "ready", "{seen_on_b}");
+    assert_eq!(seen_on_b["executions"], 4, "{seen_on_b}");
+    let container = seen_on_b["container"].as_str().unwrap().to_owned();
+
+    // Closed through B: A removes its sandbox, the record says `deleted`.
+    let (status, closed) = shared
+        .delete(&b, &agent, &format!("/v1/sessions/{id}"))
+        .await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["status"], "closed", "{closed}");
+    assert_eq!(closed["closed_reason"], "deleted", "{closed}");
+    let (status, gone) = shared.post(&b, &agent, &run, &json!({"code": "x"})).await;
+    assert_eq!(status, 409, "{gone}");
+    let mut left = true;
+    for _ in 0..100 {
+        let out = Command::new("docker")
+            .args(["ps", "-a", "-q", "--filter", &format!("name=^/{container}$")])
+            .output()
+            .unwrap();
+        left = !String::from_utf8_lossy(&out.stdout).trim().is_empty();
+        if !left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!left, "the session's container {container} is still there");
+
+    // Every relayed execution was decided once, on A, before it ran.
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    let ids = [
+        first["id"].as_str().unwrap().to_owned(),
+        second["id"].as_str().unwrap().to_owned(),
+        denied_id,
+        slow_id,
+    ];
+    let decided: Vec<(String, i64, Option<String>)> = sqlx::query_as(
+        "SELECT e.id, (SELECT count(*) FROM audit_events v WHERE v.kind = 'execution.decision' \
+         AND v.execution_id = e.id), e.instance FROM executions e WHERE e.id = ANY($1)",
+    )
+    .bind(&ids[..])
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(decided.len(), 4, "{decided:?}");
+    for (execution, events, instance) in &decided {
+        assert_eq!(*events, 1, "{execution}: one decision event");
+        assert_eq!(instance.as_deref(), Some(a.instance.as_str()), "{execution}");
+    }
+    let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM session_turns")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(waiting, 0, "answered relays leave no row");
+
+    // A session held by a replica that does not answer: 503 within the bound, never a hang.
+    let held_elsewhere = "ss_held_by_a_silent_replica";
+    sqlx::query(
+        "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
+         idle_timeout_s, ttl_s, instance, created_at, last_used_at, expires_at, lease_until) \
+         SELECT $1, tenant, key_id, language, 'ready', decision, limits, idle_timeout_s, ttl_s, \
+         'silent-replica', now(), now(), now() + interval '1 hour', now() + interval '1 hour' \
+         FROM sessions WHERE id = $2",
+    )
+    .bind(held_elsewhere)
+    .bind(&id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let asked = std::time::Instant::now();
+    let path = format!("/v1/sessions/{held_elsewhere}/executions");
+    let (status, refused) = shared.post(&b, &agent, &path, &json!({"code": "1"})).await;
+    assert_eq!(status, 503, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("silent-replica"), "{message}");
+    assert!(asked.elapsed() < Duration::from_secs(30), "bounded");
+    pool.close().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_on_one_replica_removes_the_files_the_other_collected() {
+    let shared = Shared::new().await;
+    // A never purges by itself: what goes from its disk, B's purge removed.
+    let a = shared
+        .start_with(None, &[("SANDGATE_RETENTION_DAYS", "0")])
+        .await;
+    let agent = shared.key("agent", "acme").await;
+    let body = json!({"language": "bash", "code": "echo -n old > /output/old.txt", "wait": true});
+    let (status, record) = shared.post(&a, &agent, "/v1/executions", &body).await;
+    assert_eq!(status, 200, "{record}");
+    let id = record["id"].as_str().unwrap().to_owned();
+    let collected = a.data.join("outputs").join(&id);
+    assert!(collected.join("old.txt").is_file(), "collected on A's disk");
+
+    // Past B's retention: B purges it at its first sweep (at start).
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    sqlx::query("UPDATE executions SET finished_at = now() - interval '40 days' WHERE id = $1")
+        .bind(&id)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let b = shared
+        .start_with(None, &[("SANDGATE_RETENTION_DAYS", "30")])
+        .await;
+    let mut gone = false;
+    for _ in 0..200 {
+        if !collected.exists() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let purged_by: Option<String> = sqlx::query_scalar(
+        "SELECT input->>'executions' FROM audit_events WHERE kind = 'retention.purge'",
+    )
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    assert!(purged_by.unwrap_or_default().contains(&id), "B purged it");
+    assert!(gone, "A's collected files of {id} are still on its disk");
+    let (status, refused) = shared
+        .get(&a, &agent, &format!("/v1/executions/{id}/outputs/old.txt"))
+        .await;
+    assert_eq!(status, 404, "{refused}");
+    pool.close().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// SSE blocks as (id, event name, data).
+fn sse_blocks(text: &str) -> Vec<(u64, String, Value)> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .find_map(|line| line.strip_prefix(name).map(str::to_owned))
+            };
+            let id = field("id: ")?.parse().ok()?;
+            let data = serde_json::from_str(&field("data: ")?).ok()?;
+            Some((id, field("event: ")?, data))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_live_stream_read_on_one_replica_resumes_on_the_other_with_the_same_ids() {
+    let shared = Shared::new().await;
+    let a = shared.start(None).await;
+    let b = shared.start(None).await;
+    let agent = shared.key("agent", "acme").await;
+    let code = "echo one; sleep 2; echo two; sleep 2; echo three; sleep 1";
+    let body = json!({"language": "bash", "code": code, "wait": false});
+    let (_, started) = shared.post(&a, &agent, "/v1/executions", &body).await;
+    let id = started["id"].as_str().unwrap().to_owned();
+    let events = format!("/v1/executions/{id}/events");
+
+    // On A, live: read until the first event, then the connection drops.
+    let mut on_a = shared
+        .http
+        .get(format!("{}{events}", a.url))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    let mut text = String::new();
+    while sse_blocks(&text).is_empty() {
+        let chunk = on_a.chunk().await.unwrap().expect("the stream ended early");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(on_a);
+    let first = sse_blocks(&text);
+    assert_eq!(first[0].1, "stdout", "{text}");
+    assert_eq!(first[0].2["text"], "one\n", "{text}");
+    let last_id = first.last().unwrap().0;
+
+    // Resumed on B with A's id while it still runs: the rest, under A's ids.
+    let (_, record) = shared.get(&b, &agent, &format!("/v1/executions/{id}")).await;
+    assert!(record["finished_at"].is_null(), "still running: {record}");
+    let resumed = shared
+        .http
+        .get(format!("{}{events}", b.url))
+        .bearer_auth(&agent)
+        .header("last-event-id", last_id.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status().as_u16(), 200);
+    let rest = sse_blocks(&resumed.text().await.unwrap());
+    let stdout: String = rest
+        .iter()
+        .filter(|(_, name, _)| name == "stdout")
+        .map(|(_, _, data)| data["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(stdout, "two\nthree\n", "{rest:?}");
+    assert_eq!(rest.last().unwrap().1, "exit", "{rest:?}");
+
+    // The ids B gave are those A gives (A's replay of the stored record follows its layout).
+    let all_on_a = shared
+        .http
+        .get(format!("{}{events}", a.url))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let all_on_a = sse_blocks(&all_on_a);
+    let expected: Vec<_> = all_on_a
+        .iter()
+        .filter(|(n, _, _)| *n > last_id)
+        .map(|(n, name, data)| (*n, name.clone(), data["text"].clone()))
+        .collect();
+    let got: Vec<_> = rest
+        .iter()
+        .map(|(n, name, data)| (*n, name.clone(), data["text"].clone()))
+        .collect();
+    assert_eq!(got, expected, "B's ids and events are A's");
+    a.stop().await;
+    b.stop().await;
+}
+
+/// `/readyz` of `at` until every replica in `instances` runs `revision` (its last answer).
+async fn readyz_until(shared: &Shared, at: &Replica, instances: &[&str], revision: &str) -> Value {
+    let mut seen = Value::Null;
+    for _ in 0..100 {
+        seen = shared
+            .http
+            .get(format!("{}/readyz", at.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let rows = seen["replicas"].as_array().cloned().unwrap_or_default();
+        let runs = |instance: &&str| {
+            rows.iter().any(|row| {
+                row["instance"] == *instance
+                    && row["policy_revision"] == revision
+                    && row["policy_error"].is_null()
+            })
+        };
+        if instances.iter().all(runs) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bundle_uploaded_to_one_replica_is_loaded_and_decided_with_by_the_other() {
+    let shared = Shared::new().await;
+    let a = shared.start(None).await;
+    let b = shared.start(None).await;
+    let admin = shared.key("admin", "ops").await;
+    let agent = shared.key("agent", "acme").await;
+
+    // A bundle no policy_dir holds: acme may no longer run bash (its own cases, which say it
+    // may, left out).
+    let candidate = common::copy_of_shipped();
+    std::fs::remove_dir_all(candidate.path().join("tests")).unwrap();
+    let tenants = candidate.path().join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    assert!(text.contains("languages: [python, bash]"));
+    std::fs::write(
+        &tenants,
+        text.replacen("languages: [python, bash]", "languages: [python]", 1),
+    )
+    .unwrap();
+    let bundle = gateway::app::policy_upload::pack(candidate.path()).unwrap();
+    let uploaded = shared
+        .http
+        .post(format!("{}/v1/policy/reload", a.url))
+        .bearer_auth(&admin)
+        .header("content-type", "application/gzip")
+        .body(bundle)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(uploaded.status().as_u16(), 200);
+    let uploaded: Value = uploaded.json().await.unwrap();
+    let revision = uploaded["revision"].as_str().unwrap().to_owned();
+
+    // B loads it from the stored files: /readyz shows both on it, without an error.
+    let seen = readyz_until(&shared, &b, &[&a.instance, &b.instance], &revision).await;
+    let rows = seen["replicas"].as_array().cloned().unwrap_or_default();
+    for instance in [&a.instance, &b.instance] {
+        assert!(
+            rows.iter().any(|row| row["instance"] == instance.as_str()
+                && row["policy_revision"] == revision.as_str()
+                && row["policy_error"].is_null()),
+            "{instance} does not run {revision}: {seen}"
+        );
+    }
+    // ... and decides with it.
+    let body = json!({"language": "bash", "code": "echo no", "wait": true});
+    let (status, denied) = shared.post(&b, &agent, "/v1/executions", &body).await;
+    assert_eq!(status, 403, "{denied}");
+    let reasons = denied["error"]["reasons"].to_string();
+    assert!(reasons.contains("language.not_allowed"), "{denied}");
+    let id = denied["error"]["execution_id"].as_str().unwrap();
+    let (_, record) = shared.get(&b, &agent, &format!("/v1/executions/{id}")).await;
+    assert_eq!(record["policy_revision"], revision.as_str(), "{record}");
+    assert_eq!(record["instance"], b.instance.as_str(), "{record}");
+
+    // A revision no replica can load (no files stored for it): each says why, and keeps its own.
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    sqlx::query("SELECT pg_notify('sandgate_policy', $1)")
+        .bind(json!({"revision": "no-such-revision", "by": "elsewhere"}).to_string())
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut errors = Vec::new();
+    for _ in 0..100 {
+        let ready: Value = shared
+            .http
+            .get(format!("{}/readyz", a.url))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        errors = ready["replicas"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|row| row["policy_error"].is_string())
+            .collect();
+        if errors.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for row in &errors {
+        let error = row["policy_error"].as_str().unwrap();
+        assert!(error.contains("no-such-revision"), "{error}");
+        assert!(error.contains("no files"), "{error}");
+        assert_eq!(row["policy_revision"], revision.as_str(), "{row}");
+    }
+    pool.close().await;
     a.stop().await;
     b.stop().await;
 }
