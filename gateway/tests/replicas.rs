@@ -206,7 +206,7 @@ impl Replica {
         self.child.wait().unwrap();
     }
 
-    async fn stop(mut self) {
+    async fn stop(self) {
         nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(self.child.id() as i32),
             nix::sys::signal::Signal::SIGTERM,
@@ -971,7 +971,7 @@ async fn a_bundle_uploaded_to_one_replica_is_loaded_and_decided_with_by_the_othe
     assert!(reasons.contains("language.not_allowed"), "{denied}");
     let id = denied["error"]["execution_id"].as_str().unwrap();
     let (_, record) = shared.get(&b, &agent, &format!("/v1/executions/{id}")).await;
-    assert_eq!(record["policy_revision"], revision.as_str(), "{record}");
+    assert_eq!(record["decision"]["policy_revision"], revision.as_str(), "{record}");
     assert_eq!(record["instance"], b.instance.as_str(), "{record}");
 
     // A revision no replica can load (no files stored for it): each says why, and keeps its own.
