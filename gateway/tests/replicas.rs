@@ -216,9 +216,9 @@ impl Replica {
             let mut replica = self;
             replica.child.wait()
         })
-            .await
-            .unwrap()
-            .unwrap();
+        .await
+        .unwrap()
+        .unwrap();
     }
 }
 
@@ -595,10 +595,14 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
     let run = format!("/v1/sessions/{id}/executions");
 
     // Executions sent to B run in A's sandbox: state carries over, A decides and records.
-    let (status, first) = shared.post(&b, &agent, &run, &json!({"code": "x = 41"})).await;
+    let (status, first) = shared
+        .post(&b, &agent, &run, &json!({"code": "x = 41"}))
+        .await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["instance"], a.instance.as_str(), "{first}");
-    let (status, second) = shared.post(&b, &agent, &run, &json!({"code": "x + 1"})).await;
+    let (status, second) = shared
+        .post(&b, &agent, &run, &json!({"code": "x + 1"}))
+        .await;
     assert_eq!(status, 200, "{second}");
     assert_eq!(second["result"], "42", "{second}");
     assert_eq!(second["session_id"], id.as_str(), "{second}");
@@ -609,7 +613,9 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
     assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
     let denied_id = denied["error"]["execution_id"].as_str().unwrap().to_owned();
     // Another tenant's agent gets 404 through B too, and nothing is relayed for it.
-    let (status, _) = shared.post(&b, &other_tenant, &run, &json!({"code": "x"})).await;
+    let (status, _) = shared
+        .post(&b, &other_tenant, &run, &json!({"code": "x"}))
+        .await;
     assert_eq!(status, 404);
 
     // A turn started through B (wait: false): its live events read on B, cancelled through B.
@@ -641,7 +647,10 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
     };
     let mut running = Value::Null;
     for _ in 0..200 {
-        running = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await.1;
+        running = shared
+            .get(&b, &agent, &format!("/v1/sessions/{id}"))
+            .await
+            .1;
         if running["status"] == "busy" {
             break;
         }
@@ -657,10 +666,16 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
         .await
         .unwrap()
         .unwrap();
-    assert!(seen.contains("slow-one"), "live output relayed to B: {seen}");
+    assert!(
+        seen.contains("slow-one"),
+        "live output relayed to B: {seen}"
+    );
     assert!(seen.contains("event: exit"), "{seen}");
     let (_, after) = shared.post(&b, &agent, &run, &json!({"code": "x"})).await;
-    assert_eq!(after["result"], "41", "the session lives on after the cancel: {after}");
+    assert_eq!(
+        after["result"], "41",
+        "the session lives on after the cancel: {after}"
+    );
 
     // Inspected on B: the shared row, counting what ran through B.
     let (status, seen_on_b) = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await;
@@ -681,7 +696,13 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
     let mut left = true;
     for _ in 0..100 {
         let out = Command::new("docker")
-            .args(["ps", "-a", "-q", "--filter", &format!("name=^/{container}$")])
+            .args([
+                "ps",
+                "-a",
+                "-q",
+                "--filter",
+                &format!("name=^/{container}$"),
+            ])
             .output()
             .unwrap();
         left = !String::from_utf8_lossy(&out.stdout).trim().is_empty();
@@ -711,7 +732,11 @@ async fn a_session_opened_on_one_replica_is_used_inspected_and_closed_through_th
     assert_eq!(decided.len(), 4, "{decided:?}");
     for (execution, events, instance) in &decided {
         assert_eq!(*events, 1, "{execution}: one decision event");
-        assert_eq!(instance.as_deref(), Some(a.instance.as_str()), "{execution}");
+        assert_eq!(
+            instance.as_deref(),
+            Some(a.instance.as_str()),
+            "{execution}"
+        );
     }
     let waiting: i64 = sqlx::query_scalar("SELECT count(*) FROM session_turns")
         .fetch_one(&pool)
@@ -843,7 +868,9 @@ async fn a_live_stream_read_on_one_replica_resumes_on_the_other_with_the_same_id
     let last_id = first.last().unwrap().0;
 
     // Resumed on B with A's id while it still runs: the rest, under A's ids.
-    let (_, record) = shared.get(&b, &agent, &format!("/v1/executions/{id}")).await;
+    let (_, record) = shared
+        .get(&b, &agent, &format!("/v1/executions/{id}"))
+        .await;
     assert!(record["finished_at"].is_null(), "still running: {record}");
     let resumed = shared
         .http
@@ -970,8 +997,14 @@ async fn a_bundle_uploaded_to_one_replica_is_loaded_and_decided_with_by_the_othe
     let reasons = denied["error"]["reasons"].to_string();
     assert!(reasons.contains("language.not_allowed"), "{denied}");
     let id = denied["error"]["execution_id"].as_str().unwrap();
-    let (_, record) = shared.get(&b, &agent, &format!("/v1/executions/{id}")).await;
-    assert_eq!(record["decision"]["policy_revision"], revision.as_str(), "{record}");
+    let (_, record) = shared
+        .get(&b, &agent, &format!("/v1/executions/{id}"))
+        .await;
+    assert_eq!(
+        record["decision"]["policy_revision"],
+        revision.as_str(),
+        "{record}"
+    );
     assert_eq!(record["instance"], b.instance.as_str(), "{record}");
 
     // A revision no replica can load (no files stored for it): each says why, and keeps its own.

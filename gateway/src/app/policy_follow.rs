@@ -59,12 +59,19 @@ fn write_bundle(dir: &Path, files: &[policy_engine::SourceFile]) -> Result<(), S
     for file in files {
         let rel: PathBuf = plain_relative(Path::new(&file.path))
             .filter(|rel| !rel.as_os_str().is_empty())
-            .ok_or_else(|| format!("stored file name {:?} is not a plain relative path", file.path))?;
+            .ok_or_else(|| {
+                format!(
+                    "stored file name {:?} is not a plain relative path",
+                    file.path
+                )
+            })?;
         let path = dir.join(rel);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent).map_err(|err| format!("{}: {err}", parent.display()))?;
+            std::fs::create_dir_all(parent)
+                .map_err(|err| format!("{}: {err}", parent.display()))?;
         }
-        std::fs::write(&path, &file.contents).map_err(|err| format!("{}: {err}", path.display()))?;
+        std::fs::write(&path, &file.contents)
+            .map_err(|err| format!("{}: {err}", path.display()))?;
     }
     Ok(())
 }

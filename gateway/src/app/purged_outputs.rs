@@ -33,7 +33,10 @@ pub struct SweptTo(Mutex<Option<(DateTime<Utc>, String)>>);
 
 impl SweptTo {
     fn get(&self) -> Option<(DateTime<Utc>, String)> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn set(&self, to: (DateTime<Utc>, String)) {
@@ -64,7 +67,11 @@ impl App {
         }
         let app = Arc::clone(self);
         self.tasks.spawn(async move {
-            match app.audit.purged_among(&app.instance, &message.executions).await {
+            match app
+                .audit
+                .purged_among(&app.instance, &message.executions)
+                .await
+            {
                 Ok(ids) => app.remove_collected(ids).await,
                 Err(err) => tracing::warn!(error = %err, "cannot check purged records"),
             }
@@ -116,7 +123,10 @@ impl App {
         .await
         .unwrap_or(0);
         if removed > 0 {
-            tracing::info!(executions = removed, "collected files of purged records removed");
+            tracing::info!(
+                executions = removed,
+                "collected files of purged records removed"
+            );
         }
     }
 }

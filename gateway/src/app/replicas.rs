@@ -81,9 +81,20 @@ enum Part {
     /// The running replica has the execution, holds `events` events so far, and forwards from
     /// its first event.
     Hello { events: usize },
-    Stdout { index: usize, b64: String, more: bool },
-    Stderr { index: usize, b64: String, more: bool },
-    Exit { index: usize, summary: serde_json::Value },
+    Stdout {
+        index: usize,
+        b64: String,
+        more: bool,
+    },
+    Stderr {
+        index: usize,
+        b64: String,
+        more: bool,
+    },
+    Exit {
+        index: usize,
+        summary: serde_json::Value,
+    },
 }
 
 /// This replica's side of the coordination.
@@ -130,7 +141,10 @@ impl Mirror {
             Channel::Stderr => StreamEvent::Stderr(text),
         };
         if !self.stream.push_at(index, event) {
-            tracing::warn!(index, "a forwarded event is missing; the mirrored stream stops carrying output");
+            tracing::warn!(
+                index,
+                "a forwarded event is missing; the mirrored stream stops carrying output"
+            );
         }
     }
 }
@@ -221,7 +235,11 @@ pub async fn renew_once(app: &App) {
 async fn listen(app: Arc<App>) {
     let own = stream_channel(&app.instance);
     loop {
-        let mut listener = match app.audit.listen(&[WATCH, CANCEL, POLICY, TURN, TURN_NEWS, PURGED, &own]).await {
+        let mut listener = match app
+            .audit
+            .listen(&[WATCH, CANCEL, POLICY, TURN, TURN_NEWS, PURGED, &own])
+            .await
+        {
             Ok(listener) => listener,
             Err(err) => {
                 tracing::warn!(error = %super::error_chain(&err), "cannot listen for other replicas; retrying");
@@ -549,7 +567,13 @@ mod tests {
         }
         assert_eq!(mirror.stream.event_count(), 8);
         assert_eq!(mirror.stream.text_so_far().1, text);
-        assert!(matches!(parts(3, StreamEvent::Stdout(String::new()))[..],
-            [Part::Stdout { index: 3, more: false, .. }]));
+        assert!(matches!(
+            parts(3, StreamEvent::Stdout(String::new()))[..],
+            [Part::Stdout {
+                index: 3,
+                more: false,
+                ..
+            }]
+        ));
     }
 }

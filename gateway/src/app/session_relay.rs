@@ -99,11 +99,12 @@ impl App {
         let early = request.wait == Some(false);
         let body = serde_json::to_value(&request)
             .map_err(|err| AppError::Internal(format!("relaying a session execution: {err}")))?;
-        let answer = self
-            .relay(caller, session, TurnKind::Execute, body)
-            .await?;
+        let answer = self.relay(caller, session, TurnKind::Execute, body).await?;
         let execution = answer.execution_id.ok_or_else(|| {
-            AppError::Internal(format!("replica {} answered without a record", session.instance))
+            AppError::Internal(format!(
+                "replica {} answered without a record",
+                session.instance
+            ))
         })?;
         let mut row = self.get_execution(caller, &execution).await?;
         if early && row.finished_at.is_none() && row.allow {
@@ -170,8 +171,7 @@ impl App {
         .unwrap_or_default();
         self.audit.notify(TURN, &message).await?;
         let started = tokio::time::Instant::now();
-        let answer_within =
-            Duration::from_millis(self.config.ceilings.timeout_ms) + ANSWER_MARGIN;
+        let answer_within = Duration::from_millis(self.config.ceilings.timeout_ms) + ANSWER_MARGIN;
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => {
@@ -284,7 +284,10 @@ impl App {
                 .delete_session(&caller, &row.session_id)
                 .await
                 .map(|_| None),
-            None => Err(AppError::Internal(format!("unknown relayed kind {:?}", row.kind))),
+            None => Err(AppError::Internal(format!(
+                "unknown relayed kind {:?}",
+                row.kind
+            ))),
         };
         ran.map_err(|err| answer_of(err, &self.instance))
     }

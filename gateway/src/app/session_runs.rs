@@ -62,7 +62,9 @@ impl App {
         request: SessionExecutionRequest,
     ) -> Result<ExecutionRow, AppError> {
         if let Some(session) = self.session_held_elsewhere(caller, id).await? {
-            return self.relay_session_execution(caller, &session, request).await;
+            return self
+                .relay_session_execution(caller, &session, request)
+                .await;
         }
         let app = Arc::clone(self);
         let (caller, id) = (caller.clone(), id.to_owned());

@@ -422,15 +422,30 @@ mod tests {
         let mirror = Stream::default();
         assert!(mirror.push_at(0, StreamEvent::Stdout("a".into())));
         assert!(mirror.push_at(1, StreamEvent::Stdout("b".into())));
-        assert!(mirror.push_at(1, StreamEvent::Stdout("b".into())), "held: ignored");
+        assert!(
+            mirror.push_at(1, StreamEvent::Stdout("b".into())),
+            "held: ignored"
+        );
         assert_eq!(
             mirror.next_batch(0).await.unwrap(),
-            [StreamEvent::Stdout("a".into()), StreamEvent::Stdout("b".into())],
+            [
+                StreamEvent::Stdout("a".into()),
+                StreamEvent::Stdout("b".into())
+            ],
             "forwarded events are never joined"
         );
-        assert!(!mirror.push_at(3, StreamEvent::Stdout("d".into())), "2 is missing");
-        assert!(mirror.push_at(4, StreamEvent::Stdout("e".into())), "said once");
-        mirror.push_at(5, StreamEvent::Exit(serde_json::json!({"status": "succeeded"})));
+        assert!(
+            !mirror.push_at(3, StreamEvent::Stdout("d".into())),
+            "2 is missing"
+        );
+        assert!(
+            mirror.push_at(4, StreamEvent::Stdout("e".into())),
+            "said once"
+        );
+        mirror.push_at(
+            5,
+            StreamEvent::Exit(serde_json::json!({"status": "succeeded"})),
+        );
         let rest = mirror.next_batch(2).await.unwrap();
         match &rest[..] {
             [StreamEvent::Exit(exit)] => assert_eq!(exit["stream_truncated"], true),
