@@ -9,6 +9,15 @@
 //!   leases through config), a watcher on the survivor sees the end, the container is left
 //!   alone until the killed replica comes back and its reaper removes it, and the record stays
 //!   closed.
+//! - A session opened on one replica is used (decided and run on its owner), followed, cancelled,
+//!   inspected and closed through the other; a replica that does not take a relayed request
+//!   answers 503 within the bound; a session whose replica died is closed (`lease_expired`).
+//! - A bundle uploaded to one replica is loaded by the other from the stored files and decides
+//!   there; a revision nobody can load is reported by each replica in `/readyz`.
+//! - A purge on one replica removes the files the other collected.
+//! - A live stream read on one replica resumes on the other with the same event ids.
+//!
+//! Every replica is killed when its `Replica` is dropped, so a failing test leaves none behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
@@ -1044,6 +1053,85 @@ async fn a_bundle_uploaded_to_one_replica_is_loaded_and_decided_with_by_the_othe
         assert!(error.contains("no files"), "{error}");
         assert_eq!(row["policy_revision"], revision.as_str(), "{row}");
     }
+    pool.close().await;
+    a.stop().await;
+    b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_session_whose_replica_died_is_closed_by_the_other_and_refused_there() {
+    let shared = Shared::new().await;
+    let mut a = shared.start(None).await;
+    let b = shared.start(None).await;
+    let agent = shared.key("agent", "acme").await;
+    let (status, opened) = shared
+        .post(&a, &agent, "/v1/sessions", &json!({"language": "bash"}))
+        .await;
+    assert_eq!(status, 201, "{opened}");
+    let id = opened["id"].as_str().unwrap().to_owned();
+    let container = opened["container"].as_str().unwrap().to_owned();
+    let run = format!("/v1/sessions/{id}/executions");
+    let (status, ran) = shared
+        .post(&b, &agent, &run, &json!({"code": "echo hi"}))
+        .await;
+    assert_eq!(status, 200, "{ran}");
+
+    // A dies: a request relayed to it is not taken, and once the lease has expired the
+    // session is closed by B (`lease_expired`): the request ends 409, not a hang.
+    a.kill();
+    let asked = std::time::Instant::now();
+    let (status, refused) = shared
+        .post(&b, &agent, &run, &json!({"code": "echo no"}))
+        .await;
+    assert!(asked.elapsed() < Duration::from_secs(30), "bounded");
+    assert_eq!(status, 409, "{refused}");
+    let message = refused["error"]["message"].as_str().unwrap();
+    assert!(message.contains("lease_expired"), "{message}");
+    let (_, closed) = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(closed["status"], "closed", "{closed}");
+    assert_eq!(closed["closed_reason"], "lease_expired", "{closed}");
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM audit_events WHERE kind = 'session.closed' \
+         AND input->>'session_id' = $1 AND input->>'closed_by' = $2",
+    )
+    .bind(&id)
+    .bind(&b.instance)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(events, 1, "B's session.closed event");
+    let (status, _) = shared
+        .delete(&b, &agent, &format!("/v1/sessions/{id}"))
+        .await;
+    assert_eq!(status, 200, "deleting a closed session is fine");
+
+    // A comes back: its reaper removes the sandbox, and the session stays closed.
+    let a = shared.start(Some(&a.data)).await;
+    let mut left = true;
+    for _ in 0..200 {
+        let out = Command::new("docker")
+            .args([
+                "ps",
+                "-a",
+                "-q",
+                "--filter",
+                &format!("name=^/{container}$"),
+            ])
+            .output()
+            .unwrap();
+        left = !String::from_utf8_lossy(&out.stdout).trim().is_empty();
+        if !left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        !left,
+        "the dead replica's session container {container} is still there"
+    );
+    let (_, after) = shared.get(&a, &agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(after["closed_reason"], "lease_expired", "{after}");
     pool.close().await;
     a.stop().await;
     b.stop().await;

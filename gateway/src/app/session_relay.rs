@@ -186,13 +186,15 @@ impl App {
             if row.answered_at.is_some() {
                 return Ok(row);
             }
+            let closed = self.lease_expired(&session.id).await?;
             if row.picked_at.is_none() {
-                if started.elapsed() > PICK_UP_WITHIN && self.audit.abandon_turn(id).await? {
-                    return Err(not_picked_up(session));
+                let give_up = closed.is_some() || started.elapsed() > PICK_UP_WITHIN;
+                if give_up && self.audit.abandon_turn(id).await? {
+                    return Err(closed.unwrap_or_else(|| not_picked_up(session)));
                 }
                 continue;
             }
-            if let Some(closed) = self.lease_expired(&session.id).await? {
+            if let Some(closed) = closed {
                 return Err(closed);
             }
             if started.elapsed() > answer_within + PICK_UP_WITHIN {
