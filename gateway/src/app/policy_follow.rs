@@ -75,3 +75,36 @@ fn write_bundle(dir: &Path, files: &[policy_engine::SourceFile]) -> Result<(), S
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> policy_engine::SourceFile {
+        policy_engine::SourceFile {
+            path: path.to_owned(),
+            contents: "x".to_owned(),
+        }
+    }
+
+    #[test]
+    fn stored_files_are_written_under_the_directory_only() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("bundle");
+        write_bundle(&dir, &[file("data/tenants.yaml"), file("execution.rego")]).unwrap();
+        assert!(dir.join("data/tenants.yaml").is_file());
+        for bad in [
+            "../escape.rego",
+            "/etc/abs.rego",
+            "data/../../up.rego",
+            ".hidden",
+            "",
+        ] {
+            let dir = root.path().join(uuid::Uuid::new_v4().to_string());
+            let refused = write_bundle(&dir, &[file(bad)]);
+            assert!(refused.is_err(), "{bad:?} was written");
+        }
+        assert!(!root.path().join("escape.rego").exists());
+        assert!(!root.path().join("up.rego").exists());
+    }
+}
