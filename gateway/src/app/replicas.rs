@@ -8,10 +8,13 @@
 //!   on their own dockerd, when it comes back.
 //! - **Messages** (`LISTEN`/`NOTIFY`, one listening connection per replica):
 //!   [`WATCH`] asks the replica running an execution to forward its live events to the
-//!   asker's own channel ([`stream_channel`]), where they feed a mirror [`Stream`];
-//!   [`CANCEL`] cancels an execution wherever it runs; [`POLICY`] announces a reloaded
-//!   revision, which every other replica then loads from its own policy directory (or says,
-//!   in `replicas.policy_error` and `/readyz`, why it runs another).
+//!   asker's own channel ([`stream_channel`]), where they feed a mirror [`Stream`] at the same
+//!   positions (the same SSE ids); [`CANCEL`] cancels an execution wherever it runs;
+//!   [`POLICY`] announces a reloaded revision, which every other replica then loads from the
+//!   files stored with it (`app::policy_follow`; or says, in `replicas.policy_error` and
+//!   `/readyz`, why it runs another); `sandgate_turn`/`sandgate_turn_news` carry session requests to the
+//!   replica holding the session (`app::session_relay`); `sandgate_purged` tells the replicas that
+//!   ran purged executions to remove their files (`app::purged_outputs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
