@@ -12,9 +12,10 @@
 //!   positions (the same SSE ids); [`CANCEL`] cancels an execution wherever it runs;
 //!   [`POLICY`] announces a reloaded revision, which every other replica then loads from the
 //!   files stored with it (`app::policy_follow`; or says, in `replicas.policy_error` and
-//!   `/readyz`, why it runs another); `sandgate_turn`/`sandgate_turn_news` carry session requests to the
-//!   replica holding the session (`app::session_relay`); `sandgate_purged` tells the replicas that
-//!   ran purged executions to remove their files (`app::purged_outputs`).
+//!   `/readyz`, why it runs another); `sandgate_turn` / `sandgate_turn_news` carry session
+//!   requests to the replica holding the session (`app::session_relay`); `sandgate_purged`
+//!   tells the replicas that ran purged executions to remove their files
+//!   (`app::purged_outputs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
