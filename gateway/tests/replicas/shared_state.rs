@@ -7,54 +7,99 @@ use serde_json::{json, Value};
 use super::common;
 use super::harness::*;
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_purge_on_one_replica_removes_the_files_the_other_collected() {
-    let shared = Shared::new().await;
-    // A never purges by itself: what goes from its disk, B's purge removed.
-    let a = shared
-        .start_with(None, &[("SANDGATE_RETENTION_DAYS", "0")])
-        .await;
-    let agent = shared.key("agent", "acme").await;
+/// Runs a program on `at` that leaves `/output/old.txt`; its id and where `at` collected it.
+async fn collected_run(shared: &Shared, at: &Replica, key: &str) -> (String, std::path::PathBuf) {
     let body = json!({"language": "bash", "code": "echo -n old > /output/old.txt", "wait": true});
-    let (status, record) = shared.post(&a, &agent, "/v1/executions", &body).await;
+    let (status, record) = shared.post(at, key, "/v1/executions", &body).await;
     assert_eq!(status, 200, "{record}");
     let id = record["id"].as_str().unwrap().to_owned();
-    let collected = a.data.join("outputs").join(&id);
-    assert!(collected.join("old.txt").is_file(), "collected on A's disk");
+    let collected = at.data.join("outputs").join(&id);
+    assert!(
+        collected.join("old.txt").is_file(),
+        "collected on the disk of {}",
+        at.instance
+    );
+    (id, collected)
+}
 
-    // Past B's retention: B purges it at its first sweep (at start).
-    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+/// Moves `id`'s end past a 30-day retention, then starts a replica that purges at start.
+async fn purged_by_a_new_replica(shared: &Shared, pool: &sqlx::PgPool, id: &str) -> Replica {
     sqlx::query("UPDATE executions SET finished_at = now() - interval '40 days' WHERE id = $1")
-        .bind(&id)
-        .execute(&pool)
+        .bind(id)
+        .execute(pool)
         .await
         .unwrap();
-    let b = shared
+    let purger = shared
         .start_with(None, &[("SANDGATE_RETENTION_DAYS", "30")])
         .await;
-    let mut gone = false;
-    for _ in 0..200 {
-        if !collected.exists() {
-            gone = true;
+    let mut purged = false;
+    for _ in 0..100 {
+        purged = sqlx::query_scalar("SELECT purged_at IS NOT NULL FROM executions WHERE id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        if purged {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let purged_by: Option<String> = sqlx::query_scalar(
-        "SELECT input->>'executions' FROM audit_events WHERE kind = 'retention.purge'",
-    )
-    .fetch_optional(&pool)
-    .await
-    .unwrap();
-    assert!(purged_by.unwrap_or_default().contains(&id), "B purged it");
-    assert!(gone, "A's collected files of {id} are still on its disk");
+    assert!(purged, "{} did not purge {id}", purger.instance);
+    purger
+}
+
+/// Waits until `path` is gone.
+async fn removed(path: &std::path::Path) -> bool {
+    for _ in 0..200 {
+        if !path.exists() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_purge_on_one_replica_removes_the_files_the_other_collected() {
+    let shared = Shared::new().await;
+    // A never purges by itself: what goes from its disk, another replica's purge removed.
+    let a_env = [("SANDGATE_RETENTION_DAYS", "0")];
+    let a = shared.start_with(None, &a_env).await;
+    let agent = shared.key("agent", "acme").await;
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    let (first, first_files) = collected_run(&shared, &a, &agent).await;
+    let (second, second_files) = collected_run(&shared, &a, &agent).await;
+
+    // Purged by B while A runs: A removes its files.
+    let b = purged_by_a_new_replica(&shared, &pool, &first).await;
+    assert!(
+        removed(&first_files).await,
+        "A's files of {first} are still on its disk"
+    );
+    assert!(second_files.exists(), "only what was purged goes");
     let (status, refused) = shared
-        .get(&a, &agent, &format!("/v1/executions/{id}/outputs/old.txt"))
+        .get(
+            &a,
+            &agent,
+            &format!("/v1/executions/{first}/outputs/old.txt"),
+        )
         .await;
     assert_eq!(status, 404, "{refused}");
+    b.stop().await;
+
+    // Purged by C while A is down (it hears nothing): A removes its files when it is back.
+    let data = a.data.clone();
+    a.stop().await;
+    let c = purged_by_a_new_replica(&shared, &pool, &second).await;
+    assert!(second_files.exists());
+    let a = shared.start_with(Some(&data), &a_env).await;
+    assert!(
+        removed(&second_files).await,
+        "A's files of {second} are still on its disk"
+    );
     pool.close().await;
     a.stop().await;
-    b.stop().await;
+    c.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
