@@ -9,237 +9,31 @@
 //!   leases through config), a watcher on the survivor sees the end, the container is left
 //!   alone until the killed replica comes back and its reaper removes it, and the record stays
 //!   closed.
+//! - A session opened on one replica is used (decided and run on its owner), followed, cancelled,
+//!   inspected and closed through the other; a replica that does not take a relayed request
+//!   answers 503 within the bound; a session whose replica died is closed (`lease_expired`).
+//! - A bundle uploaded to one replica is loaded by the other from the stored files and decides
+//!   there; a revision nobody can load is reported by each replica in `/readyz`.
+//! - A purge on one replica removes the files the other collected.
+//! - A live stream read on one replica resumes on the other with the same event ids.
+//!
+//! Every replica is killed when its `Replica` is dropped, so a failing test leaves none behind.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 mod common;
+#[path = "replicas/harness.rs"]
+mod harness;
+#[path = "replicas/sessions.rs"]
+mod sessions;
+#[path = "replicas/shared_state.rs"]
+mod shared_state;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-/// Short leases, so a dead replica is noticed in seconds (renewed every 500 ms).
-const LEASE_MS: &str = "1500";
-
-/// One `sandgate serve` process and what reaches it.
-struct Replica {
-    child: Child,
-    url: String,
-    data: PathBuf,
-    listen: String,
-    instance: String,
-}
-
-struct Shared {
-    database_url: String,
-    policy_dir: PathBuf,
-    http: reqwest::Client,
-}
-
-fn free_listen() -> String {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    format!("127.0.0.1:{port}")
-}
-
-impl Shared {
-    async fn new() -> Shared {
-        common::require_docker();
-        let policy = common::copy_of_shipped().keep();
-        Shared {
-            database_url: common::fresh_database().await,
-            policy_dir: policy,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    /// Starts a replica with its own data directory (or `data` again, after a kill).
-    async fn start(&self, data: Option<&Path>) -> Replica {
-        let data = data.map(Path::to_owned).unwrap_or_else(|| {
-            let dir = tempfile::tempdir().unwrap().keep();
-            std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-                .unwrap();
-            dir
-        });
-        let listen = free_listen();
-        let log = std::fs::File::create(data.join("serve.log")).unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_sandgate"))
-            .env("SANDGATE_DATABASE_URL", &self.database_url)
-            .env("SANDGATE_DATA_DIR", &data)
-            .env("SANDGATE_LISTEN", &listen)
-            .env("SANDGATE_POLICY_DIR", &self.policy_dir)
-            .env("SANDGATE_SANDBOX_INIT", common::sandbox_init())
-            .env("SANDGATE_WARM_POOL", "{}")
-            .env("SANDGATE_LEASE_MS", LEASE_MS)
-            .env("SANDGATE_APPROVAL_TTL_S", "600")
-            .arg("serve")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        let url = format!("http://{listen}");
-        let mut instance = String::new();
-        for _ in 0..400 {
-            if let Some(status) = child.try_wait().unwrap() {
-                let log = std::fs::read_to_string(data.join("serve.log")).unwrap_or_default();
-                panic!("sandgate serve exited ({status}):\n{log}");
-            }
-            if let Ok(response) = self.http.get(format!("{url}/readyz")).send().await {
-                let body: Value = response.json().await.unwrap_or_default();
-                if let Some(id) = body["instance"].as_str() {
-                    instance = id.to_owned();
-                    break;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        assert!(!instance.is_empty(), "sandgate serve did not come up");
-        Replica {
-            child,
-            url,
-            data,
-            listen,
-            instance,
-        }
-    }
-
-    async fn key(&self, role: &str, tenant: &str) -> String {
-        let pool = sqlx::PgPool::connect(&self.database_url).await.unwrap();
-        let key = gateway::audit::AuditStore::new(pool.clone())
-            .create_key(role, tenant)
-            .await
-            .unwrap()
-            .secret;
-        pool.close().await;
-        key
-    }
-
-    async fn post(&self, at: &Replica, key: &str, path: &str, body: &Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", at.url))
-            .bearer_auth(key)
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-
-    async fn get(&self, at: &Replica, key: &str, path: &str) -> (u16, Value) {
-        let response = self
-            .http
-            .get(format!("{}{path}", at.url))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
-        let status = response.status().as_u16();
-        (status, response.json().await.unwrap_or(Value::Null))
-    }
-
-    /// Polls `GET /v1/executions/{id}` on `at` until it has finished.
-    async fn finished(&self, at: &Replica, key: &str, id: &str) -> Value {
-        for _ in 0..1200 {
-            let (_, record) = self.get(at, key, &format!("/v1/executions/{id}")).await;
-            if record["finished_at"].is_string() {
-                return record;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        panic!("{id} never finished");
-    }
-
-    /// The events of `id` read from `at`, until the stream ends: (stdout text, exit data,
-    /// whether the record was still unfinished when the first output arrived: the stream was
-    /// live, not a replay of the stored record).
-    async fn events(&self, at: &Replica, key: &str, id: &str) -> (String, Value, bool) {
-        let mut response = self
-            .http
-            .get(format!("{}/v1/executions/{id}/events", at.url))
-            .bearer_auth(key)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(response.status().as_u16(), 200, "events of {id}");
-        let (mut text, mut live) = (String::new(), None);
-        while let Some(chunk) = response.chunk().await.unwrap() {
-            text.push_str(&String::from_utf8_lossy(&chunk));
-            if live.is_none() && text.contains("event: stdout") {
-                let (_, record) = self.get(at, key, &format!("/v1/executions/{id}")).await;
-                live = Some(record["finished_at"].is_null());
-            }
-        }
-        let (mut stdout, mut exit) = (String::new(), Value::Null);
-        for block in text.split("\n\n") {
-            let name = block.lines().find_map(|l| l.strip_prefix("event: "));
-            let data = block.lines().find_map(|l| l.strip_prefix("data: "));
-            let (Some(name), Some(data)) = (name, data) else {
-                continue;
-            };
-            let data: Value = serde_json::from_str(data).unwrap();
-            match name {
-                "stdout" => stdout.push_str(data["text"].as_str().unwrap()),
-                "exit" => exit = data,
-                _ => {}
-            }
-        }
-        (stdout, exit, live == Some(true))
-    }
-}
-
-impl Replica {
-    fn kill(&mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    async fn stop(mut self) {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        )
-        .unwrap();
-        tokio::task::spawn_blocking(move || self.child.wait())
-            .await
-            .unwrap()
-            .unwrap();
-    }
-}
-
-/// Waits until `id`'s sandbox exists.
-async fn container_started(id: &str) {
-    for _ in 0..400 {
-        if !common::containers_of(id).is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the sandbox of {id} never started");
-}
-
-/// Waits until no container of `ids` is left.
-async fn no_container_left(ids: &[String]) {
-    let mut left = Vec::new();
-    for _ in 0..100 {
-        left = ids
-            .iter()
-            .filter(|id| !common::containers_of(id).is_empty())
-            .cloned()
-            .collect();
-        if left.is_empty() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("containers left behind for {left:?}");
-}
+use harness::{container_started, no_container_left, Shared};
 
 /// A program that prints, waits (so it is still running when watched), prints again.
 const TICKS: &str = "echo tick-one; sleep 3; echo tick-two";

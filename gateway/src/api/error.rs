@@ -151,6 +151,7 @@ impl From<AppError> for ApiError {
                 tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()
             }
+            AppError::ReplicaUnavailable(message) => ApiError::new(ErrorCode::Unavailable, message),
             AppError::Internal(message) => {
                 tracing::error!(error = %message, "internal error");
                 ApiError::new(ErrorCode::Internal, "internal error")

@@ -11,15 +11,18 @@ pub mod listing;
 pub mod overflow;
 pub mod payloads;
 pub mod policy;
+mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;
 pub mod pool;
+mod purged_outputs;
 pub mod reaper;
 pub mod refusals;
 pub mod replay;
 pub mod replicas;
 pub mod request;
 pub mod scheduler;
+mod session_relay;
 mod session_runs;
 pub mod sessions;
 pub mod stream;
@@ -200,6 +203,9 @@ pub enum AppError {
     RateLimited(String),
     #[error("the audit store is unavailable")]
     Unavailable(#[from] AuditError),
+    /// Another replica that must act did not (in time): 503 with this message.
+    #[error("{0}")]
+    ReplicaUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
 }

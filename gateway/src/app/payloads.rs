@@ -192,6 +192,8 @@ impl App {
             policy_revision: None,
         };
         self.audit.purge_payloads(&ids, &event).await?;
+        // The files of what other replicas ran are on their disks: they remove them.
+        self.announce_purge(&ids).await;
         Ok(ids.len())
     }
 }

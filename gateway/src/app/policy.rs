@@ -120,6 +120,9 @@ pub enum Source {
     Revision(Option<String>),
     /// An uploaded bundle, unpacked into this directory of its own.
     Upload(PathBuf),
+    /// A revision another replica loaded, written into this directory from its stored files;
+    /// it must read as that revision.
+    Stored(PathBuf, String),
 }
 
 /// The policy directory and the bundle currently answering for it.
@@ -301,6 +304,7 @@ impl PolicyHandle {
                 dir.display()
             )),
             Source::Dir(dir) | Source::Upload(dir) => Ok((dir.clone(), None)),
+            Source::Stored(dir, revision) => Ok((dir.clone(), Some(revision.clone()))),
             Source::Revision(wanted) => {
                 let Some(revisions) = &self.revisions else {
                     return Err("this gateway keeps no revisions".to_owned());
@@ -334,6 +338,7 @@ fn source_name(source: &Source) -> &'static str {
         Source::Dir(_) => "dir",
         Source::Revision(_) => "rollback",
         Source::Upload(_) => "upload",
+        Source::Stored(..) => "replica",
     }
 }
 
@@ -376,7 +381,7 @@ async fn checked_candidate(dir: PathBuf, wanted: Option<String>) -> Result<Polic
     let engine = candidate(dir).await?;
     match wanted {
         Some(wanted) if engine.revision() != wanted => Err(format!(
-            "the kept copy of {wanted} now reads as {}; not activated",
+            "the copy of {wanted} reads as {}; not activated",
             engine.revision()
         )),
         _ => Ok(engine),

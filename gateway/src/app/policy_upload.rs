@@ -79,7 +79,7 @@ fn take(mut entry: tar::Entry<'_, impl Read>, into: &Path) -> Result<u64, String
 
 /// `name` as plain components (a leading `./` dropped), or `None` when any component is `..`,
 /// absolute, or starts with `.`. The archive's root itself (`./`) is the empty path.
-fn plain_relative(name: &Path) -> Option<PathBuf> {
+pub(super) fn plain_relative(name: &Path) -> Option<PathBuf> {
     let mut rel = PathBuf::new();
     for component in name.components() {
         match component {

@@ -8,10 +8,14 @@
 //!   on their own dockerd, when it comes back.
 //! - **Messages** (`LISTEN`/`NOTIFY`, one listening connection per replica):
 //!   [`WATCH`] asks the replica running an execution to forward its live events to the
-//!   asker's own channel ([`stream_channel`]), where they feed a mirror [`Stream`];
-//!   [`CANCEL`] cancels an execution wherever it runs; [`POLICY`] announces a reloaded
-//!   revision, which every other replica then loads from its own policy directory (or says,
-//!   in `replicas.policy_error` and `/readyz`, why it runs another).
+//!   asker's own channel ([`stream_channel`]), where they feed a mirror [`Stream`] at the same
+//!   positions (the same SSE ids); [`CANCEL`] cancels an execution wherever it runs;
+//!   [`POLICY`] announces a reloaded revision, which every other replica then loads from the
+//!   files stored with it (`app::policy_follow`; or says, in `replicas.policy_error` and
+//!   `/readyz`, why it runs another); `sandgate_turn` / `sandgate_turn_news` carry session
+//!   requests to the replica holding the session (`app::session_relay`); `sandgate_purged`
+//!   tells the replicas that ran purged executions to remove their files
+//!   (`app::purged_outputs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -20,6 +24,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 
+use super::purged_outputs::PURGED;
+use super::session_relay::{TURN, TURN_NEWS};
 use super::stream::{Stream, StreamEvent};
 use super::App;
 use crate::runtime::Channel;
@@ -69,18 +75,28 @@ struct Piece {
     part: Part,
 }
 
+/// An event is forwarded with its position in the running replica's stream (`index`), cut into
+/// pieces under the payload limit (`more`: another piece of it follows), so the mirror holds
+/// the same events at the same positions: the same SSE ids, and a `Last-Event-ID` from one
+/// replica resumes on the other.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(tag = "part", rename_all = "snake_case")]
 enum Part {
-    /// The running replica has the execution and forwards from its first event.
-    Hello,
+    /// The running replica has the execution, holds `events` events so far, and forwards from
+    /// its first event.
+    Hello { events: usize },
     Stdout {
+        index: usize,
         b64: String,
+        more: bool,
     },
     Stderr {
+        index: usize,
         b64: String,
+        more: bool,
     },
     Exit {
+        index: usize,
         summary: serde_json::Value,
     },
 }
@@ -94,12 +110,47 @@ pub struct Replicas {
     forwarding: Mutex<HashSet<(String, String)>>,
     /// Why this replica does not run the revision another one announced.
     policy_error: Mutex<Option<String>>,
+    /// Session requests this replica relayed to the one holding the session.
+    pub(super) turns: super::session_relay::Waiting,
+    /// Where the sweep of this replica's purged records stopped.
+    pub(super) swept_to: super::purged_outputs::SweptTo,
 }
 
 #[derive(Debug, Clone)]
 struct Mirror {
     stream: Arc<Stream>,
-    answered: tokio::sync::watch::Sender<bool>,
+    /// The running replica's event count when it answered (`None`: not yet).
+    answered: tokio::sync::watch::Sender<Option<usize>>,
+    /// The pieces so far of the event being received.
+    partial: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Mirror {
+    fn answered(&self) -> bool {
+        self.answered.borrow().is_some()
+    }
+
+    /// A piece of output event `index`; the whole event joins the mirror with its last piece.
+    fn piece(&self, index: usize, channel: Channel, bytes: &[u8], more: bool) {
+        let mut partial = self.partial.lock().unwrap_or_else(PoisonError::into_inner);
+        partial.extend_from_slice(bytes);
+        if more {
+            return;
+        }
+        let text = String::from_utf8_lossy(&partial).into_owned();
+        partial.clear();
+        drop(partial);
+        let event = match channel {
+            Channel::Stdout => StreamEvent::Stdout(text),
+            Channel::Stderr => StreamEvent::Stderr(text),
+        };
+        if !self.stream.push_at(index, event) {
+            tracing::warn!(
+                index,
+                "a forwarded event is missing; the mirrored stream stops carrying output"
+            );
+        }
+    }
 }
 
 impl Replicas {
@@ -142,6 +193,9 @@ async fn renew_periodically(app: Arc<App>) {
     let every = Duration::from_millis(app.config.lease_ms / 3);
     loop {
         renew_once(&app).await;
+        // What other replicas asked of this one whose notification was lost.
+        app.take_waiting_turns().await;
+        app.sweep_purged_outputs().await;
         tokio::select! {
             () = app.shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => {}
@@ -185,7 +239,11 @@ pub async fn renew_once(app: &App) {
 async fn listen(app: Arc<App>) {
     let own = stream_channel(&app.instance);
     loop {
-        let mut listener = match app.audit.listen(&[WATCH, CANCEL, POLICY, &own]).await {
+        let mut listener = match app
+            .audit
+            .listen(&[WATCH, CANCEL, POLICY, TURN, TURN_NEWS, PURGED, &own])
+            .await
+        {
             Ok(listener) => listener,
             Err(err) => {
                 tracing::warn!(error = %super::error_chain(&err), "cannot listen for other replicas; retrying");
@@ -220,6 +278,10 @@ fn handle(app: &Arc<App>, channel: &str, payload: &str) {
             }
         }),
         POLICY => serde_json::from_str(payload).map(|loaded| follow_reload(app, loaded)),
+        PURGED => serde_json::from_str(payload).map(|purged| app.purged_elsewhere(purged)),
+        TURN | TURN_NEWS => {
+            serde_json::from_str(payload).map(|message| app.turn_message(channel, message))
+        }
         _ => serde_json::from_str(payload).map(|piece| mirror_piece(app, piece)),
     };
     if let Err(err) = parsed {
@@ -250,14 +312,19 @@ fn forward(app: &Arc<App>, watch: Watch) {
                 app.audit.notify(&channel, &payload).await
             }
         };
-        let mut sent = send(Part::Hello).await.is_ok();
+        let hello = Part::Hello {
+            events: stream.event_count(),
+        };
+        let mut sent = send(hello).await.is_ok();
         let mut from = 0;
         while sent {
             let Some(batch) = stream.next_batch(from).await else {
                 break;
             };
+            let first = from;
             from += batch.len();
-            for part in batch.into_iter().flat_map(parts) {
+            let numbered = (first..).zip(batch);
+            for part in numbered.flat_map(|(index, event)| parts(index, event)) {
                 sent = send(part).await.is_ok();
                 if !sent {
                     break;
@@ -268,22 +335,23 @@ fn forward(app: &Arc<App>, watch: Watch) {
     });
 }
 
-/// An event as messages small enough to send.
-fn parts(event: StreamEvent) -> Vec<Part> {
+/// Event `index` as messages small enough to send.
+fn parts(index: usize, event: StreamEvent) -> Vec<Part> {
     let (text, stdout) = match event {
-        StreamEvent::Exit(summary) => return vec![Part::Exit { summary }],
+        StreamEvent::Exit(summary) => return vec![Part::Exit { index, summary }],
         StreamEvent::Stdout(text) => (text, true),
         StreamEvent::Stderr(text) => (text, false),
     };
     let engine = base64::engine::general_purpose::STANDARD;
-    text.as_bytes()
-        .chunks(PIECE)
-        .map(|bytes| {
-            let b64 = engine.encode(bytes);
+    let pieces = text.len().div_ceil(PIECE).max(1);
+    (0..pieces)
+        .map(|n| {
+            let bytes = &text.as_bytes()[n * PIECE..text.len().min((n + 1) * PIECE)];
+            let (b64, more) = (engine.encode(bytes), n + 1 < pieces);
             if stdout {
-                Part::Stdout { b64 }
+                Part::Stdout { index, b64, more }
             } else {
-                Part::Stderr { b64 }
+                Part::Stderr { index, b64, more }
             }
         })
         .collect()
@@ -295,22 +363,19 @@ fn mirror_piece(app: &App, piece: Piece) {
         return;
     };
     let engine = base64::engine::general_purpose::STANDARD;
+    let decoded = |b64: &str| engine.decode(b64).unwrap_or_default();
     match piece.part {
-        Part::Hello => {
-            mirror.answered.send_replace(true);
+        Part::Hello { events } => {
+            mirror.answered.send_replace(Some(events));
         }
-        Part::Stdout { b64 } => {
-            if let Ok(bytes) = engine.decode(b64) {
-                mirror.stream.append(Channel::Stdout, &bytes);
-            }
+        Part::Stdout { index, b64, more } => {
+            mirror.piece(index, Channel::Stdout, &decoded(&b64), more);
         }
-        Part::Stderr { b64 } => {
-            if let Ok(bytes) = engine.decode(b64) {
-                mirror.stream.append(Channel::Stderr, &bytes);
-            }
+        Part::Stderr { index, b64, more } => {
+            mirror.piece(index, Channel::Stderr, &decoded(&b64), more);
         }
-        Part::Exit { summary } => {
-            mirror.stream.close(summary);
+        Part::Exit { index, summary } => {
+            mirror.stream.push_at(index, StreamEvent::Exit(summary));
             app.replicas.mirrors().remove(&piece.execution);
         }
     }
@@ -327,7 +392,8 @@ impl App {
                 None => {
                     let mirror = Mirror {
                         stream: Arc::default(),
-                        answered: tokio::sync::watch::channel(false).0,
+                        answered: tokio::sync::watch::channel(None).0,
+                        partial: Arc::default(),
                     };
                     mirrors.insert(id.to_owned(), mirror.clone());
                     (mirror, true)
@@ -342,9 +408,15 @@ impl App {
             ));
         }
         let mut answered = mirror.answered.subscribe();
-        let waited = tokio::time::timeout(ANSWER_WITHIN, answered.wait_for(|yes| *yes)).await;
-        match waited {
-            Ok(Ok(_)) => Some(mirror.stream),
+        let caught_up = async {
+            let held = answered.wait_for(Option::is_some).await.ok()?.unwrap_or(0);
+            // Until the mirror holds what the running replica held when it answered, so a
+            // `Last-Event-ID` issued there is not past this mirror's end.
+            mirror.stream.wait_for_events(held).await;
+            Some(())
+        };
+        match tokio::time::timeout(ANSWER_WITHIN, caught_up).await {
+            Ok(Some(())) => Some(mirror.stream),
             _ => None,
         }
     }
@@ -418,7 +490,7 @@ async fn watch_until_done(app: Arc<App>, id: String, mirror: Mirror) {
     let payload = serde_json::to_string(&ask).unwrap_or_default();
     let mut ended_seen = 0;
     loop {
-        if !*mirror.answered.borrow() {
+        if !mirror.answered() {
             let _ = app.audit.notify(WATCH, &payload).await;
         }
         tokio::select! {
@@ -436,7 +508,7 @@ async fn watch_until_done(app: Arc<App>, id: String, mirror: Mirror) {
         if row.finished_at.is_some() {
             ended_seen += 1;
             // The forwarded end follows the stored record closely; give it a moment.
-            if ended_seen > 4 || !*mirror.answered.borrow() {
+            if ended_seen > 4 || !mirror.answered() {
                 mirror.stream.close(super::executions::exit_summary(&row));
                 break;
             }
@@ -445,28 +517,67 @@ async fn watch_until_done(app: Arc<App>, id: String, mirror: Mirror) {
     app.replicas.mirrors().remove(&id);
 }
 
-/// Another replica reloaded: load this replica's policy directory too, and say so when it does
-/// not hold the announced revision.
+/// Another replica reloaded: load the same revision here, from its files as that replica
+/// stored them (not from this replica's own `policy_dir`), or say why not (`policy_error`, in
+/// `/readyz`; logged once per announcement).
 fn follow_reload(app: &Arc<App>, loaded: PolicyLoaded) {
     if loaded.by == app.instance {
         return;
     }
     let app = Arc::clone(app);
     app.tasks.clone().spawn(async move {
-        if app.policy.current().state.revision() != loaded.revision {
-            let by = format!("replica:{}", loaded.by);
-            if let Err(err) = app.policy.reload(&app.audit, &by).await {
-                tracing::warn!(error = %err, "reload announced by another replica failed here");
-            }
-        }
-        let now = app.policy.current().state.revision().to_owned();
-        let error = (now != loaded.revision).then(|| {
+        let followed = app.follow_revision(&loaded.revision, &loaded.by).await;
+        let error = followed.err().map(|why| {
             format!(
-                "{} announced revision {}, but this replica's policy_dir holds {now}",
-                loaded.by, loaded.revision
+                "{} announced revision {}, which this replica could not load ({why}); it runs {}",
+                loaded.by,
+                loaded.revision,
+                app.policy.current().state.revision()
             )
         });
+        if let Some(error) = &error {
+            tracing::warn!(%error, "the policy revision of another replica is not loaded here");
+        }
         app.replicas.set_policy_error(error);
         renew_once(&app).await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_big_event_is_cut_into_pieces_of_one_index_and_only_the_last_ends_it() {
+        let text = "é".repeat(PIECE); // 2 * PIECE bytes: cut inside characters too
+        let pieces = parts(7, StreamEvent::Stderr(text.clone()));
+        assert_eq!(pieces.len(), 2);
+        let mirror = Mirror {
+            stream: Arc::default(),
+            answered: tokio::sync::watch::channel(None).0,
+            partial: Arc::default(),
+        };
+        mirror.stream.push_at(0, StreamEvent::Stdout(String::new()));
+        for n in 1..7 {
+            mirror.stream.push_at(n, StreamEvent::Stdout(String::new()));
+        }
+        let engine = base64::engine::general_purpose::STANDARD;
+        for piece in pieces {
+            let Part::Stderr { index, b64, more } = piece else {
+                panic!("{piece:?}");
+            };
+            assert_eq!(index, 7);
+            mirror.piece(index, Channel::Stderr, &engine.decode(b64).unwrap(), more);
+        }
+        assert_eq!(mirror.stream.event_count(), 8);
+        assert_eq!(mirror.stream.text_so_far().1, text);
+        assert!(matches!(
+            parts(3, StreamEvent::Stdout(String::new()))[..],
+            [Part::Stdout {
+                index: 3,
+                more: false,
+                ..
+            }]
+        ));
+    }
 }

@@ -61,6 +61,11 @@ impl App {
         id: &str,
         request: SessionExecutionRequest,
     ) -> Result<ExecutionRow, AppError> {
+        if let Some(session) = self.session_held_elsewhere(caller, id).await? {
+            return self
+                .relay_session_execution(caller, &session, request)
+                .await;
+        }
         let app = Arc::clone(self);
         let (caller, id) = (caller.clone(), id.to_owned());
         let (started, starting) = match request.wait {
@@ -362,9 +367,10 @@ impl App {
 
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
     if !row.is(SessionStatus::Closed) {
-        // Its sandbox lives on one replica's node: its executions run only there.
+        // Open in the store under this replica's name, but not held by this run of it: a
+        // previous run left it, and the start-up sweep closes it (`gateway_restart`).
         return AppError::Conflict(format!(
-            "session {id} is held by replica {}: send its executions to that replica",
+            "session {id} was left open by a previous run of replica {}; it is being closed",
             row.instance
         ));
     }

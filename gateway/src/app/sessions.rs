@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
@@ -50,8 +50,8 @@ pub struct SessionRequest {
     pub ttl_s: Option<u64>,
 }
 
-/// Body of `POST /v1/sessions/{id}/executions`.
-#[derive(Debug, Clone, Deserialize)]
+/// Body of `POST /v1/sessions/{id}/executions` (relayed as is to the replica holding it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionExecutionRequest {
     pub code: String,
@@ -65,7 +65,7 @@ pub struct SessionExecutionRequest {
     pub wait: Option<bool>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TurnLimits {
     pub timeout_ms: Option<u64>,
@@ -445,6 +445,9 @@ impl App {
         let row = self.get_session(caller, id).await?;
         if row.is(SessionStatus::Closed) {
             return Ok(row);
+        }
+        if row.instance != self.instance && self.sessions.get(id).is_none() {
+            return self.relay_session_close(caller, &row).await;
         }
         match self.close_session(id, ClosedReason::Deleted).await {
             Some(closed) => Ok(closed),

@@ -183,6 +183,50 @@ impl Stream {
         self.lock().events.len()
     }
 
+    /// Appends an event exactly as another replica's stream holds it at `index` (a mirror
+    /// keeps the running replica's positions, so its SSE ids are the same); the `exit` event
+    /// ends it. An output event already held is ignored; `false`: an event before `index` is
+    /// missing (the mirror then stops carrying output, as at its bound, and its `exit` says
+    /// so; said once).
+    pub fn push_at(&self, index: usize, event: StreamEvent) -> bool {
+        let output = match event {
+            StreamEvent::Exit(summary) => {
+                self.close(summary);
+                return true;
+            }
+            output => output,
+        };
+        let mut state = self.lock();
+        if state.closed || state.lossy || index < state.events.len() {
+            return true;
+        }
+        if index > state.events.len() {
+            state.lossy = true;
+            return false;
+        }
+        state.events.push(output);
+        state.published = state.events.len();
+        drop(state);
+        self.changed.send_modify(|n| *n += 1);
+        true
+    }
+
+    /// Waits until the stream holds `count` events or has ended.
+    pub async fn wait_for_events(&self, count: usize) {
+        let mut changes = self.changed.subscribe();
+        loop {
+            {
+                let state = self.lock();
+                if state.events.len() >= count || state.closed {
+                    return;
+                }
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// How the events split the output, in order (`[["stdout", bytes], ...]`, the tails
     /// `close` will flush included), or `None` when the stream dropped output at its bound.
     pub fn layout(&self) -> Option<serde_json::Value> {
@@ -371,6 +415,43 @@ mod tests {
         big.append(Channel::Stdout, b"y");
         assert_eq!(big.event_count(), 2, "an event is at most MAX_EVENT_BYTES");
         assert_eq!(big.text_so_far().0.len(), MAX_EVENT_BYTES + 1);
+    }
+
+    #[tokio::test]
+    async fn a_mirror_holds_events_at_the_positions_it_is_given_and_says_when_one_is_missing() {
+        let mirror = Stream::default();
+        assert!(mirror.push_at(0, StreamEvent::Stdout("a".into())));
+        assert!(mirror.push_at(1, StreamEvent::Stdout("b".into())));
+        assert!(
+            mirror.push_at(1, StreamEvent::Stdout("b".into())),
+            "held: ignored"
+        );
+        assert_eq!(
+            mirror.next_batch(0).await.unwrap(),
+            [
+                StreamEvent::Stdout("a".into()),
+                StreamEvent::Stdout("b".into())
+            ],
+            "forwarded events are never joined"
+        );
+        assert!(
+            !mirror.push_at(3, StreamEvent::Stdout("d".into())),
+            "2 is missing"
+        );
+        assert!(
+            mirror.push_at(4, StreamEvent::Stdout("e".into())),
+            "said once"
+        );
+        mirror.push_at(
+            5,
+            StreamEvent::Exit(serde_json::json!({"status": "succeeded"})),
+        );
+        let rest = mirror.next_batch(2).await.unwrap();
+        match &rest[..] {
+            [StreamEvent::Exit(exit)] => assert_eq!(exit["stream_truncated"], true),
+            other => panic!("{other:?}"),
+        }
+        mirror.wait_for_events(10).await; // ended: returns
     }
 
     #[tokio::test]

@@ -13,6 +13,7 @@ pub mod keys;
 pub mod read;
 pub mod replicas;
 pub mod review;
+pub mod session_turns;
 pub mod sessions;
 pub mod verify;
 

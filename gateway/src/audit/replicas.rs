@@ -196,6 +196,61 @@ impl AuditStore {
         .await?)
     }
 
+    /// The stored files of a policy revision (none when it was recorded without them).
+    pub async fn policy_sources(
+        &self,
+        revision: &str,
+    ) -> Result<Vec<policy_engine::SourceFile>, AuditError> {
+        let files: Vec<(String, String)> = sqlx::query_as(
+            "SELECT path, contents FROM policy_revision_files WHERE revision = $1 ORDER BY path",
+        )
+        .bind(revision)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(files
+            .into_iter()
+            .map(|(path, contents)| policy_engine::SourceFile { path, contents })
+            .collect())
+    }
+
+    /// Which of `ids` ran on `instance` and are purged (their files there are to go).
+    pub async fn purged_among(
+        &self,
+        instance: &str,
+        ids: &[String],
+    ) -> Result<Vec<String>, AuditError> {
+        Ok(sqlx::query_scalar(
+            "SELECT id FROM executions WHERE id = ANY($2) AND instance = $1 \
+             AND purged_at IS NOT NULL",
+        )
+        .bind(instance)
+        .bind(ids)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Purged records of executions `instance` ran, in purge order after `after` (the last
+    /// `(purged_at, id)` seen), `limit` at a time.
+    pub async fn purged_since(
+        &self,
+        instance: &str,
+        after: Option<&(DateTime<Utc>, String)>,
+        limit: i64,
+    ) -> Result<Vec<(DateTime<Utc>, String)>, AuditError> {
+        let (at, id) = after.cloned().unzip();
+        Ok(sqlx::query_as(
+            "SELECT purged_at, id FROM executions WHERE instance = $1 AND purged_at IS NOT NULL \
+             AND ($2::timestamptz IS NULL OR (purged_at, id) > ($2, $3)) \
+             ORDER BY purged_at, id LIMIT $4",
+        )
+        .bind(instance)
+        .bind(at)
+        .bind(id)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     /// Sends `payload` to every replica listening on `channel` (`pg_notify`, delivered after
     /// this statement commits, in commit order; at most 8000 bytes).
     pub async fn notify(&self, channel: &str, payload: &str) -> Result<(), AuditError> {
