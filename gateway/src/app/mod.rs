@@ -20,6 +20,7 @@ pub mod replay;
 pub mod replicas;
 pub mod request;
 pub mod scheduler;
+pub mod session_approvals;
 mod session_runs;
 pub mod sessions;
 pub mod stream;

@@ -361,6 +361,13 @@ impl App {
 }
 
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
+    if row.is(SessionStatus::PendingApproval) {
+        // Held for review, or approved and starting: no sandbox runs code yet.
+        return AppError::Conflict(format!(
+            "session {id} awaits approval {}: nothing runs in it until a reviewer approves it",
+            row.approval_id.as_deref().unwrap_or("(unknown)")
+        ));
+    }
     if !row.is(SessionStatus::Closed) {
         // Its sandbox lives on one replica's node: its executions run only there.
         return AppError::Conflict(format!(

@@ -169,12 +169,20 @@ fn described(session: &Value, what: &str) -> Value {
             session["idle_timeout_s"]
         ));
     }
+    if status == "pending_approval" {
+        text.push_str(&format!(
+            "; it awaits approval {} by a human reviewer: nothing runs in it until then \
+             (run_in_session answers a conflict meanwhile)",
+            session["approval_id"].as_str().unwrap_or_default()
+        ));
+    }
     json!({
         "content": [{"type": "text", "text": text}],
         "structuredContent": {
             "session_id": id, "status": status, "closed_reason": session["closed_reason"],
             "language": session["language"], "idle_timeout_s": session["idle_timeout_s"],
             "expires_at": session["expires_at"], "executions": session["executions"],
+            "approval_id": session["approval_id"],
         },
         "isError": false,
     })
