@@ -113,7 +113,7 @@ impl Change {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChangedCase {
     pub execution_id: Option<String>,
-    /// Set for a session opening's decision (`request.kind: "session"`).
+    /// Set for a session opening's decision (a request of kind `session`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     pub at: String,
