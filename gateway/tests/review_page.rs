@@ -190,13 +190,19 @@ async fn a_reviewer_approves_a_held_session_on_the_page() {
     let (status, held) = gw.post(&agent, "/v1/sessions", &body).await;
     assert_eq!(status, 202, "{held}");
     let id = held["id"].as_str().unwrap().to_owned();
-    let row = format!("tr[data-approval-id={}]", js(held["approval_id"].as_str().unwrap()));
+    let row = format!(
+        "tr[data-approval-id={}]",
+        js(held["approval_id"].as_str().unwrap())
+    );
 
     let mut cdp = browser.page().await;
     cdp.open(&format!("{}/ui/", gw.url)).await;
     cdp.use_key(&reviewer).await;
     cdp.wait_for(
-        &format!("!!document.querySelector({})", js(&format!("{row} button.approve"))),
+        &format!(
+            "!!document.querySelector({})",
+            js(&format!("{row} button.approve"))
+        ),
         "the pending session approval",
         30,
     )
@@ -205,7 +211,12 @@ async fn a_reviewer_approves_a_held_session_on_the_page() {
         .eval(&format!("document.querySelector({}).innerText", js(&row)))
         .await;
     let shown = shown.as_str().unwrap();
-    for asked in [id.as_str(), "session (python)", "review.example:443", "idle timeout: 120 s"] {
+    for asked in [
+        id.as_str(),
+        "session (python)",
+        "review.example:443",
+        "idle timeout: 120 s",
+    ] {
         assert!(shown.contains(asked), "{asked} not shown: {shown}");
     }
     cdp.eval(&format!(

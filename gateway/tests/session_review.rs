@@ -39,7 +39,10 @@ async fn held(gw: &TestGateway, agent: &str) -> (String, String) {
     let (status, body) = gw.post(agent, "/v1/sessions", &held_body()).await;
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["status"], "pending_approval", "{body}");
-    assert!(body["container"].is_null(), "no sandbox while pending: {body}");
+    assert!(
+        body["container"].is_null(),
+        "no sandbox while pending: {body}"
+    );
     assert_eq!(body["decision"]["require_approval"], true, "{body}");
     let approval = body["approval_id"].as_str().unwrap().to_owned();
     assert!(approval.starts_with("ap_"), "{body}");
@@ -72,7 +75,11 @@ async fn delete(gw: &TestGateway, key: &str, id: &str) -> (u16, Value) {
 async fn decide(gw: &TestGateway, reviewer: &str, approval: &str, decision: &str) -> Value {
     let path = format!("/v1/approvals/{approval}");
     let (status, body) = gw
-        .post(reviewer, &path, &json!({"decision": decision, "comment": "checked"}))
+        .post(
+            reviewer,
+            &path,
+            &json!({"decision": decision, "comment": "checked"}),
+        )
         .await;
     assert_eq!(status, 200, "{body}");
     body
@@ -116,7 +123,10 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     assert_eq!(status, 409, "{body}");
     assert_eq!(body["error"]["code"], "conflict", "{body}");
     let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains(&format!("awaits approval {approval}")), "{body}");
+    assert!(
+        message.contains(&format!("awaits approval {approval}")),
+        "{body}"
+    );
 
     // The reviewer sees what was asked: a session, its language, network and lifetimes.
     let (status, listed) = gw.get(&bob, &format!("/v1/approvals/{approval}")).await;
@@ -129,7 +139,10 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     assert_eq!(listed["request"]["network"][0]["host"], "review.example");
     assert_eq!(listed["request"]["idle_timeout_s"], 120, "{listed}");
     assert_eq!(listed["request"]["ttl_s"], 600, "{listed}");
-    assert_eq!(listed["decision"]["network"]["allow"][0]["host"], "review.example");
+    assert_eq!(
+        listed["decision"]["network"]["allow"][0]["host"],
+        "review.example"
+    );
 
     // Not by the requesting principal.
     let path = format!("/v1/approvals/{approval}");
@@ -196,7 +209,10 @@ async fn a_rejected_session_closes_denied_and_runs_nothing() {
     let (status, body) = run(&gw, &agent, &id, "1").await;
     assert_eq!(status, 409, "{body}");
     assert!(
-        body["error"]["message"].as_str().unwrap().contains("closed (denied)"),
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed (denied)"),
         "{body}"
     );
     // Deciding again is a conflict.

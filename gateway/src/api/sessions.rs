@@ -78,7 +78,9 @@ pub async fn create(
     let ApiJson(request) = ApiJson::<SessionRequest>::from_request(body, &app).await?;
     match app.create_session(&caller.0, request).await? {
         Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row)?)).into_response()),
-        Opened::PendingApproval(row) => Ok((StatusCode::ACCEPTED, Json(view(row)?)).into_response()),
+        Opened::PendingApproval(row) => {
+            Ok((StatusCode::ACCEPTED, Json(view(row)?)).into_response())
+        }
         Opened::Denied(decision) => {
             let mut denied =
                 ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");

@@ -256,7 +256,9 @@ impl App {
             .runnable
             .as_ref()
             .and_then(|value| serde_json::from_value(value.0.clone()).ok())
-            .ok_or_else(|| AppError::Internal(format!("approval {id}: stored decision unreadable")))?;
+            .ok_or_else(|| {
+                AppError::Internal(format!("approval {id}: stored decision unreadable"))
+            })?;
         self.still_runnable(&runnable).map_err(|why| {
             AppError::Conflict(format!(
                 "approval {id} cannot run as reviewed: {why}; reject it and ask again"

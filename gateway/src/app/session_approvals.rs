@@ -161,7 +161,11 @@ impl App {
             Some(admitted) => self.open_approved(caller, approval, row, admitted).await?,
             None => row,
         };
-        let approval = self.audit.get_approval(id).await?.ok_or(AppError::NotFound)?;
+        let approval = self
+            .audit
+            .get_approval(id)
+            .await?
+            .ok_or(AppError::NotFound)?;
         Ok((approval, row))
     }
 

@@ -43,7 +43,8 @@ pub struct ApprovalRow {
 type Taken = (String, Option<Json<Value>>, Option<Json<Value>>);
 
 /// Selected columns; the code preview is the first 8192 characters of the program.
-pub(super) const COLUMNS: &str = "id, execution_id, session_id, status, tenant, requester_key_id, requester_principal, \
+pub(super) const COLUMNS: &str =
+    "id, execution_id, session_id, status, tenant, requester_key_id, requester_principal, \
      created_at, expires_at, decided_at, reviewer_key_id, reviewer_principal, comment, reasons, \
      runnable, summary, left(request->>'code', 8192) AS code_preview";
 
