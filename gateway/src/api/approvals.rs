@@ -35,7 +35,7 @@ const DECIDERS: &[Role] = &[Role::Reviewer, Role::Admin];
 pub struct ApprovalView {
     pub id: String,
     /// What is held: `execution` or `session`.
-    pub subject: &'static str,
+    pub subject: SubjectKind,
     /// The execution held (`null` for a session's approval).
     pub execution_id: Option<String>,
     /// The session held (absent for an execution's approval).
@@ -61,6 +61,14 @@ pub struct ApprovalView {
     pub code_preview: Option<String>,
 }
 
+/// What an approval holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectKind {
+    Execution,
+    Session,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Party {
     pub key_id: Option<String>,
@@ -79,9 +87,9 @@ impl From<ApprovalRow> for ApprovalView {
         ApprovalView {
             id: row.id,
             subject: if row.session_id.is_some() {
-                "session"
+                SubjectKind::Session
             } else {
-                "execution"
+                SubjectKind::Execution
             },
             execution_id: row.execution_id,
             session_id: row.session_id,
@@ -215,11 +223,11 @@ pub async fn decide(
     Ok(Json(match subject {
         Subject::Execution(execution) => serde_json::json!({
             "approval": approval,
-            "execution": ExecutionView::from(execution),
+            "execution": ExecutionView::from(*execution),
         }),
         Subject::Session(session) => serde_json::json!({
             "approval": approval,
-            "session": super::sessions::view(session)?,
+            "session": super::sessions::view(*session)?,
         }),
     }))
 }

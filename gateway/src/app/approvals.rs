@@ -33,8 +33,8 @@ pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired", "w
 /// What an approval held: an execution or a session, as it is once decided.
 #[derive(Debug)]
 pub enum Subject {
-    Execution(ExecutionRow),
-    Session(SessionRow),
+    Execution(Box<ExecutionRow>),
+    Session(Box<SessionRow>),
 }
 
 /// `POST /v1/approvals/{id}` body.
@@ -198,7 +198,7 @@ impl App {
             let (approval, session) = self
                 .decide_session_approval(caller, &approval, &review)
                 .await?;
-            return Ok((approval, Subject::Session(session)));
+            return Ok((approval, Subject::Session(Box::new(session))));
         };
         let approve = review.decision == ReviewDecision::Approve;
         let runnable = if approve {
@@ -246,7 +246,7 @@ impl App {
         if let Some((ticket, live)) = admitted {
             self.launch_approved(row.clone(), &decided, ticket, live)?;
         }
-        Ok((decided.approval, Subject::Execution(row)))
+        Ok((decided.approval, Subject::Execution(Box::new(row))))
     }
 
     /// The decision a reviewer approves, as stored, if it can still run here (409 if not).

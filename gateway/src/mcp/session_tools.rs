@@ -211,6 +211,24 @@ mod tests {
     }
 
     #[test]
+    fn a_held_session_is_described_as_awaiting_its_approval() {
+        let held = json!({
+            "id": "ss_1", "status": "pending_approval", "approval_id": "ap_7",
+            "language": "python", "idle_timeout_s": 60,
+        });
+        let result = described(&held, "open");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("status pending_approval"), "{text}");
+        assert!(text.contains("awaits approval ap_7"), "{text}");
+        assert!(
+            !text.contains("pass session_id"),
+            "not yet runnable: {text}"
+        );
+        assert_eq!(result["structuredContent"]["approval_id"], "ap_7");
+        assert_eq!(result["isError"], false);
+    }
+
+    #[test]
     fn malformed_arguments_are_invalid_params() {
         for arguments in [
             json!({"language": 3}),
