@@ -117,19 +117,8 @@ impl App {
             .ok_or_else(|| AppError::Internal(format!("approval {id} has no session")))?;
         let approve = review.decision == ReviewDecision::Approve;
         let comment = review.comment.as_deref().filter(|c| !c.is_empty());
-        // A queue ticket and a live entry before the approval commits: a full queue refuses
-        // (429) with the approval still pending, and the lease is renewed from the commit on.
         let admitted = if approve {
-            let runnable = self.reviewed_runnable(approval)?;
-            let tenant = approval.tenant.clone().unwrap_or_default();
-            let ticket = self
-                .scheduler
-                .admit(&tenant)
-                .map_err(|full| AppError::RateLimited(full.to_string()))?;
-            let live = self.live.try_track(&session_id).ok_or_else(|| {
-                AppError::Conflict(format!("approval {id} is being decided by another request"))
-            })?;
-            Some((runnable, ticket, live))
+            Some(self.admit_approved(approval, &session_id)?)
         } else {
             None
         };
@@ -167,6 +156,29 @@ impl App {
             .await?
             .ok_or(AppError::NotFound)?;
         Ok((approval, row))
+    }
+
+    /// What approving needs before it commits: the reviewed decision (still runnable here), a
+    /// queue ticket (a full queue refuses, 429, with the approval still pending) and a live
+    /// entry (the lease is renewed from the commit on).
+    fn admit_approved(
+        self: &Arc<Self>,
+        approval: &ApprovalRow,
+        session_id: &str,
+    ) -> Result<(Runnable, Ticket, LiveGuard), AppError> {
+        let runnable = self.reviewed_runnable(approval)?;
+        let tenant = approval.tenant.clone().unwrap_or_default();
+        let ticket = self
+            .scheduler
+            .admit(&tenant)
+            .map_err(|full| AppError::RateLimited(full.to_string()))?;
+        let live = self.live.try_track(session_id).ok_or_else(|| {
+            AppError::Conflict(format!(
+                "approval {} is being decided by another request",
+                approval.id
+            ))
+        })?;
+        Ok((runnable, ticket, live))
     }
 
     /// Starts an approved session's sandbox with the reviewed decision and marks it `ready`;
