@@ -291,3 +291,53 @@ async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
     chain_verifies(&gw).await;
     gw.stop().await;
 }
+
+/// `sandgate policy replay` re-decides session openings: one held for review, one allowed and
+/// one denied. A candidate that stops sending acme's unlisted hosts to review turns the held
+/// one into a deny and leaves the others.
+#[tokio::test]
+async fn policy_replay_re_decides_session_openings_held_for_review() {
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    held(&gw, &agent).await;
+    let plain = json!({"language": "python"});
+    let (status, opened) = gw.post(&agent, "/v1/sessions", &plain).await;
+    assert_eq!(status, 201, "{opened}");
+    let classroom = gw.key("agent", "classroom").await;
+    let (status, _) = gw.post(&classroom, "/v1/sessions", &plain).await;
+    assert_eq!(status, 403);
+
+    let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
+    let shipped = common::workspace_root().join("policies");
+    let (_, same) = gateway::commands::policy_replay(&config, &shipped, "1h")
+        .await
+        .unwrap();
+    assert_eq!((same.total, same.unchanged), (3, 3), "{same:?}");
+
+    let candidate = common::copy_of_shipped();
+    let tenants = candidate.path().join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    let stricter = text.replacen(
+        "review_unlisted_hosts: true",
+        "review_unlisted_hosts: false",
+        1,
+    );
+    assert_ne!(
+        text, stricter,
+        "the shipped acme sends unlisted hosts to review"
+    );
+    std::fs::write(&tenants, stricter).unwrap();
+    let (revision, report) = gateway::commands::policy_replay(&config, candidate.path(), "1h")
+        .await
+        .unwrap();
+    assert_eq!(report.total, 3, "{report:?}");
+    assert_eq!(report.transition("review->deny"), 1, "{report:?}");
+    assert_eq!(
+        report.changed[0].session_id.as_deref().map(|s| &s[..3]),
+        Some("ss_")
+    );
+    let rendered = report.render(&revision, 10);
+    assert!(rendered.contains("network.not_allowed"), "{rendered}");
+    let _ = delete(&gw, &agent, opened["id"].as_str().unwrap()).await;
+    gw.stop().await;
+}
