@@ -184,6 +184,15 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     let requested = &events[0].1;
     assert_eq!(requested["approval_id"], approval.as_str());
     assert_eq!(requested["request"]["request"]["kind"], "session");
+    let pool = gw.pool().await;
+    let outcome: String = sqlx::query_scalar(
+        "SELECT outcome FROM v_decisions WHERE kind = 'approval.requested' LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(outcome, "review", "dashboards count the hold as a review");
     let created = &events[3].1;
     assert_eq!(created["approval_id"], approval.as_str(), "{created}");
     assert_eq!(created["reviewer"]["principal"], "bob", "{created}");

@@ -76,9 +76,11 @@ impl App {
             "requested_by": {"key_id": caller.id, "principal": caller.principal},
             "request": held.input,
         });
+        // `require_approval` at the top, so `v_decisions` counts it as a review outcome.
         event.decision = json!({
             "status": "pending",
             "expires_at": approval.expires_at,
+            "require_approval": true,
             "policy": event.decision,
         });
         let caps = self.pending_caps();
