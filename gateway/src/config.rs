@@ -119,7 +119,8 @@ pub struct Config {
     pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
     pub ceilings: Ceilings,
     pub max_concurrent: usize,
-    /// Open sessions per tenant; beyond: 429. Each one holds a slot of `max_concurrent`.
+    /// Open sessions per tenant, those waiting for review included; beyond: 429. Each open one
+    /// holds a slot of `max_concurrent` (a waiting one holds none: it has no sandbox).
     pub max_sessions: usize,
     /// Executions that may wait for a slot (all tenants together); beyond: 429.
     pub max_queued: usize,

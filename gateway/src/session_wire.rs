@@ -42,6 +42,12 @@ pub enum ClosedReason {
     GatewayRestart,
     /// The replica that held it stopped renewing its lease; another replica closed it.
     LeaseExpired,
+    /// Held for review, and a reviewer rejected it.
+    Denied,
+    /// Held for review, and nobody decided before the approval expired.
+    Expired,
+    /// Approved, but its sandbox could not be started (the `session.closed` event says why).
+    StartFailed,
 }
 
 macro_rules! text_forms {
@@ -80,6 +86,9 @@ text_forms!(ClosedReason {
     Crashed => "crashed",
     GatewayRestart => "gateway_restart",
     LeaseExpired => "lease_expired",
+    Denied => "denied",
+    Expired => "expired",
+    StartFailed => "start_failed",
 });
 
 /// A session as `GET /v1/sessions/{id}` (and the other session routes) show it.
@@ -104,7 +113,7 @@ pub struct SessionView {
     pub last_used_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
-    /// Set while `pending_approval`: the approval a reviewer decides.
+    /// Set when the session was held for review: the approval a reviewer decides (or decided).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
 }
@@ -198,6 +207,9 @@ mod tests {
             "crashed",
             "gateway_restart",
             "lease_expired",
+            "denied",
+            "expired",
+            "start_failed",
         ] {
             let parsed = ClosedReason::parse(reason).unwrap();
             assert_eq!(serde_json::to_value(parsed).unwrap(), reason);

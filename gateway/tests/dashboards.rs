@@ -339,6 +339,7 @@ async fn seed(app: &PgPool) {
             last_used_at: created,
             expires_at: created + chrono::Duration::hours(2),
             closed_at: None,
+            approval_id: None,
         };
         store.insert_session(&session).await.unwrap();
     }

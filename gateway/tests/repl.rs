@@ -182,3 +182,50 @@ async fn repl_in_a_terminal_edits_interrupts_and_closes_with_ctrl_d() {
     assert_eq!(cancelled.len(), 1, "{listed}");
     gw.stop().await;
 }
+
+/// A session the policy holds for review: the repl says it waits (naming the approval), and
+/// once a reviewer approves it runs the cells in the now `ready` session.
+#[tokio::test(flavor = "multi_thread")]
+async fn repl_waits_for_a_held_session_to_be_approved_then_runs_its_cells() {
+    let gw = TestGateway::start().await;
+    let agent = gw.key("agent", "acme").await;
+    let reviewer = gw.key("reviewer", "acme").await;
+    let args = ["repl", "--net", "review.example:443"];
+    let running = sandgate(&gw, &agent, &args, "x = 1\nx + 1\n");
+    let approve = async {
+        for _ in 0..300 {
+            let (_, listed) = gw.get(&agent, "/v1/sessions").await;
+            let held = listed["sessions"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|s| s["status"] == "pending_approval")
+                .cloned();
+            if let Some(held) = held {
+                let approval = held["approval_id"].as_str().unwrap();
+                let path = format!("/v1/approvals/{approval}");
+                let (status, body) = gw
+                    .post(&reviewer, &path, &json!({"decision": "approve"}))
+                    .await;
+                assert_eq!(status, 200, "{body}");
+                return held["approval_id"].as_str().unwrap().to_owned();
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("the repl's session was never held for review");
+    };
+    let (out, approval) = tokio::join!(running, approve);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!("waits for human review (approval {approval})")),
+        "{stderr}"
+    );
+    assert_eq!(stdout.trim(), "2", "{stderr}");
+    let id = session_id(&stderr);
+    assert_closed_by_client(&gw, &agent, &id).await;
+    gw.stop().await;
+}

@@ -33,7 +33,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use harness::{container_started, no_container_left, Shared};
+use harness::{container_started, no_container_left, Shared, LEASE_MS};
 
 /// A program that prints, waits (so it is still running when watched), prints again.
 const TICKS: &str = "echo tick-one; sleep 3; echo tick-two";
@@ -335,6 +335,52 @@ async fn a_killed_replica_is_closed_by_the_other_and_its_own_reaper_removes_its_
         "the returning replica did not reopen it"
     );
     let _ = &a.listen;
+    a.stop().await;
+    b.stop().await;
+}
+
+/// A session held for review belongs to no replica: it outlives several lease periods without
+/// being closed as `lease_expired`, and approving it on the other replica opens it there.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_session_approved_on_the_other_replica_opens_there() {
+    let shared = Shared::new().await;
+    let a = shared.start(None).await;
+    let b = shared.start(None).await;
+    let agent = shared.key("agent", "acme").await;
+    let reviewer = shared.key("reviewer", "review-desk").await;
+    let body = json!({"language": "python", "network": [{"host": "review.example", "port": 443}]});
+    let (status, held) = shared.post(&a, &agent, "/v1/sessions", &body).await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["id"].as_str().unwrap().to_owned();
+    let approval = held["approval_id"].as_str().unwrap().to_owned();
+
+    // Several lease periods: neither replica takes the waiting session for a dead one's.
+    tokio::time::sleep(Duration::from_millis(3 * LEASE_MS.parse::<u64>().unwrap())).await;
+    let (_, waiting) = shared.get(&b, &agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(waiting["status"], "pending_approval", "{waiting}");
+
+    let path = format!("/v1/approvals/{approval}");
+    let (status, decided) = shared
+        .post(&b, &reviewer, &path, &json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 200, "{decided}");
+    assert_eq!(decided["session"]["status"], "ready", "{decided}");
+    let run = |code: &str| json!({ "code": code });
+    let path = format!("/v1/sessions/{id}/executions");
+    let (status, first) = shared.post(&b, &agent, &path, &run("x = 1")).await;
+    assert_eq!(status, 200, "{first}");
+    let (_, second) = shared.post(&b, &agent, &path, &run("x + 1")).await;
+    assert_eq!(second["result"], "2", "{second}");
+    assert_eq!(second["instance"], b.instance, "{second}");
+
+    let closed = shared
+        .http
+        .delete(format!("{}/v1/sessions/{id}", b.url))
+        .bearer_auth(&agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(closed.status().as_u16(), 200);
     a.stop().await;
     b.stop().await;
 }

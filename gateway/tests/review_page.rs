@@ -1,6 +1,6 @@
 //! The review page (`/ui/`) in headless Chromium, driven over the DevTools protocol, through the
 //! real gateway: a reviewer pastes a key, approves a held request by clicking, and sees the
-//! execution finish in gVisor; an auditor sees no review buttons, opens an execution's detail
+//! execution finish in gVisor, and approves a held session; an auditor sees no review buttons, opens an execution's detail
 //! view under its row, downloads an output, filters, pages, and opens a session's executions.
 //! Screenshots land in `<target>/review-page*.png`. Chromium missing is a failure, not a skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
@@ -169,6 +169,69 @@ async fn a_reviewer_approves_on_the_page_and_sees_the_run_finish() {
     assert_eq!(decided["status"], "approved", "{decided}");
     assert_eq!(decided["reviewer"]["principal"], "carol");
     assert_eq!(decided["comment"], "looks fine");
+    drop(cdp);
+    drop(browser);
+    gw.stop().await;
+}
+
+/// A session held for review shows what was asked where an execution's code would be (it has
+/// no code yet), and approving it on the page opens it.
+#[tokio::test]
+async fn a_reviewer_approves_a_held_session_on_the_page() {
+    let browser = Browser::start().await;
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "assistant-7").await;
+    let reviewer = key_for(&gw, "reviewer", "carol").await;
+    let body = json!({
+        "language": "python",
+        "network": [{"host": "review.example", "port": 443}],
+        "idle_timeout_s": 120,
+    });
+    let (status, held) = gw.post(&agent, "/v1/sessions", &body).await;
+    assert_eq!(status, 202, "{held}");
+    let id = held["id"].as_str().unwrap().to_owned();
+    let row = format!(
+        "tr[data-approval-id={}]",
+        js(held["approval_id"].as_str().unwrap())
+    );
+
+    let mut cdp = browser.page().await;
+    cdp.open(&format!("{}/ui/", gw.url)).await;
+    cdp.use_key(&reviewer).await;
+    cdp.wait_for(
+        &format!(
+            "!!document.querySelector({})",
+            js(&format!("{row} button.approve"))
+        ),
+        "the pending session approval",
+        30,
+    )
+    .await;
+    let shown = cdp
+        .eval(&format!("document.querySelector({}).innerText", js(&row)))
+        .await;
+    let shown = shown.as_str().unwrap();
+    for asked in [
+        id.as_str(),
+        "session (python)",
+        "review.example:443",
+        "idle timeout: 120 s",
+    ] {
+        assert!(shown.contains(asked), "{asked} not shown: {shown}");
+    }
+    cdp.eval(&format!(
+        "document.querySelector({}).click(); true",
+        js(&format!("{row} button.approve"))
+    ))
+    .await;
+    cdp.wait_for(
+        &format!("!document.querySelector({})", js(&row)),
+        "the approval to leave the pending list",
+        60,
+    )
+    .await;
+    let (_, opened) = gw.get(&agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(opened["status"], "ready", "{opened}");
     drop(cdp);
     drop(browser);
     gw.stop().await;

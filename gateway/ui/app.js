@@ -94,15 +94,23 @@
   function approvalRow(approval) {
     const row = document.createElement('tr');
     row.dataset.approvalId = approval.id;
-    row.dataset.executionId = approval.execution_id;
+    const session = approval.subject === 'session';
+    row.dataset.executionId = approval.execution_id || '';
     const requested = whenCell(row, approval.created_at);
-    requested.appendChild(el('div', approval.execution_id, 'muted'));
+    requested.appendChild(el('div', session ? approval.session_id : approval.execution_id, 'muted'));
     const by = approval.requested_by || {};
     cell(row, (approval.tenant || '') + '\n' + (by.principal || '') + ' (' + (by.key_id || '') + ')');
     const request = approval.request || {};
     cell(row).appendChild(sg.labelChips(request.labels));
     cell(row, reasonsText(approval.reasons));
     cell(row).appendChild(el('pre', decisionText(approval.decision)));
+    if (session) {
+      // A session has no code yet: what was asked is the sandbox itself.
+      cell(row).appendChild(sessionRequest(request));
+      whenCell(row, approval.expires_at);
+      if (canDecide()) row.appendChild(decideCell(approval));
+      return row;
+    }
     const files = (request.files || []).map((f) => f.path + ' (' + sg.bytes(f.bytes) + ')').join(', ');
     const code = cell(row);
     const preview = approval.code_preview || '';
@@ -117,6 +125,22 @@
     whenCell(row, approval.expires_at);
     if (canDecide()) row.appendChild(decideCell(approval));
     return row;
+  }
+
+  // A session approval's request where an execution's code would be: language, network,
+  // mounts, limits and lifetimes; each of its executions is decided again when it is sent.
+  function sessionRequest(request) {
+    const box = el('div');
+    box.appendChild(el('div', 'session (' + request.language + ')', 'warn'));
+    const network = (request.network || []).map((d) => d.host + ':' + d.port).join(', ');
+    const lines = [
+      'network: ' + (network || 'none'),
+      'mounts: ' + ((request.mounts || []).join(', ') || 'none'),
+      'limits: ' + JSON.stringify(request.limits || {}),
+      'idle timeout: ' + request.idle_timeout_s + ' s, lifetime: ' + request.ttl_s + ' s',
+    ];
+    box.appendChild(el('pre', lines.join('\n')));
+    return box;
   }
 
   function decideCell(approval) {
@@ -150,8 +174,10 @@
     const reply = await api('POST', '/v1/approvals/' + encodeURIComponent(id),
       { decision: decision, comment: comment });
     if (reply.status === 200) {
-      say('Approval ' + id + ': ' + reply.data.approval.status + '; execution ' +
-        reply.data.execution.id + ' is ' + reply.data.execution.status + '.');
+      const subject = reply.data.session
+        ? 'session ' + reply.data.session.id + ' is ' + reply.data.session.status
+        : 'execution ' + reply.data.execution.id + ' is ' + reply.data.execution.status;
+      say('Approval ' + id + ': ' + reply.data.approval.status + '; ' + subject + '.');
     } else {
       say('Could not ' + decision + ' ' + id + ': ' + errorText(reply), true);
     }

@@ -5,6 +5,7 @@ gateway/tests/python_sdk.rs with ``max_sessions: 2`` per tenant."""
 import threading
 import time
 
+import httpx
 import pytest
 
 import sandgate
@@ -99,3 +100,36 @@ async def test_async_sessions_keep_state_and_close(url, key):
         assert (await opened.run("'still'")).result == "'still'"
         await opened.close()
         assert (await opened.refresh()).closed_reason == "deleted"
+
+
+def _review(url: str, reviewer_key: str, approval_id: str, decision: str) -> None:
+    answer = httpx.post(
+        f"{url}/v1/approvals/{approval_id}",
+        headers={"Authorization": f"Bearer {reviewer_key}"},
+        json={"decision": decision},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_session_held_for_review_opens_once_approved(client, url, reviewer_key):
+    with client.session(network=["review.example:443"]) as session:
+        assert session.status == "pending_approval" and session.approval_id
+        with pytest.raises(sandgate.Conflict) as waiting:
+            session.run("1")
+        assert session.approval_id in str(waiting.value)
+        _review(url, reviewer_key, session.approval_id, "approve")
+        assert session.wait_for_approval(timeout=120, poll=0.2) is session
+        assert session.status == "ready"
+        session.run("x = 1")
+        assert session.run("x + 1").result == "2"
+
+
+def test_a_rejected_session_raises_session_not_approved(client, url, reviewer_key):
+    session = client.session(network=["review.example:443"])
+    assert session.status == "pending_approval"
+    _review(url, reviewer_key, session.approval_id, "reject")
+    with pytest.raises(sandgate.SessionNotApproved) as refused:
+        session.wait_for_approval(timeout=60, poll=0.2)
+    assert refused.value.closed_reason == "denied"
+    assert refused.value.approval_id == session.approval_id

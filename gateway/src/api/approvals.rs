@@ -1,4 +1,5 @@
-//! `/v1/approvals`: reviewers list and decide executions held for human review; and the
+//! `/v1/approvals`: reviewers list and decide executions and sessions held for human review;
+//! and the
 //! execution listing the review page shows (`GET /v1/executions?limit=&status=`).
 
 use std::sync::Arc;
@@ -19,7 +20,7 @@ use super::executions::ExecutionView;
 use super::json::ApiJson;
 use super::listing::{non_empty, DEFAULT_LIMIT, MAX_LIMIT};
 use super::query::page_size;
-use crate::app::approvals::Review;
+use crate::app::approvals::{Review, Subject};
 use crate::app::App;
 use crate::audit::approvals::ApprovalRow;
 use crate::role::Role;
@@ -33,7 +34,13 @@ const DECIDERS: &[Role] = &[Role::Reviewer, Role::Admin];
 #[derive(Debug, Serialize)]
 pub struct ApprovalView {
     pub id: String,
-    pub execution_id: String,
+    /// What is held: `execution` or `session`.
+    pub subject: SubjectKind,
+    /// The execution held (`null` for a session's approval).
+    pub execution_id: Option<String>,
+    /// The session held (absent for an execution's approval).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     pub status: String,
     pub tenant: Option<String>,
     pub requested_by: Party,
@@ -47,10 +54,19 @@ pub struct ApprovalView {
     pub reasons: Vec<Reason>,
     /// What runs once approved: backend, runtime, image, limits, mounts, network grant.
     pub decision: Option<Value>,
-    /// What was asked (the policy input's request: language, code sha256, files, network...).
+    /// What was asked (the policy input's request: language, code sha256, files, network...;
+    /// for a session also its `idle_timeout_s` and `ttl_s`).
     pub request: Option<Value>,
     /// The start of the program text, while pending.
     pub code_preview: Option<String>,
+}
+
+/// What an approval holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SubjectKind {
+    Execution,
+    Session,
 }
 
 #[derive(Debug, Serialize)]
@@ -70,7 +86,13 @@ impl From<ApprovalRow> for ApprovalView {
         };
         ApprovalView {
             id: row.id,
+            subject: if row.session_id.is_some() {
+                SubjectKind::Session
+            } else {
+                SubjectKind::Execution
+            },
             execution_id: row.execution_id,
+            session_id: row.session_id,
             status: row.status,
             tenant: row.tenant,
             requested_by: Party {
@@ -169,7 +191,8 @@ pub async fn get(
 }
 
 /// Approve or reject: `{"decision":"approve"|"reject","comment":"..."}`. Answers the approval
-/// and the execution (`queued` once approved; it then runs in the background).
+/// and the execution (`queued` once approved; it then runs in the background), or for a
+/// session's approval the session (`ready` once approved and started, `closed` when rejected).
 #[utoipa::path(
     post,
     path = "/v1/approvals/{id}",
@@ -182,7 +205,7 @@ pub async fn get(
     ),
     request_body = serde_json::Value,
     responses(
-        (status = 200, description = "the approval and its execution", body = serde_json::Value),
+        (status = 200, description = "the approval and its execution (or session)", body = serde_json::Value),
         super::openapi::ApiErrors,
     ),
 )]
@@ -195,11 +218,18 @@ pub async fn decide(
     caller.require_role(DECIDERS)?;
     // The body is read only for a caller who may call the route.
     let ApiJson(review) = ApiJson::<Review>::from_request(body, &app).await?;
-    let (approval, execution) = app.decide_approval(&caller.0, &id, review).await?;
-    Ok(Json(serde_json::json!({
-        "approval": ApprovalView::from(approval),
-        "execution": ExecutionView::from(execution),
-    })))
+    let (approval, subject) = app.decide_approval(&caller.0, &id, review).await?;
+    let approval = ApprovalView::from(approval);
+    Ok(Json(match subject {
+        Subject::Execution(execution) => serde_json::json!({
+            "approval": approval,
+            "execution": ExecutionView::from(*execution),
+        }),
+        Subject::Session(session) => serde_json::json!({
+            "approval": approval,
+            "session": super::sessions::view(*session)?,
+        }),
+    }))
 }
 
 fn bad_query(rejection: QueryRejection) -> ApiError {

@@ -51,7 +51,7 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
         last_used_at: row.last_used_at,
         expires_at: row.expires_at,
         closed_at: row.closed_at,
-        approval_id: None,
+        approval_id: row.approval_id,
     })
 }
 
@@ -65,6 +65,7 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
     request_body = serde_json::Value,
     responses(
         (status = 201, description = "the session, `ready`", body = SessionView),
+        (status = 202, description = "held for review: `pending_approval`, with `approval_id`", body = SessionView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -77,6 +78,9 @@ pub async fn create(
     let ApiJson(request) = ApiJson::<SessionRequest>::from_request(body, &app).await?;
     match app.create_session(&caller.0, request).await? {
         Opened::Ready(row) => Ok((StatusCode::CREATED, Json(view(row)?)).into_response()),
+        Opened::PendingApproval(row) => {
+            Ok((StatusCode::ACCEPTED, Json(view(row)?)).into_response())
+        }
         Opened::Denied(decision) => {
             let mut denied =
                 ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");

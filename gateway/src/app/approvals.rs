@@ -19,6 +19,7 @@ use super::request::{ExecutionRequest, FileUpload};
 use super::validate::decode_files;
 use super::{App, AppError};
 use crate::audit::approvals::{ApprovalRow, Held, NewApproval, PendingCaps, Verdict};
+use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 
 /// Longest reviewer comment.
@@ -28,6 +29,13 @@ pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
 pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired", "withdrawn"];
+
+/// What an approval held: an execution or a session, as it is once decided.
+#[derive(Debug)]
+pub enum Subject {
+    Execution(Box<ExecutionRow>),
+    Session(Box<SessionRow>),
+}
 
 /// `POST /v1/approvals/{id}` body.
 #[derive(Debug, Clone, Deserialize)]
@@ -123,7 +131,7 @@ impl App {
     }
 
     /// The configured bounds on what may wait for review.
-    fn pending_caps(&self) -> PendingCaps {
+    pub(super) fn pending_caps(&self) -> PendingCaps {
         let limits = &self.config.pending_approvals;
         let wide = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
         PendingCaps {
@@ -164,14 +172,15 @@ impl App {
     }
 
     /// Approves or rejects. Never by the requesting key nor by a key of the requesting
-    /// principal (403); a decided or expired approval is a conflict (409). On approval the
-    /// stored, reviewed decision runs through the queue; the returned row is then `queued`.
+    /// principal (403); a decided or expired approval is a conflict (409). On approval an
+    /// execution runs its stored, reviewed decision through the queue (the returned row is then
+    /// `queued`); a session's sandbox is started (`session_approvals.rs`).
     pub async fn decide_approval(
         self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
         review: Review,
-    ) -> Result<(ApprovalRow, ExecutionRow), AppError> {
+    ) -> Result<(ApprovalRow, Subject), AppError> {
         let comment = review.comment.as_deref().filter(|c| !c.is_empty());
         if let Some(comment) = comment {
             check_comment(comment)?;
@@ -185,30 +194,27 @@ impl App {
         }
         self.refuse_self_review(caller, &approval, review.decision)
             .await?;
+        let Some(execution_id) = approval.execution_id.clone() else {
+            let (approval, session) = self
+                .decide_session_approval(caller, &approval, &review)
+                .await?;
+            return Ok((approval, Subject::Session(Box::new(session))));
+        };
         let approve = review.decision == ReviewDecision::Approve;
-        if approve {
-            let runnable: Runnable = approval
-                .runnable
-                .as_ref()
-                .and_then(|value| serde_json::from_value(value.0.clone()).ok())
-                .ok_or_else(|| {
-                    AppError::Internal(format!("approval {id}: stored decision unreadable"))
-                })?;
-            self.still_runnable(&runnable).map_err(|why| {
-                AppError::Conflict(format!(
-                    "approval {id} cannot run as reviewed: {why}; reject it and ask again"
-                ))
-            })?;
-        }
+        let runnable = if approve {
+            Some(self.reviewed_runnable(&approval)?)
+        } else {
+            None
+        };
         // A slot in the queue and a place in the live set before the approval commits: a full
         // queue refuses (429) with the approval still pending, and the reaper never closes the
         // run between the commit and its start.
-        let admitted = if approve {
+        let admitted = if runnable.is_some() {
             let ticket = self
                 .scheduler
                 .admit(&approval.tenant.clone().unwrap_or_default())
                 .map_err(|full| AppError::RateLimited(full.to_string()))?;
-            let live = self.live.try_track(&approval.execution_id).ok_or_else(|| {
+            let live = self.live.try_track(&execution_id).ok_or_else(|| {
                 AppError::Conflict(format!("approval {id} is being decided by another request"))
             })?;
             Some((ticket, live))
@@ -231,16 +237,34 @@ impl App {
                 "approval {id} is no longer pending (decided or expired meanwhile)"
             )));
         };
-        tracing::info!(approval_id = %id, execution_id = %approval.execution_id, approve, "approval decided");
+        tracing::info!(approval_id = %id, execution_id = %execution_id, approve, "approval decided");
         let row = self
             .audit
-            .get_execution(&approval.execution_id)
+            .get_execution(&execution_id)
             .await?
             .ok_or(AppError::NotFound)?;
         if let Some((ticket, live)) = admitted {
             self.launch_approved(row.clone(), &decided, ticket, live)?;
         }
-        Ok((decided.approval, row))
+        Ok((decided.approval, Subject::Execution(Box::new(row))))
+    }
+
+    /// The decision a reviewer approves, as stored, if it can still run here (409 if not).
+    pub(super) fn reviewed_runnable(&self, approval: &ApprovalRow) -> Result<Runnable, AppError> {
+        let id = &approval.id;
+        let runnable: Runnable = approval
+            .runnable
+            .as_ref()
+            .and_then(|value| serde_json::from_value(value.0.clone()).ok())
+            .ok_or_else(|| {
+                AppError::Internal(format!("approval {id}: stored decision unreadable"))
+            })?;
+        self.still_runnable(&runnable).map_err(|why| {
+            AppError::Conflict(format!(
+                "approval {id} cannot run as reviewed: {why}; reject it and ask again"
+            ))
+        })?;
+        Ok(runnable)
     }
 
     async fn refuse_self_review(
@@ -258,7 +282,7 @@ impl App {
         };
         let event = NewEvent {
             kind: "approval.refused",
-            execution_id: Some(approval.execution_id.clone()),
+            execution_id: approval.execution_id.clone(),
             key_id: Some(caller.id.clone()),
             tenant: approval.tenant.clone(),
             decision_id: None,
@@ -266,6 +290,7 @@ impl App {
             reasons: json!([{"code": "approval.self_review", "message": message}]),
             input: json!({
                 "approval_id": approval.id,
+                "session_id": approval.session_id,
                 "decision": if decision == ReviewDecision::Approve { "approve" } else { "reject" },
                 "reviewer": {"key_id": caller.id, "principal": caller.principal},
             }),
@@ -318,7 +343,7 @@ impl App {
     pub async fn expire_approvals(&self) -> Result<usize, AppError> {
         let expired = self.audit.expire_approvals().await?;
         for approval in &expired {
-            tracing::info!(approval_id = %approval.id, execution_id = %approval.execution_id, "approval expired");
+            tracing::info!(approval_id = %approval.id, execution_id = ?approval.execution_id, session_id = ?approval.session_id, "approval expired");
         }
         Ok(expired.len())
     }
@@ -380,7 +405,7 @@ impl App {
 
 /// The reason added to the execution: `approval.approved` / `approval.rejected`, naming the
 /// reviewer's principal and carrying the comment.
-fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
+pub(super) fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
     Reason {
         code: format!("approval.{}", verb(approve)),
         message: match comment {
@@ -390,7 +415,7 @@ fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reas
     }
 }
 
-fn review_event(
+pub(super) fn review_event(
     caller: &ApiKey,
     approval: &ApprovalRow,
     approve: bool,
@@ -403,7 +428,7 @@ fn review_event(
         } else {
             "approval.rejected"
         },
-        execution_id: Some(approval.execution_id.clone()),
+        execution_id: approval.execution_id.clone(),
         key_id: Some(caller.id.clone()),
         tenant: approval.tenant.clone(),
         decision_id: None,
@@ -411,6 +436,7 @@ fn review_event(
         reasons: json!([reason]),
         input: json!({
             "approval_id": approval.id,
+            "session_id": approval.session_id,
             "reviewer": {"key_id": caller.id, "principal": caller.principal, "role": caller.role},
             "requested_by": {
                 "key_id": approval.requester_key_id,

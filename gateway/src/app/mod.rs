@@ -22,6 +22,7 @@ pub mod replay;
 pub mod replicas;
 pub mod request;
 pub mod scheduler;
+pub mod session_approvals;
 mod session_relay;
 mod session_runs;
 pub mod sessions;

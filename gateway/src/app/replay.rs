@@ -1,4 +1,5 @@
-//! `sandgate policy replay`: re-decide the stored inputs of past execution decisions with a
+//! `sandgate policy replay`: re-decide the stored inputs of past decisions (executions, and
+//! session openings: allowed, denied or held for review) with a
 //! candidate bundle and report what would change. The blast radius of a policy change, measured
 //! on real traffic before it ships.
 
@@ -112,6 +113,9 @@ impl Change {
 #[derive(Debug, Clone, Serialize)]
 pub struct ChangedCase {
     pub execution_id: Option<String>,
+    /// Set for a session opening's decision (a request of kind `session`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
     pub at: String,
     pub tenant: String,
     pub language: String,
@@ -233,7 +237,10 @@ fn render_case(out: &mut String, case: &ChangedCase) {
         out,
         "  {} {} tenant {}, {}",
         case.at,
-        case.execution_id.as_deref().unwrap_or("-"),
+        case.execution_id
+            .as_deref()
+            .or(case.session_id.as_deref())
+            .unwrap_or("-"),
         case.tenant,
         case.language
     );
@@ -306,6 +313,7 @@ pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayRepo
         count(&mut report, &changes);
         report.changed.push(ChangedCase {
             execution_id: past.execution_id.clone(),
+            session_id: past.session_id.clone(),
             at: past.at.to_rfc3339(),
             tenant: past.input["principal"]["tenant"]
                 .as_str()

@@ -85,7 +85,11 @@ impl App {
             return Ok(None);
         }
         let row = self.get_session(caller, id).await?;
-        let elsewhere = !row.is(SessionStatus::Closed) && row.instance != self.instance;
+        // A session waiting for review is held by no replica (its instance is empty): every
+        // replica answers it the same way (409 naming the approval).
+        let elsewhere = !row.is(SessionStatus::Closed)
+            && !row.is(SessionStatus::PendingApproval)
+            && row.instance != self.instance;
         Ok(elsewhere.then_some(row))
     }
 

@@ -366,6 +366,13 @@ impl App {
 }
 
 fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
+    if row.is(SessionStatus::PendingApproval) {
+        // Held for review, or approved and starting: no sandbox runs code yet.
+        return AppError::Conflict(format!(
+            "session {id} awaits approval {}: nothing runs in it until a reviewer approves it",
+            row.approval_id.as_deref().unwrap_or("(unknown)")
+        ));
+    }
     if !row.is(SessionStatus::Closed) {
         // Open in the store under this replica's name, but not held by this run of it: a
         // previous run left it, and the start-up sweep closes it (`gateway_restart`).

@@ -76,6 +76,8 @@ pub struct TurnLimits {
 pub enum Opened {
     Ready(SessionRow),
     Denied(Decision),
+    /// Held for review (202): the row is `pending_approval` and names its `approval_id`.
+    PendingApproval(SessionRow),
 }
 
 /// The open sessions this gateway holds.
@@ -133,9 +135,13 @@ impl App {
                 request.language
             ))
         })?;
-        if self.sessions.open_for(&caller.tenant) >= self.config.max_sessions {
+        // Sessions waiting for review count too: approving one must not pass the limit.
+        let open = self.sessions.open_for(&caller.tenant)
+            + self.audit.pending_sessions(&caller.tenant).await?;
+        if open >= self.config.max_sessions {
             return Err(AppError::RateLimited(format!(
-                "tenant {} already has {} open sessions (max_sessions); close one first",
+                "tenant {} already has {open} open or pending sessions (max_sessions {}); \
+                 close one first",
                 caller.tenant, self.config.max_sessions
             )));
         }
@@ -169,7 +175,18 @@ impl App {
         };
         let runnable = match runnable {
             Some(runnable) if !decision.require_approval => runnable,
-            _ => {
+            Some(runnable) => {
+                let held = super::session_approvals::HeldSession {
+                    id: &id,
+                    request: &request,
+                    input: &input,
+                    decision: &decision,
+                    runnable: &runnable,
+                    event: event("approval.requested"),
+                };
+                return self.hold_session(caller, held).await;
+            }
+            None => {
                 self.audit.record_event(&event("session.denied")).await?;
                 return Ok(Opened::Denied(decision));
             }
@@ -187,7 +204,7 @@ impl App {
         let held = self
             .start_session(
                 &id,
-                caller,
+                &caller.tenant,
                 runner,
                 &request.language,
                 runnable,
@@ -213,6 +230,7 @@ impl App {
             last_used_at: now,
             expires_at: now + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(0)),
             closed_at: None,
+            approval_id: None,
         };
         let stored = async {
             self.audit.insert_session(&row).await?;
@@ -222,19 +240,30 @@ impl App {
             release(held).await;
             return Err(err.into());
         }
+        self.keep_open(id, &caller.tenant, held, (idle, ttl));
+        Ok(Opened::Ready(row))
+    }
+
+    /// Holds a started session open on this gateway and watches its idle and total lifetime.
+    pub(super) fn keep_open(
+        self: &Arc<Self>,
+        id: String,
+        tenant: &str,
+        held: Held,
+        (idle, ttl): (u64, u64),
+    ) {
         let open = Arc::new(OpenSession {
-            tenant: caller.tenant.clone(),
+            tenant: tenant.to_owned(),
             held: tokio::sync::Mutex::new(Some(held)),
             last_used: Mutex::new(Instant::now()),
             closing: self.shutdown.child_token(),
         });
         self.sessions.lock().insert(id.clone(), Arc::clone(&open));
         self.watch_session(id, open, idle, ttl);
-        Ok(Opened::Ready(row))
     }
 
     /// The idle limit and lifetime asked for, capped by the ceilings.
-    fn session_lifetimes(&self, request: &SessionRequest) -> (u64, u64) {
+    pub(super) fn session_lifetimes(&self, request: &SessionRequest) -> (u64, u64) {
         let ceilings = &self.config.ceilings;
         let idle = request
             .idle_timeout_s
@@ -248,10 +277,10 @@ impl App {
     }
 
     /// The sandbox, its grant, the opening line.
-    async fn start_session(
+    pub(super) async fn start_session(
         &self,
         id: &str,
-        caller: &ApiKey,
+        tenant: &str,
         runner: SessionRunner,
         language: &str,
         runnable: Runnable,
@@ -291,7 +320,7 @@ impl App {
                     proxy,
                     &home.egress_dir,
                     id,
-                    &caller.tenant,
+                    tenant,
                     grant,
                     self.shutdown.child_token(),
                 )
@@ -446,6 +475,17 @@ impl App {
         if row.is(SessionStatus::Closed) {
             return Ok(row);
         }
+        let mut row = row;
+        if row.is(SessionStatus::PendingApproval) && self.sessions.get(id).is_none() {
+            if let Some(closed) = self.withdraw_session(caller, &row).await? {
+                return Ok(closed);
+            }
+            // Decided meanwhile: act on what it is now.
+            row = self.get_session(caller, id).await?;
+            if row.is(SessionStatus::Closed) {
+                return Ok(row);
+            }
+        }
         if row.instance != self.instance && self.sessions.get(id).is_none() {
             return self.relay_session_close(caller, &row).await;
         }
@@ -457,7 +497,7 @@ impl App {
 }
 
 /// Removes the sandbox and its host side; the slot and the live entry go with `held`.
-async fn release(held: Held) {
+pub(super) async fn release(held: Held) {
     let Held {
         sandbox,
         home,

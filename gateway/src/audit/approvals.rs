@@ -1,5 +1,6 @@
-//! The `approvals` table: executions held for human review. Every change of an approval and of
-//! its execution row commits together with its audit event.
+//! The `approvals` table: executions and sessions held for human review. Every change of an
+//! approval and of its execution (or session, `session_approvals.rs`) row commits together with
+//! its audit event. An approval has exactly one subject: `execution_id` or `session_id`.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -15,7 +16,10 @@ use crate::status::ExecutionStatus;
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApprovalRow {
     pub id: String,
-    pub execution_id: String,
+    /// The execution held, or `None` for a session's approval.
+    pub execution_id: Option<String>,
+    /// The session held, or `None` for an execution's approval.
+    pub session_id: Option<String>,
     pub status: String,
     pub tenant: Option<String>,
     pub requester_key_id: Option<String>,
@@ -39,7 +43,8 @@ pub struct ApprovalRow {
 type Taken = (String, Option<Json<Value>>, Option<Json<Value>>);
 
 /// Selected columns; the code preview is the first 8192 characters of the program.
-const COLUMNS: &str = "id, execution_id, status, tenant, requester_key_id, requester_principal, \
+pub(super) const COLUMNS: &str =
+    "id, execution_id, session_id, status, tenant, requester_key_id, requester_principal, \
      created_at, expires_at, decided_at, reviewer_key_id, reviewer_principal, comment, reasons, \
      runnable, summary, left(request->>'code', 8192) AS code_preview";
 
@@ -118,7 +123,7 @@ impl AuditStore {
     ) -> Result<Held, AuditError> {
         let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
-        if let Some(full) = pending_cap_reached(&mut tx, row, approval, caps).await? {
+        if let Some(full) = pending_cap_reached(&mut tx, &row.tenant, approval, caps).await? {
             return Ok(Held::Full(full));
         }
         insert_execution(&mut tx, row).await?;
@@ -292,40 +297,47 @@ impl AuditStore {
     }
 
     /// Expires every pending approval past its `expires_at`: the approval becomes `expired`,
-    /// its execution `denied` (reason `approval.expired`), each with an `approval.expired` audit
-    /// event, in one transaction. Returns the expired approvals.
+    /// its execution `denied` (reason `approval.expired`) or its session `closed` (`expired`,
+    /// with `session.closed`), each with an `approval.expired` audit event, in one transaction.
+    /// Returns the expired approvals.
     pub async fn expire_approvals(&self) -> Result<Vec<ApprovalRow>, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let expired: Vec<(String, String, Option<String>, DateTime<Utc>)> = sqlx::query_as(
+        let expired: Vec<Expired> = sqlx::query_as(
             "UPDATE approvals SET status = 'expired', decided_at = now(), request = NULL \
              WHERE id IN (SELECT id FROM approvals WHERE status = 'pending' \
              AND expires_at <= now() ORDER BY expires_at FOR UPDATE SKIP LOCKED) \
-             RETURNING id, execution_id, tenant, expires_at",
+             RETURNING id, execution_id, session_id, tenant, expires_at",
         )
         .fetch_all(&mut *tx)
         .await?;
         let mut denied = 0;
-        for (id, execution_id, tenant, expires_at) in &expired {
+        for (id, execution_id, session_id, tenant, expires_at) in &expired {
             let reason = Reason {
                 code: "approval.expired".to_owned(),
                 message: format!("no reviewer decided before {}", expires_at.to_rfc3339()),
             };
-            if deny_execution(&mut tx, execution_id, &reason).await? {
-                denied += 1;
+            if let Some(execution_id) = execution_id {
+                if deny_execution(&mut tx, execution_id, &reason).await? {
+                    denied += 1;
+                }
             }
             let event = NewEvent {
                 kind: "approval.expired",
-                execution_id: Some(execution_id.clone()),
+                execution_id: execution_id.clone(),
                 key_id: None,
                 tenant: tenant.clone(),
                 decision_id: None,
                 allow: Some(false),
                 reasons: json!([reason]),
-                input: json!({"approval_id": id, "expires_at": expires_at}),
+                input: json!({"approval_id": id, "session_id": session_id, "expires_at": expires_at}),
                 decision: json!({"status": "expired"}),
                 policy_revision: None,
             };
             chain::append(&mut tx, &event).await?;
+            if let Some(session_id) = session_id {
+                let expired = crate::session_wire::ClosedReason::Expired;
+                super::session_approvals::close_held(&mut tx, session_id, expired, &reason).await?;
+            }
         }
         tx.commit().await?;
         for _ in 0..denied {
@@ -341,17 +353,26 @@ impl AuditStore {
     }
 }
 
+/// An approval the expiry sweep closed: id, execution, session, tenant, expiry.
+type Expired = (
+    String,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    DateTime<Utc>,
+);
+
 /// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
 /// `approval.request_bytes` would pass. Expired but unswept approvals do not count.
-async fn pending_cap_reached(
+pub(super) async fn pending_cap_reached(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
-    row: &ExecutionRow,
+    tenant: &str,
     approval: &NewApproval,
     caps: &PendingCaps,
 ) -> Result<Option<String>, AuditError> {
     sqlx::query("SELECT pg_advisory_xact_lock($1, hashtext($2))")
         .bind(PENDING_LOCK_CLASS)
-        .bind(&row.tenant)
+        .bind(tenant)
         .execute(&mut **tx)
         .await?;
     let (tenant_count, tenant_bytes, key_count, key_bytes): (i64, i64, i64, i64) = sqlx::query_as(
@@ -360,7 +381,7 @@ async fn pending_cap_reached(
              COALESCE(sum(request_bytes) FILTER (WHERE requester_key_id = $2), 0)::bigint \
              FROM approvals WHERE status = 'pending' AND expires_at > now() AND tenant = $1",
     )
-    .bind(&row.tenant)
+    .bind(tenant)
     .bind(&approval.requester_key_id)
     .fetch_one(&mut **tx)
     .await?;

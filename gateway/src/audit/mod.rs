@@ -13,6 +13,7 @@ pub mod keys;
 pub mod read;
 pub mod replicas;
 pub mod review;
+pub mod session_approvals;
 pub mod session_turns;
 pub mod sessions;
 pub mod verify;
@@ -363,14 +364,23 @@ impl AuditStore {
         Ok(row)
     }
 
-    /// Execution decisions recorded since `since`, oldest first.
+    /// Policy decisions recorded since `since`, oldest first: every execution's, and every
+    /// session opening's (`session.created` / `session.denied` as decided, `approval.requested`
+    /// of a session held for review; each keeps the policy input under `input.request`).
     pub async fn execution_decisions_since(
         &self,
         since: DateTime<Utc>,
     ) -> Result<Vec<StoredDecision>, AuditError> {
         let rows = sqlx::query_as(
-            "SELECT execution_id, at, input, decision FROM audit_events \
-             WHERE kind = 'execution.decision' AND at >= $1 ORDER BY seq",
+            "SELECT execution_id, session_id, at, input, decision FROM ( \
+               SELECT seq, execution_id, NULL::text AS session_id, at, input, decision \
+               FROM audit_events WHERE kind = 'execution.decision' AND at >= $1 \
+               UNION ALL \
+               SELECT seq, NULL, input->>'session_id', at, input->'request', \
+               coalesce(decision->'policy', decision) FROM audit_events \
+               WHERE kind IN ('session.created', 'session.denied', 'approval.requested') \
+               AND at >= $1 AND input ? 'session_id' AND input ? 'request') AS d \
+             ORDER BY seq",
         )
         .bind(since)
         .fetch_all(&self.pool)
@@ -447,6 +457,8 @@ impl AuditStore {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct StoredDecision {
     pub execution_id: Option<String>,
+    /// Set for a session opening's decision.
+    pub session_id: Option<String>,
     pub at: DateTime<Utc>,
     pub input: Value,
     pub decision: Value,

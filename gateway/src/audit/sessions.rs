@@ -27,6 +27,8 @@ pub struct SessionRow {
     pub last_used_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
+    /// Set when it was held for review: its approval.
+    pub approval_id: Option<String>,
 }
 
 impl SessionRow {

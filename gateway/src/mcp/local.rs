@@ -48,7 +48,7 @@ impl Runner for Local {
         let request: SessionRequest = serde_json::from_value(body).map_err(invalid)?;
         let opened = self.app.create_session(&self.caller, request).await;
         match opened.map_err(|err| refusal(ApiError::from(err)))? {
-            Opened::Ready(row) => session_value(row),
+            Opened::Ready(row) | Opened::PendingApproval(row) => session_value(row),
             Opened::Denied(decision) => {
                 let mut denied =
                     ApiError::new(ErrorCode::PolicyDenied, "the policy denied this session");

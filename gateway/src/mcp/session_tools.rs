@@ -169,12 +169,20 @@ fn described(session: &Value, what: &str) -> Value {
             session["idle_timeout_s"]
         ));
     }
+    if status == "pending_approval" {
+        text.push_str(&format!(
+            "; it awaits approval {} by a human reviewer: nothing runs in it until then \
+             (run_in_session answers a conflict meanwhile)",
+            session["approval_id"].as_str().unwrap_or_default()
+        ));
+    }
     json!({
         "content": [{"type": "text", "text": text}],
         "structuredContent": {
             "session_id": id, "status": status, "closed_reason": session["closed_reason"],
             "language": session["language"], "idle_timeout_s": session["idle_timeout_s"],
             "expires_at": session["expires_at"], "executions": session["executions"],
+            "approval_id": session["approval_id"],
         },
         "isError": false,
     })
@@ -200,6 +208,24 @@ mod tests {
             body,
             json!({"code": "x + 1", "files": [], "limits": {"timeout_ms": 500}})
         );
+    }
+
+    #[test]
+    fn a_held_session_is_described_as_awaiting_its_approval() {
+        let held = json!({
+            "id": "ss_1", "status": "pending_approval", "approval_id": "ap_7",
+            "language": "python", "idle_timeout_s": 60,
+        });
+        let result = described(&held, "open");
+        let text = result["content"][0]["text"].as_str().unwrap();
+        assert!(text.contains("status pending_approval"), "{text}");
+        assert!(text.contains("awaits approval ap_7"), "{text}");
+        assert!(
+            !text.contains("pass session_id"),
+            "not yet runnable: {text}"
+        );
+        assert_eq!(result["structuredContent"]["approval_id"], "ap_7");
+        assert_eq!(result["isError"], false);
     }
 
     #[test]

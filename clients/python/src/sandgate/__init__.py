@@ -20,6 +20,7 @@ from .errors import (
     RateLimited,
     Reason,
     SandgateError,
+    SessionNotApproved,
     Unauthenticated,
     Unavailable,
 )
@@ -45,6 +46,7 @@ __all__ = [
     "Reason",
     "SandgateError",
     "Session",
+    "SessionNotApproved",
     "Unauthenticated",
     "Unavailable",
 ]

@@ -12,7 +12,7 @@ import httpx
 from . import _wire
 from .errors import SandgateError
 from .errors import NotFound
-from .models import Event, ExecutionRecord, SessionRecord, event_from, record_from, session_from
+from .models import Event, ExecutionRecord, SessionRecord, approval_outcome, event_from, record_from, session_from
 
 
 class AsyncClient:
@@ -213,6 +213,16 @@ class AsyncSession(SessionRecord):
     async def refresh(self) -> "AsyncSession":
         response = await self._client._request("GET", f"/v1/sessions/{self.id}")
         self.__dict__.update(session_from(response.json()).__dict__)
+        return self
+
+    async def wait_for_approval(self, timeout: float = 3600.0, poll: float = 1.0) -> "AsyncSession":
+        """As ``Session.wait_for_approval``."""
+        deadline = time.monotonic() + timeout
+        while approval_outcome(self) is None:
+            if time.monotonic() > deadline:
+                raise SandgateError(f"session {self.id} still awaits approval {self.approval_id} after {timeout} s")
+            await asyncio.sleep(poll)
+            await self.refresh()
         return self
 
     async def close(self) -> None:

@@ -11,7 +11,7 @@ import httpx
 from . import _wire
 from .errors import SandgateError
 from .errors import NotFound
-from .models import Event, ExecutionRecord, SessionRecord, event_from, record_from, session_from
+from .models import Event, ExecutionRecord, SessionRecord, approval_outcome, event_from, record_from, session_from
 
 
 class Client:
@@ -105,7 +105,8 @@ class Client:
         """Opens a session (DESIGN 10): one sandbox whose interpreter, variables and
         ``/workspace`` persist across ``run`` calls; closed on leaving ``with``.
         Raises ``PolicyDenied`` when the policy refuses it; ``status`` is ``pending_approval``
-        when it went to a reviewer."""
+        (with ``approval_id``) when it went to a reviewer: nothing runs in it until then
+        (``run`` raises ``Conflict``), and ``wait_for_approval()`` waits for the decision."""
         body = _wire.session_body(language, network, mounts, limits, labels, idle_timeout_s, ttl_s)
         return Session(self, session_from(self._request("POST", "/v1/sessions", json=body).json()))
 
@@ -211,6 +212,19 @@ class Session(SessionRecord):
     def refresh(self) -> "Session":
         body = self._client._request("GET", f"/v1/sessions/{self.id}").json()
         self.__dict__.update(session_from(body).__dict__)
+        return self
+
+    def wait_for_approval(self, timeout: float = 3600.0, poll: float = 1.0) -> "Session":
+        """For a ``pending_approval`` session: waits until a reviewer approved it and it is
+        ``ready``. Raises ``SessionNotApproved`` when it closed instead (rejected, expired,
+        withdrawn, or its sandbox did not start), ``SandgateError`` after ``timeout`` seconds.
+        Returns at once for a session that was never held."""
+        deadline = time.monotonic() + timeout
+        while approval_outcome(self) is None:
+            if time.monotonic() > deadline:
+                raise SandgateError(f"session {self.id} still awaits approval {self.approval_id} after {timeout} s")
+            time.sleep(poll)
+            self.refresh()
         return self
 
     def close(self) -> None:

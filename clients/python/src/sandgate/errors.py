@@ -63,6 +63,20 @@ class Conflict(SandgateError):
     """409: e.g. cancelling an execution that has already finished."""
 
 
+class SessionNotApproved(SandgateError):
+    """A session held for review (``pending_approval``) closed instead of becoming ``ready``:
+    ``closed_reason`` is ``denied`` (a reviewer rejected it), ``expired`` (nobody decided in
+    time), ``deleted`` (withdrawn) or ``start_failed`` (approved, but its sandbox did not start).
+    Raised by ``Session.wait_for_approval``."""
+
+    def __init__(self, message: str, *, session_id: str, approval_id: Optional[str],
+                 closed_reason: Optional[str], **kw: Any) -> None:
+        super().__init__(message, **kw)
+        self.session_id = session_id
+        self.approval_id = approval_id
+        self.closed_reason = closed_reason
+
+
 class PayloadTooLarge(SandgateError):
     """413: the request body is over the gateway's limit."""
 

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from .errors import Reason
+from .errors import Reason, SessionNotApproved
 
 #: Statuses after which an execution never changes again.
 FINAL_STATUSES = frozenset(
@@ -132,6 +132,22 @@ class SessionRecord:
     approval_id: Optional[str] = None
     closed_reason: Optional[str] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+def approval_outcome(session: SessionRecord) -> Optional[bool]:
+    """For a session that was held for review: ``None`` while it waits, ``True`` once it is
+    open, ``False`` once it closed without opening (raises ``SessionNotApproved``)."""
+    if session.status == "pending_approval":
+        return None
+    if session.status == "closed":
+        raise SessionNotApproved(
+            f"session {session.id} was not opened: it closed ({session.closed_reason}) "
+            f"instead of being approved (approval {session.approval_id})",
+            session_id=session.id,
+            approval_id=session.approval_id,
+            closed_reason=session.closed_reason,
+        )
+    return True
 
 
 def session_from(body: Dict[str, Any]) -> SessionRecord:

@@ -1,0 +1,352 @@
+//! Sessions held for review (DESIGN 10: `POST /v1/sessions` -> 202 `pending_approval`) through
+//! the real stack: the shipped policy, PostgreSQL, dockerd + runsc and sandbox-init's session
+//! runner. Held -> approved by a reviewer of another principal -> `ready`, state kept; held ->
+//! rejected -> `closed` (`denied`); held -> withdrawn (`DELETE`); held -> expired; a held session
+//! counts against `max_sessions`; every step audited and the chain intact.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
+
+mod common;
+
+use std::time::Duration;
+
+use common::TestGateway;
+use gateway::audit::AuditStore;
+use serde_json::{json, Value};
+
+/// A session asking for a destination acme's allowlist does not cover: the shipped policy
+/// sends it to review (`network.review_required`).
+fn held_body() -> Value {
+    json!({
+        "language": "python",
+        "network": [{"host": "review.example", "port": 443}],
+        "idle_timeout_s": 120,
+        "ttl_s": 600,
+    })
+}
+
+async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> String {
+    let pool = gw.pool().await;
+    let key = AuditStore::new(pool.clone())
+        .create_key_for(role, "acme", Some(principal))
+        .await
+        .unwrap();
+    pool.close().await;
+    key.secret
+}
+
+/// Opens a session the policy holds; returns (session id, approval id).
+async fn held(gw: &TestGateway, agent: &str) -> (String, String) {
+    let (status, body) = gw.post(agent, "/v1/sessions", &held_body()).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["status"], "pending_approval", "{body}");
+    assert!(
+        body["container"].is_null(),
+        "no sandbox while pending: {body}"
+    );
+    assert_eq!(body["decision"]["require_approval"], true, "{body}");
+    let approval = body["approval_id"].as_str().unwrap().to_owned();
+    assert!(approval.starts_with("ap_"), "{body}");
+    (body["id"].as_str().unwrap().to_owned(), approval)
+}
+
+async fn run(gw: &TestGateway, key: &str, id: &str, code: &str) -> (u16, Value) {
+    let path = format!("/v1/sessions/{id}/executions");
+    gw.post(key, &path, &json!({ "code": code })).await
+}
+
+async fn session(gw: &TestGateway, key: &str, id: &str) -> Value {
+    let (status, body) = gw.get(key, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+async fn delete(gw: &TestGateway, key: &str, id: &str) -> (u16, Value) {
+    let response = gw
+        .http
+        .delete(format!("{}/v1/sessions/{id}", gw.url))
+        .bearer_auth(key)
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+async fn decide(gw: &TestGateway, reviewer: &str, approval: &str, decision: &str) -> Value {
+    let path = format!("/v1/approvals/{approval}");
+    let (status, body) = gw
+        .post(
+            reviewer,
+            &path,
+            &json!({"decision": decision, "comment": "checked"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The audit events naming the session, in order: (kind, input).
+async fn events_of(gw: &TestGateway, session_id: &str) -> Vec<(String, Value)> {
+    let pool = gw.pool().await;
+    let rows = sqlx::query_as(
+        "SELECT kind, input FROM audit_events WHERE input->>'session_id' = $1 ORDER BY seq",
+    )
+    .bind(session_id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    rows
+}
+
+fn kinds(events: &[(String, Value)]) -> Vec<&str> {
+    events.iter().map(|(kind, _)| kind.as_str()).collect()
+}
+
+async fn chain_verifies(gw: &TestGateway) {
+    let auditor = key_for(gw, "auditor", "audit-team").await;
+    let (status, body) = gw.get(&auditor, "/v1/audit/verify").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["broken"].is_null(), "{body}");
+}
+
+#[tokio::test]
+async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    let own_reviewer = key_for(&gw, "reviewer", "team-a").await;
+    let bob = key_for(&gw, "reviewer", "bob").await;
+    let (id, approval) = held(&gw, &agent).await;
+
+    // Nothing runs in it while it waits; the refusal names the approval.
+    let (status, body) = run(&gw, &agent, &id, "1").await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"]["code"], "conflict", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("awaits approval {approval}")),
+        "{body}"
+    );
+
+    // The reviewer sees what was asked: a session, its language, network and lifetimes.
+    let (status, listed) = gw.get(&bob, &format!("/v1/approvals/{approval}")).await;
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["subject"], "session", "{listed}");
+    assert_eq!(listed["session_id"], id.as_str(), "{listed}");
+    assert!(listed["execution_id"].is_null(), "{listed}");
+    assert_eq!(listed["request"]["kind"], "session", "{listed}");
+    assert_eq!(listed["request"]["language"], "python", "{listed}");
+    assert_eq!(listed["request"]["network"][0]["host"], "review.example");
+    assert_eq!(listed["request"]["idle_timeout_s"], 120, "{listed}");
+    assert_eq!(listed["request"]["ttl_s"], 600, "{listed}");
+    assert_eq!(
+        listed["decision"]["network"]["allow"][0]["host"],
+        "review.example"
+    );
+
+    // Not by the requesting principal.
+    let path = format!("/v1/approvals/{approval}");
+    let (status, body) = gw
+        .post(&own_reviewer, &path, &json!({"decision": "approve"}))
+        .await;
+    assert_eq!(status, 403, "{body}");
+
+    let decided = decide(&gw, &bob, &approval, "approve").await;
+    assert_eq!(decided["approval"]["status"], "approved", "{decided}");
+    assert_eq!(decided["session"]["status"], "ready", "{decided}");
+    let ready = session(&gw, &agent, &id).await;
+    assert_eq!(ready["status"], "ready", "{ready}");
+    assert!(ready["container"].is_string(), "{ready}");
+    assert_eq!(ready["approval_id"], approval.as_str(), "{ready}");
+
+    let (status, first) = run(&gw, &agent, &id, "x = 1").await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["status"], "succeeded", "{first}");
+    let (_, second) = run(&gw, &agent, &id, "x + 1").await;
+    assert_eq!(second["result"], "2", "{second}");
+
+    let (status, closed) = delete(&gw, &agent, &id).await;
+    assert_eq!(status, 200, "{closed}");
+    assert_eq!(closed["closed_reason"], "deleted", "{closed}");
+
+    let events = events_of(&gw, &id).await;
+    assert_eq!(
+        kinds(&events),
+        [
+            "approval.requested",
+            "approval.refused",
+            "approval.approved",
+            "session.created",
+            "session.closed",
+        ],
+        "{events:?}"
+    );
+    let requested = &events[0].1;
+    assert_eq!(requested["approval_id"], approval.as_str());
+    assert_eq!(requested["request"]["request"]["kind"], "session");
+    let pool = gw.pool().await;
+    let outcome: String = sqlx::query_scalar(
+        "SELECT outcome FROM v_decisions WHERE kind = 'approval.requested' LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    assert_eq!(outcome, "review", "dashboards count the hold as a review");
+    let created = &events[3].1;
+    assert_eq!(created["approval_id"], approval.as_str(), "{created}");
+    assert_eq!(created["reviewer"]["principal"], "bob", "{created}");
+    chain_verifies(&gw).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_rejected_session_closes_denied_and_runs_nothing() {
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    let bob = key_for(&gw, "reviewer", "bob").await;
+    let (id, approval) = held(&gw, &agent).await;
+
+    let decided = decide(&gw, &bob, &approval, "reject").await;
+    assert_eq!(decided["approval"]["status"], "rejected", "{decided}");
+    assert_eq!(decided["session"]["status"], "closed", "{decided}");
+    let closed = session(&gw, &agent, &id).await;
+    assert_eq!(closed["status"], "closed", "{closed}");
+    assert_eq!(closed["closed_reason"], "denied", "{closed}");
+    assert!(closed["container"].is_null(), "{closed}");
+
+    let (status, body) = run(&gw, &agent, &id, "1").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed (denied)"),
+        "{body}"
+    );
+    // Deciding again is a conflict.
+    let path = format!("/v1/approvals/{approval}");
+    let (status, _) = gw.post(&bob, &path, &json!({"decision": "approve"})).await;
+    assert_eq!(status, 409);
+
+    let events = events_of(&gw, &id).await;
+    assert_eq!(
+        kinds(&events),
+        ["approval.requested", "approval.rejected", "session.denied"],
+        "{events:?}"
+    );
+    assert_eq!(events[2].1["reviewer"]["principal"], "bob", "{events:?}");
+    chain_verifies(&gw).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_held_session_counts_toward_max_sessions_and_delete_withdraws_it() {
+    let url = common::fresh_database().await;
+    let gw = TestGateway::start_with(Some(url), |config| config.max_sessions = 1).await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    let bob = key_for(&gw, "reviewer", "bob").await;
+    let (id, approval) = held(&gw, &agent).await;
+
+    let plain = json!({"language": "python"});
+    let (status, body) = gw.post(&agent, "/v1/sessions", &plain).await;
+    assert_eq!(status, 429, "the pending one fills max_sessions: {body}");
+
+    let (status, withdrawn) = delete(&gw, &agent, &id).await;
+    assert_eq!(status, 200, "{withdrawn}");
+    assert_eq!(withdrawn["status"], "closed", "{withdrawn}");
+    assert_eq!(withdrawn["closed_reason"], "deleted", "{withdrawn}");
+    let (_, listed) = gw.get(&bob, &format!("/v1/approvals/{approval}")).await;
+    assert_eq!(listed["status"], "withdrawn", "{listed}");
+    let path = format!("/v1/approvals/{approval}");
+    let (status, _) = gw.post(&bob, &path, &json!({"decision": "approve"})).await;
+    assert_eq!(status, 409, "a withdrawn approval cannot be decided");
+
+    let (status, body) = gw.post(&agent, "/v1/sessions", &plain).await;
+    assert_eq!(status, 201, "the place is free again: {body}");
+    let events = events_of(&gw, &id).await;
+    assert_eq!(
+        kinds(&events),
+        ["approval.requested", "approval.withdrawn", "session.closed"],
+        "{events:?}"
+    );
+    chain_verifies(&gw).await;
+    gw.stop().await;
+}
+
+#[tokio::test]
+async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
+    let url = common::fresh_database().await;
+    let gw = TestGateway::start_with(Some(url), |config| config.approval_ttl_s = 2).await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    let (id, approval) = held(&gw, &agent).await;
+
+    let mut closed = Value::Null;
+    for _ in 0..100 {
+        closed = session(&gw, &agent, &id).await;
+        if closed["status"] == "closed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(closed["closed_reason"], "expired", "{closed}");
+    let events = events_of(&gw, &id).await;
+    assert_eq!(
+        kinds(&events),
+        ["approval.requested", "approval.expired", "session.closed"],
+        "{events:?}"
+    );
+    assert_eq!(events[1].1["approval_id"], approval.as_str());
+    chain_verifies(&gw).await;
+    gw.stop().await;
+}
+
+/// `sandgate policy replay` re-decides session openings: one held for review, one allowed and
+/// one denied. A candidate that stops sending acme's unlisted hosts to review turns the held
+/// one into a deny and leaves the others.
+#[tokio::test]
+async fn policy_replay_re_decides_session_openings_held_for_review() {
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "team-a").await;
+    held(&gw, &agent).await;
+    let plain = json!({"language": "python"});
+    let (status, opened) = gw.post(&agent, "/v1/sessions", &plain).await;
+    assert_eq!(status, 201, "{opened}");
+    let classroom = gw.key("agent", "classroom").await;
+    let (status, _) = gw.post(&classroom, "/v1/sessions", &plain).await;
+    assert_eq!(status, 403);
+
+    let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
+    let shipped = common::workspace_root().join("policies");
+    let (_, same) = gateway::commands::policy_replay(&config, &shipped, "1h")
+        .await
+        .unwrap();
+    assert_eq!((same.total, same.unchanged), (3, 3), "{same:?}");
+
+    let candidate = common::copy_of_shipped();
+    let tenants = candidate.path().join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    let stricter = text.replacen(
+        "review_unlisted_hosts: true",
+        "review_unlisted_hosts: false",
+        1,
+    );
+    assert_ne!(
+        text, stricter,
+        "the shipped acme sends unlisted hosts to review"
+    );
+    std::fs::write(&tenants, stricter).unwrap();
+    let (revision, report) = gateway::commands::policy_replay(&config, candidate.path(), "1h")
+        .await
+        .unwrap();
+    assert_eq!(report.total, 3, "{report:?}");
+    assert_eq!(report.transition("review->deny"), 1, "{report:?}");
+    assert_eq!(
+        report.changed[0].session_id.as_deref().map(|s| &s[..3]),
+        Some("ss_")
+    );
+    let rendered = report.render(&revision, 10);
+    assert!(rendered.contains("network.not_allowed"), "{rendered}");
+    let _ = delete(&gw, &agent, opened["id"].as_str().unwrap()).await;
+    gw.stop().await;
+}
