@@ -99,7 +99,8 @@ impl OutputArea {
     }
 
     /// Copies what the program left into `dest` (created), at most `budget` bytes of files.
-    /// Only call it once the sandbox has stopped (every process in it dead).
+    /// Only call it once nothing of the program runs any more (the sandbox stopped, or its init
+    /// reported every other process gone: see `runtime::Ran::settled`).
     pub fn collect(&self, dest: &Path, budget: u64) -> io::Result<Collected> {
         collect(&self.dir, dest, budget)
     }
