@@ -195,7 +195,15 @@ impl DockerSandbox {
         let ending = match (stop, pump.init_exit) {
             // Under runsc an OOM takes the init with it: an end the init reported is not one.
             (Stop::Ended, Some(code)) => Ending::Exited(code),
-            _ => self.inspect(stop, pump.init_exit).await?,
+            // dockerd only adds whether it was an OOM: without its answer the run's output and
+            // the init's word still stand.
+            _ => match self.inspect(stop, pump.init_exit).await {
+                Ok(ending) => ending,
+                Err(err) => {
+                    tracing::warn!(container = %self.name, error = %err, "inspecting the ended sandbox failed; its ending is the init's word");
+                    ending(stop, pump.init_exit, false, None)
+                }
+            },
         };
         Ok(Ran {
             ending,
