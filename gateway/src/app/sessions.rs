@@ -11,7 +11,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::Deserialize;
 use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
@@ -33,43 +32,7 @@ use crate::role::Role;
 use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
 use crate::session_wire::{ClosedReason, SessionStatus};
 
-/// Body of `POST /v1/sessions`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionRequest {
-    pub language: String,
-    #[serde(default)]
-    pub network: Vec<HostPort>,
-    #[serde(default)]
-    pub mounts: Vec<String>,
-    #[serde(default)]
-    pub limits: RequestedLimits,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub idle_timeout_s: Option<u64>,
-    pub ttl_s: Option<u64>,
-}
-
-/// Body of `POST /v1/sessions/{id}/executions`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionExecutionRequest {
-    pub code: String,
-    #[serde(default)]
-    pub files: Vec<FileUpload>,
-    #[serde(default)]
-    pub limits: TurnLimits,
-    /// `false`: answer 202 with the record as soon as the turn has started (follow it on
-    /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
-    #[serde(default)]
-    pub wait: Option<bool>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TurnLimits {
-    pub timeout_ms: Option<u64>,
-}
+pub use crate::session_wire::{SessionExecutionRequest, SessionRequest, TurnLimits};
 
 /// What became of `POST /v1/sessions`.
 #[derive(Debug)]
