@@ -92,7 +92,10 @@ mod tests {
         assert_eq!(body.error.code, ErrorCode::PolicyDenied);
         assert_eq!(body.error.code.http_status(), 403);
         assert_eq!(body.error.execution_id.as_deref(), Some("ex_1"));
-        assert_eq!(body.error.reasons.as_ref().unwrap()[0].code, "network.not_allowed");
+        assert_eq!(
+            body.error.reasons.as_ref().unwrap()[0].code,
+            "network.not_allowed"
+        );
         assert_eq!(serde_json::to_string(&body).unwrap(), text);
     }
 

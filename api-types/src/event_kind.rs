@@ -119,7 +119,10 @@ mod tests {
     #[test]
     fn serde_names_match_the_text_form() {
         crate::text_forms::assert_serde_matches(EventKind::ALL, |kind| kind.as_str());
-        assert_eq!(EventKind::parse("session.created"), Some(EventKind::SessionCreated));
+        assert_eq!(
+            EventKind::parse("session.created"),
+            Some(EventKind::SessionCreated)
+        );
         assert_eq!(EventKind::parse("session"), None);
     }
 

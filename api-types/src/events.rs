@@ -64,7 +64,10 @@ mod tests {
             stream_truncated: true,
             ..exit
         };
-        assert_eq!(serde_json::to_value(&lossy).unwrap()["stream_truncated"], true);
+        assert_eq!(
+            serde_json::to_value(&lossy).unwrap()["stream_truncated"],
+            true
+        );
     }
 
     #[test]

@@ -68,7 +68,8 @@ fn a_request_serialises_as_design_shows_and_refuses_unknown_fields() {
         serde_json::to_string(&request).unwrap(),
         r#"{"language":"python","code":"print(1)","network":[{"host":"pypi.org","port":443}],"limits":{"timeout_ms":5000},"wait":true}"#
     );
-    let read: ExecutionRequest = serde_json::from_str(r#"{"language":"bash","code":"true"}"#).unwrap();
+    let read: ExecutionRequest =
+        serde_json::from_str(r#"{"language":"bash","code":"true"}"#).unwrap();
     assert_eq!(read, ExecutionRequest::new("bash", "true"));
     let typo = r#"{"language":"bash","code":"true","limit":{}}"#;
     assert!(serde_json::from_str::<ExecutionRequest>(typo).is_err());

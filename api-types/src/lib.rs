@@ -33,7 +33,7 @@ pub use execution::{
 pub use policy::{HostPort, Limits, Reason, RequestedLimits};
 pub use role::Role;
 pub use session::{
-    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,
-    SessionView, TurnLimits,
+    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
+    TurnLimits,
 };
 pub use status::ExecutionStatus;

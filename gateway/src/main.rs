@@ -507,7 +507,7 @@ fn destinations(specs: &[String]) -> anyhow::Result<Vec<(String, u16)>> {
 }
 
 fn repl(args: ReplArgs, config: &Config) -> anyhow::Result<i32> {
-    use gateway::session_wire::{Destination, OpenSession};
+    use api_types::{HostPort, SessionRequest};
     let key = args.key.context(NO_KEY)?;
     let url = args
         .url
@@ -521,15 +521,15 @@ fn repl(args: ReplArgs, config: &Config) -> anyhow::Result<i32> {
     );
     let network = destinations(&args.net)?
         .into_iter()
-        .map(|(host, port)| Destination { host, port })
+        .map(|(host, port)| HostPort { host, port })
         .collect();
     let options = gateway::client::repl::ReplOptions {
-        session: OpenSession {
+        session: SessionRequest {
             language: args.lang,
             network,
             mounts: args.mount,
             idle_timeout_s: args.idle_timeout_s,
-            ttl_s: None,
+            ..SessionRequest::default()
         },
         timeout_ms: args.timeout_ms,
     };

@@ -27,23 +27,9 @@ pub const MAX_COMMENT_BYTES: usize = 1000;
 pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
-pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired", "withdrawn"];
 
-/// `POST /v1/approvals/{id}` body.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Review {
-    pub decision: ReviewDecision,
-    #[serde(default)]
-    pub comment: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReviewDecision {
-    Approve,
-    Reject,
-}
+/// `POST /v1/approvals/{id}` body, and where an approval is.
+pub use api_types::{ApprovalStatus, Review, ReviewDecision};
 
 /// What is kept of a held request to run it later: the parts not in the policy input.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -144,10 +130,11 @@ impl App {
         limit: i64,
     ) -> Result<Vec<ApprovalRow>, AppError> {
         if let Some(status) = status {
-            if !STATUSES.contains(&status) {
+            if ApprovalStatus::parse(status).is_none() {
+                let names: Vec<&str> = ApprovalStatus::ALL.iter().map(|s| s.as_str()).collect();
                 return Err(AppError::Invalid(format!(
                     "status must be one of {}",
-                    STATUSES.join(", ")
+                    names.join(", ")
                 )));
             }
         }
@@ -177,7 +164,7 @@ impl App {
             check_comment(comment)?;
         }
         let approval = self.get_approval(id).await?;
-        if approval.status != "pending" {
+        if ApprovalStatus::parse(&approval.status) != Some(ApprovalStatus::Pending) {
             return Err(AppError::Conflict(format!(
                 "approval {id} is already {}",
                 approval.status
@@ -326,9 +313,9 @@ impl App {
 
 fn verb(approve: bool) -> &'static str {
     if approve {
-        "approved"
+        ApprovalStatus::Approved.as_str()
     } else {
-        "rejected"
+        ApprovalStatus::Rejected.as_str()
     }
 }
 

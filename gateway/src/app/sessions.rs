@@ -15,14 +15,14 @@ use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
-use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits};
+use policy_engine::{Decision, RequestKind};
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::launch::{sandbox_env, with_egress};
 use super::pool::Shape;
 use super::reaper::LiveGuard;
-use super::request::{ExecutionRequest, FileUpload};
+use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
