@@ -104,7 +104,7 @@ pub async fn evaluate(
         }
     };
     let event = NewEvent {
-        kind: "policy.evaluate",
+        kind: api_types::EventKind::PolicyEvaluate,
         execution_id: None,
         key_id: Some(caller.0.id.clone()),
         tenant: Some(caller.0.tenant.clone()),

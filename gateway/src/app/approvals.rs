@@ -77,7 +77,7 @@ impl App {
             request_bytes,
         };
         let requested = NewEvent {
-            kind: "approval.requested",
+            kind: api_types::EventKind::ApprovalRequested,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),
@@ -244,7 +244,7 @@ impl App {
             return Ok(());
         };
         let event = NewEvent {
-            kind: "approval.refused",
+            kind: api_types::EventKind::ApprovalRefused,
             execution_id: Some(approval.execution_id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: approval.tenant.clone(),
@@ -337,7 +337,7 @@ impl App {
             ),
         };
         let event = NewEvent {
-            kind: "approval.withdrawn",
+            kind: api_types::EventKind::ApprovalWithdrawn,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(row.tenant.clone()),
@@ -386,9 +386,9 @@ fn review_event(
 ) -> NewEvent {
     NewEvent {
         kind: if approve {
-            "approval.approved"
+            api_types::EventKind::ApprovalApproved
         } else {
-            "approval.rejected"
+            api_types::EventKind::ApprovalRejected
         },
         execution_id: Some(approval.execution_id.clone()),
         key_id: Some(caller.id.clone()),

@@ -80,7 +80,7 @@ impl App {
         // Tracked before the commit, so the reaper never closes it while it is in flight.
         let live = self.live.track(&row.id);
         let event = NewEvent {
-            kind: "execution.decision",
+            kind: api_types::EventKind::ExecutionDecision,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),
@@ -181,7 +181,7 @@ impl App {
             )));
         }
         let event = NewEvent {
-            kind: "execution.cancel",
+            kind: api_types::EventKind::ExecutionCancel,
             execution_id: Some(id.to_owned()),
             key_id: Some(caller.id.clone()),
             // The execution's tenant: an admin of another tenant may cancel it.

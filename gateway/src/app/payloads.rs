@@ -180,7 +180,7 @@ impl App {
         }
         let ids = purged;
         let event = NewEvent {
-            kind: "retention.purge",
+            kind: api_types::EventKind::RetentionPurge,
             execution_id: None,
             key_id: None,
             tenant: None,

@@ -133,7 +133,9 @@ impl App {
         let runnable = match runnable {
             Some(runnable) if !decision.require_approval => runnable,
             _ => {
-                self.audit.record_event(&event("session.denied")).await?;
+                self.audit
+                    .record_event(&event(api_types::EventKind::SessionDenied))
+                    .await?;
                 return Ok(Opened::Denied(decision));
             }
         };
@@ -179,7 +181,9 @@ impl App {
         };
         let stored = async {
             self.audit.insert_session(&row).await?;
-            self.audit.record_event(&event("session.created")).await
+            self.audit
+                .record_event(&event(api_types::EventKind::SessionCreated))
+                .await
         };
         if let Err(err) = stored.await {
             release(held).await;
@@ -355,7 +359,7 @@ impl App {
 
     async fn record_session_closed(&self, row: &SessionRow) {
         let event = NewEvent {
-            kind: "session.closed",
+            kind: api_types::EventKind::SessionClosed,
             execution_id: None,
             key_id: Some(row.key_id.clone()),
             tenant: Some(row.tenant.clone()),

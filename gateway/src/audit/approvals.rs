@@ -314,7 +314,7 @@ impl AuditStore {
                 denied += 1;
             }
             let event = NewEvent {
-                kind: "approval.expired",
+                kind: api_types::EventKind::ApprovalExpired,
                 execution_id: Some(execution_id.clone()),
                 key_id: None,
                 tenant: tenant.clone(),

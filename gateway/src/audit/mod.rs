@@ -410,7 +410,7 @@ impl AuditStore {
         .await?;
         for (id, tenant) in &closed {
             let event = NewEvent {
-                kind: "execution.reaped",
+                kind: api_types::EventKind::ExecutionReaped,
                 execution_id: Some(id.clone()),
                 key_id: None,
                 tenant: Some(tenant.clone()),
