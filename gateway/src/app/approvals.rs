@@ -52,7 +52,9 @@ impl App {
         (mut row, decision_event): (ExecutionRow, NewEvent),
         runnable: &Runnable,
     ) -> Result<(ExecutionRow, String), AppError> {
-        row.status = "pending_approval".to_owned();
+        row.status = crate::status::ExecutionStatus::PendingApproval
+            .as_str()
+            .to_owned();
         let ttl = chrono::Duration::seconds(
             i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
         );

@@ -286,10 +286,11 @@ pub(super) fn new_row(
         code_bytes: i64::try_from(request.code.len()).unwrap_or(i64::MAX),
         labels: Json(json!(request.labels)),
         status: if runnable.is_some() {
-            "queued"
+            ExecutionStatus::Queued
         } else {
-            "denied"
+            ExecutionStatus::Denied
         }
+        .as_str()
         .to_owned(),
         decision_id: crate::ids::new("dc"),
         allow: decision.allow,

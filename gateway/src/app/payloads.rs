@@ -261,7 +261,8 @@ impl App {
 /// Whether `row` is queued or running on another replica than `instance`.
 pub fn runs_elsewhere(row: &ExecutionRow, instance: &str) -> bool {
     row.finished_at.is_none()
-        && matches!(row.status.as_str(), "queued" | "running")
+        && (row.is(crate::status::ExecutionStatus::Queued)
+            || row.is(crate::status::ExecutionStatus::Running))
         && row
             .instance
             .as_deref()

@@ -115,7 +115,7 @@ impl ExecutionRow {
     }
 }
 
-/// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
+/// An execution status, the text of an [`ExecutionStatus`] (named, so that serde reads it with
 /// [`durable::known_status`] instead of borrowing it from the input).
 pub type Status = &'static str;
 

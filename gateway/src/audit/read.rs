@@ -9,21 +9,6 @@ use sqlx::types::Json;
 
 use super::{AuditError, AuditStore, ExecutionRow};
 
-/// Every value `executions.status` may take (the table's CHECK constraint).
-pub const STATUSES: &[&str] = &[
-    "succeeded",
-    "failed",
-    "timeout",
-    "oom",
-    "killed",
-    "cancelled",
-    "denied",
-    "pending_approval",
-    "queued",
-    "running",
-    "error",
-];
-
 /// A `kind` filter: one kind, or every kind of a family (`approval.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KindFilter {
