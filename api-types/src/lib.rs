@@ -30,7 +30,7 @@ pub use execution::{
     DecisionView, ExecutionPage, ExecutionRequest, ExecutionView, FileUpload, OutputFile,
     SkippedOutput,
 };
-pub use policy::{HostPort, Limits, Reason, RequestedLimits};
+pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
 pub use role::Role;
 pub use session::{
     ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,

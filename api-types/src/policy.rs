@@ -60,3 +60,18 @@ pub struct Limits {
     pub disk_mb: u64,
     pub output_bytes: u64,
 }
+
+/// The answer to `POST /v1/policy/reload` and `POST /v1/policy/rollback` when the bundle was
+/// accepted (a rejected one is an error body).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PolicyAccepted {
+    pub accepted: bool,
+    /// The revision now active, and the one before.
+    pub revision: String,
+    pub previous: String,
+    pub changed: bool,
+    /// Which credentials were read again (reload only, when the gateway has any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<serde_json::Value>,
+}

@@ -92,9 +92,9 @@ impl Remote {
         })
     }
 
-    /// `POST path` with a JSON body: the status and the JSON answer, whatever the status (for
-    /// the admin subcommands, which print refusals themselves).
-    pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+    /// `POST path` with a JSON body: the status and the answer's bytes, whatever the status
+    /// (for the admin subcommands, which print refusals themselves).
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Vec<u8>), String> {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -104,8 +104,8 @@ impl Remote {
             .await
             .map_err(|err| unreachable(&self.base, &err).message)?;
         let status = response.status().as_u16();
-        let answer = response.json().await.unwrap_or(Value::Null);
-        Ok((status, answer))
+        let answer = response.bytes().await.unwrap_or_default();
+        Ok((status, answer.to_vec()))
     }
 
     /// `POST path` with a raw body of `content_type`; as [`Remote::post_json`].
@@ -114,7 +114,7 @@ impl Remote {
         path: &str,
         content_type: &str,
         body: Vec<u8>,
-    ) -> Result<(u16, Value), String> {
+    ) -> Result<(u16, Vec<u8>), String> {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -125,8 +125,8 @@ impl Remote {
             .await
             .map_err(|err| unreachable(&self.base, &err).message)?;
         let status = response.status().as_u16();
-        let answer = response.json().await.unwrap_or(Value::Null);
-        Ok((status, answer))
+        let answer = response.bytes().await.unwrap_or_default();
+        Ok((status, answer.to_vec()))
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refusal> {
