@@ -253,7 +253,8 @@ fn sample_event() -> NewEvent {
                    "disk_mb": 256, "output_bytes": 1048576},
     });
     NewEvent {
-        kind: "bench.audit_write",
+        // A real kind: events name an `EventKind` (the bench writes to its own database).
+        kind: api_types::EventKind::ExecutionDecision,
         execution_id: Some("ex_0123456789abcdef0123456789abcdef".into()),
         key_id: Some("key_0123456789abcdef".into()),
         tenant: Some("acme".to_owned()),
@@ -290,7 +291,7 @@ async fn copy_binary(pool: &PgPool, event: &NewEvent, rows: usize) -> u64 {
             seq,
             id: &id,
             at: &at,
-            kind: event.kind,
+            kind: event.kind.as_str(),
             execution_id: event.execution_id.as_deref(),
             key_id: event.key_id.as_deref(),
             tenant: event.tenant.as_deref(),

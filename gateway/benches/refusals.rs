@@ -175,7 +175,7 @@ fn config(database_url: String, data_dir: &Path) -> Config {
 /// `auth.failure` as every failure used to be recorded: the whole path in the row.
 fn old_failure(path: &str) -> NewEvent {
     NewEvent {
-        kind: "auth.failure",
+        kind: api_types::EventKind::AuthFailure,
         execution_id: None,
         key_id: None,
         tenant: None,

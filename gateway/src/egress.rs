@@ -416,7 +416,7 @@ impl ConnectionRecorder for Recorder {
             };
             let owner = self.cursors.owner(&summary.execution_id);
             let event = crate::audit::NewEvent {
-                kind: "egress.denied.repeated",
+                kind: api_types::EventKind::EgressDeniedRepeated,
                 execution_id: owner.execution_id.clone(),
                 key_id: None,
                 tenant: Some(summary.tenant.clone()),

@@ -352,27 +352,23 @@ async fn admin_post(
         AdminBody::Bytes(content_type, bytes) => remote.post_bytes(path, content_type, bytes).await,
     };
     let (status, answer) = sent.map_err(|message| anyhow::anyhow!(message))?;
-    if status == 200 {
+    let status = reqwest::StatusCode::from_u16(status)?;
+    if status.is_success() {
+        let accepted: api_types::PolicyAccepted = serde_json::from_slice(&answer)
+            .context("the gateway accepted the policy but its answer is not readable")?;
         println!(
             "accepted revision {} (previous {})",
-            answer["revision"].as_str().unwrap_or("?"),
-            answer["previous"].as_str().unwrap_or("?")
+            accepted.revision, accepted.previous
         );
         return Ok(());
     }
-    let error = &answer["error"];
-    for reason in error["reasons"].as_array().into_iter().flatten() {
-        eprintln!(
-            "{}: {}",
-            reason["code"].as_str().unwrap_or("?"),
-            reason["message"].as_str().unwrap_or("")
-        );
+    let refused = gateway::client::sessions::api_error(status, &answer);
+    if let gateway::client::sessions::CallError::Api { reasons, .. } = &refused {
+        for reason in reasons {
+            eprintln!("{}: {}", reason.code, reason.message);
+        }
     }
-    anyhow::bail!(
-        "{} ({status} {})",
-        error["message"].as_str().unwrap_or("the gateway refused"),
-        error["code"].as_str().unwrap_or("?")
-    )
+    Err(refused.into())
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -507,7 +503,7 @@ fn destinations(specs: &[String]) -> anyhow::Result<Vec<(String, u16)>> {
 }
 
 fn repl(args: ReplArgs, config: &Config) -> anyhow::Result<i32> {
-    use gateway::session_wire::{Destination, OpenSession};
+    use api_types::{HostPort, SessionRequest};
     let key = args.key.context(NO_KEY)?;
     let url = args
         .url
@@ -521,15 +517,15 @@ fn repl(args: ReplArgs, config: &Config) -> anyhow::Result<i32> {
     );
     let network = destinations(&args.net)?
         .into_iter()
-        .map(|(host, port)| Destination { host, port })
+        .map(|(host, port)| HostPort { host, port })
         .collect();
     let options = gateway::client::repl::ReplOptions {
-        session: OpenSession {
+        session: SessionRequest {
             language: args.lang,
             network,
             mounts: args.mount,
             idle_timeout_s: args.idle_timeout_s,
-            ttl_s: None,
+            ..SessionRequest::default()
         },
         timeout_ms: args.timeout_ms,
     };

@@ -25,24 +25,9 @@ pub(crate) const MAX_DEPTH: usize = 32;
 pub(crate) const MAX_PATH_BYTES: usize = 1024;
 pub(crate) const COPY_CHUNK: usize = 64 * 1024;
 
-/// One collected file, downloadable with `GET /v1/executions/{id}/outputs/{path}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct OutputFile {
-    pub path: String,
-    pub bytes: u64,
-    pub sha256: String,
-}
-
-/// Something found in `/output` that was not collected, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Skipped {
-    pub path: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub bytes: Option<u64>,
-    /// `output_limit`, `symlink`, `special_file`, `bad_name`, `too_deep`, `too_many_entries`;
-    /// from a live sandbox (`outputs_live`) also `hardlink` and `changed`.
-    pub reason: String,
-}
+/// One collected file and something not collected: the API's wire types (`outputs`,
+/// `outputs_skipped` of a record).
+pub use api_types::{OutputFile, SkippedOutput as Skipped};
 
 /// The manifest of one collection.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -206,7 +206,7 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
         reason,
     };
     let event = NewEvent {
-        kind: "approval.approved",
+        kind: api_types::EventKind::ApprovalApproved,
         execution_id: None,
         key_id: None,
         tenant: None,

@@ -149,7 +149,7 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
 
 fn decision_event(row: &ExecutionRow) -> NewEvent {
     NewEvent {
-        kind: "execution.decision",
+        kind: api_types::EventKind::ExecutionDecision,
         execution_id: Some(row.id.clone()),
         key_id: Some(row.key_id.clone()),
         tenant: Some(row.tenant.clone()),
@@ -307,7 +307,7 @@ async fn seed(app: &PgPool) {
     .await
     .unwrap();
     let failure = NewEvent {
-        kind: "auth.failure",
+        kind: api_types::EventKind::AuthFailure,
         execution_id: None,
         key_id: None,
         tenant: None,

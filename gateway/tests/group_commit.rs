@@ -13,16 +13,17 @@ use serde_json::json;
 use gateway::audit::chain::{NewEvent, CHAIN_LOCK};
 use gateway::audit::{AuditError, AuditStore};
 
-fn event(kind: &'static str, n: usize) -> NewEvent {
+/// An event marked `label` (in its input: events name an `api_types::EventKind`).
+fn event(label: &'static str, n: usize) -> NewEvent {
     NewEvent {
-        kind,
+        kind: api_types::EventKind::ExecutionDecision,
         execution_id: None,
         key_id: None,
         tenant: Some("acme".into()),
         decision_id: None,
         allow: Some(true),
         reasons: json!([]),
-        input: json!({"n": n}),
+        input: json!({"n": n, "label": label}),
         decision: json!({}),
         policy_revision: None,
     }
@@ -39,9 +40,9 @@ async fn stores() -> (AuditStore, sqlx::PgPool, gateway::database::Database) {
     (AuditStore::new(db.pool.clone()), owner, db)
 }
 
-async fn events_of(owner: &sqlx::PgPool, kind: &str) -> i64 {
-    sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE kind = $1")
-        .bind(kind)
+async fn events_of(owner: &sqlx::PgPool, label: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE input->>'label' = $1")
+        .bind(label)
         .fetch_one(owner)
         .await
         .unwrap()
@@ -79,7 +80,7 @@ async fn a_batch_that_does_not_commit_fails_every_caller_in_it_and_stores_nothin
     // a `test.poison` event fails at its commit.
     sqlx::raw_sql(
         "CREATE FUNCTION refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
-           IF NEW.kind = 'test.poison' THEN RAISE EXCEPTION 'poisoned batch'; END IF; \
+           IF NEW.input->>'label' = 'test.poison' THEN RAISE EXCEPTION 'poisoned batch'; END IF; \
            RETURN NEW; END $$; \
          CREATE CONSTRAINT TRIGGER poison AFTER INSERT ON audit_events \
            DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION refuse_poison();",

@@ -111,7 +111,23 @@ async fn the_document_is_open_valid_openapi_31_and_lists_every_route_with_its_ro
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
     let schemas = &document["components"]["schemas"];
-    for schema in ["ExecutionRequest", "ExecutionView", "ErrorBody", "Reason"] {
+    for schema in [
+        "ExecutionRequest",
+        "ExecutionView",
+        "ExecutionPage",
+        "ErrorBody",
+        "ErrorCode",
+        "Reason",
+        "ApprovalView",
+        "ApprovalStatus",
+        "DecidedApproval",
+        "SessionView",
+        "SessionRequest",
+        "SessionExecutionRequest",
+        "ExitEvent",
+        "OutputEvent",
+        "EventKind",
+    ] {
         assert!(schemas[schema].is_object(), "schema {schema} missing");
     }
     let statuses: Vec<&str> = schemas["ExecutionStatus"]["enum"]

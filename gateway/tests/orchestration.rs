@@ -323,7 +323,7 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         result: None,
     };
     let event = gateway::audit::NewEvent {
-        kind: "execution.decision",
+        kind: api_types::EventKind::ExecutionDecision,
         execution_id: Some("ex_orphan".into()),
         key_id: None,
         tenant: Some("acme".into()),

@@ -10,6 +10,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// Shared with the HTTP API, whose wire types they are.
+pub use api_types::{HostPort, Limits, Reason, RequestedLimits};
+
 /// Everything the policy may look at for one execution request (`input` in Rego).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct PolicyInput {
@@ -74,34 +77,6 @@ pub struct FileInput {
     pub bytes: u64,
 }
 
-/// One network destination the request asks to reach.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct HostPort {
-    pub host: String,
-    pub port: u16,
-}
-
-/// Limits the client asked for; absent fields are left out of the policy input entirely. An
-/// unknown name (`timeout` for `timeout_ms`) is refused, naming the allowed ones.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct RequestedLimits {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub timeout_ms: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_mb: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cpus: Option<f64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pids: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub disk_mb: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_bytes: Option<u64>,
-}
-
 /// Facts about this gateway that the policy may need.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Environment {
@@ -157,15 +132,6 @@ impl Decision {
             limits: None,
         }
     }
-}
-
-/// Why the policy decided as it did; `code` is a bounded, dotted identifier (`tenant.unknown`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Reason {
-    pub code: String,
-    pub message: String,
 }
 
 /// The egress the sandbox may use through sandgate's proxy.
@@ -235,19 +201,6 @@ pub struct MountGrant {
     pub dataset: String,
     pub target: String,
     pub read_only: bool,
-}
-
-/// The resource limits the sandbox runs with. All fields are required.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Limits {
-    pub timeout_ms: u64,
-    pub memory_mb: u64,
-    pub cpus: f64,
-    pub pids: u64,
-    pub disk_mb: u64,
-    pub output_bytes: u64,
 }
 
 /// Everything the egress policy may look at for one connection attempt through the proxy (`input`

@@ -8,11 +8,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::FromRequest;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-use policy_engine::Reason;
+use serde::Deserialize;
 
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
@@ -30,50 +26,9 @@ const READERS: &[Role] = &[Role::Reviewer, Role::Auditor, Role::Admin];
 /// Roles that may decide them.
 const DECIDERS: &[Role] = &[Role::Reviewer, Role::Admin];
 
-/// An approval as clients see it.
-#[derive(Debug, Serialize)]
-pub struct ApprovalView {
-    pub id: String,
-    /// What is held: `execution` or `session`.
-    pub subject: SubjectKind,
-    /// The execution held (`null` for a session's approval).
-    pub execution_id: Option<String>,
-    /// The session held (absent for an execution's approval).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
-    pub status: String,
-    pub tenant: Option<String>,
-    pub requested_by: Party,
-    pub created_at: DateTime<Utc>,
-    pub expires_at: DateTime<Utc>,
-    pub decided_at: Option<DateTime<Utc>>,
-    /// Who approved or rejected it (absent while pending and when it expired).
-    pub reviewer: Option<Party>,
-    pub comment: Option<String>,
-    /// Why the policy sent it to review.
-    pub reasons: Vec<Reason>,
-    /// What runs once approved: backend, runtime, image, limits, mounts, network grant.
-    pub decision: Option<Value>,
-    /// What was asked (the policy input's request: language, code sha256, files, network...;
-    /// for a session also its `idle_timeout_s` and `ttl_s`).
-    pub request: Option<Value>,
-    /// The start of the program text, while pending.
-    pub code_preview: Option<String>,
-}
-
-/// What an approval holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SubjectKind {
-    Execution,
-    Session,
-}
-
-#[derive(Debug, Serialize)]
-pub struct Party {
-    pub key_id: Option<String>,
-    pub principal: Option<String>,
-}
+pub use api_types::{
+    ApprovalPage, ApprovalStatus, ApprovalView, DecidedApproval, Party, SubjectKind,
+};
 
 impl From<ApprovalRow> for ApprovalView {
     fn from(row: ApprovalRow) -> ApprovalView {
@@ -84,6 +39,11 @@ impl From<ApprovalRow> for ApprovalView {
             }),
             None => None,
         };
+        let status = ApprovalStatus::parse(&row.status).unwrap_or_else(|| {
+            // The table's CHECK constraint allows only the closed set.
+            tracing::error!(approval_id = %row.id, status = %row.status, "approval with an unknown status");
+            ApprovalStatus::Withdrawn
+        });
         ApprovalView {
             id: row.id,
             subject: if row.session_id.is_some() {
@@ -93,7 +53,7 @@ impl From<ApprovalRow> for ApprovalView {
             },
             execution_id: row.execution_id,
             session_id: row.session_id,
-            status: row.status,
+            status,
             tenant: row.tenant,
             requested_by: Party {
                 key_id: row.requester_key_id,
@@ -138,7 +98,7 @@ pub struct ApprovalQuery {
         ("before" = Option<String>, Query),
     ),
     responses(
-        (status = 200, description = "`{\"approvals\": [...]}`", body = serde_json::Value),
+        (status = 200, description = "a page, newest first", body = ApprovalPage),
         super::openapi::ApiErrors,
     ),
 )]
@@ -146,7 +106,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
     query: Result<Query<ApprovalQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ApprovalPage>, ApiError> {
     caller.require_role(READERS)?;
     let Query(query) = query.map_err(bad_query)?;
     let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
@@ -158,12 +118,10 @@ pub async fn list(
     let next_before = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
-    let approvals: Vec<ApprovalView> = rows.into_iter().map(ApprovalView::from).collect();
-    let mut page = serde_json::json!({ "approvals": approvals });
-    if let Some(next) = next_before {
-        page["next_before"] = serde_json::json!(next);
-    }
-    Ok(Json(page))
+    Ok(Json(ApprovalPage {
+        approvals: rows.into_iter().map(ApprovalView::from).collect(),
+        next_before,
+    }))
 }
 
 #[utoipa::path(
@@ -177,7 +135,7 @@ pub async fn list(
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "the approval", body = serde_json::Value),
+        (status = 200, description = "the approval", body = ApprovalView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -203,9 +161,9 @@ pub async fn get(
     params(
         ("id" = String, Path),
     ),
-    request_body = serde_json::Value,
+    request_body = crate::app::approvals::Review,
     responses(
-        (status = 200, description = "the approval and its execution (or session)", body = serde_json::Value),
+        (status = 200, description = "the approval and its execution (or session)", body = DecidedApproval),
         super::openapi::ApiErrors,
     ),
 )]
@@ -214,21 +172,23 @@ pub async fn decide(
     caller: Caller,
     Path(id): Path<String>,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<DecidedApproval>, ApiError> {
     caller.require_role(DECIDERS)?;
     // The body is read only for a caller who may call the route.
     let ApiJson(review) = ApiJson::<Review>::from_request(body, &app).await?;
     let (approval, subject) = app.decide_approval(&caller.0, &id, review).await?;
     let approval = ApprovalView::from(approval);
     Ok(Json(match subject {
-        Subject::Execution(execution) => serde_json::json!({
-            "approval": approval,
-            "execution": ExecutionView::from(*execution),
-        }),
-        Subject::Session(session) => serde_json::json!({
-            "approval": approval,
-            "session": super::sessions::view(*session)?,
-        }),
+        Subject::Execution(execution) => DecidedApproval {
+            approval,
+            execution: Some(ExecutionView::from(*execution)),
+            session: None,
+        },
+        Subject::Session(session) => DecidedApproval {
+            approval,
+            execution: None,
+            session: Some(super::sessions::view(*session)?),
+        },
     }))
 }
 

@@ -12,9 +12,10 @@ use super::error::{ApiError, ErrorCode};
 use super::listing::non_empty;
 use super::query::{page_size, ApiQuery};
 use crate::app::{App, AppError};
-use crate::audit::read::{AuditEvent, EventFilter, KindFilter, EVENT_KINDS};
+use crate::audit::read::{AuditEvent, EventFilter, KindFilter};
 use crate::audit::verify::Verification;
 use crate::role::Role;
+use api_types::EventKind;
 
 /// Page size when `limit` is absent.
 pub const DEFAULT_LIMIT: u32 = 100;
@@ -99,7 +100,8 @@ pub async fn events(
 
 /// 400 for a `kind` no event can have, listing the kinds and families that exist.
 fn unknown_kind(kind: &str) -> ApiError {
-    let mut families: Vec<&str> = EVENT_KINDS
+    let kinds: Vec<&str> = EventKind::ALL.iter().map(|kind| kind.as_str()).collect();
+    let mut families: Vec<&str> = kinds
         .iter()
         .filter_map(|kind| kind.split_once('.').map(|(family, _)| family))
         .collect();
@@ -108,7 +110,7 @@ fn unknown_kind(kind: &str) -> ApiError {
         ErrorCode::InvalidRequest,
         format!(
             "no event has kind {kind:?}: kind must be one of {}, or a family: {}",
-            EVENT_KINDS.join(", "),
+            kinds.join(", "),
             families
                 .iter()
                 .map(|family| format!("{family}.*"))

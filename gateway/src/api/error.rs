@@ -5,44 +5,12 @@
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Serialize;
 
 use policy_engine::Reason;
 
 use crate::app::AppError;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorCode {
-    InvalidRequest,
-    Unauthenticated,
-    Forbidden,
-    PolicyDenied,
-    NotFound,
-    MethodNotAllowed,
-    Conflict,
-    PayloadTooLarge,
-    RateLimited,
-    Unavailable,
-    Internal,
-}
-
-impl ErrorCode {
-    pub fn status(self) -> StatusCode {
-        match self {
-            ErrorCode::InvalidRequest => StatusCode::BAD_REQUEST,
-            ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
-            ErrorCode::Forbidden | ErrorCode::PolicyDenied => StatusCode::FORBIDDEN,
-            ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::Conflict => StatusCode::CONFLICT,
-            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-}
+pub use api_types::{ErrorBody, ErrorCode, ErrorDetail};
 
 #[derive(Debug, Clone)]
 pub struct ApiError {
@@ -94,25 +62,6 @@ impl ApiError {
     }
 }
 
-/// Every error answer: `{"error": {...}}`.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    pub error: ErrorDetail,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ErrorDetail {
-    pub code: ErrorCode,
-    /// What went wrong and, where the caller can, what to change.
-    pub message: String,
-    /// The policy's reasons (`policy_denied`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reasons: Option<Vec<Reason>>,
-    /// The execution the answer is about (`policy_denied`: its record exists, as `denied`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub execution_id: Option<String>,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = ErrorBody {
@@ -123,7 +72,9 @@ impl IntoResponse for ApiError {
                 execution_id: self.execution_id,
             },
         };
-        let mut response = (self.code.status(), Json(body)).into_response();
+        let status = StatusCode::from_u16(self.code.http_status())
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, Json(body)).into_response();
         if let Some(after) = self.retry_after {
             // Whole seconds, rounded up: a client that waits that long is inside a new window.
             let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);

@@ -7,11 +7,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde_json::Value;
-
-use policy_engine::{Limits, Reason};
 
 use super::auth::Caller;
 use super::error::ApiError;
@@ -22,83 +18,16 @@ use crate::audit::ExecutionRow;
 use crate::role::Role;
 use crate::status::ExecutionStatus;
 
-/// An execution as clients see it (DESIGN 4.2).
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ExecutionView {
-    pub id: String,
-    pub status: ExecutionStatus,
-    pub tenant: String,
-    pub language: String,
-    pub exit_code: Option<i32>,
-    /// The output as text: exactly what the program wrote when that is UTF-8 (NUL included,
-    /// as `\u0000`); otherwise each invalid sequence shows as U+FFFD and the exact bytes are in
-    /// `stdout_base64`.
-    pub stdout: String,
-    pub stderr: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stdout_base64: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stderr_base64: Option<String>,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: Option<i64>,
-    pub decision: DecisionView,
-    pub limits: Option<Limits>,
-    pub labels: Value,
-    pub outputs: Value,
-    /// What was in `/output` but not collected, and why.
-    pub outputs_skipped: Value,
-    /// The output limit stopped collection.
-    pub outputs_truncated: bool,
-    /// Set once retention has purged stdout, stderr and the output files.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub purged_at: Option<DateTime<Utc>>,
-    pub created_at: DateTime<Utc>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    /// `warm` (a pooled sandbox) or `cold`; absent until it runs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub start: Option<String>,
-    /// The container that ran it (`sandgate-...`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub container: Option<String>,
-    /// The session it ran in, and (python) its final expression's `repr` (DESIGN 10).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub session_id: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub result: Option<String>,
-    /// Set for status `error`; the detail stays in the gateway's log and audit store (except
-    /// a record another replica closed: `closed by <instance>: owner <instance> lease expired`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// `GET /v1/executions/{id}` only: the uploaded files, `[{"path","bytes"}]`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub files: Option<Value>,
-    /// `GET /v1/executions/{id}` only: what the policy granted, `{"network","mounts"}`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub grant: Option<Value>,
-    /// The replica (gateway instance id) that ran it, or holds it while it waits.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub instance: Option<String>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct DecisionView {
-    pub id: String,
-    pub allow: bool,
-    pub backend: Option<String>,
-    pub reasons: Vec<Reason>,
-    pub policy_revision: String,
-}
+pub use api_types::{DecisionView, ExecutionView};
 
 /// What a client is told about a failure; the detail stays in the audit store and the logs.
-fn public_error<'a>(status: &str, error: &'a str) -> &'a str {
+fn public_error(status: ExecutionStatus, error: &str) -> &str {
     if error.starts_with("closed by ") && error.ends_with(" lease expired") {
         // Names two replicas and nothing else: the whole text is the public reason.
         return error;
     }
     match status {
-        "killed" => "the sandbox stopped before its program ended (resource exhaustion in the sandbox kernel, or killed from outside)",
+        ExecutionStatus::Killed => "the sandbox stopped before its program ended (resource exhaustion in the sandbox kernel, or killed from outside)",
         _ => "the sandbox could not be run",
     }
 }
@@ -116,13 +45,25 @@ fn exact_unless_text(bytes: Option<&[u8]>) -> Option<String> {
         .then(|| base64::engine::general_purpose::STANDARD.encode(bytes))
 }
 
+/// A JSON column as its wire type; a value that does not fit is logged and shown empty.
+fn typed<T: serde::de::DeserializeOwned + Default>(id: &str, column: &str, value: Value) -> T {
+    serde_json::from_value(value).unwrap_or_else(|err| {
+        tracing::error!(execution_id = %id, column, error = %err, "execution record column unreadable");
+        T::default()
+    })
+}
+
 impl From<ExecutionRow> for ExecutionView {
     fn from(row: ExecutionRow) -> ExecutionView {
+        let status = ExecutionStatus::parse(&row.status).unwrap_or_else(|| {
+            tracing::error!(status = %row.status, "execution record with an unknown status");
+            ExecutionStatus::Error
+        });
         ExecutionView {
             error: row
                 .error
                 .as_deref()
-                .map(|error| public_error(&row.status, error).to_owned()),
+                .map(|error| public_error(status, error).to_owned()),
             instance: row.instance.clone(),
             decision: DecisionView {
                 id: row.decision_id,
@@ -131,11 +72,11 @@ impl From<ExecutionRow> for ExecutionView {
                 reasons: row.reasons.0,
                 policy_revision: row.policy_revision,
             },
+            labels: typed(&row.id, "labels", row.labels.0),
+            outputs: typed(&row.id, "outputs", row.outputs.0),
+            outputs_skipped: typed(&row.id, "outputs_skipped", row.outputs_skipped.0),
             id: row.id,
-            status: ExecutionStatus::parse(&row.status).unwrap_or_else(|| {
-                tracing::error!(status = %row.status, "execution record with an unknown status");
-                ExecutionStatus::Error
-            }),
+            status,
             tenant: row.tenant,
             language: row.language,
             exit_code: row.exit_code,
@@ -147,9 +88,6 @@ impl From<ExecutionRow> for ExecutionView {
             stderr_truncated: row.stderr_truncated,
             duration_ms: row.duration_ms,
             limits: row.limits.map(|limits| limits.0),
-            labels: row.labels.0,
-            outputs: row.outputs.0,
-            outputs_skipped: row.outputs_skipped.0,
             outputs_truncated: row.outputs_truncated,
             purged_at: row.purged_at,
             created_at: row.created_at,
@@ -161,6 +99,7 @@ impl From<ExecutionRow> for ExecutionView {
             result: row.result,
             files: None,
             grant: None,
+            approval_id: None,
         }
     }
 }
@@ -172,7 +111,7 @@ impl From<ExecutionRow> for ExecutionView {
     operation_id = "executions_create",
     summary = "Decide, record and run code.",
     security(("bearer" = ["agent"])),
-    request_body = crate::app::executions::ExecutionRequest,
+    request_body = api_types::ExecutionRequest,
     responses(
         (status = 200, description = "finished (any final status)", body = ExecutionView),
         (status = 202, description = "accepted (`wait: false`) or sent to review (`pending_approval`, with `approval_id`)", body = ExecutionView),
@@ -196,8 +135,10 @@ pub async fn create(
         }
         Created::Denied(row) => Err(ApiError::policy_denied(row.id, row.reasons.0)),
         Created::PendingApproval { row, approval_id } => {
-            let mut view = serde_json::json!(ExecutionView::from(row));
-            view["approval_id"] = serde_json::json!(approval_id);
+            let view = ExecutionView {
+                approval_id: Some(approval_id),
+                ..ExecutionView::from(row)
+            };
             Ok((StatusCode::ACCEPTED, Json(view)).into_response())
         }
     }

@@ -7,8 +7,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::Json;
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde::Deserialize;
 
 use super::auth::Caller;
 use super::error::ApiError;
@@ -37,14 +36,7 @@ pub struct ListQuery {
     before: Option<String>,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ExecutionPage {
-    /// Execution records without `stdout` and `stderr`.
-    pub executions: Vec<Value>,
-    /// Pass as `before` for the next (older) page; absent on the last page.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next_before: Option<String>,
-}
+pub use api_types::ExecutionPage;
 
 #[utoipa::path(
     get,
@@ -85,21 +77,11 @@ pub async fn list(
     let next_before = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
-    let executions = rows.into_iter().map(without_output).collect();
+    let executions = rows.into_iter().map(ExecutionView::from).collect();
     Ok(Json(ExecutionPage {
         executions,
         next_before,
     }))
-}
-
-/// The record as `GET /v1/executions/{id}` shows it, minus `stdout` and `stderr`.
-fn without_output(row: crate::audit::ExecutionRow) -> Value {
-    let mut view = serde_json::json!(ExecutionView::from(row));
-    if let Some(fields) = view.as_object_mut() {
-        fields.remove("stdout");
-        fields.remove("stderr");
-    }
-    view
 }
 
 /// `label=key=value` as its two parts; the value may be empty, the key may not.

@@ -32,7 +32,15 @@ use super::{
                        `bearer` scopes are the roles that may call it."
     ),
     modifiers(&BearerKeys),
-    components(schemas(ErrorBody)),
+    // Beside the bodies the paths name: the SSE payloads of `/v1/executions/{id}/events` and
+    // the audit event kinds, so a generated client has them too.
+    components(schemas(
+        ErrorBody,
+        api_types::OutputEvent,
+        api_types::ExitEvent,
+        api_types::StreamEventName,
+        api_types::EventKind,
+    )),
     paths(
         health::healthz,
         health::readyz,

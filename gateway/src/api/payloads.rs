@@ -5,6 +5,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use api_types::{OutputEvent, StreamEventName};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::header::{
@@ -14,7 +15,6 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
-use serde_json::json;
 use tokio_util::io::ReaderStream;
 
 use super::auth::Caller;
@@ -112,13 +112,14 @@ fn last_event_id(headers: &HeaderMap) -> Result<usize, ApiError> {
 }
 
 fn sse_event(index: usize, event: StreamEvent) -> Event {
+    let output = |text| serde_json::json!(OutputEvent { text });
     let (name, data) = match event {
-        StreamEvent::Stdout(text) => ("stdout", json!({ "text": text })),
-        StreamEvent::Stderr(text) => ("stderr", json!({ "text": text })),
-        StreamEvent::Exit(summary) => ("exit", summary),
+        StreamEvent::Stdout(text) => (StreamEventName::Stdout, output(text)),
+        StreamEvent::Stderr(text) => (StreamEventName::Stderr, output(text)),
+        StreamEvent::Exit(summary) => (StreamEventName::Exit, summary),
     };
     Event::default()
-        .event(name)
+        .event(name.as_str())
         .id((index + 1).to_string())
         .data(data.to_string())
 }

@@ -104,7 +104,7 @@ pub async fn evaluate(
         }
     };
     let event = NewEvent {
-        kind: "policy.evaluate",
+        kind: api_types::EventKind::PolicyEvaluate,
         execution_id: None,
         key_id: Some(caller.0.id.clone()),
         tenant: Some(caller.0.tenant.clone()),
@@ -159,7 +159,7 @@ pub struct RollbackRequest {
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
     responses(
-        (status = 200, description = "accepted", body = serde_json::Value),
+        (status = 200, description = "accepted", body = api_types::PolicyAccepted),
         (status = 409, description = "rejected; the active bundle stays", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
@@ -168,7 +168,7 @@ pub async fn reload(
     State(app): State<Arc<App>>,
     caller: Caller,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api_types::PolicyAccepted>, ApiError> {
     caller.require_role(&[Role::Admin])?;
     let credentials = Some(match app.reload_credentials(&caller.0.id) {
         None => json!({"reloaded": 0}),
@@ -212,7 +212,7 @@ pub async fn reload(
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"revision\": \"sha256:...\"}`"),
     responses(
-        (status = 200, description = "accepted", body = serde_json::Value),
+        (status = 200, description = "accepted", body = api_types::PolicyAccepted),
         (status = 409, description = "rejected; the active bundle stays", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
@@ -221,7 +221,7 @@ pub async fn rollback(
     State(app): State<Arc<App>>,
     caller: Caller,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api_types::PolicyAccepted>, ApiError> {
     caller.require_role(&[Role::Admin])?;
     let request: RollbackRequest = optional_body(body).await?;
     let source = Source::Revision(request.revision);
@@ -274,20 +274,17 @@ async fn answer(
     app: &App,
     result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
     credentials: Option<Value>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<api_types::PolicyAccepted>, ApiError> {
     match result {
         Ok(accepted) => {
             app.announce_policy(&accepted.revision).await;
-            let mut answer = json!({
-                "accepted": true,
-                "revision": accepted.revision,
-                "previous": accepted.previous,
-                "changed": accepted.revision != accepted.previous,
-            });
-            if let Some(credentials) = credentials {
-                answer["credentials"] = credentials;
-            }
-            Ok(Json(answer))
+            Ok(Json(api_types::PolicyAccepted {
+                accepted: true,
+                changed: accepted.revision != accepted.previous,
+                revision: accepted.revision,
+                previous: accepted.previous,
+                credentials,
+            }))
         }
         Err(ReloadError::Rejected {
             message,

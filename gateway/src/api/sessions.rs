@@ -62,7 +62,7 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
     operation_id = "sessions_create",
     summary = "Open a session (a policy decision of its own).",
     security(("bearer" = ["agent"])),
-    request_body = serde_json::Value,
+    request_body = api_types::SessionRequest,
     responses(
         (status = 201, description = "the session, `ready`", body = SessionView),
         (status = 202, description = "held for review: `pending_approval`, with `approval_id`", body = SessionView),
@@ -100,7 +100,7 @@ pub async fn create(
     params(
         ("id" = String, Path),
     ),
-    request_body = serde_json::Value,
+    request_body = api_types::SessionExecutionRequest,
     responses(
         (status = 200, description = "the execution record, with `session_id` and `result`", body = ExecutionView),
         (status = 202, description = "`wait: false`: the record as the turn started; follow its events", body = ExecutionView),

@@ -28,7 +28,6 @@ pub const MAX_COMMENT_BYTES: usize = 1000;
 pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
-pub const STATUSES: &[&str] = &["pending", "approved", "rejected", "expired", "withdrawn"];
 
 /// What an approval held: an execution or a session, as it is once decided.
 #[derive(Debug)]
@@ -37,21 +36,8 @@ pub enum Subject {
     Session(Box<SessionRow>),
 }
 
-/// `POST /v1/approvals/{id}` body.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Review {
-    pub decision: ReviewDecision,
-    #[serde(default)]
-    pub comment: Option<String>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ReviewDecision {
-    Approve,
-    Reject,
-}
+/// `POST /v1/approvals/{id}` body, and where an approval is.
+pub use api_types::{ApprovalStatus, Review, ReviewDecision};
 
 /// What is kept of a held request to run it later: the parts not in the policy input.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -74,7 +60,9 @@ impl App {
         (mut row, decision_event): (ExecutionRow, NewEvent),
         runnable: &Runnable,
     ) -> Result<(ExecutionRow, String), AppError> {
-        row.status = "pending_approval".to_owned();
+        row.status = crate::status::ExecutionStatus::PendingApproval
+            .as_str()
+            .to_owned();
         let ttl = chrono::Duration::seconds(
             i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
         );
@@ -99,7 +87,7 @@ impl App {
             request_bytes,
         };
         let requested = NewEvent {
-            kind: "approval.requested",
+            kind: api_types::EventKind::ApprovalRequested,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),
@@ -152,10 +140,11 @@ impl App {
         limit: i64,
     ) -> Result<Vec<ApprovalRow>, AppError> {
         if let Some(status) = status {
-            if !STATUSES.contains(&status) {
+            if ApprovalStatus::parse(status).is_none() {
+                let names: Vec<&str> = ApprovalStatus::ALL.iter().map(|s| s.as_str()).collect();
                 return Err(AppError::Invalid(format!(
                     "status must be one of {}",
-                    STATUSES.join(", ")
+                    names.join(", ")
                 )));
             }
         }
@@ -186,7 +175,7 @@ impl App {
             check_comment(comment)?;
         }
         let approval = self.get_approval(id).await?;
-        if approval.status != "pending" {
+        if ApprovalStatus::parse(&approval.status) != Some(ApprovalStatus::Pending) {
             return Err(AppError::Conflict(format!(
                 "approval {id} is already {}",
                 approval.status
@@ -281,7 +270,7 @@ impl App {
             return Ok(());
         };
         let event = NewEvent {
-            kind: "approval.refused",
+            kind: api_types::EventKind::ApprovalRefused,
             execution_id: approval.execution_id.clone(),
             key_id: Some(caller.id.clone()),
             tenant: approval.tenant.clone(),
@@ -351,9 +340,9 @@ impl App {
 
 fn verb(approve: bool) -> &'static str {
     if approve {
-        "approved"
+        ApprovalStatus::Approved.as_str()
     } else {
-        "rejected"
+        ApprovalStatus::Rejected.as_str()
     }
 }
 
@@ -375,7 +364,7 @@ impl App {
             ),
         };
         let event = NewEvent {
-            kind: "approval.withdrawn",
+            kind: api_types::EventKind::ApprovalWithdrawn,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(row.tenant.clone()),
@@ -424,9 +413,9 @@ pub(super) fn review_event(
 ) -> NewEvent {
     NewEvent {
         kind: if approve {
-            "approval.approved"
+            api_types::EventKind::ApprovalApproved
         } else {
-            "approval.rejected"
+            api_types::EventKind::ApprovalRejected
         },
         execution_id: approval.execution_id.clone(),
         key_id: Some(caller.id.clone()),

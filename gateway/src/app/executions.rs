@@ -17,6 +17,7 @@ use super::validate::check_fields;
 use super::{App, AppError};
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 use crate::role::Role;
+use crate::status::ExecutionStatus;
 
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
 const CANCEL_WAIT_STEPS: u32 = 100;
@@ -79,7 +80,7 @@ impl App {
         // Tracked before the commit, so the reaper never closes it while it is in flight.
         let live = self.live.track(&row.id);
         let event = NewEvent {
-            kind: "execution.decision",
+            kind: api_types::EventKind::ExecutionDecision,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),
@@ -180,7 +181,7 @@ impl App {
             )));
         }
         let event = NewEvent {
-            kind: "execution.cancel",
+            kind: api_types::EventKind::ExecutionCancel,
             execution_id: Some(id.to_owned()),
             key_id: Some(caller.id.clone()),
             // The execution's tenant: an admin of another tenant may cancel it.
@@ -251,14 +252,19 @@ impl App {
 
 /// What the `exit` event of a stream carries: how the execution ended.
 pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
-    json!({
-        "status": row.status,
-        "exit_code": row.exit_code,
-        "duration_ms": row.duration_ms,
-        "stdout_truncated": row.stdout_truncated,
-        "stderr_truncated": row.stderr_truncated,
-        "outputs": row.outputs.0,
-        "outputs_truncated": row.outputs_truncated,
+    let outputs = serde_json::from_value(row.outputs.0.clone()).unwrap_or_else(|err| {
+        tracing::error!(execution_id = %row.id, error = %err, "outputs column unreadable");
+        Vec::new()
+    });
+    json!(api_types::ExitEvent {
+        status: ExecutionStatus::parse(&row.status).unwrap_or(ExecutionStatus::Error),
+        exit_code: row.exit_code,
+        duration_ms: row.duration_ms,
+        stdout_truncated: row.stdout_truncated,
+        stderr_truncated: row.stderr_truncated,
+        outputs,
+        outputs_truncated: row.outputs_truncated,
+        stream_truncated: false,
     })
 }
 
@@ -280,10 +286,11 @@ pub(super) fn new_row(
         code_bytes: i64::try_from(request.code.len()).unwrap_or(i64::MAX),
         labels: Json(json!(request.labels)),
         status: if runnable.is_some() {
-            "queued"
+            ExecutionStatus::Queued
         } else {
-            "denied"
+            ExecutionStatus::Denied
         }
+        .as_str()
         .to_owned(),
         decision_id: crate::ids::new("dc"),
         allow: decision.allow,

@@ -1,9 +1,10 @@
 //! Listing executions: agents see their own tenant's, every other role sees all.
 
 use super::{App, AppError};
-use crate::audit::read::{ExecutionFilter, STATUSES};
+use crate::audit::read::ExecutionFilter;
 use crate::audit::{ApiKey, ExecutionRow};
 use crate::role::Role;
+use crate::status::ExecutionStatus;
 
 impl App {
     /// One page of executions, newest first. `filter.tenant` is replaced by the caller's tenant
@@ -14,10 +15,11 @@ impl App {
         mut filter: ExecutionFilter,
     ) -> Result<Vec<ExecutionRow>, AppError> {
         if let Some(status) = &filter.status {
-            if !STATUSES.contains(&status.as_str()) {
+            if ExecutionStatus::parse(status).is_none() {
+                let names: Vec<&str> = ExecutionStatus::ALL.iter().map(|s| s.as_str()).collect();
                 return Err(AppError::Invalid(format!(
                     "status must be one of {}",
-                    STATUSES.join(", ")
+                    names.join(", ")
                 )));
             }
         }

@@ -180,7 +180,7 @@ impl App {
         }
         let ids = purged;
         let event = NewEvent {
-            kind: "retention.purge",
+            kind: api_types::EventKind::RetentionPurge,
             execution_id: None,
             key_id: None,
             tenant: None,
@@ -263,7 +263,8 @@ impl App {
 /// Whether `row` is queued or running on another replica than `instance`.
 pub fn runs_elsewhere(row: &ExecutionRow, instance: &str) -> bool {
     row.finished_at.is_none()
-        && matches!(row.status.as_str(), "queued" | "running")
+        && (row.is(crate::status::ExecutionStatus::Queued)
+            || row.is(crate::status::ExecutionStatus::Running))
         && row
             .instance
             .as_deref()

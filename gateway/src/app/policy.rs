@@ -439,7 +439,7 @@ fn reload_event(
         .into_iter()
         .collect();
     NewEvent {
-        kind: "policy.reload",
+        kind: api_types::EventKind::PolicyReload,
         execution_id: None,
         key_id: Some(loaded_by.to_owned()),
         tenant: None,

@@ -22,6 +22,8 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use api_types::EventKind;
+
 use super::App;
 use crate::audit::NewEvent;
 
@@ -70,12 +72,12 @@ pub enum RefusalKind {
 
 impl RefusalKind {
     /// The audit event kind of the first refusal of a window.
-    pub fn event_kind(self) -> &'static str {
+    pub fn event_kind(self) -> EventKind {
         match self {
-            RefusalKind::AuthFailure => "auth.failure",
-            RefusalKind::UploadTraversal => "request.traversal",
-            RefusalKind::CrossTenantProbe => "request.cross_tenant",
-            RefusalKind::QueueFull => "queue.refused",
+            RefusalKind::AuthFailure => EventKind::AuthFailure,
+            RefusalKind::UploadTraversal => EventKind::RequestTraversal,
+            RefusalKind::CrossTenantProbe => EventKind::RequestCrossTenant,
+            RefusalKind::QueueFull => EventKind::QueueRefused,
         }
     }
 
@@ -90,12 +92,12 @@ impl RefusalKind {
     }
 
     /// The audit event kind of a window's summary.
-    pub fn repeated_kind(self) -> &'static str {
+    pub fn repeated_kind(self) -> EventKind {
         match self {
-            RefusalKind::AuthFailure => "auth.failure.repeated",
-            RefusalKind::UploadTraversal => "request.traversal.repeated",
-            RefusalKind::CrossTenantProbe => "request.cross_tenant.repeated",
-            RefusalKind::QueueFull => "queue.refused.repeated",
+            RefusalKind::AuthFailure => EventKind::AuthFailureRepeated,
+            RefusalKind::UploadTraversal => EventKind::RequestTraversalRepeated,
+            RefusalKind::CrossTenantProbe => EventKind::RequestCrossTenantRepeated,
+            RefusalKind::QueueFull => EventKind::QueueRefusedRepeated,
         }
     }
 }
@@ -400,7 +402,7 @@ pub async fn summarise_periodically(app: Arc<App>) {
         };
         for event in app.refusals.roll(stopping) {
             if let Err(err) = app.audit.record_event(&event).await {
-                tracing::error!(kind = event.kind, error = %super::error_chain(&err), "a refusal summary was not recorded");
+                tracing::error!(kind = %event.kind, error = %super::error_chain(&err), "a refusal summary was not recorded");
             }
         }
         if stopping {
@@ -474,7 +476,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(1100));
         let events = refusals.roll(false);
         assert_eq!(events.len(), 1);
-        assert_eq!(events[0].kind, "auth.failure.repeated");
+        assert_eq!(events[0].kind, EventKind::AuthFailureRepeated);
         assert_eq!(events[0].decision["repeats"], 2);
         assert_eq!(events[0].decision["throttled"], 7);
         assert!(refusals.roll(false).is_empty());

@@ -93,7 +93,7 @@ impl App {
                 code: "approval.pending_limit".to_owned(),
                 message: why.clone(),
             };
-            event.kind = "session.denied";
+            event.kind = api_types::EventKind::SessionDenied;
             event.allow = Some(false);
             event.reasons = json!([reason]);
             self.audit.record_event(&event).await?;
@@ -265,7 +265,7 @@ impl App {
             ),
         };
         let event = NewEvent {
-            kind: "approval.withdrawn",
+            kind: api_types::EventKind::ApprovalWithdrawn,
             execution_id: None,
             key_id: Some(caller.id.clone()),
             tenant: Some(row.tenant.clone()),
@@ -316,7 +316,7 @@ fn pending_row(
 /// `session.created` of an approved session: the agent's, naming the approval and reviewer.
 fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) -> NewEvent {
     NewEvent {
-        kind: "session.created",
+        kind: api_types::EventKind::SessionCreated,
         execution_id: None,
         key_id: Some(row.key_id.clone()),
         tenant: Some(row.tenant.clone()),
@@ -341,7 +341,7 @@ fn denied_event(
     reason: &Reason,
 ) -> NewEvent {
     NewEvent {
-        kind: "session.denied",
+        kind: api_types::EventKind::SessionDenied,
         execution_id: None,
         key_id: approval.requester_key_id.clone(),
         tenant: approval.tenant.clone(),

@@ -199,7 +199,7 @@ impl App {
         );
         row.session_id = Some(session_id.to_owned());
         let event = NewEvent {
-            kind: "execution.decision",
+            kind: api_types::EventKind::ExecutionDecision,
             execution_id: Some(row.id.clone()),
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),

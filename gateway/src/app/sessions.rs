@@ -11,19 +11,18 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
-use policy_engine::{Decision, HostPort, RequestKind, RequestedLimits};
+use policy_engine::{Decision, RequestKind};
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::launch::{sandbox_env, with_egress};
 use super::pool::Shape;
 use super::reaper::LiveGuard;
-use super::request::{ExecutionRequest, FileUpload};
+use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
@@ -33,43 +32,7 @@ use crate::role::Role;
 use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
 use crate::session_wire::{ClosedReason, SessionStatus};
 
-/// Body of `POST /v1/sessions`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionRequest {
-    pub language: String,
-    #[serde(default)]
-    pub network: Vec<HostPort>,
-    #[serde(default)]
-    pub mounts: Vec<String>,
-    #[serde(default)]
-    pub limits: RequestedLimits,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub idle_timeout_s: Option<u64>,
-    pub ttl_s: Option<u64>,
-}
-
-/// Body of `POST /v1/sessions/{id}/executions` (relayed as is to the replica holding it).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SessionExecutionRequest {
-    pub code: String,
-    #[serde(default)]
-    pub files: Vec<FileUpload>,
-    #[serde(default)]
-    pub limits: TurnLimits,
-    /// `false`: answer 202 with the record as soon as the turn has started (follow it on
-    /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
-    #[serde(default)]
-    pub wait: Option<bool>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TurnLimits {
-    pub timeout_ms: Option<u64>,
-}
+pub use crate::session_wire::{SessionExecutionRequest, SessionRequest, TurnLimits};
 
 /// What became of `POST /v1/sessions`.
 #[derive(Debug)]
@@ -182,12 +145,14 @@ impl App {
                     input: &input,
                     decision: &decision,
                     runnable: &runnable,
-                    event: event("approval.requested"),
+                    event: event(api_types::EventKind::ApprovalRequested),
                 };
                 return self.hold_session(caller, held).await;
             }
             None => {
-                self.audit.record_event(&event("session.denied")).await?;
+                self.audit
+                    .record_event(&event(api_types::EventKind::SessionDenied))
+                    .await?;
                 return Ok(Opened::Denied(decision));
             }
         };
@@ -234,7 +199,9 @@ impl App {
         };
         let stored = async {
             self.audit.insert_session(&row).await?;
-            self.audit.record_event(&event("session.created")).await
+            self.audit
+                .record_event(&event(api_types::EventKind::SessionCreated))
+                .await
         };
         if let Err(err) = stored.await {
             release(held).await;
@@ -421,7 +388,7 @@ impl App {
 
     async fn record_session_closed(&self, row: &SessionRow) {
         let event = NewEvent {
-            kind: "session.closed",
+            kind: api_types::EventKind::SessionClosed,
             execution_id: None,
             key_id: Some(row.key_id.clone()),
             tenant: Some(row.tenant.clone()),

@@ -322,7 +322,7 @@ impl AuditStore {
                 }
             }
             let event = NewEvent {
-                kind: "approval.expired",
+                kind: api_types::EventKind::ApprovalExpired,
                 execution_id: execution_id.clone(),
                 key_id: None,
                 tenant: tenant.clone(),

@@ -15,7 +15,7 @@ pub const CHAIN_LOCK: i64 = 0x0073_6761_7564_6974;
 /// One event to append. `input` must already be free of secrets.
 #[derive(Debug, Clone)]
 pub struct NewEvent {
-    pub kind: &'static str,
+    pub kind: api_types::EventKind,
     pub execution_id: Option<String>,
     pub key_id: Option<String>,
     pub tenant: Option<String>,
@@ -51,7 +51,7 @@ impl NewEvent {
             seq,
             id,
             at,
-            kind: self.kind,
+            kind: self.kind.as_str(),
             execution_id: self.execution_id.as_deref(),
             key_id: self.key_id.as_deref(),
             tenant: self.tenant.as_deref(),
@@ -208,7 +208,7 @@ impl Columns {
         self.seq.push(seq);
         self.id.push(id);
         self.at.push(at);
-        self.kind.push(event.kind);
+        self.kind.push(event.kind.as_str());
         self.execution_id.push(event.execution_id.clone());
         self.key_id.push(event.key_id.clone());
         self.tenant.push(event.tenant.clone());
@@ -257,7 +257,7 @@ mod tests {
 
     fn event() -> NewEvent {
         NewEvent {
-            kind: "execution.decision",
+            kind: api_types::EventKind::ExecutionDecision,
             execution_id: Some("ex_1".into()),
             key_id: Some("key_1".into()),
             tenant: Some("acme".into()),

@@ -271,10 +271,8 @@ pub fn without_nul(text: &str) -> String {
 /// A status read back from the journal, as the one static name it is.
 pub fn known_status<'de, D: Deserializer<'de>>(from: D) -> Result<&'static str, D::Error> {
     let name = String::deserialize(from)?;
-    super::read::STATUSES
-        .iter()
-        .find(|known| **known == name)
-        .copied()
+    crate::status::ExecutionStatus::parse(&name)
+        .map(crate::status::ExecutionStatus::as_str)
         .ok_or_else(|| serde::de::Error::custom(format!("unknown execution status {name:?}")))
 }
 

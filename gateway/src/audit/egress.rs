@@ -113,7 +113,7 @@ impl AuditStore {
         .execute(&mut *tx)
         .await?;
         let event = NewEvent {
-            kind: "egress.connection",
+            kind: api_types::EventKind::EgressConnection,
             execution_id: open.owner.execution_id.clone(),
             key_id: None,
             tenant: Some(open.tenant.clone()),
@@ -157,7 +157,7 @@ impl AuditStore {
             session_id,
         };
         let event = NewEvent {
-            kind: "egress.credential.misdirected",
+            kind: api_types::EventKind::EgressCredentialMisdirected,
             execution_id,
             key_id: None,
             tenant: Some(tenant),
@@ -273,7 +273,7 @@ impl AuditStore {
         .execute(&mut *tx)
         .await?;
         let event = NewEvent {
-            kind: "egress.request",
+            kind: api_types::EventKind::EgressRequest,
             execution_id: open.owner.execution_id.clone(),
             key_id: None,
             tenant: Some(open.tenant.clone()),

@@ -159,7 +159,7 @@ impl AuditStore {
         let mut tx = self.pool.begin().await?;
         let key = insert_key(&mut tx, spec).await?;
         let event = key_event(
-            "key.create",
+            api_types::EventKind::KeyCreate,
             creator,
             json!({
                 "role": spec.role,
@@ -237,7 +237,7 @@ impl AuditStore {
         }
         revoke_in(&mut tx, id).await?;
         let event = key_event(
-            "key.revoke",
+            api_types::EventKind::KeyRevoke,
             by,
             json!({"key_id": id, "role": row.role, "tenant": row.tenant, "via": via(by)}),
             json!({"revoked_key_id": id}),
@@ -274,7 +274,7 @@ impl AuditStore {
         let key = insert_key(&mut tx, &spec).await?;
         revoke_in(&mut tx, id).await?;
         let event = key_event(
-            "key.rotate",
+            api_types::EventKind::KeyRotate,
             None,
             json!({"key_id": id, "role": old.role, "tenant": old.tenant,
                    "principal": old.principal, "expires_at": expires_at, "via": via(None)}),
@@ -354,7 +354,7 @@ fn via(by: Option<&ApiKey>) -> &'static str {
 }
 
 fn key_event(
-    kind: &'static str,
+    kind: api_types::EventKind,
     by: Option<&ApiKey>,
     input: serde_json::Value,
     decision: serde_json::Value,

@@ -117,7 +117,7 @@ impl ExecutionRow {
     }
 }
 
-/// An execution status, one of [`read::STATUSES`] (named, so that serde reads it with
+/// An execution status, the text of an [`ExecutionStatus`] (named, so that serde reads it with
 /// [`durable::known_status`] instead of borrowing it from the input).
 pub type Status = &'static str;
 
@@ -421,7 +421,7 @@ impl AuditStore {
         .await?;
         for (id, tenant) in &closed {
             let event = NewEvent {
-                kind: "execution.reaped",
+                kind: api_types::EventKind::ExecutionReaped,
                 execution_id: Some(id.clone()),
                 key_id: None,
                 tenant: Some(tenant.clone()),

@@ -1,6 +1,7 @@
 //! Read-only listings for the API: executions (newest first) and audit events (newest first),
 //! each one bounded page at a time with a `before` cursor.
 
+use api_types::EventKind;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -8,61 +9,10 @@ use sqlx::types::Json;
 
 use super::{AuditError, AuditStore, ExecutionRow};
 
-/// Every value `executions.status` may take (the table's CHECK constraint).
-pub const STATUSES: &[&str] = &[
-    "succeeded",
-    "failed",
-    "timeout",
-    "oom",
-    "killed",
-    "cancelled",
-    "denied",
-    "pending_approval",
-    "queued",
-    "running",
-    "error",
-];
-
-/// Every `audit_events.kind` the gateway writes (`gateway/tests/listing.rs` checks that each
-/// kind written in the source is here). `GET /v1/audit/events?kind=` takes one of these, or a
-/// family such as `approval.*`.
-pub const EVENT_KINDS: &[&str] = &[
-    "approval.approved",
-    "approval.expired",
-    "approval.refused",
-    "approval.rejected",
-    "approval.requested",
-    "approval.withdrawn",
-    "auth.failure",
-    "auth.failure.repeated",
-    "egress.connection",
-    "egress.credential.misdirected",
-    "egress.denied.repeated",
-    "egress.request",
-    "execution.cancel",
-    "execution.decision",
-    "execution.reaped",
-    "key.create",
-    "key.revoke",
-    "key.rotate",
-    "policy.evaluate",
-    "policy.reload",
-    "queue.refused",
-    "queue.refused.repeated",
-    "request.cross_tenant",
-    "request.cross_tenant.repeated",
-    "request.traversal",
-    "request.traversal.repeated",
-    "retention.purge",
-    "session.closed",
-    "session.created",
-    "session.denied",
-];
-
 /// A `kind` filter: one kind, or every kind of a family (`approval.*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KindFilter {
-    Exact(String),
+    Exact(EventKind),
     Family(String),
 }
 
@@ -70,22 +20,19 @@ impl KindFilter {
     /// Parses `approval.requested` or `approval.*`; `None` for anything no event can match.
     pub fn parse(text: &str) -> Option<KindFilter> {
         if let Some(family) = text.strip_suffix(".*") {
-            let prefix = format!("{family}.");
-            return EVENT_KINDS
+            return EventKind::ALL
                 .iter()
-                .any(|kind| kind.starts_with(&prefix))
+                .any(|kind| kind.in_family(family))
                 .then(|| KindFilter::Family(family.to_owned()));
         }
-        EVENT_KINDS
-            .contains(&text)
-            .then(|| KindFilter::Exact(text.to_owned()))
+        EventKind::parse(text).map(KindFilter::Exact)
     }
 
     /// `(exact kind, family prefix "approval.")` for the query's two parameters.
     fn binds(filter: Option<&KindFilter>) -> (Option<&str>, Option<String>) {
         match filter {
             None => (None, None),
-            Some(KindFilter::Exact(kind)) => (Some(kind), None),
+            Some(KindFilter::Exact(kind)) => (Some(kind.as_str()), None),
             Some(KindFilter::Family(family)) => (None, Some(format!("{family}."))),
         }
     }

@@ -129,7 +129,7 @@ impl AuditStore {
         .fetch_all(&mut *tx)
         .await?;
         for (id, tenant, owner) in &executions {
-            let event = expired_event("execution.reaped", id, tenant, by, owner);
+            let event = expired_event(api_types::EventKind::ExecutionReaped, id, tenant, by, owner);
             chain::append(&mut tx, &event).await?;
         }
         let sessions: Vec<(String, String, String)> = sqlx::query_as(
@@ -144,7 +144,8 @@ impl AuditStore {
         .fetch_all(&mut *tx)
         .await?;
         for (id, tenant, owner) in &sessions {
-            let mut event = expired_event("session.closed", id, tenant, by, owner);
+            let mut event =
+                expired_event(api_types::EventKind::SessionClosed, id, tenant, by, owner);
             event.execution_id = None;
             event.input = json!({"session_id": id, "owner": owner, "closed_by": by});
             chain::append(&mut tx, &event).await?;
@@ -271,7 +272,13 @@ impl AuditStore {
     }
 }
 
-fn expired_event(kind: &'static str, id: &str, tenant: &str, by: &str, owner: &str) -> NewEvent {
+fn expired_event(
+    kind: api_types::EventKind,
+    id: &str,
+    tenant: &str,
+    by: &str,
+    owner: &str,
+) -> NewEvent {
     let why = expired_reason(by, owner);
     NewEvent {
         kind,

@@ -245,7 +245,7 @@ pub(super) async fn close_held(
         return Ok(None);
     };
     let event = NewEvent {
-        kind: "session.closed",
+        kind: api_types::EventKind::SessionClosed,
         execution_id: None,
         key_id: Some(row.key_id.clone()),
         tenant: Some(row.tenant.clone()),

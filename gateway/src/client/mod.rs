@@ -14,11 +14,14 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use api_types::{
+    ErrorCode, ExecutionRequest, ExecutionStatus, ExecutionView, ExitEvent, FileUpload, HostPort,
+    OutputEvent, RequestedLimits, SessionExecutionRequest, StreamEventName, TurnLimits,
+};
 use base64::Engine as _;
-use reqwest::{Method, Response, StatusCode};
-use serde_json::{json, Value};
+use reqwest::Method;
 
-use crate::session_wire::{RunInSession, TurnLimits, Upload};
+use sessions::{ApiClient, CallError};
 
 /// Exit codes for endings that carry no program exit code.
 const EXIT_TIMEOUT: i32 = 124;
@@ -122,109 +125,114 @@ pub async fn exec(
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
     let base = check_url(&request.url)?;
-    let client = http_client(&request.tls)?;
+    let api = ApiClient::new(http_client(&request.tls)?, base, &request.key);
     if let Some(session) = &request.session {
-        return exec_in_session(&client, request, base, session, stdout, stderr).await;
+        return exec_in_session(&api, request, base, session, stdout, stderr).await;
     }
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let mut body = json!({
-        "language": request.language,
-        "code": request.code,
-        "files": request.files.iter().map(|(path, content)| {
-            json!({"path": path, "content_b64": b64.encode(content)})
-        }).collect::<Vec<_>>(),
-        "network": request.network.iter().map(|(host, port)| json!({"host": host, "port": port})).collect::<Vec<_>>(),
-        "mounts": request.mounts,
-        "wait": false,
-    });
-    if let Some(timeout_ms) = request.timeout_ms {
-        body["limits"] = json!({ "timeout_ms": timeout_ms });
-    }
-    let (status, created) = call(
-        &client,
-        &request.key,
-        Method::POST,
-        &format!("{base}/v1/executions"),
-        Some(&body),
-    )
-    .await?;
-    if status == StatusCode::FORBIDDEN && created["error"]["code"] == "policy_denied" {
-        writeln!(stderr, "sandgate: denied by policy")?;
-        for reason in created["error"]["reasons"].as_array().into_iter().flatten() {
-            writeln!(
-                stderr,
-                "  {}: {}",
-                reason["code"].as_str().unwrap_or("?"),
-                reason["message"].as_str().unwrap_or("")
-            )?;
-        }
-        return Ok(EXIT_DENIED);
-    }
-    if !status.is_success() {
-        bail!("{}", api_error(status, &created));
-    }
-    let id = created["id"]
-        .as_str()
-        .context("the gateway's answer has no execution id")?
-        .to_owned();
+    let body = ExecutionRequest {
+        files: uploads(&request.files),
+        network: request
+            .network
+            .iter()
+            .map(|(host, port)| HostPort {
+                host: host.clone(),
+                port: *port,
+            })
+            .collect(),
+        mounts: request.mounts.clone(),
+        limits: RequestedLimits {
+            timeout_ms: request.timeout_ms,
+            ..RequestedLimits::default()
+        },
+        wait: false,
+        ..ExecutionRequest::new(&request.language, &request.code)
+    };
+    let created: ExecutionView = match api.call(Method::POST, "/v1/executions", Some(&body)).await {
+        Ok(created) => created,
+        Err(err) => return denied_or(err, stderr),
+    };
+    let id = created.id;
     writeln!(stderr, "sandgate: execution {id}")?;
-    if created["status"] == "pending_approval" {
+    if created.status == ExecutionStatus::PendingApproval {
+        let approval = created.approval_id.as_deref().unwrap_or("?");
         writeln!(
             stderr,
-            "sandgate: {id} waits for human review (approval {})",
-            created["approval_id"].as_str().unwrap_or("?")
+            "sandgate: {id} waits for human review (approval {approval})"
         )?;
-        loop {
-            tokio::time::sleep(APPROVAL_POLL).await;
-            let (status, record) = call(
-                &client,
-                &request.key,
-                Method::GET,
-                &format!("{base}/v1/executions/{id}"),
-                None,
-            )
-            .await?;
-            if !status.is_success() {
-                bail!("{}", api_error(status, &record));
-            }
-            if record["status"] != "pending_approval" {
-                break;
-            }
-        }
+        wait_for_review(&api, &id).await?;
     }
 
-    let summary = follow(&client, request, base, &id, stdout, stderr).await?;
+    let summary = follow(&api, base, &id, stdout, stderr).await?;
     if let Some(dir) = &request.output_dir {
-        download_outputs(&client, request, base, &id, dir, stderr).await?;
+        download_outputs(&api, request, base, &id, dir, stderr).await?;
     }
-    if summary["stdout_truncated"] == true || summary["stderr_truncated"] == true {
+    if summary.stdout_truncated || summary.stderr_truncated {
         writeln!(
             stderr,
             "sandgate: output was truncated at the execution's output limit"
         )?;
     }
-    exit_code_for(&summary, &id, stderr)
+    exit_code_for(summary.status, summary.exit_code, &id, stderr)
+}
+
+/// The files to upload, as the API takes them.
+fn uploads(files: &[(String, Vec<u8>)]) -> Vec<FileUpload> {
+    let b64 = base64::engine::general_purpose::STANDARD;
+    files
+        .iter()
+        .map(|(path, content)| FileUpload {
+            path: path.clone(),
+            content_b64: b64.encode(content),
+        })
+        .collect()
+}
+
+/// A policy denial printed with its reasons (exit [`EXIT_DENIED`]); any other failure as is.
+fn denied_or(err: CallError, stderr: &mut (dyn Write + Send)) -> anyhow::Result<i32> {
+    match err {
+        CallError::Api {
+            code: Some(ErrorCode::PolicyDenied),
+            reasons,
+            ..
+        } => {
+            writeln!(stderr, "sandgate: denied by policy")?;
+            for reason in reasons {
+                writeln!(stderr, "  {}: {}", reason.code, reason.message)?;
+            }
+            Ok(EXIT_DENIED)
+        }
+        err => Err(err.into()),
+    }
+}
+
+/// Polls the record until a reviewer decided (or the approval expired).
+async fn wait_for_review(api: &ApiClient, id: &str) -> anyhow::Result<()> {
+    let path = format!("/v1/executions/{}", encode_path(id));
+    loop {
+        tokio::time::sleep(APPROVAL_POLL).await;
+        let record: ExecutionView = api.call::<_, ()>(Method::GET, &path, None).await?;
+        if record.status != ExecutionStatus::PendingApproval {
+            return Ok(());
+        }
+    }
 }
 
 /// The exit code `sandgate exec` ends with, from how the execution ended.
 fn exit_code_for(
-    summary: &Value,
+    ended: ExecutionStatus,
+    exit_code: Option<i32>,
     id: &str,
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
-    let ended = summary["status"].as_str().unwrap_or("error");
     Ok(match ended {
-        "succeeded" | "failed" => summary["exit_code"]
-            .as_i64()
-            .and_then(|code| i32::try_from(code).ok())
-            .unwrap_or(EXIT_ERROR),
+        ExecutionStatus::Succeeded | ExecutionStatus::Failed => exit_code.unwrap_or(EXIT_ERROR),
         other => {
             writeln!(stderr, "sandgate: execution {id} ended: {other}")?;
             match other {
-                "timeout" => EXIT_TIMEOUT,
-                "oom" | "killed" => EXIT_KILLED,
-                "cancelled" => EXIT_CANCELLED,
-                "denied" => EXIT_DENIED,
+                ExecutionStatus::Timeout => EXIT_TIMEOUT,
+                ExecutionStatus::Oom | ExecutionStatus::Killed => EXIT_KILLED,
+                ExecutionStatus::Cancelled => EXIT_CANCELLED,
+                ExecutionStatus::Denied => EXIT_DENIED,
                 _ => EXIT_ERROR,
             }
         }
@@ -234,39 +242,24 @@ fn exit_code_for(
 /// `sandgate exec --session ID`: one execution in an open session, answered when it ended;
 /// prints its output, then (python) the final expression's `repr` on stdout.
 async fn exec_in_session(
-    client: &HttpClient,
+    api: &ApiClient,
     request: &ExecRequest,
     base: &str,
     session: &str,
     stdout: &mut (dyn Write + Send),
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let body = RunInSession {
+    let body = SessionExecutionRequest {
         code: request.code.clone(),
-        files: request
-            .files
-            .iter()
-            .map(|(path, content)| Upload {
-                path: path.clone(),
-                content_b64: b64.encode(content),
-            })
-            .collect(),
-        limits: request.timeout_ms.map(|timeout_ms| TurnLimits {
-            timeout_ms: Some(timeout_ms),
-        }),
+        files: uploads(&request.files),
+        limits: TurnLimits {
+            timeout_ms: request.timeout_ms,
+        },
+        wait: None,
     };
-    let sessions = sessions::SessionClient::new(client.clone(), base, &request.key);
-    let run = match sessions.run(session, &body).await {
+    let run = match api.run(session, &body).await {
         Ok(run) => run,
-        Err(sessions::CallError::Api { code, reasons, .. }) if code == "policy_denied" => {
-            writeln!(stderr, "sandgate: denied by policy")?;
-            for (code, message) in reasons {
-                writeln!(stderr, "  {code}: {message}")?;
-            }
-            return Ok(EXIT_DENIED);
-        }
-        Err(err) => return Err(err.into()),
+        Err(err) => return denied_or(err, stderr),
     };
     stdout.write_all(run.stdout.as_bytes())?;
     stderr.write_all(run.stderr.as_bytes())?;
@@ -275,60 +268,53 @@ async fn exec_in_session(
     }
     stdout.flush()?;
     if let Some(dir) = &request.output_dir {
-        download_outputs(client, request, base, &run.id, dir, stderr).await?;
+        download_outputs(api, request, base, &run.id, dir, stderr).await?;
     }
-    let summary = json!({"status": run.status, "exit_code": run.exit_code});
-    exit_code_for(&summary, &run.id, stderr)
+    exit_code_for(run.status, run.exit_code, &run.id, stderr)
 }
 
 /// Prints the event stream as it arrives; returns the `exit` event's data.
 async fn follow(
-    client: &HttpClient,
-    request: &ExecRequest,
+    api: &ApiClient,
     base: &str,
     id: &str,
     stdout: &mut (dyn Write + Send),
     stderr: &mut (dyn Write + Send),
-) -> anyhow::Result<Value> {
-    let response = send(
-        client,
-        &request.key,
-        Method::GET,
-        &format!("{base}/v1/executions/{id}/events"),
-        None,
-    )
-    .await?;
-    let status = response.status();
-    let mut response = response;
-    if !status.is_success() {
-        let value = response.json().await.unwrap_or(Value::Null);
-        bail!("{}", api_error(status, &value));
-    }
+) -> anyhow::Result<ExitEvent> {
+    let url = format!("{base}/v1/executions/{}/events", encode_path(id));
+    let mut response = api.get_raw(&url).await?;
     let mut buffer: Vec<u8> = Vec::new();
     while let Some(data) = response.chunk().await.context("reading the event stream")? {
         buffer.extend_from_slice(&data);
         while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
             let block: Vec<u8> = buffer.drain(..end + 2).collect();
             let (name, data) = parse_event(&String::from_utf8_lossy(&block));
-            let Some(data) = data else { continue };
-            match name.as_str() {
-                "stdout" => {
-                    stdout.write_all(data["text"].as_str().unwrap_or("").as_bytes())?;
+            let event = |data: &str| {
+                serde_json::from_str::<OutputEvent>(data)
+                    .with_context(|| format!("an output event of {id} is not {{\"text\"}}"))
+            };
+            match name {
+                Some(StreamEventName::Stdout) => {
+                    stdout.write_all(event(&data)?.text.as_bytes())?;
                     stdout.flush()?;
                 }
-                "stderr" => {
-                    stderr.write_all(data["text"].as_str().unwrap_or("").as_bytes())?;
+                Some(StreamEventName::Stderr) => {
+                    stderr.write_all(event(&data)?.text.as_bytes())?;
                     stderr.flush()?;
                 }
-                "exit" => return Ok(data),
-                _ => {}
+                Some(StreamEventName::Exit) => {
+                    return serde_json::from_str(&data)
+                        .with_context(|| format!("the exit event of {id} is not readable"));
+                }
+                None => {}
             }
         }
     }
     bail!("the event stream of {id} ended without an exit event")
 }
 
-fn parse_event(block: &str) -> (String, Option<Value>) {
+/// An SSE block's event name (when it is one of the stream's) and its data.
+fn parse_event(block: &str) -> (Option<StreamEventName>, String) {
     let mut name = String::from("message");
     let mut data = String::new();
     for line in block.lines() {
@@ -338,46 +324,35 @@ fn parse_event(block: &str) -> (String, Option<Value>) {
             data.push_str(value.strip_prefix(' ').unwrap_or(value));
         }
     }
-    (name, serde_json::from_str(&data).ok())
+    (StreamEventName::parse(&name), data)
 }
 
 async fn download_outputs(
-    client: &HttpClient,
+    api: &ApiClient,
     request: &ExecRequest,
     base: &str,
     id: &str,
     dir: &Path,
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<()> {
-    let (status, record) = call(
-        client,
-        &request.key,
-        Method::GET,
-        &format!("{base}/v1/executions/{id}"),
-        None,
-    )
-    .await?;
-    if !status.is_success() {
-        bail!("{}", api_error(status, &record));
-    }
+    let path = format!("/v1/executions/{}", encode_path(id));
+    let record: ExecutionView = api.call::<_, ()>(Method::GET, &path, None).await?;
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for output in record["outputs"].as_array().into_iter().flatten() {
-        let path = output["path"].as_str().unwrap_or_default();
+    for output in &record.outputs {
+        let path = output.path.as_str();
         // Checked before anything is fetched: the manifest comes from a sandbox.
         if let Err(why) = save::check_name(path, request.save) {
             writeln!(stderr, "sandgate: not written: {path:?}: {why}")?;
             continue;
         }
         let url = format!("{base}/v1/executions/{id}/outputs/{}", encode_path(path));
-        let response = send(client, &request.key, Method::GET, &url, None).await?;
-        if !response.status().is_success() {
-            writeln!(
-                stderr,
-                "sandgate: could not download {path}: HTTP {}",
-                response.status()
-            )?;
-            continue;
-        }
+        let response = match api.get_raw(&url).await {
+            Ok(response) => response,
+            Err(err) => {
+                writeln!(stderr, "sandgate: could not download {path}: {err}")?;
+                continue;
+            }
+        };
         let bytes = response.bytes().await.context("reading an output file")?;
         match save::save(dir, path, &bytes, request.save) {
             Ok(target) => writeln!(
@@ -389,12 +364,11 @@ async fn download_outputs(
             Err(why) => writeln!(stderr, "sandgate: not written: {path:?}: {why}")?,
         }
     }
-    for skipped in record["outputs_skipped"].as_array().into_iter().flatten() {
+    for skipped in &record.outputs_skipped {
         writeln!(
             stderr,
             "sandgate: not collected: {} ({})",
-            skipped["path"].as_str().unwrap_or("?"),
-            skipped["reason"].as_str().unwrap_or("?")
+            skipped.path, skipped.reason
         )?;
     }
     Ok(())
@@ -412,52 +386,6 @@ pub fn encode_path(path: &str) -> String {
         .collect()
 }
 
-async fn send(
-    client: &HttpClient,
-    key: &str,
-    method: Method,
-    url: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<Response> {
-    let mut request = client.request(method, url).bearer_auth(key);
-    if let Some(body) = body {
-        request = request.json(body);
-    }
-    request
-        .send()
-        .await
-        .with_context(|| format!("cannot reach the gateway at {url}"))
-}
-
-async fn call(
-    client: &HttpClient,
-    key: &str,
-    method: Method,
-    url: &str,
-    body: Option<&Value>,
-) -> anyhow::Result<(StatusCode, Value)> {
-    let response = send(client, key, method, url, body).await?;
-    let status = response.status();
-    let bytes = response.bytes().await.context("reading the answer")?;
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
-}
-
-fn api_error(status: StatusCode, body: &Value) -> String {
-    let hint = if status == StatusCode::UNAUTHORIZED {
-        "; the key comes from --key or SANDGATE_KEY"
-    } else {
-        ""
-    };
-    format!(
-        "the gateway answered {status}: {} ({}){hint}",
-        body["error"]["message"].as_str().unwrap_or("no message"),
-        body["error"]["code"].as_str().unwrap_or("no code")
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -465,9 +393,12 @@ mod tests {
     #[test]
     fn events_parse_and_paths_encode() {
         let (name, data) = parse_event("event: stdout\ndata: {\"text\":\"hi\\n\"}\n\n");
-        assert_eq!(name, "stdout");
-        assert_eq!(data.unwrap()["text"], "hi\n");
-        assert_eq!(parse_event(": keep-alive\n\n").1, None);
+        assert_eq!(name, Some(StreamEventName::Stdout));
+        assert_eq!(
+            serde_json::from_str::<OutputEvent>(&data).unwrap().text,
+            "hi\n"
+        );
+        assert_eq!(parse_event(": keep-alive\n\n"), (None, String::new()));
         assert_eq!(encode_path("a b/c%.png"), "a%20b/c%25.png");
     }
 }

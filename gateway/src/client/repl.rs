@@ -21,9 +21,10 @@ use tokio::signal::unix::{signal, Signal, SignalKind};
 use super::cells::{needs_more, Dialect};
 use super::sessions::{CallError, SessionClient};
 use crate::session_wire::{
-    OpenSession, RunInSession, SessionRun, SessionStatus, SessionView, TurnLimits,
+    SessionExecutionRequest, SessionRequest, SessionStatus, SessionView, TurnLimits,
 };
 use crate::status::ExecutionStatus;
+use api_types::ExecutionView;
 
 /// Most history entries kept in memory.
 const HISTORY: usize = 1000;
@@ -33,7 +34,7 @@ const MAX_CELL_BYTES: usize = 1024 * 1024;
 /// What `sandgate repl` was asked for.
 #[derive(Debug, Clone)]
 pub struct ReplOptions {
-    pub session: OpenSession,
+    pub session: SessionRequest,
     /// Each cell's wall-time limit (default: the policy's).
     pub timeout_ms: Option<u64>,
 }
@@ -53,7 +54,7 @@ pub fn repl(
         Ok(opened) => opened,
         Err(err) => {
             report(&err);
-            let denied = err.code() == Some("policy_denied");
+            let denied = err.code() == Some(api_types::ErrorCode::PolicyDenied);
             return Ok(if denied {
                 super::EXIT_DENIED
             } else {
@@ -109,12 +110,12 @@ fn cells(
             eprintln!("sandgate: a cell is at most {MAX_CELL_BYTES} bytes; not sent");
             continue;
         }
-        let body = RunInSession {
+        let body = SessionExecutionRequest {
             code: cell,
-            files: Vec::new(),
-            limits: options.timeout_ms.map(|timeout_ms| TurnLimits {
-                timeout_ms: Some(timeout_ms),
-            }),
+            limits: TurnLimits {
+                timeout_ms: options.timeout_ms,
+            },
+            ..SessionExecutionRequest::default()
         };
         match runtime.block_on(run_interruptible(client, id, &body, interrupts)) {
             Ok(run) => print_run(&run)?,
@@ -130,9 +131,9 @@ fn cells(
 async fn run_interruptible(
     client: &SessionClient,
     id: &str,
-    body: &RunInSession,
+    body: &SessionExecutionRequest,
     interrupts: &mut Signal,
-) -> Result<SessionRun, CallError> {
+) -> Result<ExecutionView, CallError> {
     // A Ctrl-C pressed while nothing ran is not meant for this cell.
     while futures_util::FutureExt::now_or_never(interrupts.recv()).is_some() {}
     let run = client.run(id, body);
@@ -192,7 +193,7 @@ async fn closed_under_us(client: &SessionClient, id: &str) -> Option<i32> {
     }
 }
 
-fn print_run(run: &SessionRun) -> anyhow::Result<()> {
+fn print_run(run: &ExecutionView) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     let mut stderr = std::io::stderr().lock();
     stdout.write_all(run.stdout.as_bytes())?;
@@ -224,8 +225,8 @@ fn print_run(run: &SessionRun) -> anyhow::Result<()> {
 fn report(err: &CallError) {
     eprintln!("sandgate: {err}");
     if let CallError::Api { reasons, .. } = err {
-        for (code, message) in reasons {
-            eprintln!("  {code}: {message}");
+        for reason in reasons {
+            eprintln!("  {}: {}", reason.code, reason.message);
         }
     }
 }

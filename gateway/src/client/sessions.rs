@@ -1,15 +1,18 @@
-//! The session routes of the HTTP API (DESIGN 10) as typed calls, for `sandgate repl` and
-//! `sandgate exec --session`: open, run one execution, interrupt the running one, read, close.
-//! Bodies and answers are the `session_wire` types the gateway serialises.
+//! The HTTP API as typed calls, for `sandgate exec`, `sandgate repl` and `sandgate exec
+//! --session`: any route ([`ApiClient::call`]) and the session routes (DESIGN 10): open, run one
+//! execution, interrupt the running one, read, close. Bodies and answers are the `api-types`
+//! the gateway serialises; an error answer is read as an [`ErrorBody`].
 
 use std::time::Duration;
 
+use api_types::{
+    ErrorBody, ErrorCode, ExecutionPage, ExecutionView, Reason, SessionExecutionRequest,
+    SessionRequest, SessionView,
+};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use serde_json::Value;
 
-use crate::session_wire::{OpenSession, RunInSession, SessionRun, SessionView};
 use crate::status::ExecutionStatus;
 
 /// How long an interrupt looks for the session's running execution (it is marked running only
@@ -20,19 +23,24 @@ const FIND_RUNNING_PAUSE: Duration = Duration::from_millis(100);
 /// Why a call failed: the gateway's answer, or no answer at all.
 #[derive(Debug, thiserror::Error)]
 pub enum CallError {
-    /// An API error (`{"error": {...}}`): `code` is the API's error code.
-    #[error("the gateway answered {status}: {message} ({code}){}", hint(.status))]
+    /// An API error (`{"error": {...}}`): `code` is the API's error code (`None`: the answer
+    /// was no error body).
+    #[error("the gateway answered {status}: {message} ({}){}", code_text(*.code), hint(.status))]
     Api {
         status: StatusCode,
-        code: String,
+        code: Option<ErrorCode>,
         message: String,
-        /// The policy's reasons, as `(code, message)`.
-        reasons: Vec<(String, String)>,
+        /// The policy's reasons (`policy_denied`).
+        reasons: Vec<Reason>,
     },
     #[error("cannot reach the gateway at {url}: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("the gateway's answer to {url} is not what sandgate expects: {detail}")]
     Answer { url: String, detail: String },
+}
+
+fn code_text(code: Option<ErrorCode>) -> &'static str {
+    code.map_or("no code", ErrorCode::as_str)
 }
 
 fn hint(status: &StatusCode) -> &'static str {
@@ -45,9 +53,9 @@ fn hint(status: &StatusCode) -> &'static str {
 
 impl CallError {
     /// The API's error code, when the gateway answered with one.
-    pub fn code(&self) -> Option<&str> {
+    pub fn code(&self) -> Option<ErrorCode> {
         match self {
-            CallError::Api { code, .. } => Some(code),
+            CallError::Api { code, .. } => *code,
             _ => None,
         }
     }
@@ -55,15 +63,18 @@ impl CallError {
 
 /// One gateway, one key.
 #[derive(Debug, Clone)]
-pub struct SessionClient {
+pub struct ApiClient {
     http: reqwest::Client,
     base: String,
     key: String,
 }
 
-impl SessionClient {
-    pub fn new(http: reqwest::Client, base: &str, key: &str) -> SessionClient {
-        SessionClient {
+/// The session routes' client is the API client.
+pub type SessionClient = ApiClient;
+
+impl ApiClient {
+    pub fn new(http: reqwest::Client, base: &str, key: &str) -> ApiClient {
+        ApiClient {
             http,
             base: base.trim_end_matches('/').to_owned(),
             key: key.to_owned(),
@@ -71,12 +82,16 @@ impl SessionClient {
     }
 
     /// `POST /v1/sessions`.
-    pub async fn open(&self, body: &OpenSession) -> Result<SessionView, CallError> {
+    pub async fn open(&self, body: &SessionRequest) -> Result<SessionView, CallError> {
         self.call(Method::POST, "/v1/sessions", Some(body)).await
     }
 
     /// `POST /v1/sessions/{id}/executions`: answered when the execution ended.
-    pub async fn run(&self, id: &str, body: &RunInSession) -> Result<SessionRun, CallError> {
+    pub async fn run(
+        &self,
+        id: &str,
+        body: &SessionExecutionRequest,
+    ) -> Result<ExecutionView, CallError> {
         let path = format!("/v1/sessions/{}/executions", super::encode_path(id));
         self.call(Method::POST, &path, Some(body)).await
     }
@@ -100,10 +115,13 @@ impl SessionClient {
         for _ in 0..FIND_RUNNING_TRIES {
             if let Some(running) = self.running_in(id).await? {
                 let path = format!("/v1/executions/{}/cancel", super::encode_path(&running));
-                return match self.call::<Value, ()>(Method::POST, &path, None).await {
+                return match self
+                    .call::<ExecutionView, ()>(Method::POST, &path, None)
+                    .await
+                {
                     Ok(_) => Ok(Some(running)),
                     // It ended on its own in the meantime.
-                    Err(err) if err.code() == Some("conflict") => Ok(None),
+                    Err(err) if err.code() == Some(ErrorCode::Conflict) => Ok(None),
                     Err(err) => Err(err),
                 };
             }
@@ -116,17 +134,38 @@ impl SessionClient {
     async fn running_in(&self, id: &str) -> Result<Option<String>, CallError> {
         let running = ExecutionStatus::Running.as_str();
         let path = format!("/v1/executions?status={running}&limit=100");
-        let listed: Value = self.call::<Value, ()>(Method::GET, &path, None).await?;
-        Ok(listed["executions"]
-            .as_array()
+        let listed: ExecutionPage = self.call::<_, ()>(Method::GET, &path, None).await?;
+        Ok(listed
+            .executions
             .into_iter()
-            .flatten()
-            .find(|execution| execution["session_id"] == id)
-            .and_then(|execution| execution["id"].as_str())
-            .map(str::to_owned))
+            .find(|execution| execution.session_id.as_deref() == Some(id))
+            .map(|execution| execution.id))
     }
 
-    async fn call<T: DeserializeOwned, B: Serialize>(
+    /// `GET url` (a stream or a file): the response once its status is a success.
+    pub async fn get_raw(&self, url: &str) -> Result<reqwest::Response, CallError> {
+        let unreachable = |err: reqwest::Error| CallError::Unreachable {
+            url: url.to_owned(),
+            detail: super::error_chain(&err),
+        };
+        let response = self
+            .http
+            .get(url)
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .map_err(unreachable)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let bytes = response.bytes().await.map_err(unreachable)?;
+        Err(api_error(status, &bytes))
+    }
+
+    /// `method path` with `body` as JSON; the answer read as `T`, an error answer as
+    /// [`CallError::Api`].
+    pub async fn call<T: DeserializeOwned, B: Serialize>(
         &self,
         method: Method,
         path: &str,
@@ -159,21 +198,63 @@ impl SessionClient {
     }
 }
 
-fn api_error(status: StatusCode, bytes: &[u8]) -> CallError {
-    let body: Value = serde_json::from_slice(bytes).unwrap_or(Value::Null);
-    let error = &body["error"];
-    CallError::Api {
-        status,
-        code: error["code"].as_str().unwrap_or("no code").to_owned(),
-        message: error["message"].as_str().unwrap_or("no message").to_owned(),
-        reasons: error["reasons"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|reason| {
-                let text = |key: &str| reason[key].as_str().unwrap_or_default().to_owned();
-                (text("code"), text("message"))
-            })
-            .collect(),
+/// Longest part of an answer that is no error body quoted in the message.
+const MAX_QUOTED: usize = 200;
+
+/// A failed answer as an error: its [`ErrorBody`], or (a proxy's page, say) its first bytes.
+pub fn api_error(status: StatusCode, bytes: &[u8]) -> CallError {
+    match serde_json::from_slice::<ErrorBody>(bytes) {
+        Ok(ErrorBody { error }) => CallError::Api {
+            status,
+            code: Some(error.code),
+            message: error.message,
+            reasons: error.reasons.unwrap_or_default(),
+        },
+        Err(_) => {
+            let text = String::from_utf8_lossy(bytes);
+            let quoted: String = text.chars().take(MAX_QUOTED).collect();
+            CallError::Api {
+                status,
+                code: None,
+                message: if quoted.trim().is_empty() {
+                    "no message".to_owned()
+                } else {
+                    quoted
+                },
+                reasons: Vec::new(),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_are_read_as_error_bodies() {
+        let body = br#"{"error":{"code":"policy_denied","message":"the policy denied this execution","reasons":[{"code":"network.not_allowed","message":"no"}],"execution_id":"ex_1"}}"#;
+        let err = api_error(StatusCode::FORBIDDEN, body);
+        assert_eq!(err.code(), Some(ErrorCode::PolicyDenied));
+        let CallError::Api { reasons, .. } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(reasons[0].code, "network.not_allowed");
+        assert!(err.to_string().contains("(policy_denied)"), "{err}");
+        let proxy = api_error(StatusCode::BAD_GATEWAY, b"<html>bad gateway</html>");
+        assert_eq!(proxy.code(), None);
+        assert!(
+            proxy
+                .to_string()
+                .contains("<html>bad gateway</html> (no code)"),
+            "{proxy}"
+        );
+        let unauthenticated = br#"{"error":{"code":"unauthenticated","message":"no key"}}"#;
+        let err = api_error(StatusCode::UNAUTHORIZED, unauthenticated);
+        assert!(
+            err.to_string()
+                .ends_with("(unauthenticated); the key comes from --key or SANDGATE_KEY"),
+            "{err}"
+        );
     }
 }

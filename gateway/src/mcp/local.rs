@@ -5,13 +5,13 @@
 use std::io::Read;
 use std::sync::Arc;
 
-use serde_json::Value;
+use api_types::{SessionExecutionRequest, SessionRequest, SessionView};
 
 use super::{Refusal, Runner};
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::executions::ExecutionView;
 use crate::app::executions::{Created, ExecutionRequest};
-use crate::app::sessions::{Opened, SessionExecutionRequest, SessionRequest};
+use crate::app::sessions::Opened;
 use crate::app::App;
 use crate::audit::ApiKey;
 
@@ -22,30 +22,23 @@ pub struct Local {
 }
 
 impl Runner for Local {
-    async fn run(&self, body: Value) -> Result<Value, Refusal> {
-        let request: ExecutionRequest = serde_json::from_value(body)
-            .map_err(|err| Refusal::new("invalid_request", err.to_string()))?;
+    async fn run(&self, request: ExecutionRequest) -> Result<ExecutionView, Refusal> {
         let created = self
             .app
             .create_execution(&self.caller, request)
             .await
             .map_err(|err| refusal(ApiError::from(err)))?;
-        let view = |row| serde_json::to_value(ExecutionView::from(row));
-        let record = match created {
-            Created::Finished(row) | Created::Accepted(row) => view(row),
-            Created::Denied(row) => {
-                return Err(refusal(ApiError::policy_denied(row.id, row.reasons.0)))
-            }
-            Created::PendingApproval { row, approval_id } => view(row).map(|mut record| {
-                record["approval_id"] = Value::String(approval_id);
-                record
+        match created {
+            Created::Finished(row) | Created::Accepted(row) => Ok(ExecutionView::from(row)),
+            Created::Denied(row) => Err(refusal(ApiError::policy_denied(row.id, row.reasons.0))),
+            Created::PendingApproval { row, approval_id } => Ok(ExecutionView {
+                approval_id: Some(approval_id),
+                ..ExecutionView::from(row)
             }),
-        };
-        record.map_err(|err| Refusal::new("internal", format!("encoding the record: {err}")))
+        }
     }
 
-    async fn open_session(&self, body: Value) -> Result<Value, Refusal> {
-        let request: SessionRequest = serde_json::from_value(body).map_err(invalid)?;
+    async fn open_session(&self, request: SessionRequest) -> Result<SessionView, Refusal> {
         let opened = self.app.create_session(&self.caller, request).await;
         match opened.map_err(|err| refusal(ApiError::from(err)))? {
             Opened::Ready(row) | Opened::PendingApproval(row) => session_value(row),
@@ -58,8 +51,11 @@ impl Runner for Local {
         }
     }
 
-    async fn run_in_session(&self, id: &str, body: Value) -> Result<Value, Refusal> {
-        let request: SessionExecutionRequest = serde_json::from_value(body).map_err(invalid)?;
+    async fn run_in_session(
+        &self,
+        id: &str,
+        request: SessionExecutionRequest,
+    ) -> Result<ExecutionView, Refusal> {
         let row = self
             .app
             .create_session_execution(&self.caller, id, request)
@@ -68,11 +64,10 @@ impl Runner for Local {
         if !row.allow {
             return Err(refusal(ApiError::policy_denied(row.id, row.reasons.0)));
         }
-        serde_json::to_value(ExecutionView::from(row))
-            .map_err(|err| Refusal::new("internal", format!("encoding the record: {err}")))
+        Ok(ExecutionView::from(row))
     }
 
-    async fn close_session(&self, id: &str) -> Result<Value, Refusal> {
+    async fn close_session(&self, id: &str) -> Result<SessionView, Refusal> {
         let row = self.app.delete_session(&self.caller, id).await;
         session_value(row.map_err(|err| refusal(ApiError::from(err)))?)
     }
@@ -92,35 +87,26 @@ impl Runner for Local {
             file.read_to_end(&mut bytes).map(|_| bytes)
         })
         .await
-        .map_err(|err| Refusal::new("internal", err.to_string()))?
-        .map_err(|err| Refusal::new("unavailable", format!("reading the output file: {err}")))
+        .map_err(|err| Refusal::new(ErrorCode::Internal, err.to_string()))?
+        .map_err(|err| {
+            Refusal::new(
+                ErrorCode::Unavailable,
+                format!("reading the output file: {err}"),
+            )
+        })
     }
 }
 
-/// A `session_wire::SessionView` (or an API error) as the tool sees it.
-fn session_value(row: crate::audit::sessions::SessionRow) -> Result<Value, Refusal> {
-    let view = crate::api::sessions::view(row).map_err(refusal)?;
-    serde_json::to_value(view)
-        .map_err(|err| Refusal::new("internal", format!("encoding the session: {err}")))
-}
-
-fn invalid(err: serde_json::Error) -> Refusal {
-    Refusal::new("invalid_request", err.to_string())
+/// The session as the API shows it (or an API error).
+fn session_value(row: crate::audit::sessions::SessionRow) -> Result<SessionView, Refusal> {
+    crate::api::sessions::view(row).map_err(refusal)
 }
 
 fn refusal(error: ApiError) -> Refusal {
     Refusal {
-        code: serde_json::to_value(error.code)
-            .ok()
-            .and_then(|code| code.as_str().map(str::to_owned))
-            .unwrap_or_else(|| "internal".to_owned()),
+        code: error.code,
         message: error.message,
-        reasons: error
-            .reasons
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(|reason| serde_json::to_value(reason).ok())
-            .collect(),
+        reasons: error.reasons.unwrap_or_default(),
         execution_id: error.execution_id,
     }
 }

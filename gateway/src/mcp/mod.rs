@@ -21,7 +21,10 @@ pub mod tools;
 
 use std::future::Future;
 
-use serde_json::Value;
+use api_types::{
+    ErrorBody, ErrorCode, ExecutionRequest, ExecutionView, Reason, SessionExecutionRequest,
+    SessionRequest, SessionView,
+};
 
 /// Most bytes of one JSON-RPC message the stdio server reads (the HTTP route has the API's
 /// body limit).
@@ -30,59 +33,65 @@ pub const MAX_MESSAGE_BYTES: usize = 32 * 1024 * 1024;
 /// Why a tool call did not produce an execution record: the API's error shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Refusal {
-    /// The API's error code (`policy_denied`, `invalid_request`, `unavailable`, ...).
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
-    /// The policy's reasons (`policy_denied`), as the API gives them.
-    pub reasons: Vec<Value>,
+    /// The policy's reasons (`policy_denied`).
+    pub reasons: Vec<Reason>,
     pub execution_id: Option<String>,
 }
 
 impl Refusal {
-    pub fn new(code: &str, message: impl Into<String>) -> Refusal {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Refusal {
         Refusal {
-            code: code.to_owned(),
+            code,
             message: message.into(),
             reasons: Vec::new(),
             execution_id: None,
         }
     }
 
-    /// From the API's `{"error": {...}}` body.
-    pub fn from_error_body(status: u16, body: &Value) -> Refusal {
-        let error = &body["error"];
-        Refusal {
-            code: error["code"].as_str().unwrap_or("unavailable").to_owned(),
-            message: error["message"]
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| format!("the gateway answered HTTP {status}")),
-            reasons: error["reasons"].as_array().cloned().unwrap_or_default(),
-            execution_id: error["execution_id"].as_str().map(str::to_owned),
+    /// From the API's `{"error": {...}}` body (anything else: `unavailable`).
+    pub fn from_error_body(status: u16, body: &[u8]) -> Refusal {
+        match serde_json::from_slice::<ErrorBody>(body) {
+            Ok(ErrorBody { error }) => Refusal {
+                code: error.code,
+                message: error.message,
+                reasons: error.reasons.unwrap_or_default(),
+                execution_id: error.execution_id,
+            },
+            Err(_) => Refusal::new(
+                ErrorCode::Unavailable,
+                format!("the gateway answered HTTP {status}"),
+            ),
         }
     }
 }
 
 /// Where tool calls go: the gateway's own use cases, or its HTTP API.
 pub trait Runner: Sync {
-    /// Creates an execution from a `POST /v1/executions` body (with `wait: true`) and returns
-    /// its record as the API shows it.
-    fn run(&self, body: Value) -> impl Future<Output = Result<Value, Refusal>> + Send;
+    /// Creates an execution (`POST /v1/executions`, with `wait: true`) and returns its record.
+    fn run(
+        &self,
+        body: ExecutionRequest,
+    ) -> impl Future<Output = Result<ExecutionView, Refusal>> + Send;
     /// The bytes of one output file of an execution.
     fn download(
         &self,
         execution_id: &str,
         path: &str,
     ) -> impl Future<Output = Result<Vec<u8>, Refusal>> + Send;
-    /// Opens a session from a `POST /v1/sessions` body; returns the session as the API shows it.
-    fn open_session(&self, body: Value) -> impl Future<Output = Result<Value, Refusal>> + Send;
-    /// Runs one execution in session `id` (a `POST /v1/sessions/{id}/executions` body); returns
-    /// its record as the API shows it.
+    /// Opens a session (`POST /v1/sessions`).
+    fn open_session(
+        &self,
+        body: SessionRequest,
+    ) -> impl Future<Output = Result<SessionView, Refusal>> + Send;
+    /// Runs one execution in session `id` (`POST /v1/sessions/{id}/executions`); returns its
+    /// record.
     fn run_in_session(
         &self,
         id: &str,
-        body: Value,
-    ) -> impl Future<Output = Result<Value, Refusal>> + Send;
+        body: SessionExecutionRequest,
+    ) -> impl Future<Output = Result<ExecutionView, Refusal>> + Send;
     /// Closes session `id`; returns it as the API shows it.
-    fn close_session(&self, id: &str) -> impl Future<Output = Result<Value, Refusal>> + Send;
+    fn close_session(&self, id: &str) -> impl Future<Output = Result<SessionView, Refusal>> + Send;
 }

@@ -4,6 +4,11 @@
 use std::path::Path;
 use std::time::Duration;
 
+use api_types::{
+    ErrorCode, ExecutionRequest, ExecutionView, SessionExecutionRequest, SessionRequest,
+    SessionView,
+};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use super::{Refusal, Runner};
@@ -87,9 +92,9 @@ impl Remote {
         })
     }
 
-    /// `POST path` with a JSON body: the status and the JSON answer, whatever the status (for
-    /// the admin subcommands, which print refusals themselves).
-    pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Value), String> {
+    /// `POST path` with a JSON body: the status and the answer's bytes, whatever the status
+    /// (for the admin subcommands, which print refusals themselves).
+    pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Vec<u8>), String> {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -99,8 +104,8 @@ impl Remote {
             .await
             .map_err(|err| unreachable(&self.base, &err).message)?;
         let status = response.status().as_u16();
-        let answer = response.json().await.unwrap_or(Value::Null);
-        Ok((status, answer))
+        let answer = response.bytes().await.unwrap_or_default();
+        Ok((status, answer.to_vec()))
     }
 
     /// `POST path` with a raw body of `content_type`; as [`Remote::post_json`].
@@ -109,7 +114,7 @@ impl Remote {
         path: &str,
         content_type: &str,
         body: Vec<u8>,
-    ) -> Result<(u16, Value), String> {
+    ) -> Result<(u16, Vec<u8>), String> {
         let response = self
             .http
             .post(format!("{}{path}", self.base))
@@ -120,8 +125,8 @@ impl Remote {
             .await
             .map_err(|err| unreachable(&self.base, &err).message)?;
         let status = response.status().as_u16();
-        let answer = response.json().await.unwrap_or(Value::Null);
-        Ok((status, answer))
+        let answer = response.bytes().await.unwrap_or_default();
+        Ok((status, answer.to_vec()))
     }
 
     async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, Refusal> {
@@ -134,18 +139,28 @@ impl Remote {
             return Ok(response);
         }
         let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap_or(Value::Null);
+        let body = response.bytes().await.unwrap_or_default();
         Err(Refusal::from_error_body(status, &body))
     }
 }
 
 impl Remote {
-    async fn json(&self, request: reqwest::RequestBuilder) -> Result<Value, Refusal> {
+    /// The answer read as `T` (an answer of another shape is `unavailable`, with why).
+    async fn json<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, Refusal> {
         let response = self.send(request).await?;
-        response
-            .json()
+        let bytes = response
+            .bytes()
             .await
-            .map_err(|err| unreachable(&self.base, &err))
+            .map_err(|err| unreachable(&self.base, &err))?;
+        serde_json::from_slice(&bytes).map_err(|err| {
+            Refusal::new(
+                ErrorCode::Unavailable,
+                format!("the gateway at {}: unexpected answer: {err}", self.base),
+            )
+        })
     }
 }
 
@@ -175,28 +190,32 @@ fn unreachable(base: &str, err: &reqwest::Error) -> Refusal {
         source = inner.source();
     }
     Refusal::new(
-        "unavailable",
+        ErrorCode::Unavailable,
         format!("cannot reach the gateway at {base}: {text}"),
     )
 }
 
 impl Runner for Remote {
-    async fn run(&self, body: Value) -> Result<Value, Refusal> {
+    async fn run(&self, body: ExecutionRequest) -> Result<ExecutionView, Refusal> {
         let url = format!("{}/v1/executions", self.base);
         self.json(self.http.post(url).json(&body)).await
     }
 
-    async fn open_session(&self, body: Value) -> Result<Value, Refusal> {
+    async fn open_session(&self, body: SessionRequest) -> Result<SessionView, Refusal> {
         let url = format!("{}/v1/sessions", self.base);
         self.json(self.http.post(url).json(&body)).await
     }
 
-    async fn run_in_session(&self, id: &str, body: Value) -> Result<Value, Refusal> {
+    async fn run_in_session(
+        &self,
+        id: &str,
+        body: SessionExecutionRequest,
+    ) -> Result<ExecutionView, Refusal> {
         let url = format!("{}/v1/sessions/{}/executions", self.base, encode_path(id));
         self.json(self.http.post(url).json(&body)).await
     }
 
-    async fn close_session(&self, id: &str) -> Result<Value, Refusal> {
+    async fn close_session(&self, id: &str) -> Result<SessionView, Refusal> {
         let url = format!("{}/v1/sessions/{}", self.base, encode_path(id));
         self.json(self.http.delete(url)).await
     }

@@ -6,6 +6,7 @@
 //! until closed or idle. A malformed call is a JSON-RPC `invalid params` error; a refusal
 //! (denied, busy, unknown id, too many sessions) is a tool result with `isError`.
 
+use api_types::{SessionExecutionRequest, SessionRequest, SessionStatus, SessionView, TurnLimits};
 use serde_json::{json, Map, Value};
 
 use super::protocol::RpcError;
@@ -126,63 +127,60 @@ pub async fn call<R: Runner>(
 }
 
 /// The `POST /v1/sessions` body for `open_session`'s arguments.
-fn open_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
+fn open_body(arguments: &Map<String, Value>) -> Result<SessionRequest, RpcError> {
     only(arguments, "open_session", &OPEN_ARGUMENTS)?;
-    let mut body = json!({
-        "language": language(arguments)?,
-        "network": network(arguments)?,
-    });
-    for limit in ["idle_timeout_s", "ttl_s"] {
-        if let Some(seconds) = positive(arguments, limit)? {
-            body[limit] = json!(seconds);
-        }
-    }
-    Ok(body)
+    Ok(SessionRequest {
+        language: language(arguments)?.to_owned(),
+        network: network(arguments)?,
+        idle_timeout_s: positive(arguments, "idle_timeout_s")?,
+        ttl_s: positive(arguments, "ttl_s")?,
+        ..SessionRequest::default()
+    })
 }
 
 /// The session's id and the `POST /v1/sessions/{id}/executions` body.
-fn run_body(arguments: &Map<String, Value>) -> Result<(String, Value), RpcError> {
+fn run_body(arguments: &Map<String, Value>) -> Result<(String, SessionExecutionRequest), RpcError> {
     only(arguments, "run_in_session", &RUN_ARGUMENTS)?;
     let id = required_text(arguments, "session_id")?.to_owned();
-    let mut body = json!({
-        "code": required_text(arguments, "code")?,
-        "files": files(arguments)?,
-    });
-    if let Some(timeout) = positive(arguments, "timeout_ms")? {
-        body["limits"] = json!({ "timeout_ms": timeout });
-    }
+    let body = SessionExecutionRequest {
+        code: required_text(arguments, "code")?.to_owned(),
+        files: files(arguments)?,
+        limits: TurnLimits {
+            timeout_ms: positive(arguments, "timeout_ms")?,
+        },
+        wait: None,
+    };
     Ok((id, body))
 }
 
 /// A session view as text and structured content.
-fn described(session: &Value, what: &str) -> Value {
-    let id = session["id"].as_str().unwrap_or_default();
-    let status = session["status"].as_str().unwrap_or_default();
+fn described(session: &SessionView, what: &str) -> Value {
+    let id = &session.id;
+    let status = session.status;
     let mut text = format!("session {id} {what}: status {status}");
-    if let Some(reason) = session["closed_reason"].as_str() {
+    if let Some(reason) = session.closed_reason {
         text.push_str(&format!(" ({reason})"));
     }
-    if status == "ready" {
+    if status == SessionStatus::Ready {
         text.push_str(&format!(
             "; language {}, closes after {} s idle; pass session_id {id} to run_in_session",
-            session["language"].as_str().unwrap_or_default(),
-            session["idle_timeout_s"]
+            session.language, session.idle_timeout_s
         ));
     }
-    if status == "pending_approval" {
+    if status == SessionStatus::PendingApproval {
         text.push_str(&format!(
             "; it awaits approval {} by a human reviewer: nothing runs in it until then \
              (run_in_session answers a conflict meanwhile)",
-            session["approval_id"].as_str().unwrap_or_default()
+            session.approval_id.as_deref().unwrap_or_default()
         ));
     }
     json!({
         "content": [{"type": "text", "text": text}],
         "structuredContent": {
-            "session_id": id, "status": status, "closed_reason": session["closed_reason"],
-            "language": session["language"], "idle_timeout_s": session["idle_timeout_s"],
-            "expires_at": session["expires_at"], "executions": session["executions"],
-            "approval_id": session["approval_id"],
+            "session_id": id, "status": status, "closed_reason": session.closed_reason,
+            "language": session.language, "idle_timeout_s": session.idle_timeout_s,
+            "expires_at": session.expires_at, "executions": session.executions,
+            "approval_id": session.approval_id,
         },
         "isError": false,
     })
@@ -198,24 +196,29 @@ mod tests {
         let open = json!({"language": "bash", "idle_timeout_s": 60});
         let body = open_body(open.as_object().unwrap()).unwrap();
         assert_eq!(
-            body,
-            json!({"language": "bash", "network": [], "idle_timeout_s": 60})
+            serde_json::to_value(body).unwrap(),
+            json!({"language": "bash", "idle_timeout_s": 60})
         );
         let run = json!({"session_id": "ss_1", "code": "x + 1", "timeout_ms": 500});
         let (id, body) = run_body(run.as_object().unwrap()).unwrap();
         assert_eq!(id, "ss_1");
         assert_eq!(
-            body,
-            json!({"code": "x + 1", "files": [], "limits": {"timeout_ms": 500}})
+            serde_json::to_value(body).unwrap(),
+            json!({"code": "x + 1", "limits": {"timeout_ms": 500}})
         );
     }
 
     #[test]
     fn a_held_session_is_described_as_awaiting_its_approval() {
-        let held = json!({
+        let held: SessionView = serde_json::from_value(json!({
             "id": "ss_1", "status": "pending_approval", "approval_id": "ap_7",
-            "language": "python", "idle_timeout_s": 60,
-        });
+            "closed_reason": null, "tenant": "acme", "language": "python",
+            "decision": {}, "limits": {}, "idle_timeout_s": 60, "ttl_s": 600,
+            "executions": 0, "container": null, "created_at": "2026-12-01T00:00:00Z",
+            "last_used_at": "2026-12-01T00:00:00Z", "expires_at": "2026-12-01T01:00:00Z",
+            "closed_at": null,
+        }))
+        .unwrap();
         let result = described(&held, "open");
         let text = result["content"][0]["text"].as_str().unwrap();
         assert!(text.contains("status pending_approval"), "{text}");

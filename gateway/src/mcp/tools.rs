@@ -3,6 +3,10 @@
 //! `invalid params` error); what may run is decided by the gateway's policy (a denial is a tool
 //! result with `isError` and the policy's reasons, as the MCP spec wants for tool failures).
 
+use api_types::{
+    ExecutionRequest, ExecutionStatus, ExecutionView, FileUpload, HostPort, OutputFile,
+    RequestedLimits,
+};
 use base64::Engine as _;
 use serde_json::{json, Map, Value};
 
@@ -93,23 +97,23 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
 }
 
 /// The `POST /v1/executions` body for `run_code`'s arguments.
-fn execution_body(arguments: &Map<String, Value>) -> Result<Value, RpcError> {
+fn execution_body(arguments: &Map<String, Value>) -> Result<ExecutionRequest, RpcError> {
     only(arguments, "run_code", &ARGUMENTS)?;
     let code = required_text(arguments, "code")?;
     let language = language(arguments)?;
-    let files = files(arguments)?;
-    let network = network(arguments)?;
-    let mut body = json!({
-        "language": language, "code": code, "files": files, "network": network, "wait": true,
-    });
-    if let Some(timeout) = positive(arguments, "timeout_ms")? {
-        body["limits"] = json!({ "timeout_ms": timeout });
-    }
-    Ok(body)
+    Ok(ExecutionRequest {
+        files: files(arguments)?,
+        network: network(arguments)?,
+        limits: RequestedLimits {
+            timeout_ms: positive(arguments, "timeout_ms")?,
+            ..RequestedLimits::default()
+        },
+        ..ExecutionRequest::new(language, code)
+    })
 }
 
 /// `files` (name -> text) as API uploads.
-pub(super) fn files(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcError> {
+pub(super) fn files(arguments: &Map<String, Value>) -> Result<Vec<FileUpload>, RpcError> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut files = Vec::new();
     match arguments.get("files") {
@@ -122,7 +126,10 @@ pub(super) fn files(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcErr
                         format!("file {path:?}: content must be a string"),
                     )
                 })?;
-                files.push(json!({"path": path, "content_b64": b64.encode(text)}));
+                files.push(FileUpload {
+                    path: path.clone(),
+                    content_b64: b64.encode(text),
+                });
             }
         }
         Some(_) => {
@@ -136,7 +143,7 @@ pub(super) fn files(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcErr
 }
 
 /// `network`: a list of `{host, port}`.
-pub(super) fn network(arguments: &Map<String, Value>) -> Result<Vec<Value>, RpcError> {
+pub(super) fn network(arguments: &Map<String, Value>) -> Result<Vec<HostPort>, RpcError> {
     match arguments.get("network") {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::Array(items)) => items.iter().map(destination).collect(),
@@ -201,12 +208,10 @@ pub(super) fn language(arguments: &Map<String, Value>) -> Result<&str, RpcError>
     }
 }
 
-fn destination(item: &Value) -> Result<Value, RpcError> {
-    match (item["host"].as_str(), item["port"].as_u64()) {
-        (Some(host), Some(port)) if port <= u64::from(u16::MAX) => {
-            Ok(json!({"host": host, "port": port}))
-        }
-        _ => Err(RpcError::new(
+fn destination(item: &Value) -> Result<HostPort, RpcError> {
+    match serde_json::from_value::<HostPort>(item.clone()) {
+        Ok(destination) => Ok(destination),
+        Err(_) => Err(RpcError::new(
             INVALID_PARAMS,
             format!("network destination {item}: want {{\"host\": string, \"port\": 1-65535}}"),
         )),
@@ -215,19 +220,18 @@ fn destination(item: &Value) -> Result<Value, RpcError> {
 
 /// A record (any final status, or `pending_approval`): text, images, and the fields as
 /// structured content. Only an execution that did not end well is `isError`.
-pub(super) async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
-    let status = record["status"].as_str().unwrap_or("error");
+pub(super) async fn success<R: Runner>(runner: &R, record: &ExecutionView) -> Value {
+    let status = record.status;
     let mut text = format!("status: {status}\n");
-    if let Some(code) = record["exit_code"].as_i64() {
+    if let Some(code) = record.exit_code {
         text.push_str(&format!("exit_code: {code}\n"));
     }
-    if let Some(approval) = record["approval_id"].as_str() {
+    if let Some(approval) = &record.approval_id {
         text.push_str(&format!(
             "sent to a human reviewer (approval {approval}); nothing has run yet\n"
         ));
     }
-    for stream in ["stdout", "stderr"] {
-        let captured = record[stream].as_str().unwrap_or_default();
+    for (stream, captured) in [("stdout", &record.stdout), ("stderr", &record.stderr)] {
         if !captured.is_empty() {
             text.push_str(&format!("--- {stream} ---\n{captured}"));
             if !captured.ends_with('\n') {
@@ -235,44 +239,39 @@ pub(super) async fn success<R: Runner>(runner: &R, record: &Value) -> Value {
             }
         }
     }
-    if let Some(result) = record["result"].as_str() {
+    if let Some(result) = &record.result {
         text.push_str(&format!("result: {result}\n"));
     }
-    let outputs = record["outputs"].as_array().cloned().unwrap_or_default();
-    for output in &outputs {
+    for output in &record.outputs {
         text.push_str(&format!(
             "output: /output/{} ({} bytes)\n",
-            output["path"].as_str().unwrap_or_default(),
-            output["bytes"]
+            output.path, output.bytes
         ));
     }
     let mut content = vec![json!({"type": "text", "text": text})];
-    content.extend(images(runner, record, &outputs).await);
+    content.extend(images(runner, &record.id, &record.outputs).await);
     json!({
         "content": content,
         "structuredContent": {
-            "id": record["id"], "status": status, "exit_code": record["exit_code"],
-            "stdout": record["stdout"], "stderr": record["stderr"], "outputs": outputs,
-            "approval_id": record.get("approval_id").cloned().unwrap_or(Value::Null),
-            "session_id": record.get("session_id").cloned().unwrap_or(Value::Null),
-            "result": record.get("result").cloned().unwrap_or(Value::Null),
+            "id": record.id, "status": status, "exit_code": record.exit_code,
+            "stdout": record.stdout, "stderr": record.stderr, "outputs": record.outputs,
+            "approval_id": record.approval_id,
+            "session_id": record.session_id,
+            "result": record.result,
         },
-        "isError": !matches!(status, "succeeded" | "pending_approval"),
+        "isError": !matches!(status, ExecutionStatus::Succeeded | ExecutionStatus::PendingApproval),
     })
 }
 
-async fn images<R: Runner>(runner: &R, record: &Value, outputs: &[Value]) -> Vec<Value> {
-    let Some(id) = record["id"].as_str() else {
-        return Vec::new();
-    };
+async fn images<R: Runner>(runner: &R, id: &str, outputs: &[OutputFile]) -> Vec<Value> {
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut images = Vec::new();
     for output in outputs {
-        let path = output["path"].as_str().unwrap_or_default();
-        let (Some(mime), Some(size)) = (image_type(path), output["bytes"].as_u64()) else {
+        let path = output.path.as_str();
+        let Some(mime) = image_type(path) else {
             continue;
         };
-        if size > MAX_IMAGE_BYTES || images.len() == MAX_IMAGES {
+        if output.bytes > MAX_IMAGE_BYTES || images.len() == MAX_IMAGES {
             continue;
         }
         match runner.download(id, path).await {
@@ -302,11 +301,7 @@ fn image_type(path: &str) -> Option<&'static str> {
 pub(super) fn refused(refusal: &Refusal) -> Value {
     let mut text = format!("{}: {}\n", refusal.code, refusal.message);
     for reason in &refusal.reasons {
-        text.push_str(&format!(
-            "- {}: {}\n",
-            reason["code"].as_str().unwrap_or_default(),
-            reason["message"].as_str().unwrap_or_default()
-        ));
+        text.push_str(&format!("- {}: {}\n", reason.code, reason.message));
     }
     json!({
         "content": [{"type": "text", "text": text}],
@@ -329,6 +324,7 @@ mod tests {
             "network": [{"host": "pypi.org", "port": 443}], "timeout_ms": 5000,
         });
         let body = execution_body(arguments.as_object().unwrap()).unwrap();
+        let body = serde_json::to_value(body).unwrap();
         assert_eq!(body["language"], "python");
         assert_eq!(
             body["files"][0],

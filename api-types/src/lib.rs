@@ -1,0 +1,40 @@
+//! The wire types of sandgate's HTTP API (DESIGN 4.2, 10, 12), in one place: the bodies clients
+//! send, the answers the gateway gives, the error body, and the closed sets (statuses, roles,
+//! error codes, audit event kinds) they carry. The gateway's handlers serialise these and read
+//! requests with them; `sandgate exec`, `sandgate repl` and the MCP server read the answers back
+//! with the same types, so a field or a spelling cannot differ between the two sides.
+//!
+//! Serde only (plus chrono for timestamps). The `openapi` feature adds utoipa schemas for the
+//! gateway's `/v1/openapi.json`; clients leave it off. This crate depends on no other crate of
+//! the workspace: `policy-engine` re-exports the policy types it shares with the API
+//! ([`HostPort`], [`RequestedLimits`], [`Limits`], [`Reason`]) from here.
+
+mod approval;
+mod error;
+mod event_kind;
+mod events;
+mod execution;
+mod policy;
+mod role;
+mod session;
+mod status;
+mod text_forms;
+
+pub use approval::{
+    ApprovalPage, ApprovalStatus, ApprovalView, DecidedApproval, Party, Review, ReviewDecision,
+    SubjectKind,
+};
+pub use error::{ErrorBody, ErrorCode, ErrorDetail};
+pub use event_kind::EventKind;
+pub use events::{ExitEvent, OutputEvent, StreamEventName};
+pub use execution::{
+    DecisionView, ExecutionPage, ExecutionRequest, ExecutionView, FileUpload, OutputFile,
+    SkippedOutput,
+};
+pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
+pub use role::Role;
+pub use session::{
+    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
+    TurnLimits,
+};
+pub use status::ExecutionStatus;
