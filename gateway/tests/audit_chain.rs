@@ -207,6 +207,8 @@ async fn the_gateways_database_role_cannot_change_the_audit_trail() {
         "DELETE FROM audit_events",
         // The stored payload of a pending request (code and files) is not for auditors.
         "SELECT request FROM approvals",
+        // Nor is that of a session request relayed between replicas.
+        "SELECT request FROM session_turns",
     ] {
         let refused = sqlx::query(statement).execute(&mut *conn).await;
         assert_eq!(sqlstate(refused), PERMISSION_DENIED, "auditor: {statement}");

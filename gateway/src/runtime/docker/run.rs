@@ -29,6 +29,8 @@ const KILL_GRACE: Duration = Duration::from_secs(10);
 /// How long (steps of [`OOM_EVENT_POLL`]) to wait for dockerd's OOM flag after a SIGKILL end.
 const OOM_EVENT_POLLS: u32 = 20;
 const OOM_EVENT_POLL: Duration = Duration::from_millis(100);
+/// The status of a program killed by SIGKILL (128 + 9).
+const SIGKILLED: u8 = 137;
 /// Most stdout a pooled sandbox may print before its ready line.
 const MAX_BEFORE_READY: usize = 64 * 1024;
 
@@ -402,7 +404,12 @@ impl Pump {
                     break;
                 }
             }
-            if self.end.end().is_some() && self.trailer.code().is_some() {
+            // A program that died by SIGKILL (137) may have been the OOM killer's: outside
+            // gVisor (runc) the init survives that, so its word is not the whole story and
+            // dockerd's flag is waited for as before.
+            if self.end.end().is_some()
+                && matches!(self.trailer.code(), Some(code) if code != SIGKILLED)
+            {
                 ended = true;
                 break;
             }
