@@ -89,10 +89,25 @@ impl PrivateDockerd {
 
     /// SIGKILLs dockerd, as a crash would: its managed containerd goes with it, the shims and
     /// runsc processes of running containers stay until dockerd starts again and kills them.
+    /// Returns once containerd is gone too: a restarted dockerd that still sees its pid (a
+    /// zombie until init reaps it) waits for it instead of starting a new one, and gives up.
     pub fn kill(&mut self) {
         let mut child = self.child.take().expect("the private dockerd runs");
+        let containerd = std::fs::read_to_string(self.dir.join("x/containerd/containerd.pid"))
+            .expect("the managed containerd's pid file")
+            .trim()
+            .to_owned();
         child.kill().unwrap();
         child.wait().unwrap();
+        let stat = PathBuf::from(format!("/proc/{containerd}/stat"));
+        let killed = Instant::now();
+        while stat.exists() {
+            assert!(
+                killed.elapsed() < STOP_TIMEOUT,
+                "the private dockerd's containerd (pid {containerd}) outlived it by {STOP_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// `docker -H <private socket> args...`.
