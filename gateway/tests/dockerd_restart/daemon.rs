@@ -48,7 +48,10 @@ impl PrivateDockerd {
 
     /// Starts dockerd (again) on the same data root and waits until it answers.
     pub fn start_again(&mut self) {
-        assert!(self.child.is_none(), "the private dockerd is already running");
+        assert!(
+            self.child.is_none(),
+            "the private dockerd is already running"
+        );
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -134,7 +137,10 @@ impl PrivateDockerd {
             .stdin(save.stdout.take().unwrap())
             .output()
             .unwrap();
-        assert!(save.wait().unwrap().success(), "docker save {image} failed; {SETUP}");
+        assert!(
+            save.wait().unwrap().success(),
+            "docker save {image} failed; {SETUP}"
+        );
         assert!(
             load.status.success(),
             "loading {image} into the private dockerd failed: {}",
@@ -146,7 +152,10 @@ impl PrivateDockerd {
     pub fn containers_of(&self, instance: &str) -> Vec<String> {
         let filter = format!("label=sandgate.instance={instance}");
         let out = self.docker(&["ps", "-a", "--filter", &filter, "--format", "{{.Names}}"]);
-        assert!(out.status.success(), "docker ps on the private dockerd failed");
+        assert!(
+            out.status.success(),
+            "docker ps on the private dockerd failed"
+        );
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .map(str::to_owned)
@@ -224,7 +233,11 @@ fn kill_processes_naming(dir: &Path) -> usize {
     let needle = dir.display().to_string();
     let mut alive = 0;
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
             continue;
         };
         let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
