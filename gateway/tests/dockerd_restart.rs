@@ -94,7 +94,12 @@ async fn a_dockerd_restart_hands_out_no_dead_pooled_sandbox_and_the_pool_recover
     let pooled = before[0].clone();
     assert!(pooled.starts_with("sandgate-sb_"), "{pooled}");
 
-    daemon.kill();
+    daemon = tokio::task::spawn_blocking(move || {
+        daemon.kill();
+        daemon
+    })
+    .await
+    .unwrap();
     let down = readyz_until(&gw, "warm_pool not ready", |status, ready| {
         status == 503 && ready["checks"]["warm_pool"]["ok"] == json!(false)
     })
