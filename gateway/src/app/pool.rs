@@ -118,6 +118,9 @@ pub struct WarmPool {
     preload: Vec<String>,
     state: Mutex<State>,
     wake: Notify,
+    /// Signalled when starting sandboxes works again after failing (dockerd came back): what
+    /// could not be removed while it was away is swept now, not at the next periodic sweep.
+    recovered: Notify,
 }
 
 impl WarmPool {
@@ -143,6 +146,7 @@ impl WarmPool {
                 ..State::default()
             }),
             wake: Notify::new(),
+            recovered: Notify::new(),
         })
     }
 
@@ -274,6 +278,11 @@ impl WarmPool {
         Ok(format!("waiting: {}", waiting.join(" ")))
     }
 
+    /// Resolves once starting sandboxes works again after a failure (for the reaper).
+    pub async fn recovered(&self) {
+        self.recovered.notified().await;
+    }
+
     /// Waiting sandboxes per language (for metrics and benches).
     pub fn waiting(&self) -> BTreeMap<String, usize> {
         let mut counts: BTreeMap<String, usize> =
@@ -319,6 +328,7 @@ impl WarmPool {
                 state.retry.remove(language);
                 if state.failing.remove(language).is_some() {
                     tracing::info!(language, "warm pool: starting sandboxes works again");
+                    self.recovered.notify_one();
                 }
             }
             Err(cause) => {

@@ -153,7 +153,9 @@ impl Drop for LiveGuard {
     }
 }
 
-/// Sweeps once at start, then every [`INTERVAL`] until shutdown.
+/// Sweeps once at start, then every [`INTERVAL`] and whenever the pool's starts work again
+/// after failing (a dockerd restart: the sandboxes it killed could not be removed while it was
+/// away), until shutdown.
 pub async fn run(app: Arc<App>) {
     let mut first = true;
     loop {
@@ -173,6 +175,9 @@ pub async fn run(app: Arc<App>) {
         tokio::select! {
             _ = app.shutdown.cancelled() => return,
             _ = tokio::time::sleep(INTERVAL) => {}
+            () = app.pool.recovered() => {
+                tracing::info!("the runtime works again: sweeping what it left");
+            }
         }
     }
 }

@@ -25,7 +25,7 @@ pub mod payloads;
 pub mod upstream;
 pub mod warm;
 
-const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
+pub const SETUP: &str = "run `make test` (or `bash scripts/setup.sh && make build`) as root first";
 
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -177,6 +177,16 @@ impl TestGateway {
         data_dir: tempfile::TempDir,
         tweak: impl FnOnce(&mut Config),
     ) -> TestGateway {
+        TestGateway::start_on(DockerRuntime::new(), database_url, data_dir, tweak).await
+    }
+
+    /// A gateway driving `runtime`'s daemon (a test's private dockerd: see `dockerd_restart.rs`).
+    pub async fn start_on(
+        runtime: DockerRuntime,
+        database_url: Option<String>,
+        data_dir: tempfile::TempDir,
+        tweak: impl FnOnce(&mut Config),
+    ) -> TestGateway {
         require_docker();
         // The embedded cluster runs as `postgres`, which must be able to enter the data dir.
         std::fs::set_permissions(
@@ -193,7 +203,7 @@ impl TestGateway {
         let server = tokio::spawn(gateway::serve_on(
             listener,
             config,
-            Arc::new(DockerRuntime::new()),
+            Arc::new(runtime),
             shutdown.clone(),
         ));
         let gw = TestGateway {

@@ -10,6 +10,7 @@ mod oom;
 mod run;
 mod turn;
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bollard::Docker;
@@ -31,6 +32,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(120);
 #[derive(Debug, Default)]
 pub struct DockerRuntime {
     client: OnceCell<Docker>,
+    /// The daemon's Unix socket; `None`: `DOCKER_HOST`, else the system's default socket.
+    socket: Option<PathBuf>,
 }
 
 impl DockerRuntime {
@@ -38,13 +41,28 @@ impl DockerRuntime {
         DockerRuntime::default()
     }
 
+    /// A runtime driving the daemon listening on `socket` (a test's private dockerd).
+    pub fn at(socket: &Path) -> DockerRuntime {
+        DockerRuntime {
+            socket: Some(socket.to_owned()),
+            ..DockerRuntime::default()
+        }
+    }
+
     /// The client, connected and version-negotiated on first use (dockerd 20.10 refuses the
     /// newer API version bollard asks for by default).
     async fn client(&self) -> Result<&Docker, RuntimeError> {
         self.client
             .get_or_try_init(|| async {
-                let docker = Docker::connect_with_local_defaults()
-                    .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
+                let docker = match &self.socket {
+                    Some(socket) => Docker::connect_with_unix(
+                        &socket.to_string_lossy(),
+                        API_TIMEOUT.as_secs(),
+                        bollard::API_DEFAULT_VERSION,
+                    ),
+                    None => Docker::connect_with_local_defaults(),
+                }
+                .map_err(|err| RuntimeError::Unavailable(err.to_string()))?;
                 let docker =
                     bounded("negotiate Docker API version", docker.negotiate_version()).await?;
                 Ok(docker.with_timeout(API_TIMEOUT))
