@@ -350,3 +350,75 @@ async fn policy_replay_re_decides_session_openings_held_for_review() {
     let _ = delete(&gw, &agent, opened["id"].as_str().unwrap()).await;
     gw.stop().await;
 }
+
+/// A reviewer whose client gives up while the approved session starts does not leave it stuck,
+/// and a `DELETE` that arrives while its sandbox starts is not lost: whatever the order, the
+/// session ends `closed` and its sandbox is removed.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_hold() {
+    let gw = TestGateway::start().await;
+    let agent = key_for(&gw, "agent", "ada").await;
+    let reviewer = key_for(&gw, "reviewer", "rita").await;
+    // The reviewer's client times out long before a sandbox can start.
+    let (id, approval) = held(&gw, &agent).await;
+    let impatient = reqwest::Client::builder()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let gone = impatient
+        .post(format!("{}/v1/approvals/{approval}", gw.url))
+        .bearer_auth(&reviewer)
+        .json(&json!({"decision": "approve"}))
+        .send()
+        .await;
+    assert!(gone.is_err(), "the client was meant to give up: {gone:?}");
+    let mut opened = Value::Null;
+    for _ in 0..300 {
+        opened = session(&gw, &agent, &id).await;
+        if opened["status"] != "pending_approval" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(opened["status"], "ready", "{opened}");
+    let (status, _) = run(&gw, &agent, &id, "6 * 7").await;
+    assert_eq!(status, 200);
+    // Approve and delete at once: the delete wins or follows, never vanishes.
+    let (id, approval) = held(&gw, &agent).await;
+    let approving = decide(&gw, &reviewer, &approval, "approve");
+    let deleting = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        delete(&gw, &agent, &id).await
+    };
+    let (_, (status, deleted)) = tokio::join!(approving, deleting);
+    assert_eq!(status, 200, "{deleted}");
+    let mut last = Value::Null;
+    for _ in 0..100 {
+        last = session(&gw, &agent, &id).await;
+        if last["status"] == "closed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(last["status"], "closed", "{last}");
+    assert_eq!(last["closed_reason"], "deleted", "{last}");
+    assert!(sandbox_removed_soon(&id), "the session's sandbox stayed");
+    chain_verifies(&gw).await;
+    gw.stop().await;
+}
+
+/// Whether the session's container (named after it) is gone within 15 s.
+fn sandbox_removed_soon(session_id: &str) -> bool {
+    (0..150).any(|_| {
+        let output = std::process::Command::new("docker")
+            .args(["ps", "-a", "-q", "--filter"])
+            .arg(format!("name=^/sandgate-{session_id}$"))
+            .output()
+            .expect("docker ps");
+        let gone = output.stdout.is_empty();
+        if !gone {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        gone
+    })
+}

@@ -26,7 +26,7 @@ use crate::audit::session_approvals::UNOWNED;
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::runtime::SessionRunner;
-use crate::session_wire::SessionStatus;
+use crate::session_wire::{ClosedReason, SessionStatus};
 
 /// A session request the policy sent to review, decided and floor-checked.
 pub(super) struct HeldSession<'a> {
@@ -149,7 +149,20 @@ impl App {
         };
         tracing::info!(approval_id = %id, session_id = %session_id, approve, "session approval decided");
         let row = match admitted {
-            Some(admitted) => self.open_approved(caller, approval, row, admitted).await?,
+            Some(admitted) => {
+                // Its own task: a reviewer whose connection goes away does not leave the
+                // session approved but never started (it opens, or closes `start_failed`).
+                let app = Arc::clone(self);
+                let (reviewer, approval) = (caller.clone(), approval.clone());
+                self.tasks
+                    .spawn(
+                        async move { app.open_approved(&reviewer, &approval, row, admitted).await },
+                    )
+                    .await
+                    .map_err(|err| {
+                        AppError::Internal(format!("opening the approved session failed: {err}"))
+                    })??
+            }
             None => row,
         };
         let approval = self
@@ -244,7 +257,11 @@ impl App {
             message: format!("the approved session could not start: {}", error_chain(err)),
         };
         tracing::error!(session_id = %id, error = %why.message, "approved session not started");
-        match self.audit.session_start_failed(id, &why).await? {
+        match self
+            .audit
+            .close_unstarted_session(id, ClosedReason::StartFailed, &why)
+            .await?
+        {
             Some(row) => Ok(row),
             None => self.audit.get_session(id).await?.ok_or(AppError::NotFound),
         }
@@ -276,9 +293,25 @@ impl App {
             decision: json!({"status": "withdrawn"}),
             policy_revision: None,
         };
-        Ok(self
+        if let Some(closed) = self
             .audit
             .withdraw_session_approval(&row.id, &reason, &event)
+            .await?
+        {
+            return Ok(Some(closed));
+        }
+        // Approved already, its sandbox still starting: closed now, the start finds it closed
+        // and removes what it started.
+        let reason = Reason {
+            code: "session.deleted".to_owned(),
+            message: format!(
+                "deleted by {} ({}) while its approved sandbox was starting",
+                caller.principal, caller.id
+            ),
+        };
+        Ok(self
+            .audit
+            .close_unstarted_session(&row.id, ClosedReason::Deleted, &reason)
             .await?)
     }
 }

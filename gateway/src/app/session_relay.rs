@@ -37,6 +37,9 @@ pub const TURN_NEWS: &str = "sandgate_turn_news";
 pub const PICK_UP_WITHIN: Duration = Duration::from_secs(5);
 /// How long past the longest execution timeout a claimed request is waited for.
 const ANSWER_MARGIN: Duration = Duration::from_secs(60);
+/// How long a picked turn waits for its answer once its session closed some other way than
+/// by a lapsed lease.
+const CLOSED_GRACE: Duration = Duration::from_secs(5);
 /// How often the asker re-reads the row without a notification.
 const POLL: Duration = Duration::from_millis(500);
 
@@ -176,6 +179,7 @@ impl App {
         self.audit.notify(TURN, &message).await?;
         let started = tokio::time::Instant::now();
         let answer_within = Duration::from_millis(self.config.ceilings.timeout_ms) + ANSWER_MARGIN;
+        let mut closed_seen = None;
         loop {
             tokio::select! {
                 () = self.shutdown.cancelled() => {
@@ -190,7 +194,7 @@ impl App {
             if row.answered_at.is_some() {
                 return Ok(row);
             }
-            let closed = self.lease_expired(&session.id).await?;
+            let (closed, for_good) = self.closed_meanwhile(&session.id).await?;
             if row.picked_at.is_none() {
                 let give_up = closed.is_some() || started.elapsed() > PICK_UP_WITHIN;
                 if give_up && self.audit.abandon_turn(id).await? {
@@ -198,8 +202,13 @@ impl App {
                 }
                 continue;
             }
+            // A turn may close its own session (an OOM, a crash) just before its answer is
+            // written: any other closing gets a grace period; a lapsed lease does not.
             if let Some(closed) = closed {
-                return Err(closed);
+                let seen = *closed_seen.get_or_insert_with(tokio::time::Instant::now);
+                if for_good || seen.elapsed() > CLOSED_GRACE {
+                    return Err(closed);
+                }
             }
             if started.elapsed() > answer_within + PICK_UP_WITHIN {
                 return Err(AppError::ReplicaUnavailable(format!(
@@ -212,18 +221,27 @@ impl App {
         }
     }
 
-    /// A conflict when the session was closed because its owner died meanwhile.
-    async fn lease_expired(&self, session: &str) -> Result<Option<AppError>, AppError> {
+    /// A conflict when the session was closed meanwhile, and whether its owner died (its lease
+    /// lapsed: nothing will answer) rather than closed it (e.g. a restart, or the turn itself).
+    async fn closed_meanwhile(&self, session: &str) -> Result<(Option<AppError>, bool), AppError> {
         let Some(row) = self.audit.get_session(session).await? else {
-            return Ok(None);
+            return Ok((None, false));
         };
-        let expired = row.closed_reason.as_deref() == Some(ClosedReason::LeaseExpired.as_str());
-        Ok(expired.then(|| {
-            AppError::Conflict(format!(
-                "session {session} is closed (lease_expired): its replica {} stopped renewing it",
-                row.instance
-            ))
-        }))
+        let Some(reason) = row.closed_reason.as_deref() else {
+            return Ok((None, false));
+        };
+        let expired = reason == ClosedReason::LeaseExpired.as_str();
+        let why = if expired {
+            format!("its replica {} stopped renewing it", row.instance)
+        } else {
+            format!("closed by its replica {}", row.instance)
+        };
+        Ok((
+            Some(AppError::Conflict(format!(
+                "session {session} is closed ({reason}): {why}"
+            ))),
+            expired,
+        ))
     }
 
     /// Another replica relayed a request for a session this one holds: claim it and run it.

@@ -186,15 +186,17 @@ impl AuditStore {
         Ok(row)
     }
 
-    /// Closes an approved session whose sandbox could not start (`start_failed`), with
-    /// `session.closed` saying why.
-    pub async fn session_start_failed(
+    /// Closes an approved session whose sandbox has not started (`start_failed` when it could
+    /// not, `deleted` when its agent deleted it meanwhile), with `session.closed` saying why.
+    /// `None`: it was no longer waiting for its sandbox.
+    pub async fn close_unstarted_session(
         &self,
         id: &str,
+        closed: ClosedReason,
         why: &Reason,
     ) -> Result<Option<SessionRow>, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let row = close_held(&mut tx, id, ClosedReason::StartFailed, why).await?;
+        let row = close_held(&mut tx, id, closed, why).await?;
         tx.commit().await?;
         Ok(row)
     }
