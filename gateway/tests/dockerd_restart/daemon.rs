@@ -1,6 +1,7 @@
 //! A private dockerd for one test: its own data root, exec root (with its own managed
-//! containerd), pid file and Unix socket under one short directory in /tmp; no bridge, no
-//! iptables, no TCP listener. The runsc runtime is registered exactly as the machine's daemon
+//! containerd), pid file and Unix socket under one short directory in /tmp; a bridge of its
+//! own, no iptables, no TCP listener. Not `--bridge=none`: a dockerd started so deletes the
+//! host's `docker0` (the machine daemon's, which other tests look for) as it starts. The runsc runtime is registered exactly as the machine's daemon
 //! has it (scripts/setup.sh). Dropping it removes everything it started: containers, the
 //! containerd shims and runsc processes a SIGKILL leaves behind, mounts, and the directory.
 
@@ -22,6 +23,8 @@ const STOP_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub struct PrivateDockerd {
     dir: PathBuf,
+    /// The daemon's own bridge (`sgd` + 4 hex digits), removed on drop.
+    bridge: String,
     child: Option<Child>,
 }
 
@@ -36,7 +39,12 @@ impl PrivateDockerd {
         let runsc = main_daemon_runsc();
         let config = format!("{{\"runtimes\":{{\"runsc\":{runsc}}}}}");
         std::fs::write(dir.join("daemon.json"), config).unwrap();
-        let mut daemon = PrivateDockerd { dir, child: None };
+        let bridge = own_bridge();
+        let mut daemon = PrivateDockerd {
+            dir,
+            bridge,
+            child: None,
+        };
         daemon.start_again();
         daemon
     }
@@ -63,7 +71,12 @@ impl PrivateDockerd {
             .args(["--data-root", &path("data"), "--exec-root", &path("x")])
             .args(["--pidfile", &path("pid")])
             .args(["-H", &format!("unix://{}", self.socket().display())])
-            .args(["--bridge=none", "--iptables=false", "--ip-masq=false"])
+            .args([
+                "--bridge",
+                &self.bridge,
+                "--iptables=false",
+                "--ip-masq=false",
+            ])
             .arg("--ip-forward=false")
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
@@ -208,10 +221,33 @@ impl Drop for PrivateDockerd {
             std::thread::sleep(Duration::from_millis(100));
         }
         unmount_under(&self.dir);
+        let _ = Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .status();
         if let Err(err) = std::fs::remove_dir_all(&self.dir) {
             eprintln!("could not remove {}: {err}", self.dir.display());
         }
     }
+}
+
+/// A bridge for the private daemon with a free address of 198.18.0.0/15 (the benchmarking
+/// range: nothing is ever sent there; sandboxes have no network interface anyway).
+fn own_bridge() -> String {
+    let n: u16 = rand::random();
+    let name = format!("sgd{n:04x}");
+    ip(&["link", "add", "name", &name, "type", "bridge"]);
+    let address = format!("198.18.{}.1/24", n % 256);
+    ip(&["addr", "add", &address, "dev", &name]);
+    ip(&["link", "set", &name, "up"]);
+    name
+}
+
+fn ip(args: &[&str]) {
+    let status = Command::new("ip")
+        .args(args)
+        .status()
+        .unwrap_or_else(|err| panic!("cannot run ip ({err}); {SETUP}"));
+    assert!(status.success(), "ip {} failed", args.join(" "));
 }
 
 /// The machine daemon's runsc entry (`{"path":...,"runtimeArgs":[...]}`), as setup.sh wrote it.
