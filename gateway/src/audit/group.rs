@@ -15,10 +15,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
-
-use sqlx::pool::PoolConnection;
-use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{chain, insert_execution, AuditError, ExecutionRow, NewEvent};
@@ -94,12 +91,11 @@ impl GroupWriter {
 /// The writer: one batch at a time, each what queued while the previous one committed. It
 /// remembers the head it committed last, so a batch of events is one round trip (the statement
 /// takes the lock, inserts and commits: [`chain::append_locked`]) unless another writer
-/// appended meanwhile; and it keeps its connection while busy, so no batch waits for the pool.
+/// appended meanwhile.
 async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<AtomicU64>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut writer = Writer {
         pool,
-        held: None,
         head: Remembered::default(),
     };
     let mut last = 0;
@@ -180,15 +176,9 @@ struct Remembered {
 /// Batches that read the head after one found the remembered head stale.
 const READ_AFTER_STALE: u32 = 32;
 
-/// A connection idle this long goes back to the pool (which tests it before the next batch),
-/// so the writer holds one only while writes keep coming.
-const HOLD_IDLE: Duration = Duration::from_secs(1);
-
 /// The writer task's state between batches.
 struct Writer {
     pool: PgPool,
-    /// The connection of the last batch, and when that batch ended.
-    held: Option<(PoolConnection<Postgres>, Instant)>,
     head: Remembered,
 }
 
@@ -198,19 +188,12 @@ impl Writer {
     /// writer appended since, the batch is written again after the head read under the lock.
     /// Afterwards the batch's last link is remembered (nothing is, after a failure).
     async fn commit(&mut self, writes: &[Write]) -> Result<Vec<String>, sqlx::Error> {
-        let mut conn = match self.held.take() {
-            Some((conn, since)) if since.elapsed() < HOLD_IDLE => conn,
-            _ => self.pool.acquire().await?,
-        };
+        let mut conn = self.pool.acquire().await?;
         let known = self.head.take();
         let mut written = write_batch(&mut conn, writes, known.clone()).await;
         if known.is_some() && written.as_ref().is_err_and(chain::stale_head) {
             self.head.read_first = READ_AFTER_STALE;
             written = write_batch(&mut conn, writes, None).await;
-        }
-        // A connection the server answered on is kept; one that failed otherwise is not.
-        if matches!(&written, Ok(_) | Err(sqlx::Error::Database(_))) {
-            self.held = Some((conn, Instant::now()));
         }
         let (ids, last) = written?;
         self.head.head = Some(last);
