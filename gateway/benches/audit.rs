@@ -224,8 +224,14 @@ async fn where_a_batch_goes(
     let per_batch = ms(started.elapsed()) / batches;
     let ceiling = WRITERS as f64 / (flush.percentile(50) / 1e3);
     println!("  where a batch goes (8 writers, {rows} rows):");
-    println!("    round trip (SELECT 1)                     {}", trip.line());
-    println!("    durable commit of nothing (WAL flush)     {}", flush.line());
+    println!(
+        "    round trip (SELECT 1)                     {}",
+        trip.line()
+    );
+    println!(
+        "    durable one-row commit (WAL flush)       {}",
+        flush.line()
+    );
     println!(
         "    batch: {per_batch:.2} ms, {:.1} rows, {rate:.0} rows/s; 8 rows per p50 flush would be {ceiling:.0} rows/s = {:.3}x COPY",
         rows as f64 / batches,

@@ -281,20 +281,20 @@ impl Columns {
         };
         let query = sqlx::query(sql)
             .bind(&self.seq)
-        .bind(&self.id)
-        .bind(&self.at)
-        .bind(&self.kind)
-        .bind(&self.execution_id)
-        .bind(&self.key_id)
-        .bind(&self.tenant)
-        .bind(&self.decision_id)
-        .bind(&self.allow)
-        .bind(&self.reasons)
-        .bind(&self.input)
-        .bind(&self.decision)
-        .bind(&self.policy_revision)
-        .bind(&self.prev_hash)
-        .bind(&self.hash);
+            .bind(&self.id)
+            .bind(&self.at)
+            .bind(&self.kind)
+            .bind(&self.execution_id)
+            .bind(&self.key_id)
+            .bind(&self.tenant)
+            .bind(&self.decision_id)
+            .bind(&self.allow)
+            .bind(&self.reasons)
+            .bind(&self.input)
+            .bind(&self.decision)
+            .bind(&self.policy_revision)
+            .bind(&self.prev_hash)
+            .bind(&self.hash);
         let query = match lock {
             Some(key) => query.bind(key),
             None => query,

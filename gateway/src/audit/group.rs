@@ -13,9 +13,9 @@
 //! batch holds at most N writes, and N writes per flush is the ceiling (`benches/audit.rs`
 //! prints the flush and the batch it measures).
 
+use sqlx::{Connection, PgConnection, PgPool};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use sqlx::{Connection, PgConnection, PgPool};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{chain, insert_execution, AuditError, ExecutionRow, NewEvent};
@@ -221,7 +221,9 @@ async fn write_batch(
     known: Option<chain::Head>,
 ) -> Result<(Vec<String>, chain::Head), sqlx::Error> {
     let events: Vec<&NewEvent> = writes.iter().map(Write::event).collect();
-    let decisions = writes.iter().any(|write| matches!(write, Write::Decision(..)));
+    let decisions = writes
+        .iter()
+        .any(|write| matches!(write, Write::Decision(..)));
     if known.is_some() && !decisions {
         return chain::append_locked(conn, &events, known).await;
     }
