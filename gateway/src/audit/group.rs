@@ -13,7 +13,8 @@
 //! batch holds at most N writes, and N writes per flush is the ceiling (`benches/audit.rs`
 //! prints the flush and the batch it measures).
 
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::{mpsc, oneshot};
@@ -96,11 +97,15 @@ async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<Atomi
     let mut batch = Vec::with_capacity(MAX_BATCH);
     let mut writer = Writer {
         pool,
+        held: None,
         head: Remembered::default(),
     };
     let mut last = 0;
     loop {
         refill(&receiver, last).await;
+        if receiver.is_empty() {
+            writer.held = None;
+        }
         if receiver.recv_many(&mut batch, MAX_BATCH).await == 0 {
             break;
         }
@@ -179,6 +184,9 @@ const READ_AFTER_STALE: u32 = 32;
 /// The writer task's state between batches.
 struct Writer {
     pool: PgPool,
+    /// The last batch's connection, kept only while more writes are queued (an idle writer
+    /// holds none, so closing the pool never waits for it), which spares the pool's test.
+    held: Option<PoolConnection<Postgres>>,
     head: Remembered,
 }
 
@@ -188,12 +196,19 @@ impl Writer {
     /// writer appended since, the batch is written again after the head read under the lock.
     /// Afterwards the batch's last link is remembered (nothing is, after a failure).
     async fn commit(&mut self, writes: &[Write]) -> Result<Vec<String>, sqlx::Error> {
-        let mut conn = self.pool.acquire().await?;
+        let mut conn = match self.held.take() {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
         let known = self.head.take();
         let mut written = write_batch(&mut conn, writes, known.clone()).await;
         if known.is_some() && written.as_ref().is_err_and(chain::stale_head) {
             self.head.read_first = READ_AFTER_STALE;
             written = write_batch(&mut conn, writes, None).await;
+        }
+        // A connection the server answered on may be kept; one that failed otherwise is not.
+        if matches!(&written, Ok(_) | Err(sqlx::Error::Database(_))) {
+            self.held = Some(conn);
         }
         let (ids, last) = written?;
         self.head.head = Some(last);
