@@ -146,6 +146,28 @@ pub async fn append_after(
     events: &[&NewEvent],
     head: Option<Head>,
 ) -> Result<(Vec<String>, Head), sqlx::Error> {
+    let (columns, last) = chained(events, head);
+    columns.insert(&mut **tx, None).await?;
+    Ok((columns.id, last))
+}
+
+/// Appends `events` after `head` with one statement that takes the chain lock itself, so that
+/// on `conn` outside a transaction the lock, the insert and the commit are one round trip (and
+/// inside one, the lock is held only from this statement on). The statement's snapshot may
+/// predate the lock, which is why `head` is never read here: a `head` that is not the last
+/// link fails on `seq` as in [`append_after`] ([`stale_head`]). Returns the ids and new head.
+pub async fn append_locked(
+    conn: &mut sqlx::PgConnection,
+    events: &[&NewEvent],
+    head: Option<Head>,
+) -> Result<(Vec<String>, Head), sqlx::Error> {
+    let (columns, last) = chained(events, head);
+    columns.insert(conn, Some(CHAIN_LOCK)).await?;
+    Ok((columns.id, last))
+}
+
+/// `events` as chained rows after `head`: ids, times and hashes assigned, in order.
+fn chained(events: &[&NewEvent], head: Option<Head>) -> (Columns, Head) {
     let (mut seq, mut prev_hash) = match head {
         Some((seq, hash)) => (seq + 1, hash),
         None => (1, GENESIS.to_owned()),
@@ -165,8 +187,7 @@ pub async fn append_after(
         );
         seq += 1;
     }
-    columns.insert(tx).await?;
-    Ok((columns.id, (seq - 1, prev_hash)))
+    (columns, (seq - 1, prev_hash))
 }
 
 /// The insert failed because the head it chained to was not the last link any more.
@@ -174,6 +195,31 @@ pub fn stale_head(err: &sqlx::Error) -> bool {
     matches!(err, sqlx::Error::Database(db)
         if db.constraint() == Some("audit_events_pkey"))
 }
+
+/// The columns of `audit_events` in the order [`Columns`] binds them.
+macro_rules! insert_columns {
+    () => {
+        "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
+         allow, reasons, input, decision, policy_revision, prev_hash, hash) SELECT e.* FROM "
+    };
+}
+/// The rows, one array per column.
+macro_rules! unnest_rows {
+    () => {
+        "unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], \
+         $7::text[], $8::text[], $9::boolean[], $10::jsonb[], $11::jsonb[], $12::jsonb[], \
+         $13::text[], $14::text[], $15::text[]) AS e"
+    };
+}
+/// Inserts rows chained after a head read under the lock the transaction holds.
+const INSERT: &str = concat!(insert_columns!(), unnest_rows!());
+/// Takes the chain lock (`$16`) before producing any row: the one-statement append.
+const INSERT_LOCKED: &str = concat!(
+    "WITH chain_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock($16)) ",
+    insert_columns!(),
+    "chain_lock, ",
+    unnest_rows!()
+);
 
 /// A batch of chained rows as one array per column, for one `INSERT ... SELECT unnest(...)`.
 #[derive(Default)]
@@ -222,31 +268,38 @@ impl Columns {
         self.hash.push(hash);
     }
 
-    async fn insert(&self, tx: &mut Transaction<'_, Postgres>) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, \
-             decision_id, allow, reasons, input, decision, policy_revision, prev_hash, hash) \
-             SELECT * FROM unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], \
-             $5::text[], $6::text[], $7::text[], $8::text[], $9::boolean[], $10::jsonb[], \
-             $11::jsonb[], $12::jsonb[], $13::text[], $14::text[], $15::text[])",
-        )
-        .bind(&self.seq)
-        .bind(&self.id)
-        .bind(&self.at)
-        .bind(&self.kind)
-        .bind(&self.execution_id)
-        .bind(&self.key_id)
-        .bind(&self.tenant)
-        .bind(&self.decision_id)
-        .bind(&self.allow)
-        .bind(&self.reasons)
-        .bind(&self.input)
-        .bind(&self.decision)
-        .bind(&self.policy_revision)
-        .bind(&self.prev_hash)
-        .bind(&self.hash)
-        .execute(&mut **tx)
-        .await?;
+    /// One `INSERT`; with `lock`, the statement first takes that advisory lock (held to the end
+    /// of its transaction) and only then produces the rows it inserts.
+    async fn insert(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        lock: Option<i64>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = match lock {
+            Some(_) => INSERT_LOCKED,
+            None => INSERT,
+        };
+        let query = sqlx::query(sql)
+            .bind(&self.seq)
+            .bind(&self.id)
+            .bind(&self.at)
+            .bind(&self.kind)
+            .bind(&self.execution_id)
+            .bind(&self.key_id)
+            .bind(&self.tenant)
+            .bind(&self.decision_id)
+            .bind(&self.allow)
+            .bind(&self.reasons)
+            .bind(&self.input)
+            .bind(&self.decision)
+            .bind(&self.policy_revision)
+            .bind(&self.prev_hash)
+            .bind(&self.hash);
+        let query = match lock {
+            Some(key) => query.bind(key),
+            None => query,
+        };
+        query.execute(conn).await?;
         Ok(())
     }
 }

@@ -6,11 +6,17 @@
 //!
 //! A lone caller waits for nothing: the writer takes whatever has queued when it is free, so
 //! one writer's batch is one write (today's latency) and eight writers' batches are up to eight.
+//!
+//! What a batch costs: one durable commit (the WAL flush, which PostgreSQL does before it
+//! releases the chain lock, so batches cannot overlap their flushes) and, for events after the
+//! remembered head, one round trip. Each caller waits for its own commit, so with N callers a
+//! batch holds at most N writes, and N writes per flush is the ceiling (`benches/audit.rs`
+//! prints the flush and the batch it measures).
 
+use sqlx::pool::PoolConnection;
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-
-use sqlx::PgPool;
 use tokio::sync::{mpsc, oneshot};
 
 use super::{chain, insert_execution, AuditError, ExecutionRow, NewEvent};
@@ -84,15 +90,29 @@ impl GroupWriter {
 }
 
 /// The writer: one batch at a time, each what queued while the previous one committed. It
-/// remembers the head it committed last, so a batch costs three round trips (`BEGIN` with the
-/// lock, the insert, `COMMIT`) unless another writer appended meanwhile.
+/// remembers the head it committed last, so a batch of events is one round trip (the statement
+/// takes the lock, inserts and commits: [`chain::append_locked`]) unless another writer
+/// appended meanwhile.
 async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<AtomicU64>) {
     let mut batch = Vec::with_capacity(MAX_BATCH);
-    let mut head = Remembered::default();
-    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+    let mut writer = Writer {
+        pool,
+        held: None,
+        head: Remembered::default(),
+    };
+    let mut last = 0;
+    loop {
+        refill(&receiver, last).await;
+        if receiver.is_empty() {
+            writer.held = None;
+        }
+        if receiver.recv_many(&mut batch, MAX_BATCH).await == 0 {
+            break;
+        }
+        last = batch.len();
         let (writes, replies): (Vec<Write>, Vec<_>) =
             batch.drain(..).map(|job| (job.write, job.reply)).unzip();
-        match commit(&pool, &writes, &mut head).await {
+        match writer.commit(&writes).await {
             Ok(ids) => {
                 batches.fetch_add(1, Ordering::Relaxed);
                 answer_all(replies, ids);
@@ -101,7 +121,7 @@ async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<Atomi
                 // One write the database refuses for what it holds must not fail the others
                 // with it: each is tried again on its own, and only what is refused fails.
                 for (write, reply) in writes.into_iter().zip(replies) {
-                    let alone = commit(&pool, std::slice::from_ref(&write), &mut head).await;
+                    let alone = writer.commit(std::slice::from_ref(&write)).await;
                     let id = alone
                         .and_then(|ids| ids.into_iter().next().ok_or(sqlx::Error::RowNotFound));
                     let _ = reply.send(id.map_err(Arc::new));
@@ -115,6 +135,23 @@ async fn run(pool: PgPool, mut receiver: mpsc::Receiver<Job>, batches: Arc<Atomi
                 }
             }
         }
+    }
+}
+
+/// Yields before taking a batch, at most this many times.
+const REFILL_YIELDS: usize = 4;
+
+/// Lets the callers just answered queue their next write before the batch is taken: each
+/// waited for its commit, so a caller that writes in a loop comes straight back, and without
+/// this a batch is taken before most of them are scheduled (8 writers made batches of 6, one
+/// flush each, instead of 8). Stops once as many writes as the last batch held are queued; a
+/// lone caller costs a few yields, microseconds.
+async fn refill(receiver: &mpsc::Receiver<Job>, last: usize) {
+    for _ in 0..REFILL_YIELDS {
+        if receiver.len() >= last {
+            return;
+        }
+        tokio::task::yield_now().await;
     }
 }
 
@@ -144,41 +181,72 @@ struct Remembered {
 /// Batches that read the head after one found the remembered head stale.
 const READ_AFTER_STALE: u32 = 32;
 
-/// Writes one batch in one transaction: the execution rows, then every event, chained in
-/// queue order under one hold of the chain lock, after the remembered head; when another
-/// writer appended since, the batch is written again after the head read under the lock.
-/// Afterwards the batch's last link is remembered (nothing is, after a failure).
-async fn commit(
-    pool: &PgPool,
-    writes: &[Write],
-    remembered: &mut Remembered,
-) -> Result<Vec<String>, sqlx::Error> {
-    let known = remembered.head.take();
-    let known = if remembered.read_first > 0 {
-        remembered.read_first -= 1;
-        None
-    } else {
-        known
-    };
-    let first = write_batch(pool, writes, known.clone()).await;
-    let (ids, last) = match first {
-        Err(err) if known.is_some() && chain::stale_head(&err) => {
-            remembered.read_first = READ_AFTER_STALE;
-            write_batch(pool, writes, None).await?
-        }
-        other => other?,
-    };
-    remembered.head = Some(last);
-    Ok(ids)
+/// The writer task's state between batches.
+struct Writer {
+    pool: PgPool,
+    /// The last batch's connection, kept only while more writes are queued (an idle writer
+    /// holds none, so closing the pool never waits for it), which spares the pool's test.
+    held: Option<PoolConnection<Postgres>>,
+    head: Remembered,
 }
 
-/// One attempt: after `known`, or after the head read under the lock when `None`.
+impl Writer {
+    /// Writes one batch in one transaction: the execution rows, then every event, chained in
+    /// queue order under one hold of the chain lock, after the remembered head; when another
+    /// writer appended since, the batch is written again after the head read under the lock.
+    /// Afterwards the batch's last link is remembered (nothing is, after a failure).
+    async fn commit(&mut self, writes: &[Write]) -> Result<Vec<String>, sqlx::Error> {
+        let mut conn = match self.held.take() {
+            Some(conn) => conn,
+            None => self.pool.acquire().await?,
+        };
+        let known = self.head.take();
+        let mut written = write_batch(&mut conn, writes, known.clone()).await;
+        if known.is_some() && written.as_ref().is_err_and(chain::stale_head) {
+            self.head.read_first = READ_AFTER_STALE;
+            written = write_batch(&mut conn, writes, None).await;
+        }
+        // A connection the server answered on may be kept; one that failed otherwise is not.
+        if matches!(&written, Ok(_) | Err(sqlx::Error::Database(_))) {
+            self.held = Some(conn);
+        }
+        let (ids, last) = written?;
+        self.head.head = Some(last);
+        Ok(ids)
+    }
+}
+
+impl Remembered {
+    /// The head to chain the next batch to, if it may be trusted.
+    fn take(&mut self) -> Option<chain::Head> {
+        let known = self.head.take();
+        if self.read_first > 0 {
+            self.read_first -= 1;
+            return None;
+        }
+        known
+    }
+}
+
+/// One attempt: after `known`, or after the head read under the lock when `None`. Events
+/// alone after a known head are one statement, committed on its own (one round trip).
 async fn write_batch(
-    pool: &PgPool,
+    conn: &mut PgConnection,
     writes: &[Write],
     known: Option<chain::Head>,
 ) -> Result<(Vec<String>, chain::Head), sqlx::Error> {
-    let mut tx = pool.begin_with(chain::begin_locked()).await?;
+    let events: Vec<&NewEvent> = writes.iter().map(Write::event).collect();
+    let decisions = writes
+        .iter()
+        .any(|write| matches!(write, Write::Decision(..)));
+    if known.is_some() && !decisions {
+        return chain::append_locked(conn, &events, known).await;
+    }
+    // The lock is taken first only when the head must be read under it.
+    let mut tx = match known {
+        Some(_) => conn.begin().await?,
+        None => conn.begin_with(chain::begin_locked()).await?,
+    };
     for write in writes {
         if let Write::Decision(row, _) = write {
             insert_execution(&mut tx, row)
@@ -186,12 +254,13 @@ async fn write_batch(
                 .map_err(AuditError::into_sqlx)?;
         }
     }
-    let head = match known {
-        Some(head) => Some(head),
-        None => chain::read_head(&mut tx).await?,
+    let written = match known {
+        Some(head) => chain::append_locked(&mut tx, &events, Some(head)).await?,
+        None => {
+            let head = chain::read_head(&mut tx).await?;
+            chain::append_after(&mut tx, &events, head).await?
+        }
     };
-    let events: Vec<&NewEvent> = writes.iter().map(Write::event).collect();
-    let (ids, last) = chain::append_after(&mut tx, &events, head).await?;
     tx.commit().await?;
-    Ok((ids, last))
+    Ok(written)
 }
