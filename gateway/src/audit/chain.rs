@@ -147,7 +147,7 @@ pub async fn append_after(
     head: Option<Head>,
 ) -> Result<(Vec<String>, Head), sqlx::Error> {
     let (columns, last) = chained(events, head);
-    columns.insert(&mut **tx, None).await?;
+    columns.insert(tx, None).await?;
     Ok((columns.id, last))
 }
 
