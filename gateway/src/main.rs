@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
 use gateway::config::Config;
+use gateway::role::Role;
 
 #[derive(Parser)]
 #[command(
@@ -206,7 +207,7 @@ enum AuditCommand {
 enum KeysCommand {
     /// Create a key; it is printed once, as the last line of stdout.
     Create {
-        #[arg(long, value_enum)]
+        #[arg(long, value_parser = parse_role)]
         role: Role,
         #[arg(long)]
         tenant: String,
@@ -383,23 +384,12 @@ enum ReportFormat {
     Json,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Role {
-    Agent,
-    Reviewer,
-    Auditor,
-    Admin,
-}
-
-impl Role {
-    fn as_str(self) -> &'static str {
-        match self {
-            Role::Agent => "agent",
-            Role::Reviewer => "reviewer",
-            Role::Auditor => "auditor",
-            Role::Admin => "admin",
-        }
-    }
+/// `--role`: one of the API's closed set of roles (api-types), spelt as keys store it.
+fn parse_role(text: &str) -> Result<Role, String> {
+    Role::parse(text).ok_or_else(|| {
+        let names: Vec<&str> = Role::ALL.iter().map(|role| role.as_str()).collect();
+        format!("one of: {}", names.join(", "))
+    })
 }
 
 fn main() -> ExitCode {
