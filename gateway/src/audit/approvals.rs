@@ -127,26 +127,8 @@ impl AuditStore {
             return Ok(Held::Full(full));
         }
         insert_execution(&mut tx, row).await?;
-        sqlx::query(
-            "INSERT INTO approvals (id, execution_id, status, created_at, expires_at, tenant, \
-             requester_key_id, requester_principal, reasons, runnable, summary, request, \
-             request_bytes) \
-             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(&approval.id)
-        .bind(&row.id)
-        .bind(row.created_at)
-        .bind(approval.expires_at)
-        .bind(&row.tenant)
-        .bind(&approval.requester_key_id)
-        .bind(&approval.requester_principal)
-        .bind(Json(&approval.reasons))
-        .bind(Json(&approval.runnable))
-        .bind(Json(&approval.summary))
-        .bind(Json(&approval.request))
-        .bind(approval.request_bytes)
-        .execute(&mut *tx)
-        .await?;
+        let subject = ApprovalSubject::Execution(&row.id);
+        insert_approval(&mut tx, approval, subject, &row.tenant, row.created_at).await?;
         for event in events {
             chain::append(&mut tx, event).await?;
         }
@@ -364,6 +346,48 @@ type Expired = (
 
 /// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
 /// `approval.request_bytes` would pass. Expired but unswept approvals do not count.
+/// What a new approval holds: the row of the execution or of the session it is for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum ApprovalSubject<'a> {
+    Execution(&'a str),
+    Session(&'a str),
+}
+
+/// Inserts a `pending` approval of `subject` (created with it, at `created_at`).
+pub(super) async fn insert_approval(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    approval: &NewApproval,
+    subject: ApprovalSubject<'_>,
+    tenant: &str,
+    created_at: DateTime<Utc>,
+) -> Result<(), AuditError> {
+    let (column, id) = match subject {
+        ApprovalSubject::Execution(id) => ("execution_id", id),
+        ApprovalSubject::Session(id) => ("session_id", id),
+    };
+    sqlx::query(&format!(
+        "INSERT INTO approvals (id, {column}, status, created_at, expires_at, tenant, \
+         requester_key_id, requester_principal, reasons, runnable, summary, request, \
+         request_bytes) \
+         VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+    ))
+    .bind(&approval.id)
+    .bind(id)
+    .bind(created_at)
+    .bind(approval.expires_at)
+    .bind(tenant)
+    .bind(&approval.requester_key_id)
+    .bind(&approval.requester_principal)
+    .bind(Json(&approval.reasons))
+    .bind(Json(&approval.runnable))
+    .bind(Json(&approval.summary))
+    .bind(Json(&approval.request))
+    .bind(approval.request_bytes)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 pub(super) async fn pending_cap_reached(
     tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
     tenant: &str,

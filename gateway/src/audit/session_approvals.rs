@@ -8,11 +8,12 @@
 //! replica starts the sandbox; a replica that dies meanwhile has its lease expire as usual.
 
 use serde_json::json;
-use sqlx::types::Json;
 
 use policy_engine::Reason;
 
-use super::approvals::{pending_cap_reached, Held, NewApproval, PendingCaps, Verdict};
+use super::approvals::{
+    insert_approval, pending_cap_reached, ApprovalSubject, Held, NewApproval, PendingCaps, Verdict,
+};
 use super::sessions::SessionRow;
 use super::{chain, AuditError, AuditStore, NewEvent};
 use crate::metrics::DecisionOutcome;
@@ -59,26 +60,8 @@ impl AuditStore {
         .bind(&approval.id)
         .execute(&mut *tx)
         .await?;
-        sqlx::query(
-            "INSERT INTO approvals (id, session_id, status, created_at, expires_at, tenant, \
-             requester_key_id, requester_principal, reasons, runnable, summary, request, \
-             request_bytes) \
-             VALUES ($1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(&approval.id)
-        .bind(&row.id)
-        .bind(row.created_at)
-        .bind(approval.expires_at)
-        .bind(&row.tenant)
-        .bind(&approval.requester_key_id)
-        .bind(&approval.requester_principal)
-        .bind(Json(&approval.reasons))
-        .bind(Json(&approval.runnable))
-        .bind(Json(&approval.summary))
-        .bind(Json(&approval.request))
-        .bind(approval.request_bytes)
-        .execute(&mut *tx)
-        .await?;
+        let subject = ApprovalSubject::Session(&row.id);
+        insert_approval(&mut tx, approval, subject, &row.tenant, row.created_at).await?;
         for event in events {
             chain::append(&mut tx, event).await?;
         }
