@@ -210,17 +210,9 @@ impl App {
         } else {
             None
         };
-        let reason = verdict_reason(approve, &caller.principal, comment);
-        let verdict = Verdict {
-            approve,
-            reviewer_key_id: &caller.id,
-            reviewer_principal: &caller.principal,
-            comment,
-            instance: &self.instance,
-            lease_ms: self.config.lease_ms,
-            reason: reason.clone(),
-        };
-        let event = review_event(caller, &approval, approve, comment, &reason);
+        let verdict = self.verdict(caller, approve, comment);
+        let reason = &verdict.reason;
+        let event = review_event(caller, &approval, approve, comment, reason);
         let Some(decided) = self.audit.decide_approval(id, &verdict, &event).await? else {
             return Err(AppError::Conflict(format!(
                 "approval {id} is no longer pending (decided or expired meanwhile)"
@@ -394,7 +386,28 @@ impl App {
 
 /// The reason added to the execution: `approval.approved` / `approval.rejected`, naming the
 /// reviewer's principal and carrying the comment.
-pub(super) fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
+impl App {
+    /// This gateway's verdict on an approval, by `caller` (the execution's or session's
+    /// reasons gain `approval.approved` / `approval.rejected`).
+    pub(super) fn verdict<'a>(
+        &'a self,
+        caller: &'a ApiKey,
+        approve: bool,
+        comment: Option<&'a str>,
+    ) -> Verdict<'a> {
+        Verdict {
+            approve,
+            reviewer_key_id: &caller.id,
+            reviewer_principal: &caller.principal,
+            comment,
+            instance: &self.instance,
+            lease_ms: self.config.lease_ms,
+            reason: verdict_reason(approve, &caller.principal, comment),
+        }
+    }
+}
+
+fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reason {
     Reason {
         code: format!("approval.{}", verb(approve)),
         message: match comment {

@@ -15,13 +15,13 @@ use sqlx::types::Json;
 
 use policy_engine::{Decision, PolicyInput, Reason};
 
-use super::approvals::{review_event, verdict_reason, Review, ReviewDecision};
+use super::approvals::{review_event, Review, ReviewDecision};
 use super::floor::Runnable;
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
 use super::sessions::{release, Opened, SessionRequest};
 use super::{error_chain, App, AppError};
-use crate::audit::approvals::{ApprovalRow, Held, NewApproval, Verdict};
+use crate::audit::approvals::{ApprovalRow, Held, NewApproval};
 use crate::audit::session_approvals::UNOWNED;
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -124,19 +124,11 @@ impl App {
         } else {
             None
         };
-        let reason = verdict_reason(approve, &caller.principal, comment);
-        let verdict = Verdict {
-            approve,
-            reviewer_key_id: &caller.id,
-            reviewer_principal: &caller.principal,
-            comment,
-            instance: &self.instance,
-            lease_ms: self.config.lease_ms,
-            reason: reason.clone(),
-        };
-        let mut events = vec![review_event(caller, approval, approve, comment, &reason)];
+        let verdict = self.verdict(caller, approve, comment);
+        let reason = &verdict.reason;
+        let mut events = vec![review_event(caller, approval, approve, comment, reason)];
         if !approve {
-            events.push(denied_event(caller, approval, &session_id, &reason));
+            events.push(denied_event(caller, approval, &session_id, reason));
         }
         let decided = self
             .audit
