@@ -22,7 +22,7 @@ use crate::role::Role;
     summary = "Prometheus metrics (text exposition format 0.0.4).",
     security(("bearer" = ["auditor", "admin"])),
     responses(
-        (status = 200, description = "the series of DESIGN 12", body = String, content_type = "text/plain"),
+        (status = 200, description = "the sandgate_* series", body = String, content_type = "text/plain"),
         super::openapi::ApiErrors,
     ),
 )]

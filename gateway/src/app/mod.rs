@@ -72,9 +72,9 @@ pub struct App {
     pub pool: Arc<pool::WarmPool>,
     /// Refusals anyone can cause in bulk, counted per window (bounded audit, 429 past the rate).
     pub refusals: refusals::Refusals,
-    /// The open sessions this gateway holds (DESIGN 10).
+    /// The open sessions this gateway holds.
     pub sessions: sessions::Sessions,
-    /// This replica's side of the coordination with the others on the database (DESIGN 13).
+    /// This replica's side of the coordination with the others on the database.
     pub replicas: replicas::Replicas,
 }
 

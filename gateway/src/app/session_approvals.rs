@@ -1,4 +1,4 @@
-//! Sessions held for review (DESIGN 10: `POST /v1/sessions` answers 202 `pending_approval`).
+//! Sessions held for review (`POST /v1/sessions` answers 202 `pending_approval`).
 //! The decision is committed with the pending session and its approval before the answer; no
 //! sandbox exists while it waits, yet it counts against `max_sessions`. A reviewer's approval
 //! (`POST /v1/approvals/{id}`, on any replica) starts the sandbox on the deciding replica with

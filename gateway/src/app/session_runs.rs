@@ -1,4 +1,4 @@
-//! Executions in a session (DESIGN 10): each one decided (`request.kind:
+//! Executions in a session: each one decided (`request.kind:
 //! "session_execution"`, with `request.session`), recorded with its `session_id` before its
 //! turn is handed over, run as one turn of the session's runner, its `/output` collected while
 //! the sandbox lives (`outputs_live`), completed with its `result`; one at a time (409).

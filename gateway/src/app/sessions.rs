@@ -1,4 +1,4 @@
-//! Sessions (DESIGN 10): one sandbox kept alive across an agent's executions. Opening one is a
+//! Sessions: one sandbox kept alive across an agent's executions. Opening one is a
 //! policy decision (`request.kind` `"session"`), audited (`session.created` / `session.denied`);
 //! each execution in it is decided again (`session_execution`) and recorded like any other,
 //! then runs as one turn of the session's resident runner (see `runtime::Sandbox::turn`). One

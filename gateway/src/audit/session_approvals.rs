@@ -1,4 +1,4 @@
-//! Sessions held for review (DESIGN 10, `POST /v1/sessions` answering 202): the pending session
+//! Sessions held for review (`POST /v1/sessions` answering 202): the pending session
 //! row and its approval (`approvals.session_id`), and every change of both, each committed in
 //! one transaction with its audit events.
 //!

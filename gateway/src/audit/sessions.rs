@@ -1,4 +1,4 @@
-//! The `sessions` table (DESIGN 10): one row per session, its status and closing.
+//! The `sessions` table: one row per session, its status and closing.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
