@@ -11,7 +11,7 @@ use policy_engine::{cases, PolicyEngine};
 
 use crate::app::keys::{check_new_key, CheckedKey};
 use crate::app::replay::{self, ReplayReport};
-use crate::audit::bundle::check::{self, BundleError, BundleReport};
+use crate::audit::bundle::check::{self, Anchor, BundleError, BundleReport};
 use crate::audit::bundle::{ExportRequest, ExportSummary};
 use crate::audit::keys::{KeyRow, Revoked};
 use crate::audit::verify::Verification;
@@ -249,11 +249,14 @@ fn tempfile_in(dir: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
         .with_context(|| format!("creating a file in {}", dir.display()))
 }
 
-/// `sandgate audit verify --bundle FILE`: checks a bundle offline. The outer error is about
-/// reading the file; the inner one says what in the bundle is wrong.
-pub fn audit_verify_bundle(path: &Path) -> anyhow::Result<Result<BundleReport, BundleError>> {
+/// `sandgate audit verify --bundle FILE [--head SEQ:HASH]`: checks a bundle offline. The outer
+/// error is about reading the file; the inner one says what in the bundle is wrong.
+pub fn audit_verify_bundle(
+    path: &Path,
+    anchor: Option<Anchor>,
+) -> anyhow::Result<Result<BundleReport, BundleError>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    match check::verify_bundle(std::io::BufReader::new(file)) {
+    match check::verify_bundle(std::io::BufReader::new(file), anchor) {
         Err(BundleError::Read(err)) => {
             Err(err).with_context(|| format!("reading {}", path.display()))
         }

@@ -167,11 +167,16 @@ struct ExecArgs {
 #[derive(Subcommand)]
 enum AuditCommand {
     /// Walk the hash chain: prints `ok N events` or the first broken event (exit 1). With
-    /// --bundle, check an exported bundle offline instead (no database).
+    /// --bundle, check an exported bundle offline instead (no database): `ok ...`, or exit 1 with
+    /// the first problem, or `unproven ...` (exit 1) when it holds links it cannot recompute.
     Verify {
         /// A bundle written by `sandgate audit export`.
         #[arg(long)]
         bundle: Option<PathBuf>,
+        /// A head kept earlier, as `sandgate audit head` prints it (SEQ:HASH): the bundle must
+        /// reach event SEQ and that event must have HASH.
+        #[arg(long, requires = "bundle")]
+        head: Option<gateway::audit::bundle::check::Anchor>,
     },
     /// Write the events of a time window, the policy revisions they name (with their files)
     /// and a proof to one file, for `sandgate audit verify --bundle` to check offline.
@@ -192,7 +197,8 @@ enum AuditCommand {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Print the hash of the last event, to anchor outside the database.
+    /// Walk the chain and print its head as SEQ:HASH, to keep outside the database and give to
+    /// `sandgate audit verify --bundle FILE --head SEQ:HASH`.
     Head,
     /// Open psql on the audit database as the read-only role sandgate_auditor (the embedded
     /// cluster's socket, or database_url with role=sandgate_auditor). Arguments after `--` go to
@@ -598,11 +604,17 @@ async fn audit(command: AuditCommand, config: &Config) -> anyhow::Result<()> {
     match command {
         AuditCommand::Verify {
             bundle: Some(bundle),
-        } => match gateway::commands::audit_verify_bundle(&bundle)? {
-            Ok(report) => println!("{}", report.summary()),
+            head,
+        } => match gateway::commands::audit_verify_bundle(&bundle, head)? {
+            Ok(report) => {
+                println!("{}", report.summary());
+                if !report.proven() {
+                    anyhow::bail!("{}: not proven (see above)", bundle.display());
+                }
+            }
             Err(problem) => anyhow::bail!("{}: {problem}", bundle.display()),
         },
-        AuditCommand::Verify { bundle: None } => {
+        AuditCommand::Verify { bundle: None, .. } => {
             let verification = gateway::commands::audit_verify(config).await?;
             println!("{}", verification.summary());
             if !verification.ok() {
@@ -612,7 +624,7 @@ async fn audit(command: AuditCommand, config: &Config) -> anyhow::Result<()> {
         AuditCommand::Head => {
             let verification = gateway::commands::audit_verify(config).await?;
             match (&verification.head, verification.ok()) {
-                (Some(head), true) => println!("{} {head}", verification.events),
+                (Some(head), true) => println!("{}:{head}", verification.events),
                 (None, true) => println!("0 (empty chain)"),
                 (_, false) => anyhow::bail!("{}", verification.summary()),
             }
