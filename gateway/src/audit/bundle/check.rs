@@ -98,11 +98,12 @@ impl BundleReport {
         ));
         if let Some(unproven) = &self.unproven {
             summary.push_str(&format!(
-                "\nunproven: {} events written before hash scheme 2 (events {}..{}) are shown \
-                 without content, so their hashes are taken as given: events up to {} are checked \
-                 only against this bundle's own hashes, and a head vouches only for the events \
-                 after it. Export a window covering them without --tenant to check them \
-                 (docs/audit.md, \"Export\")",
+                "\nunproven: {} events shown without content and without the parts of their \
+                 hash (events {}..{}): events written before hash scheme 2, whose hashes can only \
+                 be taken as given (or events stripped of their parts). So the events up to {} \
+                 are checked only against this bundle's own hashes, and a head vouches only for \
+                 the events after it. Export a window covering them without --tenant to check \
+                 them (docs/audit.md, \"Export\")",
                 unproven.count, unproven.first, unproven.last, unproven.last
             ));
         }
@@ -125,12 +126,14 @@ impl BundleReport {
     fn ends(&self) -> String {
         let proof = &self.proof;
         match (&proof.first, &proof.last, &proof.head) {
-            (Some(first), Some(last), Some(head)) => format!(
+            (Some(first), Some(last), Some(head)) => {
+                format!(
                 "events {}..{} ({} with content, {} omitted), last hash {}; linked to the head at \
                  export, event {} ({} events after the window), hash {}",
                 first.seq, last.seq, proof.events, proof.omitted, last.hash, head.seq, proof.after,
                 head.hash
-            ),
+            )
+            }
             _ => "no events in the window".to_owned(),
         }
     }
@@ -523,9 +526,11 @@ fn check_parts(hidden: &Hidden, parts: &Parts, tenant: Option<&str>) -> Result<(
     }
     let linked = chain::link_parts(&hidden.prev_hash, &parts.tenant_tag, &parts.content_hash);
     if linked != hidden.hash {
-        return Err("its hash does not follow from its prev_hash, tenant_tag and \
+        return Err(
+            "its hash does not follow from its prev_hash, tenant_tag and \
                     content_hash (modified)"
-            .to_owned());
+                .to_owned(),
+        );
     }
     if let Some(tenant) = tenant {
         if chain::tenant_tag(hidden.seq, Some(tenant)) == parts.tenant_tag {
@@ -545,4 +550,22 @@ fn describe(link: &Option<Link>) -> String {
     link.as_ref().map_or("none".to_owned(), |link| {
         format!("{} ({})", link.seq, link.hash)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_anchor_is_seq_colon_sha256() {
+        let hash = "ab".repeat(32);
+        let anchor: Anchor = format!("12:{}", hash.to_uppercase()).parse().unwrap();
+        assert_eq!(anchor, Anchor { seq: 12, hash });
+        assert_eq!(anchor.to_string().parse::<Anchor>().unwrap(), anchor);
+        let zero = format!("0:{}", "a".repeat(64));
+        for bad in ["12", "12 abab", zero.as_str(), "x:abc"] {
+            assert!(bad.parse::<Anchor>().is_err(), "{bad}");
+        }
+        assert!(format!("7:{}", "g".repeat(64)).parse::<Anchor>().is_err());
+    }
 }

@@ -9,7 +9,9 @@ use sha2::{Digest, Sha256};
 
 use policy_engine::SourceFile;
 
-use super::{ocsf, EventFormat, Header, Hidden, Link, Parts, PolicyRevision, Proof, Record, FORMAT};
+use super::{
+    ocsf, EventFormat, Header, Hidden, Link, Parts, PolicyRevision, Proof, Record, FORMAT,
+};
 use super::{MAX_EVENTS, MAX_LINE_BYTES, VERSION};
 use crate::audit::chain::{self, HashScheme};
 use crate::audit::verify::{StoredEvent, STORED_COLUMNS};
