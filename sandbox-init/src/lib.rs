@@ -97,10 +97,12 @@ pub mod pool;
 pub mod process;
 pub mod session;
 pub mod spec;
+pub mod streams;
 
 use std::ffi::OsString;
 use std::io::BufRead;
 use std::path::PathBuf;
+use std::process::Stdio;
 
 use thiserror::Error;
 
@@ -206,6 +208,8 @@ pub enum InitError {
     Dumpable(std::io::Error),
     #[error(transparent)]
     Identity(identity::IdentityError),
+    #[error(transparent)]
+    Streams(streams::StreamError),
 }
 
 impl InitError {
@@ -252,13 +256,17 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         .map(bridge::bind)
         .transpose()
         .map_err(InitError::Bridge)?;
-    let child = match runner {
+    let (child, relaying) = match runner {
         Some(runner) => runner
             .hand_over(&argv, &cwd, env)
             .map_err(InitError::Pool)?,
-        None => supervisor
-            .spawn(&argv, env.as_ref())
-            .map_err(InitError::Supervise)?,
+        None => {
+            let (captured, ends) = streams::capture().map_err(InitError::Streams)?;
+            let child = supervisor
+                .spawn(&argv, env.as_ref(), Stdio::null(), ends)
+                .map_err(InitError::Supervise)?;
+            (child, captured.relay(None).map_err(InitError::Streams)?)
+        }
     };
     // Served only now: the spawn changes the init's uids, which must not happen while other
     // threads run (see `identity`); the program's first connections wait in the backlog.
@@ -266,7 +274,9 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         bridge.serve().map_err(InitError::Bridge)?;
     }
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
-    end.quiet = process::quiesce(QUIESCE_WITHIN);
+    let quiet = process::quiesce(QUIESCE_WITHIN);
+    // The end marker may only follow everything the program wrote.
+    end.quiet = relaying.finish(quiet) && quiet;
     end.report.special_files =
         leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));
     Ok(outcome.exit_code())
