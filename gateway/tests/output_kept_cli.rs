@@ -26,8 +26,22 @@ fn sandgate(data_dir: &std::path::Path, listen: &str) -> Command {
         )
         .env("SANDGATE_SANDBOX_INIT", common::sandbox_init())
         .env("SANDGATE_WARM_POOL", pool)
-        .env("SANDGATE_PYTHON_PRELOAD", "[]");
+        .env("SANDGATE_PYTHON_PRELOAD", "[]")
+        .env_remove("SANDGATE_TEST_START");
     command
+}
+
+/// `sandgate serve`, killed if the test fails before it stops it (it would hold the test
+/// harness's output open).
+struct Server(Option<std::process::Child>);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Some(mut server) = self.0.take() {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+    }
 }
 
 async fn wait_healthy(http: &reqwest::Client, base: &str, server: &mut std::process::Child) {
@@ -75,12 +89,19 @@ async fn sandgate_exec_prints_a_large_print_whole() {
         .port();
     let listen = format!("127.0.0.1:{port}");
     let http = reqwest::Client::new();
-    let mut server = sandgate(data.path(), &listen)
-        .arg("serve")
-        .stdout(Stdio::null())
-        .spawn()
-        .unwrap();
-    wait_healthy(&http, &format!("http://{listen}"), &mut server).await;
+    let mut server = Server(Some(
+        sandgate(data.path(), &listen)
+            .arg("serve")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap(),
+    ));
+    wait_healthy(
+        &http,
+        &format!("http://{listen}"),
+        server.0.as_mut().unwrap(),
+    )
+    .await;
     let key = create_key(data.path(), &listen);
     if mode() == Start::Warm {
         common::warm::wait_for_waiting(&http, &format!("http://{listen}"), "python").await;
@@ -132,6 +153,7 @@ async fn sandgate_exec_prints_a_large_print_whole() {
     };
     assert_eq!(record["start"], start, "{}", record["status"]);
 
+    let mut server = server.0.take().unwrap();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(server.id() as i32),
         nix::sys::signal::Signal::SIGTERM,
