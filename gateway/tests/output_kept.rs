@@ -113,16 +113,8 @@ for i in range(60):
     assert_eq!(record["status"], "succeeded", "{record}");
     let chunk: Vec<u8> = (0..=255u8).collect::<Vec<_>>().repeat(40);
     let reversed: Vec<u8> = chunk.iter().rev().copied().collect();
-    same(
-        &decoded(&record, "stdout"),
-        &chunk.repeat(60),
-        "stdout",
-    );
-    same(
-        &decoded(&record, "stderr"),
-        &reversed.repeat(60),
-        "stderr",
-    );
+    same(&decoded(&record, "stdout"), &chunk.repeat(60), "stdout");
+    same(&decoded(&record, "stderr"), &reversed.repeat(60), "stderr");
 
     let bash = "python3 -c 'print(\"a\" * 200000)'\nprintf 'x%.0s' $(seq 1 1000)\n";
     let (status, answer) = gw.execute(&key, "bash", bash, json!({})).await;
@@ -162,7 +154,10 @@ async fn session_turns_keep_every_byte() {
         .post(&key, "/v1/sessions", &json!({"language": "python"}))
         .await;
     assert_eq!(status, 201, "{session}");
-    let path = format!("/v1/sessions/{}/executions", session["id"].as_str().unwrap());
+    let path = format!(
+        "/v1/sessions/{}/executions",
+        session["id"].as_str().unwrap()
+    );
     let (status, turn) = gw.post(&key, &path, &json!({"code": LARGE_WRITES})).await;
     assert_eq!(status, 200, "{turn}");
     let record = stored(&gw, &key, &turn).await;
@@ -186,7 +181,10 @@ async fn session_turns_keep_every_byte() {
         .post(&key, "/v1/sessions", &json!({"language": "bash"}))
         .await;
     assert_eq!(status, 201, "{session}");
-    let path = format!("/v1/sessions/{}/executions", session["id"].as_str().unwrap());
+    let path = format!(
+        "/v1/sessions/{}/executions",
+        session["id"].as_str().unwrap()
+    );
     let code = "python3 -c 'import sys; sys.stdout.write(\"a\" * 300000); sys.stderr.write(\"e\" * 200000)'";
     let (status, turn) = gw.post(&key, &path, &json!({"code": code})).await;
     assert_eq!(status, 200, "{turn}");

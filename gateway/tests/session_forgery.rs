@@ -19,7 +19,10 @@ async fn open(gw: &TestGateway, key: &str, language: &str) -> String {
         .post(key, "/v1/sessions", &json!({"language": language}))
         .await;
     assert_eq!(status, 201, "{session}");
-    format!("/v1/sessions/{}/executions", session["id"].as_str().unwrap())
+    format!(
+        "/v1/sessions/{}/executions",
+        session["id"].as_str().unwrap()
+    )
 }
 
 async fn cell(gw: &TestGateway, key: &str, path: &str, code: &str) -> Value {

@@ -90,8 +90,12 @@ pub fn runner_report(key: &str, seq: u64, code: u8, result_b64: &str) -> Vec<u8>
 pub fn parse_report(key: &str, line: &[u8]) -> Option<RunnerReport> {
     let text = std::str::from_utf8(line).ok()?;
     let mut fields = text.splitn(4, ':');
-    let (given, seq, code, result_b64) =
-        (fields.next()?, fields.next()?, fields.next()?, fields.next()?);
+    let (given, seq, code, result_b64) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
     let digits = |field: &str, most: usize| {
         !field.is_empty() && field.len() <= most && field.bytes().all(|b| b.is_ascii_digit())
     };
@@ -284,7 +288,10 @@ mod tests {
     fn bash_turns_source_the_cell_and_report_on_the_channel() {
         let line = bash_turn("/tmp/sandgate/cell-1.sh", "abc", 7);
         assert!(line.starts_with("{ . '/tmp/sandgate/cell-1.sh'; } </dev/null;"));
-        assert!(line.ends_with("'\\n%s:%s:%d:\\n' abc 7 \"$?\" >&0\n"), "{line}");
+        assert!(
+            line.ends_with("'\\n%s:%s:%d:\\n' abc 7 \"$?\" >&0\n"),
+            "{line}"
+        );
     }
 
     #[test]
