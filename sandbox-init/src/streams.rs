@@ -134,55 +134,63 @@ pub trait Extra: Send + 'static {
 /// The pipes' read ends, as the relay thread holds them.
 #[derive(Debug)]
 pub struct Pipes {
-    sources: Vec<(OwnedFd, Host)>,
+    sources: Vec<Source>,
     buffer: Vec<u8>,
+}
+
+/// One pipe and where its bytes go.
+#[derive(Debug)]
+struct Source {
+    fd: OwnedFd,
+    host: Host,
+    /// Cleared when the pipe ended (it is dropped at the top of the relay's next round, so
+    /// that indices hold within a round).
+    open: bool,
 }
 
 impl Pipes {
     /// Relays what each pipe holds now (at most its capacity, so a writer that never stops
     /// cannot hold the caller here), without waiting for more.
     pub fn drain(&mut self) {
-        let mut index = 0;
-        while index < self.sources.len() {
-            let capacity = fcntl(self.sources[index].0.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)
+        for index in 0..self.sources.len() {
+            let source = &self.sources[index];
+            let mut left = fcntl(source.fd.as_raw_fd(), FcntlArg::F_GETPIPE_SZ)
                 .ok()
                 .and_then(|size| usize::try_from(size).ok())
                 .unwrap_or(CHUNK);
-            let mut left = capacity;
-            let mut ended = false;
-            while left > 0 && readable_now(self.sources[index].0.as_fd()) {
-                match self.pump(index) {
-                    Some(read) => left = left.saturating_sub(read),
-                    None => {
-                        ended = true;
-                        break;
-                    }
-                }
-            }
-            if ended {
-                self.sources.swap_remove(index);
-            } else {
-                index += 1;
+            while left > 0
+                && self.sources[index].open
+                && readable_now(self.sources[index].fd.as_fd())
+            {
+                left = left.saturating_sub(self.pump(index));
             }
         }
     }
 
-    /// Reads one chunk from source `index` and writes it on; `None` once the source ended (EOF,
-    /// an error, or the init's stream refusing it).
-    fn pump(&mut self, index: usize) -> Option<usize> {
-        let (fd, host) = &self.sources[index];
+    /// Reads one chunk from open source `index` and writes it on; returns how much. At the end
+    /// of the source (EOF, an error, or the init's stream refusing it) it is marked closed.
+    fn pump(&mut self, index: usize) -> usize {
+        let source = &mut self.sources[index];
+        if !source.open {
+            return 0;
+        }
         self.buffer.resize(CHUNK, 0);
         let read = loop {
-            match nix::unistd::read(fd.as_raw_fd(), &mut self.buffer) {
+            match nix::unistd::read(source.fd.as_raw_fd(), &mut self.buffer) {
                 Err(Errno::EINTR) => {}
-                Ok(0) | Err(_) => return None,
+                Ok(0) | Err(_) => {
+                    source.open = false;
+                    return 0;
+                }
                 Ok(read) => break read,
             }
         };
         // A stream the init can no longer write: the pipe is closed, and the program's writes
         // fail as they would have on that stream.
-        write_all(*host, &self.buffer[..read]).ok()?;
-        Some(read)
+        if write_all(source.host, &self.buffer[..read]).is_err() {
+            source.open = false;
+        }
+        read
     }
 }
 
@@ -195,7 +203,18 @@ impl Captured {
     /// Starts the relay thread (after the spawn: see [`crate::identity`] on threads).
     pub fn relay(self, extra: Option<Box<dyn Extra>>) -> Result<Relaying, StreamError> {
         let pipes = Pipes {
-            sources: vec![(self.stdout, Host::Stdout), (self.stderr, Host::Stderr)],
+            sources: vec![
+                Source {
+                    fd: self.stdout,
+                    host: Host::Stdout,
+                    open: true,
+                },
+                Source {
+                    fd: self.stderr,
+                    host: Host::Stderr,
+                    open: true,
+                },
+            ],
             buffer: Vec::new(),
         };
         let (done, finished) = mpsc::channel();
@@ -213,11 +232,15 @@ impl Captured {
 
 /// The relay thread's loop: until both pipes ended.
 fn serve(mut pipes: Pipes, mut extra: Option<Box<dyn Extra>>) {
-    while !pipes.sources.is_empty() {
+    loop {
+        pipes.sources.retain(|source| source.open);
+        if pipes.sources.is_empty() {
+            return;
+        }
         let mut fds: Vec<PollFd> = pipes
             .sources
             .iter()
-            .map(|(fd, _)| PollFd::new(fd.as_fd(), PollFlags::POLLIN))
+            .map(|source| PollFd::new(source.fd.as_fd(), PollFlags::POLLIN))
             .collect();
         if let Some(extra) = &extra {
             fds.push(PollFd::new(extra.fd(), PollFlags::POLLIN));
@@ -229,18 +252,22 @@ fn serve(mut pipes: Pipes, mut extra: Option<Box<dyn Extra>>) {
         }
         let ready: Vec<bool> = fds.iter().map(is_ready).collect();
         drop(fds);
-        if extra.is_some() && ready.last().copied().unwrap_or(false) {
+        let served = extra.is_some() && ready.last().copied().unwrap_or(false);
+        if served {
             if let Some(mut serving) = extra.take() {
                 if serving.ready(&mut pipes) {
                     extra = Some(serving);
                 }
             }
-            // The drain may have removed a pipe: the next poll says again what is ready.
-            continue;
         }
-        for index in (0..pipes.sources.len()).rev() {
-            if ready.get(index).copied().unwrap_or(false) && pipes.pump(index).is_none() {
-                pipes.sources.swap_remove(index);
+        // Each round pumps every ready pipe once, so a busy channel cannot starve them; after
+        // the channel's drain a pipe may be empty again, and a read must not wait.
+        for (index, _) in ready.iter().enumerate().filter(|(_, ready)| **ready) {
+            let Some(source) = pipes.sources.get(index) else {
+                continue;
+            };
+            if !served || readable_now(source.fd.as_fd()) {
+                pipes.pump(index);
             }
         }
     }

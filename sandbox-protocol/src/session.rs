@@ -121,7 +121,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// The end marker of a turn (what the runner prints; [`EndMarker`] takes it out).
+/// The end marker of a turn (what the init writes; [`EndMarker`] takes it out).
 pub fn end_marker(nonce: &str, code: u8, result_b64: &str) -> Vec<u8> {
     let mut marker = END_MARKER_PREFIX.to_vec();
     marker.extend_from_slice(format!("{nonce}:{code}:{result_b64}\n").as_bytes());
