@@ -116,7 +116,10 @@ async fn sessions_keep_to_their_share_of_max_concurrent_and_are_counted() {
     let (status, again) = gw
         .post(&agent, "/v1/sessions", &json!({"language": "bash"}))
         .await;
-    assert_eq!(status, 201, "the share is given back when a session closes: {again}");
+    assert_eq!(
+        status, 201,
+        "the share is given back when a session closes: {again}"
+    );
     gw.stop().await;
 }
 
@@ -137,7 +140,12 @@ async fn revoking_a_key_withdraws_its_requests_held_for_review() {
     let (_, admin) = key(&gw, "admin", "ops", "olga").await;
     let unlisted = json!([{"host": "review.example", "port": 443}]);
     let (status, execution) = gw
-        .execute(&agent, "python", "print('held')", json!({"network": unlisted}))
+        .execute(
+            &agent,
+            "python",
+            "print('held')",
+            json!({"network": unlisted}),
+        )
         .await;
     assert_eq!(status, 202, "{execution}");
     let (status, session) = gw
@@ -169,7 +177,9 @@ async fn revoking_a_key_withdraws_its_requests_held_for_review() {
             )
             .await;
         assert_eq!(status, 409, "{body}");
-        let (_, listed) = gw.get(&reviewer, &format!("/v1/approvals/{approval}")).await;
+        let (_, listed) = gw
+            .get(&reviewer, &format!("/v1/approvals/{approval}"))
+            .await;
         assert_eq!(listed["status"], "withdrawn", "{listed}");
     }
     let execution_id = execution["id"].as_str().unwrap();
@@ -183,9 +193,7 @@ async fn revoking_a_key_withdraws_its_requests_held_for_review() {
     );
     assert!(record["started_at"].is_null(), "it never ran: {record}");
     let session_id = session["id"].as_str().unwrap();
-    let (_, closed) = gw
-        .get(&admin, &format!("/v1/sessions/{session_id}"))
-        .await;
+    let (_, closed) = gw.get(&admin, &format!("/v1/sessions/{session_id}")).await;
     assert_eq!(closed["status"], "closed", "{closed}");
     assert_eq!(closed["closed_reason"], "deleted", "{closed}");
     assert!(closed["container"].is_null(), "{closed}");
@@ -225,10 +233,7 @@ async fn the_auditor_role_reads_keys_without_their_hashes() {
     .await
     .unwrap();
     assert_eq!(keys, 1);
-    for statement in [
-        "SELECT key_hash FROM api_keys",
-        "SELECT * FROM api_keys",
-    ] {
+    for statement in ["SELECT key_hash FROM api_keys", "SELECT * FROM api_keys"] {
         let refused = sqlx::query(statement).execute(&mut *conn).await;
         let err = refused.expect_err(statement);
         let code = err.as_database_error().and_then(|e| e.code()).unwrap();

@@ -74,7 +74,10 @@ async fn another_key_of_the_tenant_finds_nothing_of_a_session_it_did_not_open() 
     assert_eq!(status, 404, "delete: {body}");
     let (status, body) = gw.get(&intruder, "/v1/sessions").await;
     assert_eq!(status, 200, "{body}");
-    assert!(!listed(&body, id), "list shows another key's session: {body}");
+    assert!(
+        !listed(&body, id),
+        "list shows another key's session: {body}"
+    );
     let (status, body) = gw
         .get(&intruder, &format!("/v1/executions/{execution}"))
         .await;
@@ -140,7 +143,10 @@ async fn a_policy_that_shares_sessions_by_principal_shares_them_and_says_so() {
     let asked = &input["request"]["session"];
     assert_eq!(asked["owner"]["principal"], "ana", "{input}");
     assert_eq!(asked["asked_by"]["principal"], "ana", "{input}");
-    assert_ne!(asked["owner"]["key_id"], asked["asked_by"]["key_id"], "{input}");
+    assert_ne!(
+        asked["owner"]["key_id"], asked["asked_by"]["key_id"],
+        "{input}"
+    );
     gw.stop().await;
 }
 

@@ -68,7 +68,6 @@ pub(super) struct Held {
     pub(super) egress: Option<ExecutionEgress>,
     pub(super) runnable: Runnable,
     pub(super) language: String,
-    pub(super) created_at: chrono::DateTime<chrono::Utc>,
     pub(super) executions: u64,
     pub(super) _slot: Slot,
     pub(super) _live: LiveGuard,
@@ -278,12 +277,7 @@ impl App {
     }
 
     /// Holds a started session open on this gateway and watches its idle and total lifetime.
-    pub(super) fn keep_open(
-        self: &Arc<Self>,
-        id: String,
-        held: Held,
-        (idle, ttl): (u64, u64),
-    ) {
+    pub(super) fn keep_open(self: &Arc<Self>, id: String, held: Held, (idle, ttl): (u64, u64)) {
         let open = Arc::new(OpenSession {
             held: tokio::sync::Mutex::new(Some(held)),
             last_used: Mutex::new(Instant::now()),
@@ -375,7 +369,6 @@ impl App {
                 egress,
                 runnable,
                 language: language.to_owned(),
-                created_at: crate::ids::now_micros(),
                 executions: 0,
                 _slot: slot,
                 _live: live,
