@@ -1,6 +1,6 @@
 //! Whose a session is (issue 21, item 4): the key that opened it. Another agent key of its
 //! tenant finds it only when the policy shares it explicitly: the decision for an execution of
-//! that key in that session (`request.kind: "session_execution"`, with `request.session.owner`
+//! that key in that session (`request.kind` `session_execution`, with `request.session.owner`
 //! and `request.session.asked_by`) allows and carries the reason code `session.shared`. Without
 //! that, every session route answers as for a missing id (404): get, list, delete, executions in
 //! it (here, or relayed to the replica holding it, which checks again) and the records and event
