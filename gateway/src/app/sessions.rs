@@ -247,33 +247,42 @@ impl App {
             closed_at: None,
             approval_id: None,
         };
-        let stored = async {
-            if let Err(full) = self
-                .audit
-                .insert_session(&row, self.config.max_sessions)
-                .await?
-            {
-                return Ok(Err(full));
-            }
-            self.audit
-                .record_event(&event(api_types::EventKind::SessionCreated))
-                .await
-                .map(Ok)
-        };
-        match stored.await {
-            Ok(Ok(_)) => {}
-            Ok(Err(full)) => {
-                // Others opened theirs while this one started: it never was a session.
-                release(held).await;
-                return Err(sessions_full(full));
-            }
-            Err(err) => {
-                release(held).await;
-                return Err(AppError::from(err));
-            }
-        }
+        let created = event(api_types::EventKind::SessionCreated);
+        let held = self.register_session(&row, &created, held).await?;
         self.keep_open(id, held, (idle, ttl));
         Ok(Opened::Ready(row))
+    }
+
+    /// Stores a started session's row, counted against `max_sessions` with the insert, and its
+    /// `session.created`; when either is refused or fails, its sandbox is removed.
+    async fn register_session(
+        &self,
+        row: &SessionRow,
+        created: &NewEvent,
+        held: Held,
+    ) -> Result<Held, AppError> {
+        let stored = match self
+            .audit
+            .insert_session(row, self.config.max_sessions)
+            .await
+        {
+            Ok(Ok(())) => self
+                .audit
+                .record_event(created)
+                .await
+                .map(|_| ())
+                .map_err(AppError::from),
+            // Others opened theirs while this one started: it never was a session.
+            Ok(Err(full)) => Err(sessions_full(full)),
+            Err(err) => Err(AppError::from(err)),
+        };
+        match stored {
+            Ok(()) => Ok(held),
+            Err(err) => {
+                release(held).await;
+                Err(err)
+            }
+        }
     }
 
     /// Holds a started session open on this gateway and watches its idle and total lifetime.
