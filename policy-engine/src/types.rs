@@ -68,7 +68,27 @@ pub struct SessionInput {
     pub executions: u64,
     /// RFC 3339.
     pub created_at: String,
+    /// The key that opened the session. Only it may use the session, unless the decision for
+    /// another key allows and carries the reason code [`SESSION_SHARED_CODE`].
+    #[serde(default)]
+    pub owner: SessionParty,
+    /// The key asking (the same key as `principal.key_id`), with its principal.
+    #[serde(default)]
+    pub asked_by: SessionParty,
 }
+
+/// A key and the principal behind it (`request.session.owner`, `request.session.asked_by`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionParty {
+    pub key_id: String,
+    /// Normalised, as stored with the key (`sandgate keys create --principal`).
+    pub principal: String,
+}
+
+/// The reason code by which a decision shares a session with a key that did not open it: the
+/// gateway lets such a key see and use the session only when the policy's decision for it
+/// allows and carries this code (`policies/README.md`, "Sharing sessions").
+pub const SESSION_SHARED_CODE: &str = "session.shared";
 
 /// One input file of the request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

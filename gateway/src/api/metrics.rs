@@ -35,6 +35,8 @@ pub async fn scrape(
     for (language, waiting) in app.pool.waiting() {
         metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));
     }
+    // Sessions open on this replica (each replica reports its own; `v_sessions_open` has all).
+    metrics.set_sessions_open(i64::try_from(app.sessions.open_here()).unwrap_or(i64::MAX));
     let text = metrics.render();
     Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }

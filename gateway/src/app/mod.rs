@@ -23,6 +23,7 @@ pub mod replicas;
 pub mod request;
 pub mod scheduler;
 pub mod session_approvals;
+mod session_owner;
 mod session_relay;
 mod session_runs;
 pub mod sessions;

@@ -9,6 +9,7 @@ pub mod durable;
 pub mod egress;
 pub mod group;
 pub mod journal;
+pub mod key_withdrawals;
 pub mod keys;
 pub mod read;
 pub mod replicas;
