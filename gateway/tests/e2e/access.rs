@@ -4,7 +4,7 @@
 //! listed, revoked, rotated and expire, refused at once everywhere, each change audited.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,16 +19,6 @@ use gateway::audit::{AuditStore, NewEvent};
 fn held_body(code: &str) -> Value {
     json!({"language": "python", "code": code, "wait": false,
            "network": [{"host": "review.example", "port": 443}]})
-}
-
-async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> (String, String) {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, "acme", Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    (key.id, key.secret)
 }
 
 async fn kinds(gw: &TestGateway, kind: &str) -> Vec<Value> {
@@ -76,10 +66,10 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
         config.pending_approvals.bytes_per_key = 60_000;
     })
     .await;
-    let (_, patient) = key_for(&gw, "agent", "patient").await;
-    let (_, flooder) = key_for(&gw, "agent", "flooder").await;
-    let (_, third) = key_for(&gw, "agent", "third").await;
-    let (_, reviewer) = key_for(&gw, "reviewer", "alice").await;
+    let (_, patient) = gw.key_with_id("agent", "acme", "patient").await;
+    let (_, flooder) = gw.key_with_id("agent", "acme", "flooder").await;
+    let (_, third) = gw.key_with_id("agent", "acme", "third").await;
+    let (_, reviewer) = gw.key_with_id("reviewer", "acme", "alice").await;
 
     let (status, older) = gw
         .post(&patient, "/v1/executions", &held_body("print('old')"))
@@ -168,15 +158,15 @@ async fn a_flood_of_held_requests_cannot_hide_an_older_one() {
 #[tokio::test]
 async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
     let gw = TestGateway::start().await;
-    let (_, agent) = key_for(&gw, "agent", "a1").await;
-    let (_, other) = key_for(&gw, "reviewer", "a2").await;
+    let (_, agent) = gw.key_with_id("agent", "acme", "a1").await;
+    let (_, other) = gw.key_with_id("reviewer", "acme", "a2").await;
     let (status, held) = gw
         .post(&agent, "/v1/executions", &held_body("print(1)"))
         .await;
     assert_eq!(status, 202, "{held}");
     let approval = held["approval_id"].as_str().unwrap().to_owned();
     for spelling in ["a1 ", "A1", " a1", "\u{ff41}\u{ff11}", "a1\u{3000}"] {
-        let (_, reviewer) = key_for(&gw, "reviewer", spelling).await;
+        let (_, reviewer) = gw.key_with_id("reviewer", "acme", spelling).await;
         let (status, body) = gw
             .post(
                 &reviewer,
@@ -377,7 +367,7 @@ async fn keys_are_listed_revoked_rotated_and_expire_and_each_change_is_audited()
     );
 
     // Rotated from the command line: the new key works, the old one is refused at once.
-    let (_, rotate_me) = key_for(&gw, "agent", "rotating").await;
+    let (_, rotate_me) = gw.key_with_id("agent", "acme", "rotating").await;
     let rotate_id = format!("key_{}", &rotate_me[4..20]);
     let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
     let rotated = gateway::commands::rotate_key(&config, &rotate_id, Some("1h"))

@@ -3,7 +3,7 @@
 //! self-approval refused; expired; every step audited and the chain intact.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -15,16 +15,6 @@ use gateway::audit::AuditStore;
 /// A destination acme's allowlist does not cover: the shipped policy sends it to review.
 fn unlisted() -> Value {
     json!([{"host": "review.example", "port": 443}])
-}
-
-async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> (String, String) {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, "acme", Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    (key.id, key.secret)
 }
 
 /// Sends a request the policy holds for review; returns (execution id, approval id).
@@ -77,7 +67,7 @@ async fn event_kinds(gw: &TestGateway, execution_id: &str) -> Vec<(String, Optio
 }
 
 async fn chain_verifies(gw: &TestGateway) {
-    let (_, auditor) = key_for(gw, "auditor", "audit-team").await;
+    let (_, auditor) = gw.key_with_id("auditor", "acme", "audit-team").await;
     let (status, body) = gw.get(&auditor, "/v1/audit/verify").await;
     assert_eq!(status, 200, "{body}");
     assert!(body["broken"].is_null(), "{body}");
@@ -86,9 +76,9 @@ async fn chain_verifies(gw: &TestGateway) {
 #[tokio::test]
 async fn approved_by_another_principal_runs_as_reviewed() {
     let gw = TestGateway::start().await;
-    let (agent_id, agent) = key_for(&gw, "agent", "team-a").await;
-    let (_, own_reviewer) = key_for(&gw, "reviewer", "team-a").await;
-    let (bob_id, bob) = key_for(&gw, "reviewer", "bob").await;
+    let (agent_id, agent) = gw.key_with_id("agent", "acme", "team-a").await;
+    let (_, own_reviewer) = gw.key_with_id("reviewer", "acme", "team-a").await;
+    let (bob_id, bob) = gw.key_with_id("reviewer", "acme", "bob").await;
 
     let (id, approval) = held(&gw, &agent, "print('reviewed')").await;
     assert!(common::removed_soon(&id), "nothing runs before review");
@@ -215,8 +205,8 @@ async fn approved_by_another_principal_runs_as_reviewed() {
 async fn rejected_and_expired_requests_end_denied() {
     let url = common::fresh_database().await;
     let gw = TestGateway::start_with(Some(url), |config| config.approval_ttl_s = 2).await;
-    let (_, agent) = key_for(&gw, "agent", "team-a").await;
-    let (_, bob) = key_for(&gw, "reviewer", "bob").await;
+    let (_, agent) = gw.key_with_id("agent", "acme", "team-a").await;
+    let (_, bob) = gw.key_with_id("reviewer", "acme", "bob").await;
 
     // Rejected: denied with the reviewer's comment, never run.
     let (id, approval) = held(&gw, &agent, "print('no')").await;
@@ -333,8 +323,8 @@ async fn refuse_inserts(gw: &TestGateway, table: &str) {
 #[tokio::test]
 async fn holding_and_approving_fail_closed() {
     let gw = TestGateway::start().await;
-    let (_, agent) = key_for(&gw, "agent", "team-a").await;
-    let (_, bob) = key_for(&gw, "reviewer", "bob").await;
+    let (_, agent) = gw.key_with_id("agent", "acme", "team-a").await;
+    let (_, bob) = gw.key_with_id("reviewer", "acme", "bob").await;
     let label = format!("sandgate.instance={}", gw.instance().await);
 
     // Held, then the audit store refuses: approving answers 503, nothing runs, still pending.
@@ -389,8 +379,8 @@ async fn holding_and_approving_fail_closed() {
 async fn approval_is_refused_when_the_reviewed_decision_no_longer_fits() {
     let url = common::fresh_database().await;
     let gw = TestGateway::start_with(Some(url.clone()), |_| {}).await;
-    let (_, agent) = key_for(&gw, "agent", "bot").await;
-    let (_, reviewer) = key_for(&gw, "reviewer", "alice").await;
+    let (_, agent) = gw.key_with_id("agent", "acme", "bot").await;
+    let (_, reviewer) = gw.key_with_id("reviewer", "acme", "alice").await;
     let (execution, approval) = held(&gw, &agent, "print('ok')").await;
     let data_dir = gw.stop_keeping_data().await;
     let gw = TestGateway::start_in(Some(url), data_dir, |config| {
@@ -418,8 +408,8 @@ async fn approval_is_refused_when_the_reviewed_decision_no_longer_fits() {
 #[tokio::test(flavor = "multi_thread")]
 async fn events_of_a_held_request_wait_for_the_review() {
     let gw = TestGateway::start().await;
-    let (_, agent) = key_for(&gw, "agent", "team-a").await;
-    let (_, bob) = key_for(&gw, "reviewer", "bob").await;
+    let (_, agent) = gw.key_with_id("agent", "acme", "team-a").await;
+    let (_, bob) = gw.key_with_id("reviewer", "acme", "bob").await;
 
     let (id, approval) = held(&gw, &agent, "print('after review')").await;
     let reader = gw.events(&agent, &id).await;

@@ -1,9 +1,8 @@
 //! The audit trail as evidence: the gateway's database role may only read and append
 //! (`sandgate_app`), the triggers refuse changes even to the owner, tampering that bypasses both
 //! (a superuser) is found by verification, and concurrent writers keep one gapless chain.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use serde_json::json;
 

@@ -2,9 +2,8 @@
 //! PostgreSQL: executions allowed, denied and approved, exported and checked offline (no
 //! database), in sandgate's rows and in OCSF; a byte changed anywhere is found and named; a
 //! tenant-filtered slice verifies with the other tenants' events as links only.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -13,7 +12,6 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use common::TestGateway;
-use gateway::audit::AuditStore;
 
 fn sandgate(gw: &TestGateway, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_sandgate"))
@@ -92,22 +90,12 @@ fn change_bytes(bundle: &Path, anchor: &str, from: &str, to: &str) -> std::path:
     changed
 }
 
-async fn key_for(gw: &TestGateway, role: &str, tenant: &str, principal: &str) -> String {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, tenant, Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    key.secret
-}
-
 /// An allowed run, a denial, a second tenant's denial, and a request held for review that
 /// another principal approves and that then runs.
 async fn some_history(gw: &TestGateway) {
-    let agent = key_for(gw, "agent", "acme", "alice").await;
-    let reviewer = key_for(gw, "reviewer", "acme", "bob").await;
-    let other = key_for(gw, "agent", "globex", "carol").await;
+    let agent = gw.key_of("agent", "acme", "alice").await;
+    let reviewer = gw.key_of("reviewer", "acme", "bob").await;
+    let other = gw.key_of("agent", "globex", "carol").await;
     let (status, body) = gw.execute(&agent, "bash", "echo hi", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let (status, body) = gw.execute(&agent, "cobol", "x", json!({})).await;
@@ -152,10 +140,10 @@ async fn export_verifies_offline_and_a_changed_byte_is_named() {
         format!("{text}\n# reviewed for the audit export test\n"),
     )
     .unwrap();
-    let admin = key_for(&gw, "admin", "ops", "dana").await;
+    let admin = gw.key_of("admin", "ops", "dana").await;
     let (status, body) = gw.post(&admin, "/v1/policy/reload", &json!({})).await;
     assert_eq!(status, 200, "{body}");
-    let agent = key_for(&gw, "agent", "acme", "erin").await;
+    let agent = gw.key_of("agent", "acme", "erin").await;
     let (status, body) = gw.execute(&agent, "cobol", "z", json!({})).await;
     assert_eq!(status, 403, "{body}");
     let dir = tempfile::tempdir().unwrap();

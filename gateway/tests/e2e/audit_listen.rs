@@ -4,7 +4,7 @@
 //! socket. Real embedded PostgreSQL, real psql.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

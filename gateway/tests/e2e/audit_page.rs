@@ -3,24 +3,13 @@
 //! same CSP as the review page, with no violation. Screenshot: `<target>/audit-page.png`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod browser;
-mod common;
+use crate::browser;
+use crate::common;
 
 use serde_json::{json, Value};
 
 use browser::{js, Browser};
 use common::TestGateway;
-use gateway::audit::AuditStore;
-
-async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> String {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, "acme", Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    key.secret
-}
 
 /// The sum of the chart's data set `index` (all of them when `None`).
 fn chart_total(chart: &str, index: Option<usize>) -> String {
@@ -39,9 +28,9 @@ fn chart_total(chart: &str, index: Option<usize>) -> String {
 async fn an_auditor_sees_charts_of_decisions_denials_egress_approvals_executions_and_sessions() {
     let browser = Browser::start().await;
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "assistant-7").await;
-    let auditor = key_for(&gw, "auditor", "dana").await;
-    let reviewer = key_for(&gw, "reviewer", "carol").await;
+    let agent = gw.key_of("agent", "acme", "assistant-7").await;
+    let auditor = gw.key_of("auditor", "acme", "dana").await;
+    let reviewer = gw.key_of("reviewer", "acme", "carol").await;
 
     // Allowed, with two denied egress attempts (no DNS for a denied name).
     let code = "import urllib.request\n\

@@ -1,9 +1,8 @@
 //! The real `sandgate` binary, as a user runs it: `serve` with the embedded default database,
 //! `keys create` against the same instance, one execution, and a clean shutdown that stops the
 //! private PostgreSQL.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

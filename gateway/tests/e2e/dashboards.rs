@@ -2,9 +2,8 @@
 //! a migrated database holding data of every kind (executions allowed, denied and running, egress
 //! allowed and denied, approvals waiting and decided, an authentication failure), reads only the
 //! `v_*` views, and returns rows.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 

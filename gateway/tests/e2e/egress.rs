@@ -2,9 +2,8 @@
 //! gateway's proxy (via sandbox-init's bridge and the per-execution socket), with every attempt
 //! decided by policy and recorded. The upstream lives in a network namespace of this machine
 //! (scripts/netns.sh), never anywhere else.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

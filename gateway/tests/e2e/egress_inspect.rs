@@ -3,9 +3,8 @@
 //! upstream in the test network namespace (scripts/netns.sh, 198.51.100.2) whose certificate
 //! comes from a test CA given as `egress_ca_file`, and a real Postgres. Nothing leaves the
 //! machine.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

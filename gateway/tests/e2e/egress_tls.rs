@@ -4,9 +4,8 @@
 //! API, a real runsc sandbox, the real proxy and a real Postgres. Local upstreams live in the
 //! network namespace of scripts/netns.sh (198.51.100.2), never anywhere else; only the pip test
 //! leaves the machine, to PyPI, as the issue asks.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;

@@ -1,7 +1,6 @@
 //! End to end through the HTTP API: real PostgreSQL, real dockerd, real runsc.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Instant;
 

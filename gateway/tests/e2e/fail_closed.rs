@@ -1,9 +1,8 @@
 //! Fail closed: when the audit store cannot commit a decision, the API answers 503 and no
 //! container is created. These tests create no containers on the success path, so a
 //! create event for any sandgate container during them is a failure.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use serde_json::json;
 

@@ -1,9 +1,8 @@
 //! Group commit (DESIGN 13) against the real PostgreSQL: concurrent writers share
 //! transactions and keep one gapless chain; a batch that does not commit fails every caller in
 //! it and stores none of their rows; one write the database refuses for its content fails alone.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

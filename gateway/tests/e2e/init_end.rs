@@ -11,9 +11,8 @@
 //! init that skipped `quiesce` passed this test too (tried: the window between its marker and
 //! its exit is too short to observe from the host); `quiesce` closes that window by
 //! construction.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::time::Duration;

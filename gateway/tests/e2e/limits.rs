@@ -2,7 +2,7 @@
 //! the API's own bounds (DESIGN 7: resources and API), on real dockerd, runsc and PostgreSQL.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

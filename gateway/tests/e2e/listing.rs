@@ -1,9 +1,8 @@
 //! The listings (`GET /v1/executions`, `GET /v1/audit/events`) and key creation over the API
 //! (`POST /v1/keys`): scoping, filters, paging, bounds, and that a new key is stored as a hash
 //! and audited.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 

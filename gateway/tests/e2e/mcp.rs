@@ -2,9 +2,8 @@
 //! stdio (`sandgate mcp`, this build's binary) and streamable HTTP (`POST /mcp`) against a live
 //! gateway; then the audit store shows that every tool call was decided and recorded like any
 //! execution (the malformed calls made none).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,9 +1,8 @@
 //! `GET /metrics` through a real gateway: who may scrape it, the series of DESIGN 12, a real
 //! parser's verdict on the text (`promtool check metrics`, Debian's `prometheus` package), and
 //! values that move when executions run, are denied, and try the network.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write as _;

@@ -2,7 +2,6 @@
 //! database of the cluster, so several databases migrating at once (as tests do, and as several
 //! gateways on one server would) must all succeed; and a user that is not a superuser, only
 //! allowed to create roles, can migrate and then run as `sandgate_app`.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
 use std::os::unix::fs::PermissionsExt;
 

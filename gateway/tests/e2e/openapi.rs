@@ -2,9 +2,8 @@
 //! (`openapi-spec-validator` from PyPI, in the Python test environment), and complete: every
 //! route of `gateway::api::routes()` is in it, with the roles `routes.table` gives that route as
 //! its `bearer` scopes (a route added without docs, or documented with other roles, fails here).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;
@@ -13,7 +12,7 @@ use serde_json::Value;
 
 use common::TestGateway;
 
-const TABLE: &str = include_str!("routes.table");
+const TABLE: &str = include_str!("../routes.table");
 const ROLES: [&str; 4] = ["agent", "reviewer", "auditor", "admin"];
 
 /// (METHOD, path) -> the roles allowed, or `None` when anonymous callers are allowed too.

@@ -1,8 +1,7 @@
 //! Orchestration logic with a fake container runtime (the one seam where a fake is allowed) and
 //! a real PostgreSQL. No isolation property is shown here; `executions.rs` does that for real.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

@@ -1,8 +1,7 @@
 //! The security team's workflow end to end: a broken policy denies (fail closed), reloads are
 //! checked before they take effect, dry-run evaluation, and replay of past decisions.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

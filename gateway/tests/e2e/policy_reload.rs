@@ -4,7 +4,7 @@
 //! Also `sandgate policy eval`'s revision and `--fail-on-deny`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,9 +1,8 @@
 //! The Python SDK (`clients/python`) against a live gateway: pytest runs
 //! `clients/python/tests` in the Python test environment (scripts/setup.sh makes it) with this
 //! gateway's URL and keys in the environment. Real dockerd, runsc and PostgreSQL behind it.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

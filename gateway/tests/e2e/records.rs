@@ -2,9 +2,8 @@
 //! program writes, its record completes with exactly them; a NUL in what a client sends is a
 //! clear 400; and a PostgreSQL outage in the middle of a run loses neither the run's outcome nor
 //! its egress byte counts (the local journal keeps them and writes them back).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,8 @@
 //! authentications, upload-path traversal and cross-tenant probes are audited with bounded rows,
 //! one event per window and source (or key) plus one summary with the count, and a flood gets
 //! 429 with `retry-after`; a dry run's large input is stored as its hash.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,9 +2,8 @@
 //! dockerd, runsc, PostgreSQL): driven through piped stdin, and through a real pseudo-terminal
 //! (`repl/drive_pty.py`: typing, history, a block, Ctrl-C while code runs and at the prompt,
 //! Ctrl-D), then the API shows the session closed (`deleted`) and its container gone.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

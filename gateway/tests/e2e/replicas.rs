@@ -18,14 +18,10 @@
 //! - A live stream read on one replica resumes on the other with the same event ids.
 //!
 //! Every replica is killed when its `Replica` is dropped, so a failing test leaves none behind.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
-#[path = "replicas/harness.rs"]
+use crate::common;
 mod harness;
-#[path = "replicas/sessions.rs"]
 mod sessions;
-#[path = "replicas/shared_state.rs"]
 mod shared_state;
 
 use std::time::Duration;

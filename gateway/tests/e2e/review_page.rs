@@ -5,8 +5,8 @@
 //! Screenshots land in `<target>/review-page*.png`. Chromium missing is a failure, not a skip.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod browser;
-mod common;
+use crate::browser;
+use crate::common;
 
 use std::time::Duration;
 
@@ -17,22 +17,12 @@ use browser::{js, Browser};
 use common::TestGateway;
 use gateway::audit::AuditStore;
 
-async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> String {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, "acme", Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    key.secret
-}
-
 #[tokio::test]
 async fn a_reviewer_approves_on_the_page_and_sees_the_run_finish() {
     let browser = Browser::start().await;
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "assistant-7").await;
-    let reviewer = key_for(&gw, "reviewer", "carol").await;
+    let agent = gw.key_of("agent", "acme", "assistant-7").await;
+    let reviewer = gw.key_of("reviewer", "acme", "carol").await;
 
     // The page is static, self-contained and under a strict CSP.
     let page = gw.http.get(format!("{}/ui/", gw.url)).send().await.unwrap();
@@ -180,8 +170,8 @@ async fn a_reviewer_approves_on_the_page_and_sees_the_run_finish() {
 async fn a_reviewer_approves_a_held_session_on_the_page() {
     let browser = Browser::start().await;
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "assistant-7").await;
-    let reviewer = key_for(&gw, "reviewer", "carol").await;
+    let agent = gw.key_of("agent", "acme", "assistant-7").await;
+    let reviewer = gw.key_of("reviewer", "acme", "carol").await;
     let body = json!({
         "language": "python",
         "network": [{"host": "review.example", "port": 443}],
@@ -311,8 +301,8 @@ async fn listed(cdp: &mut browser::Cdp) -> Vec<String> {
 async fn an_auditor_reads_details_filters_pages_and_sessions_without_review_buttons() {
     let browser = Browser::start().await;
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "assistant-7").await;
-    let auditor = key_for(&gw, "auditor", "dana").await;
+    let agent = gw.key_of("agent", "acme", "assistant-7").await;
+    let auditor = gw.key_of("auditor", "acme", "dana").await;
 
     let record = labelled_run(&gw, &agent).await;
     let id = record["id"].as_str().unwrap().to_owned();

@@ -1,9 +1,8 @@
 //! Every route, called as every role and with no key, against `routes.table`: the access rules
 //! of the API in one reviewed file. A route the router serves without a row in the table (or a
 //! row without a route) fails this test, and so does any cell that differs.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -12,7 +11,7 @@ use serde_json::{json, Value};
 
 use common::TestGateway;
 
-const TABLE: &str = include_str!("routes.table");
+const TABLE: &str = include_str!("../routes.table");
 /// The callers, in the table's column order.
 const CALLERS: [&str; 5] = ["anonymous", "agent", "reviewer", "auditor", "admin"];
 /// Stands for `{id}` (and any other path parameter): nobody's execution.

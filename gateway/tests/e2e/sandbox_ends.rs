@@ -2,9 +2,8 @@
 //! and 4), and what it leaves in `/output` is accounted for (issue 16, item 6): real dockerd,
 //! runsc, PostgreSQL and the static sandbox-init. In the warm suite
 //! (`SANDGATE_TEST_START=warm`) the executions the pool can serve run in pooled sandboxes.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 

@@ -3,14 +3,12 @@
 //! runner. Held -> approved by a reviewer of another principal -> `ready`, state kept; held ->
 //! rejected -> `closed` (`denied`); held -> withdrawn (`DELETE`); held -> expired; a held session
 //! counts against `max_sessions`; every step audited and the chain intact.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use common::TestGateway;
-use gateway::audit::AuditStore;
 use serde_json::{json, Value};
 
 /// A session asking for a destination acme's allowlist does not cover: the shipped policy
@@ -22,16 +20,6 @@ fn held_body() -> Value {
         "idle_timeout_s": 120,
         "ttl_s": 600,
     })
-}
-
-async fn key_for(gw: &TestGateway, role: &str, principal: &str) -> String {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, "acme", Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    key.secret
 }
 
 /// Opens a session the policy holds; returns (session id, approval id).
@@ -58,18 +46,6 @@ async fn session(gw: &TestGateway, key: &str, id: &str) -> Value {
     let (status, body) = gw.get(key, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{body}");
     body
-}
-
-async fn delete(gw: &TestGateway, key: &str, id: &str) -> (u16, Value) {
-    let response = gw
-        .http
-        .delete(format!("{}/v1/sessions/{id}", gw.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
 }
 
 async fn decide(gw: &TestGateway, reviewer: &str, approval: &str, decision: &str) -> Value {
@@ -104,7 +80,7 @@ fn kinds(events: &[(String, Value)]) -> Vec<&str> {
 }
 
 async fn chain_verifies(gw: &TestGateway) {
-    let auditor = key_for(gw, "auditor", "audit-team").await;
+    let auditor = gw.key_of("auditor", "acme", "audit-team").await;
     let (status, body) = gw.get(&auditor, "/v1/audit/verify").await;
     assert_eq!(status, 200, "{body}");
     assert!(body["broken"].is_null(), "{body}");
@@ -113,9 +89,9 @@ async fn chain_verifies(gw: &TestGateway) {
 #[tokio::test]
 async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "team-a").await;
-    let own_reviewer = key_for(&gw, "reviewer", "team-a").await;
-    let bob = key_for(&gw, "reviewer", "bob").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
+    let own_reviewer = gw.key_of("reviewer", "acme", "team-a").await;
+    let bob = gw.key_of("reviewer", "acme", "bob").await;
     let (id, approval) = held(&gw, &agent).await;
 
     // Nothing runs in it while it waits; the refusal names the approval.
@@ -165,7 +141,7 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     let (_, second) = run(&gw, &agent, &id, "x + 1").await;
     assert_eq!(second["result"], "2", "{second}");
 
-    let (status, closed) = delete(&gw, &agent, &id).await;
+    let (status, closed) = gw.delete(&agent, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{closed}");
     assert_eq!(closed["closed_reason"], "deleted", "{closed}");
 
@@ -203,8 +179,8 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
 #[tokio::test]
 async fn a_rejected_session_closes_denied_and_runs_nothing() {
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "team-a").await;
-    let bob = key_for(&gw, "reviewer", "bob").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
+    let bob = gw.key_of("reviewer", "acme", "bob").await;
     let (id, approval) = held(&gw, &agent).await;
 
     let decided = decide(&gw, &bob, &approval, "reject").await;
@@ -244,15 +220,15 @@ async fn a_rejected_session_closes_denied_and_runs_nothing() {
 async fn a_held_session_counts_toward_max_sessions_and_delete_withdraws_it() {
     let url = common::fresh_database().await;
     let gw = TestGateway::start_with(Some(url), |config| config.max_sessions = 1).await;
-    let agent = key_for(&gw, "agent", "team-a").await;
-    let bob = key_for(&gw, "reviewer", "bob").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
+    let bob = gw.key_of("reviewer", "acme", "bob").await;
     let (id, approval) = held(&gw, &agent).await;
 
     let plain = json!({"language": "python"});
     let (status, body) = gw.post(&agent, "/v1/sessions", &plain).await;
     assert_eq!(status, 429, "the pending one fills max_sessions: {body}");
 
-    let (status, withdrawn) = delete(&gw, &agent, &id).await;
+    let (status, withdrawn) = gw.delete(&agent, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{withdrawn}");
     assert_eq!(withdrawn["status"], "closed", "{withdrawn}");
     assert_eq!(withdrawn["closed_reason"], "deleted", "{withdrawn}");
@@ -278,7 +254,7 @@ async fn a_held_session_counts_toward_max_sessions_and_delete_withdraws_it() {
 async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
     let url = common::fresh_database().await;
     let gw = TestGateway::start_with(Some(url), |config| config.approval_ttl_s = 2).await;
-    let agent = key_for(&gw, "agent", "team-a").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
     let (id, approval) = held(&gw, &agent).await;
 
     let mut closed = Value::Null;
@@ -307,7 +283,7 @@ async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
 #[tokio::test]
 async fn policy_replay_re_decides_session_openings_held_for_review() {
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "team-a").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
     held(&gw, &agent).await;
     let plain = json!({"language": "python"});
     let (status, opened) = gw.post(&agent, "/v1/sessions", &plain).await;
@@ -347,7 +323,12 @@ async fn policy_replay_re_decides_session_openings_held_for_review() {
     );
     let rendered = report.render(&revision, 10);
     assert!(rendered.contains("network.not_allowed"), "{rendered}");
-    let _ = delete(&gw, &agent, opened["id"].as_str().unwrap()).await;
+    let _ = gw
+        .delete(
+            &agent,
+            &format!("/v1/sessions/{}", opened["id"].as_str().unwrap()),
+        )
+        .await;
     gw.stop().await;
 }
 
@@ -357,8 +338,8 @@ async fn policy_replay_re_decides_session_openings_held_for_review() {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_hold() {
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "ada").await;
-    let reviewer = key_for(&gw, "reviewer", "rita").await;
+    let agent = gw.key_of("agent", "acme", "ada").await;
+    let reviewer = gw.key_of("reviewer", "acme", "rita").await;
     // The reviewer's client times out long before a sandbox can start.
     let (id, approval) = held(&gw, &agent).await;
     let impatient = reqwest::Client::builder()
@@ -388,7 +369,7 @@ async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_ho
     let approving = decide(&gw, &reviewer, &approval, "approve");
     let deleting = async {
         tokio::time::sleep(Duration::from_millis(150)).await;
-        delete(&gw, &agent, &id).await
+        gw.delete(&agent, &format!("/v1/sessions/{id}")).await
     };
     let (_, (status, deleted)) = tokio::join!(approving, deleting);
     assert_eq!(status, 200, "{deleted}");
@@ -402,23 +383,13 @@ async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_ho
     }
     assert_eq!(last["status"], "closed", "{last}");
     assert_eq!(last["closed_reason"], "deleted", "{last}");
-    assert!(sandbox_removed_soon(&id), "the session's sandbox stayed");
+    let sandbox = format!("sandgate-{id}");
+    common::eventually(
+        Duration::from_secs(15),
+        "the session's sandbox is removed",
+        || async { !common::container_exists(&sandbox) },
+    )
+    .await;
     chain_verifies(&gw).await;
     gw.stop().await;
-}
-
-/// Whether the session's container (named after it) is gone within 15 s.
-fn sandbox_removed_soon(session_id: &str) -> bool {
-    (0..150).any(|_| {
-        let output = std::process::Command::new("docker")
-            .args(["ps", "-a", "-q", "--filter"])
-            .arg(format!("name=^/sandgate-{session_id}$"))
-            .output()
-            .expect("docker ps");
-        let gone = output.stdout.is_empty();
-        if !gone {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        gone
-    })
 }

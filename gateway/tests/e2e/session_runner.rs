@@ -1,9 +1,8 @@
 //! Session sandboxes through the real runtime (dockerd + runsc, the static sandbox-init): one
 //! resident runner serving many turns, state kept between them, interrupts survived, an OOM
 //! ending the sandbox. See sandbox-protocol's session module for the protocol.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! Sessions through the real stack (DESIGN 10): the gateway, PostgreSQL, dockerd + runsc and
 //! the static sandbox-init's session runner.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
@@ -19,26 +18,6 @@ async fn open(gw: &TestGateway, key: &str, body: Value) -> String {
 async fn run(gw: &TestGateway, key: &str, id: &str, body: Value) -> (u16, Value) {
     gw.post(key, &format!("/v1/sessions/{id}/executions"), &body)
         .await
-}
-
-async fn delete(gw: &TestGateway, key: &str, path: &str) -> (u16, Value) {
-    let response = gw
-        .http
-        .delete(format!("{}{path}", gw.url))
-        .bearer_auth(key)
-        .send()
-        .await
-        .expect("request");
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
-fn container_exists(name: &str) -> bool {
-    let out = std::process::Command::new("docker")
-        .args(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")])
-        .output()
-        .expect("docker ps");
-    !String::from_utf8_lossy(&out.stdout).trim().is_empty()
 }
 
 async fn session(gw: &TestGateway, key: &str, id: &str) -> Value {
@@ -115,7 +94,7 @@ os.link('/output/h1', '/output/h2')"}),
     assert_eq!(gw.get(&other, &format!("/v1/sessions/{id}")).await.0, 404);
     assert_eq!(run(&gw, &other, &id, json!({"code": "x"})).await.0, 404);
     assert_eq!(
-        delete(&gw, &other, &format!("/v1/sessions/{id}")).await.0,
+        gw.delete(&other, &format!("/v1/sessions/{id}")).await.0,
         404
     );
     let (_, listed) = gw.get(&other, "/v1/sessions").await;
@@ -155,12 +134,12 @@ os.link('/output/h1', '/output/h2')"}),
         .as_str()
         .unwrap()
         .to_owned();
-    assert!(container_exists(&container));
-    let (status, closed) = delete(&gw, &agent, &format!("/v1/sessions/{id}")).await;
+    assert!(common::container_exists(&container));
+    let (status, closed) = gw.delete(&agent, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200, "{closed}");
     assert_eq!(closed["status"], "closed");
     assert_eq!(closed["closed_reason"], "deleted");
-    assert!(!container_exists(&container));
+    assert!(!common::container_exists(&container));
     assert_eq!(run(&gw, &agent, &id, json!({"code": "x"})).await.0, 409);
     gw.stop().await;
 }
@@ -284,7 +263,9 @@ async fn an_oom_closes_the_session() {
     let closed = session(&gw, &agent, &id).await;
     assert_eq!(closed["status"], "closed");
     assert_eq!(closed["closed_reason"], "oom");
-    assert!(!container_exists(closed["container"].as_str().unwrap()));
+    assert!(!common::container_exists(
+        closed["container"].as_str().unwrap()
+    ));
     gw.stop().await;
 }
 
@@ -311,7 +292,7 @@ async fn idle_expiry_closes_the_session_and_removes_its_sandbox() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(closed["closed_reason"], "idle", "{closed}");
-    assert!(!container_exists(&container));
+    assert!(!common::container_exists(&container));
     gw.stop().await;
 }
 
@@ -339,13 +320,16 @@ async fn a_shutdown_closes_open_sessions_and_removes_their_containers() {
         let mut closed = Value::Null;
         for _ in 0..100 {
             closed = session(&gw, &agent, id).await;
-            if closed["status"] == "closed" && !container_exists(container) {
+            if closed["status"] == "closed" && !common::container_exists(container) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         assert_eq!(closed["closed_reason"], "gateway_restart", "{closed}");
-        assert!(!container_exists(container), "{container} left behind");
+        assert!(
+            !common::container_exists(container),
+            "{container} left behind"
+        );
     }
     gw.stop().await;
 }
@@ -428,7 +412,7 @@ threading.Thread(target=in_the_background).start()
     .await
     .unwrap();
     assert_eq!(events, 3, "one audit event per attempt, naming the session");
-    let (status, _) = delete(&gw, &agent, &format!("/v1/sessions/{id}")).await;
+    let (status, _) = gw.delete(&agent, &format!("/v1/sessions/{id}")).await;
     assert_eq!(status, 200);
     gw.stop().await;
 }

@@ -2,7 +2,7 @@
 //! runsc and PostgreSQL: files in, outputs out, datasets, limits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -2,9 +2,8 @@
 //! trusts the CA gets the API, plain HTTP and untrusting clients get nothing; with
 //! `client_ca_file` a handshake without a client certificate, or with one from another CA, is
 //! refused, and the Python SDK and `sandgate mcp` work over it with the right files.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};

@@ -5,9 +5,8 @@
 //! Everything goes through the HTTP API, a real runsc sandbox, the real proxy and a real
 //! Postgres. The HTTPS upstream lives in the test network namespace (scripts/netns.sh,
 //! 198.51.100.2); only the PyPI tests leave the machine, to PyPI.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,9 +1,8 @@
 //! The warm pool through the real stack (dockerd, runsc, PostgreSQL): the resident runners,
 //! what a claimed sandbox looks like to its program, and the pool's bad days. The isolation and
 //! limit suites themselves run warm too (`SANDGATE_TEST_START=warm`, see `common::warm`).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::process::Command;

@@ -4,31 +4,20 @@
 //! chain, a waiting events stream ends with that record, and nothing can decide it afterwards.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 
 use serde_json::json;
 
 use common::TestGateway;
-use gateway::audit::AuditStore;
-
-async fn key_for(gw: &TestGateway, role: &str, tenant: &str, principal: &str) -> String {
-    let pool = gw.pool().await;
-    let key = AuditStore::new(pool.clone())
-        .create_key_for(role, tenant, Some(principal))
-        .await
-        .unwrap();
-    pool.close().await;
-    key.secret
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_agent_withdraws_its_pending_request_and_it_is_audited() {
     let gw = TestGateway::start().await;
-    let agent = key_for(&gw, "agent", "acme", "team-a").await;
-    let stranger = key_for(&gw, "agent", "globex", "team-g").await;
-    let reviewer = key_for(&gw, "reviewer", "acme", "bob").await;
+    let agent = gw.key_of("agent", "acme", "team-a").await;
+    let stranger = gw.key_of("agent", "globex", "team-g").await;
+    let reviewer = gw.key_of("reviewer", "acme", "bob").await;
 
     let (status, held) = gw
         .execute(
@@ -114,7 +103,7 @@ async fn an_agent_withdraws_its_pending_request_and_it_is_audited() {
     assert!(payload.is_none(), "the held code is cleared");
     let (_, verified) = gw
         .get(
-            &key_for(&gw, "auditor", "acme", "dana").await,
+            &gw.key_of("auditor", "acme", "dana").await,
             "/v1/audit/verify",
         )
         .await;

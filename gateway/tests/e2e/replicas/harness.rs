@@ -237,11 +237,7 @@ pub async fn container_started(id: &str) {
 /// Whether the container named `name` is gone (waits up to 20 s for it to go).
 pub async fn container_gone(name: &str) -> bool {
     for _ in 0..200 {
-        let out = Command::new("docker")
-            .args(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")])
-            .output()
-            .unwrap();
-        if String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+        if !common::container_exists(name) {
             return true;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
