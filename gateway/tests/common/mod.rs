@@ -303,6 +303,21 @@ impl TestGateway {
         (status, body)
     }
 
+    /// `GET /v1/sessions/{id}`, which must answer 200.
+    pub async fn session(&self, key: &str, id: &str) -> Value {
+        let (status, body) = self.get(key, &format!("/v1/sessions/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// `GET /v1/audit/verify` as a new auditor: the chain is whole.
+    pub async fn assert_chain_verifies(&self) {
+        let auditor = self.key_of("auditor", "acme", "audit-team").await;
+        let (status, body) = self.get(&auditor, "/v1/audit/verify").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["broken"].is_null(), "{body}");
+    }
+
     pub async fn delete(&self, key: &str, path: &str) -> (u16, Value) {
         let response = self
             .http
@@ -452,6 +467,19 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Sleeps until just past `at` (an RFC 3339 time from an answer, e.g. an approval's
+/// `expires_at`): for a test of what happens once a deadline the gateway set has passed, with
+/// nothing to poll that would not itself act on the deadline.
+pub async fn sleep_past(at: &Value) {
+    let at: chrono::DateTime<chrono::Utc> = at
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {at}"))
+        .parse()
+        .unwrap();
+    let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(100)).await;
 }
 
 /// [`until`] for a condition with nothing to return.

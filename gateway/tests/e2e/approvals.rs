@@ -66,13 +66,6 @@ async fn event_kinds(gw: &TestGateway, execution_id: &str) -> Vec<(String, Optio
     rows
 }
 
-async fn chain_verifies(gw: &TestGateway) {
-    let (_, auditor) = gw.key_with_id("auditor", "acme", "audit-team").await;
-    let (status, body) = gw.get(&auditor, "/v1/audit/verify").await;
-    assert_eq!(status, 200, "{body}");
-    assert!(body["broken"].is_null(), "{body}");
-}
-
 #[tokio::test]
 async fn approved_by_another_principal_runs_as_reviewed() {
     let gw = TestGateway::start().await;
@@ -197,7 +190,7 @@ async fn approved_by_another_principal_runs_as_reviewed() {
     assert_eq!(key.as_deref(), Some(bob_id.as_str()));
     assert_eq!(input["reviewer"]["principal"], "bob");
     assert_eq!(input["comment"], "checked the host");
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 
@@ -236,8 +229,9 @@ async fn rejected_and_expired_requests_end_denied() {
 
     // Expired, noticed on read: denied, and too late to approve.
     let (id, approval) = held(&gw, &agent, "print('late')").await;
-    tokio::time::sleep(Duration::from_millis(2500)).await;
     let path = format!("/v1/approvals/{approval}");
+    let (_, pending) = gw.get(&bob, &path).await;
+    common::sleep_past(&pending["expires_at"]).await;
     let (status, body) = gw.post(&bob, &path, &json!({"decision": "approve"})).await;
     assert_eq!(status, 409, "{body}");
     let (_, body) = gw.get(&bob, &path).await;
@@ -279,7 +273,7 @@ async fn rejected_and_expired_requests_end_denied() {
             "approval.expired"
         ]
     );
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 

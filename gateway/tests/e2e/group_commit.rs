@@ -39,6 +39,33 @@ async fn stores() -> (AuditStore, sqlx::PgPool, gateway::database::Database) {
     (AuditStore::new(db.pool.clone()), owner, db)
 }
 
+/// Waits until the writer's first batch is blocked on the chain lock the test holds.
+async fn writer_waits_for_the_lock(owner: &sqlx::PgPool) {
+    common::eventually(
+        Duration::from_secs(30),
+        "the writer waits for the chain lock",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .fetch_one(owner)
+            .await
+            .unwrap();
+            waiting == 1
+        },
+    )
+    .await;
+}
+
+/// Waits until `n` writes are queued behind the held batch (so they form the next one).
+async fn queued_behind(store: &AuditStore, n: usize) {
+    common::eventually(Duration::from_secs(30), "the writes are queued", || async {
+        store.writes_queued() == n
+    })
+    .await;
+}
+
 async fn events_of(owner: &sqlx::PgPool, label: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM audit_events WHERE input->>'label' = $1")
         .bind(label)
@@ -98,7 +125,7 @@ async fn a_batch_that_does_not_commit_fails_every_caller_in_it_and_stores_nothin
         let store = store.clone();
         tokio::spawn(async move { store.record_event(&event("test.first", 0)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer_waits_for_the_lock(&owner).await;
     let queued: Vec<_> = (0..10)
         .map(|n| {
             let store = store.clone();
@@ -110,7 +137,7 @@ async fn a_batch_that_does_not_commit_fails_every_caller_in_it_and_stores_nothin
             tokio::spawn(async move { store.record_event(&event(kind, n)).await })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued_behind(&store, 10).await;
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(CHAIN_LOCK)
         .execute(&mut *holder)
@@ -154,7 +181,7 @@ async fn a_write_refused_for_its_content_fails_alone() {
         let store = store.clone();
         tokio::spawn(async move { store.record_event(&event("test.first", 0)).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    writer_waits_for_the_lock(&owner).await;
     let queued: Vec<_> = (0..6)
         .map(|n| {
             let store = store.clone();
@@ -166,7 +193,7 @@ async fn a_write_refused_for_its_content_fails_alone() {
             tokio::spawn(async move { (n, store.record_event(&event).await) })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued_behind(&store, 6).await;
     sqlx::query("SELECT pg_advisory_unlock($1)")
         .bind(CHAIN_LOCK)
         .execute(&mut *holder)

@@ -36,6 +36,25 @@ async fn rows_of(pool: &PgPool, kind: &str) -> Vec<(String, Value, Value)> {
         .unwrap()
 }
 
+/// Waits until the window has ended in a summary row (`<kind>.repeated`) for each of `kinds`.
+async fn summarised(pool: &PgPool, kinds: &[&str]) {
+    let within = Duration::from_secs(WINDOW_S + 30);
+    common::eventually(within, "the window's summaries are written", || async {
+        for kind in kinds {
+            let repeated = format!("{kind}.repeated");
+            if !rows_of(pool, kind)
+                .await
+                .iter()
+                .any(|row| row.0 == repeated)
+            {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn failed_authentications_are_bounded_aggregated_and_throttled() {
     let gw = gateway(5, 1000).await;
@@ -75,7 +94,7 @@ async fn failed_authentications_are_bounded_aggregated_and_throttled() {
     assert_eq!(status, 200, "{body}");
 
     // The window ends in one summary carrying the count.
-    tokio::time::sleep(Duration::from_secs(WINDOW_S + 2)).await;
+    summarised(&pool, &["auth.failure"]).await;
     let rows = rows_of(&pool, "auth.failure").await;
     assert_eq!(rows.len(), 2, "{rows:?}");
     assert_eq!(rows[1].0, "auth.failure.repeated");
@@ -145,7 +164,7 @@ async fn traversal_and_cross_tenant_probes_are_audited_once_per_window_with_a_co
     );
     assert_eq!(rows[0].1["request"]["owner_tenant"], "globex");
 
-    tokio::time::sleep(Duration::from_secs(WINDOW_S + 2)).await;
+    summarised(&pool, &["request.traversal", "request.cross_tenant"]).await;
     let traversal = rows_of(&pool, "request.traversal").await;
     assert_eq!(traversal.len(), 2, "{traversal:?}");
     assert_eq!(traversal[1].2["repeats"], 2);

@@ -42,12 +42,6 @@ async fn run(gw: &TestGateway, key: &str, id: &str, code: &str) -> (u16, Value) 
     gw.post(key, &path, &json!({ "code": code })).await
 }
 
-async fn session(gw: &TestGateway, key: &str, id: &str) -> Value {
-    let (status, body) = gw.get(key, &format!("/v1/sessions/{id}")).await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 async fn decide(gw: &TestGateway, reviewer: &str, approval: &str, decision: &str) -> Value {
     let path = format!("/v1/approvals/{approval}");
     let (status, body) = gw
@@ -77,13 +71,6 @@ async fn events_of(gw: &TestGateway, session_id: &str) -> Vec<(String, Value)> {
 
 fn kinds(events: &[(String, Value)]) -> Vec<&str> {
     events.iter().map(|(kind, _)| kind.as_str()).collect()
-}
-
-async fn chain_verifies(gw: &TestGateway) {
-    let auditor = gw.key_of("auditor", "acme", "audit-team").await;
-    let (status, body) = gw.get(&auditor, "/v1/audit/verify").await;
-    assert_eq!(status, 200, "{body}");
-    assert!(body["broken"].is_null(), "{body}");
 }
 
 #[tokio::test]
@@ -130,7 +117,7 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     let decided = decide(&gw, &bob, &approval, "approve").await;
     assert_eq!(decided["approval"]["status"], "approved", "{decided}");
     assert_eq!(decided["session"]["status"], "ready", "{decided}");
-    let ready = session(&gw, &agent, &id).await;
+    let ready = gw.session(&agent, &id).await;
     assert_eq!(ready["status"], "ready", "{ready}");
     assert!(ready["container"].is_string(), "{ready}");
     assert_eq!(ready["approval_id"], approval.as_str(), "{ready}");
@@ -172,7 +159,7 @@ async fn a_held_session_runs_nothing_until_approved_then_keeps_state() {
     let created = &events[3].1;
     assert_eq!(created["approval_id"], approval.as_str(), "{created}");
     assert_eq!(created["reviewer"]["principal"], "bob", "{created}");
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 
@@ -186,7 +173,7 @@ async fn a_rejected_session_closes_denied_and_runs_nothing() {
     let decided = decide(&gw, &bob, &approval, "reject").await;
     assert_eq!(decided["approval"]["status"], "rejected", "{decided}");
     assert_eq!(decided["session"]["status"], "closed", "{decided}");
-    let closed = session(&gw, &agent, &id).await;
+    let closed = gw.session(&agent, &id).await;
     assert_eq!(closed["status"], "closed", "{closed}");
     assert_eq!(closed["closed_reason"], "denied", "{closed}");
     assert!(closed["container"].is_null(), "{closed}");
@@ -212,7 +199,7 @@ async fn a_rejected_session_closes_denied_and_runs_nothing() {
         "{events:?}"
     );
     assert_eq!(events[2].1["reviewer"]["principal"], "bob", "{events:?}");
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 
@@ -246,7 +233,7 @@ async fn a_held_session_counts_toward_max_sessions_and_delete_withdraws_it() {
         ["approval.requested", "approval.withdrawn", "session.closed"],
         "{events:?}"
     );
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 
@@ -259,7 +246,7 @@ async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
 
     let mut closed = Value::Null;
     for _ in 0..100 {
-        closed = session(&gw, &agent, &id).await;
+        closed = gw.session(&agent, &id).await;
         if closed["status"] == "closed" {
             break;
         }
@@ -273,7 +260,7 @@ async fn a_held_session_nobody_decides_closes_when_its_approval_expires() {
         "{events:?}"
     );
     assert_eq!(events[1].1["approval_id"], approval.as_str());
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }
 
@@ -355,7 +342,7 @@ async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_ho
     assert!(gone.is_err(), "the client was meant to give up: {gone:?}");
     let mut opened = Value::Null;
     for _ in 0..300 {
-        opened = session(&gw, &agent, &id).await;
+        opened = gw.session(&agent, &id).await;
         if opened["status"] != "pending_approval" {
             break;
         }
@@ -375,7 +362,7 @@ async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_ho
     assert_eq!(status, 200, "{deleted}");
     let mut last = Value::Null;
     for _ in 0..100 {
-        last = session(&gw, &agent, &id).await;
+        last = gw.session(&agent, &id).await;
         if last["status"] == "closed" {
             break;
         }
@@ -390,6 +377,6 @@ async fn an_approval_the_reviewer_abandons_and_a_delete_during_the_start_both_ho
         || async { !common::container_exists(&sandbox) },
     )
     .await;
-    chain_verifies(&gw).await;
+    gw.assert_chain_verifies().await;
     gw.stop().await;
 }

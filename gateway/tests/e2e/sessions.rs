@@ -20,12 +20,6 @@ async fn run(gw: &TestGateway, key: &str, id: &str, body: Value) -> (u16, Value)
         .await
 }
 
-async fn session(gw: &TestGateway, key: &str, id: &str) -> Value {
-    let (status, body) = gw.get(key, &format!("/v1/sessions/{id}")).await;
-    assert_eq!(status, 200, "{body}");
-    body
-}
-
 #[tokio::test]
 async fn python_state_files_and_imports_persist_and_other_tenants_see_nothing() {
     let gw = TestGateway::start().await;
@@ -127,10 +121,10 @@ os.link('/output/h1', '/output/h2')"}),
     assert_eq!(denied["error"]["code"], "policy_denied", "{denied}");
     let (_, still) = run(&gw, &agent, &id, json!({"code": "x"})).await;
     assert_eq!(still["result"], "41", "{still}");
-    assert_eq!(session(&gw, &agent, &id).await["executions"], 8);
+    assert_eq!(gw.session(&agent, &id).await["executions"], 8);
 
     // Closing removes the sandbox.
-    let container = session(&gw, &agent, &id).await["container"]
+    let container = gw.session(&agent, &id).await["container"]
         .as_str()
         .unwrap()
         .to_owned();
@@ -156,7 +150,12 @@ async fn one_execution_at_a_time_and_classroom_may_not_open_sessions() {
         json!({"code": "import time\ntime.sleep(3)\n'slept'"}),
     );
     let second = async {
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        common::eventually(
+            Duration::from_secs(30),
+            "the first run is running",
+            || async { gw.session(&agent, &id).await["status"] == "busy" },
+        )
+        .await;
         run(&gw, &agent, &id, json!({"code": "1"})).await
     };
     let ((_, slow), (status, busy)) = tokio::join!(slow, second);
@@ -260,7 +259,7 @@ async fn an_oom_closes_the_session() {
     )
     .await;
     assert_eq!(hog["status"], "oom", "{hog}");
-    let closed = session(&gw, &agent, &id).await;
+    let closed = gw.session(&agent, &id).await;
     assert_eq!(closed["status"], "closed");
     assert_eq!(closed["closed_reason"], "oom");
     assert!(!common::container_exists(
@@ -279,13 +278,13 @@ async fn idle_expiry_closes_the_session_and_removes_its_sandbox() {
         json!({"language": "bash", "idle_timeout_s": 1}),
     )
     .await;
-    let container = session(&gw, &agent, &id).await["container"]
+    let container = gw.session(&agent, &id).await["container"]
         .as_str()
         .unwrap()
         .to_owned();
     let mut closed = Value::Null;
     for _ in 0..100 {
-        closed = session(&gw, &agent, &id).await;
+        closed = gw.session(&agent, &id).await;
         if closed["status"] == "closed" {
             break;
         }
@@ -308,7 +307,7 @@ async fn a_shutdown_closes_open_sessions_and_removes_their_containers() {
     let mut containers = Vec::new();
     for id in &ids {
         containers.push(
-            session(&gw, &agent, id).await["container"]
+            gw.session(&agent, id).await["container"]
                 .as_str()
                 .unwrap()
                 .to_owned(),
@@ -319,7 +318,7 @@ async fn a_shutdown_closes_open_sessions_and_removes_their_containers() {
     for (id, container) in ids.iter().zip(&containers) {
         let mut closed = Value::Null;
         for _ in 0..100 {
-            closed = session(&gw, &agent, id).await;
+            closed = gw.session(&agent, id).await;
             if closed["status"] == "closed" && !common::container_exists(container) {
                 break;
             }
@@ -374,7 +373,25 @@ threading.Thread(target=in_the_background).start()
     let result = first["result"].as_str().unwrap();
     assert!(result.contains("hello through the proxy"), "{result}");
     assert!(result.contains("refused: 403"), "{result}");
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    let db = gw.pool().await;
+    // The background fetch is over once the proxy closed its connection (the one opened
+    // between executions); only then may the next execution start.
+    common::eventually(
+        Duration::from_secs(30),
+        "the background fetch is over",
+        || async {
+            let closed: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM egress_connections WHERE session_id = $1 \
+             AND execution_id IS NULL AND closed_at IS NOT NULL",
+            )
+            .bind(&id)
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            closed == 1
+        },
+    )
+    .await;
     let (_, second) = run(&gw, &agent, &id, json!({"code": "later.get('body')"})).await;
     assert!(
         second["result"]
@@ -384,7 +401,6 @@ threading.Thread(target=in_the_background).start()
         "{second}"
     );
 
-    let db = gw.pool().await;
     let rows: Vec<(Option<String>, String, bool)> = sqlx::query_as(
         "SELECT execution_id, host, allow FROM egress_connections WHERE session_id = $1 \
          ORDER BY opened_at",
