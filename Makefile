@@ -66,7 +66,7 @@ check: fmt-check clippy ## the fast tier, no root, Docker or PostgreSQL: fmt, cl
 	"$(DEBUG_GATEWAY)" policy test policies --min-coverage 90
 	@test -x "$(PY_VENV)/bin/python" \
 		|| { echo "make: no Python test environment at $(PY_VENV): run 'make setup' once, or set SANDGATE_PY_VENV" >&2; exit 1; }
-	"$(PY_VENV)/bin/python" -m pytest -q -p no:cacheprovider -m offline clients/python/tests
+	PYTHONPATH=clients/python/src "$(PY_VENV)/bin/python" -m pytest -q -p no:cacheprovider -m offline clients/python/tests
 
 # The isolation and limit suites run a second time against warm (pooled) sandboxes: modules of
 # the one end-to-end binary (gateway/tests/e2e), selected by their path.
