@@ -3,9 +3,9 @@
 //! served in-process) and `browser` (headless Chromium for the page tests). One binary links the
 //! gateway once instead of once per file.
 //!
-//! Run one area or one test by its module path:
-//! `cargo test -p gateway --test e2e -- sessions::` or `-- sessions::an_oom_closes_the_session`. `make test`
-//! runs all of it, then the isolation suites again against warm sandboxes (`WARM_SUITES`).
+//! Run one area or one test by its module path: `cargo test -p gateway --test e2e --
+//! sessions::` or `-- sessions::an_oom_closes_the_session`. `make test` runs all of it, then
+//! the isolation suites again against warm sandboxes (`WARM_SUITES`).
 //!
 //! Adding an area: put the tests in `gateway/tests/e2e/<area>.rs`, add `mod <area>;` below (in
 //! order), and in that file write `use crate::common;` (and `use crate::browser;` for a page)
