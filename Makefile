@@ -22,7 +22,7 @@ INIT_STATIC := target/$(TARGET_TRIPLE)/release/sandbox-init
 INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh images/build.sh .ci/run
 
-.PHONY: help setup images build gateway init run test policy-test bench lint fmt fmt-check \
+.PHONY: help setup images build gateway init run check test policy-test bench lint fmt fmt-check \
 	clippy shellcheck clean check-cargo fuzz
 
 help: ## list the targets
@@ -49,13 +49,33 @@ init: check-cargo ## build the static sandbox-init into target/<triple>/release
 run: setup build ## set up, build and start the gateway (SANDGATE_* variables pass through)
 	exec $(GATEWAY) serve
 
-# The isolation and limit suites run a second time against warm (pooled) sandboxes.
-WARM_SUITES := --test executions --test limits --test situations --test egress --test egress_tls --test sandbox_ends
+# The fast tier: no root, no dockerd, no PostgreSQL, no network namespace. Every crate's unit
+# tests (--lib, --bins) and the integration tests that need no service, named here (a new one
+# joins the list); the end-to-end tests (gateway's e2e, egress-proxy's netns suites, the Python
+# SDK against a live gateway) are `make test`'s. One cargo invocation over the workspace, so the
+# features (and so the builds) are the same as for the policy cases' debug binary.
+CHECK_TESTS := --test cases --test decisions --test egress --test engine --test grants \
+	--test shipped_policy --test init --test bridge --test fuzz_spec --test fuzz_names \
+	--test kubernetes_manifests
+PY_VENV ?= $(or $(SANDGATE_PY_VENV),$(CURDIR)/target/py)
+DEBUG_GATEWAY = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/sandgate
+
+check: fmt-check clippy ## the fast tier, no root, Docker or PostgreSQL: fmt, clippy, every crate's unit tests and service-free tests, the policy cases, the Python SDK's offline tests
+	cargo test --workspace --lib --bins $(CHECK_TESTS)
+	cargo build --workspace --bins
+	"$(DEBUG_GATEWAY)" policy test policies --min-coverage 90
+	@test -x "$(PY_VENV)/bin/python" \
+		|| { echo "make: no Python test environment at $(PY_VENV): run 'make setup' once, or set SANDGATE_PY_VENV" >&2; exit 1; }
+	PYTHONPATH=clients/python/src "$(PY_VENV)/bin/python" -m pytest -q -p no:cacheprovider -m offline clients/python/tests
+
+# The isolation and limit suites run a second time against warm (pooled) sandboxes: modules of
+# the one end-to-end binary (gateway/tests/e2e), selected by their path.
+WARM_SUITES := executions:: limits:: situations:: egress:: egress_tls:: sandbox_ends::
 
 test: setup lint init policy-test ## everything CI checks: lints, policy cases, all unit and end-to-end tests, the isolation suites warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo test --workspace --no-fail-fast
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" SANDGATE_TEST_START=warm \
-		cargo test -p gateway --no-fail-fast $(WARM_SUITES)
+		cargo test -p gateway --no-fail-fast --test e2e -- $(WARM_SUITES)
 
 policy-test: gateway ## the policy bundle's YAML cases and golden decision matrix (policies/tests), failing under 90% line coverage
 	$(GATEWAY) policy test policies --min-coverage 90

@@ -16,8 +16,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SG_LOG_PREFIX=setup
 
 # gcc and libc6-dev: cargo needs a linker, and the static sandbox-init needs libc.a;
-# `make lint` runs shellcheck over the scripts; chromium: gateway/tests/review_page.rs drives the
-# review page in headless Chromium; prometheus: gateway/tests/metrics.rs checks /metrics with
+# `make lint` runs shellcheck over the scripts; chromium: gateway/tests/e2e/review_page.rs drives the
+# review page in headless Chromium; prometheus: gateway/tests/e2e/metrics.rs checks /metrics with
 # its `promtool`; python3-venv: the toolkit tests' Python environment (target/py).
 readonly PACKAGES=(
     docker.io runsc postgresql debootstrap

@@ -25,7 +25,7 @@
     reason = "a benchmark, not gateway code: a panic is a failed run"
 )]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -35,11 +35,12 @@ use sqlx::PgPool;
 
 use gateway::audit::chain::{self, NewEvent, Row, GENESIS};
 use gateway::audit::AuditStore;
-use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
 
 mod common;
-use common::{env_usize, ms, private_postgres, workspace_root, Series, DATABASE};
+use common::{
+    bench_main, config_without_sandboxes, env_usize, ms, private_postgres, Series, DATABASE,
+};
 
 /// Scratch table for the COPY baseline.
 const COPY_TABLE: &str = "bench_copy";
@@ -48,39 +49,19 @@ const FLUSH_TABLE: &str = "bench_flush";
 const WRITERS: usize = 8;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let root = tempfile::Builder::new()
-        .prefix("sgbench")
-        .tempdir()
-        .unwrap();
-    let passed = runtime.block_on(async {
-        let (pg, url) = private_postgres(root.path()).await;
-        let passed = run(&pg.0, &url, &root.path().join("gateway")).await;
-        drop(pg);
-        passed
-    });
-    if passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    bench_main("sgbench", tracing::Level::WARN, |root| async move {
+        let (pg, url) = private_postgres(&root).await;
+        run(&pg.0, &url, &root.join("gateway")).await
+    })
 }
 
 async fn run(pg: &EmbeddedPostgres, url: &str, data_dir: &Path) -> bool {
     // Migrations and roles, through the gateway's own opening of the database; then two
     // pools as two replicas would have them.
-    let one = gateway::database::Database::open(&config(url, data_dir))
+    let one = gateway::database::Database::open(&config_without_sandboxes(url, data_dir))
         .await
         .unwrap();
-    let two = gateway::database::Database::open(&config(url, data_dir))
+    let two = gateway::database::Database::open(&config_without_sandboxes(url, data_dir))
         .await
         .unwrap();
     let (store, other) = (
@@ -352,16 +333,6 @@ fn sample_event() -> NewEvent {
         input,
         decision,
         policy_revision: Some(format!("sha256:{}", "a".repeat(64))),
-    }
-}
-
-fn config(url: &str, data_dir: &Path) -> Config {
-    Config {
-        database_url: Some(url.to_owned()),
-        data_dir: data_dir.to_owned(),
-        policy_dir: workspace_root().join("policies"),
-        sandbox_init: Some(PathBuf::from("/nonexistent/sandbox-init")),
-        ..Config::default()
     }
 }
 

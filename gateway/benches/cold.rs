@@ -43,33 +43,15 @@ use gateway::runtime::{
 use policy_engine::{Environment, Limits, PolicyEngine, PolicyInput, Principal, RequestInput};
 
 mod common;
-use common::{env_usize, ms, private_postgres, sandbox_init, Gateway, Series, CODE, DATABASE};
+use common::{
+    bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, CODE, DATABASE,
+};
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let root = tempfile::Builder::new()
-        .prefix("sgbench")
-        .tempdir()
-        .unwrap();
-    let passed = runtime.block_on(async {
-        let (pg, url) = private_postgres(root.path()).await;
-        let passed = run(&pg.0, &url, &root.path().join("gateway")).await;
-        drop(pg);
-        passed
-    });
-    if passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    bench_main("sgbench", tracing::Level::WARN, |root| async move {
+        let (pg, url) = private_postgres(&root).await;
+        run(&pg.0, &url, &root.join("gateway")).await
+    })
 }
 
 async fn run(pg: &EmbeddedPostgres, url: &str, data_dir: &Path) -> bool {

@@ -12,58 +12,28 @@
 //! `SANDGATE_BENCH_BAD_REQUESTS` changes the count. Run by `make bench`.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a bench: a panic is a failure report
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 use gateway::audit::{AuditStore, NewEvent};
-use gateway::config::Config;
 use gateway::database::EmbeddedPostgres;
-use gateway::runtime::docker::DockerRuntime;
 
 mod common;
-use common::workspace_root;
+use common::{bench_main, config_without_sandboxes, private_cluster, url_of, Gateway};
 
 /// Bytes of the path each bad request carries (the issue saw up to ~64 KiB).
 const PATH_BYTES: usize = 16 * 1024;
 const CONCURRENCY: usize = 16;
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::ERROR)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let root = tempfile::Builder::new()
-        .prefix("sgbench")
-        .tempdir()
-        .unwrap();
-    // The cluster runs as `postgres`, which must be able to enter the directory.
-    std::fs::set_permissions(
-        root.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
-    let pg = EmbeddedPostgres::start(&root.path().join("db"), None)
-        .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}"));
-    let passed = runtime.block_on(run(&pg, &root.path().join("gateway")));
-    if let Err(err) = pg.stop() {
-        eprintln!("stopping the bench PostgreSQL failed: {err}");
-    }
-    if passed {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    bench_main("sgbench", tracing::Level::ERROR, |root| async move {
+        let pg = private_cluster(&root);
+        run(&pg.0, &root.join("gateway")).await
+    })
 }
 
 async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
@@ -79,9 +49,10 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
         .unwrap();
     let before_url = url_of(pg, "before");
     // Migrations and roles, through the gateway's own opening of the database.
-    let opened = gateway::database::Database::open(&config(before_url, data_dir))
-        .await
-        .unwrap();
+    let opened =
+        gateway::database::Database::open(&config_without_sandboxes(&before_url, data_dir))
+            .await
+            .unwrap();
     let store = AuditStore::new(opened.pool.clone());
     let started = Instant::now();
     for _ in 0..requests {
@@ -99,12 +70,13 @@ async fn run(pg: &EmbeddedPostgres, data_dir: &Path) -> bool {
     gateway::database::create_database_if_missing(pg, "after")
         .await
         .unwrap();
-    let (url, shutdown, server) = start_gateway(url_of(pg, "after"), data_dir).await;
+    let no_sandboxes = Path::new("/nonexistent/sandbox-init");
+    let gw = Gateway::start(url_of(pg, "after"), data_dir, no_sandboxes, |_| {}).await;
     let started = Instant::now();
-    let statuses = send_bad_requests(&url, &path, requests).await;
+    let statuses = send_bad_requests(&gw.url, &path, requests).await;
     let after_time = started.elapsed();
-    shutdown.cancel();
-    server.await.unwrap().unwrap();
+    gw.shutdown.cancel();
+    gw.server.await.unwrap().unwrap();
     let owner = PgPool::connect_with(pg.connect_options("after"))
         .await
         .unwrap();
@@ -152,26 +124,6 @@ fn report(
     ok
 }
 
-fn url_of(pg: &EmbeddedPostgres, database: &str) -> String {
-    let socket_dir = pg.pgdata().parent().unwrap().join("run");
-    format!(
-        "postgres://postgres@localhost/{database}?host={}&port=5432",
-        socket_dir.display()
-    )
-}
-
-fn config(database_url: String, data_dir: &Path) -> Config {
-    let mut config = Config {
-        database_url: Some(database_url),
-        data_dir: data_dir.to_owned(),
-        policy_dir: workspace_root().join("policies"),
-        sandbox_init: Some(PathBuf::from("/nonexistent/sandbox-init")),
-        ..Config::default()
-    };
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    config
-}
-
 /// `auth.failure` as every failure used to be recorded: the whole path in the row.
 fn old_failure(path: &str) -> NewEvent {
     NewEvent {
@@ -199,35 +151,6 @@ async fn written(pool: &PgPool) -> (i64, i64, i64) {
     .fetch_one(pool)
     .await
     .unwrap()
-}
-
-async fn start_gateway(
-    database_url: String,
-    data_dir: &Path,
-) -> (
-    String,
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), gateway::ServeError>>,
-) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let shutdown = CancellationToken::new();
-    let server = tokio::spawn(gateway::serve_on(
-        listener,
-        config(database_url, data_dir),
-        Arc::new(DockerRuntime::new()),
-        shutdown.clone(),
-    ));
-    let http = reqwest::Client::new();
-    for _ in 0..600 {
-        assert!(!server.is_finished(), "the gateway exited during start-up");
-        let health = http.get(format!("{url}/healthz")).send().await;
-        if health.is_ok_and(|r| r.status().is_success()) {
-            return (url, shutdown, server);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the gateway did not become healthy within 30 s");
 }
 
 /// Sends `count` requests with a wrong key; returns how many got each status.

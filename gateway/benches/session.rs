@@ -24,7 +24,9 @@ use serde_json::{json, Value};
 use gateway::audit::AuditStore;
 
 mod common;
-use common::{env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE};
+use common::{
+    bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE,
+};
 
 const LOAD: &str = "import pandas as pd\nframe = pd.read_csv('sales.csv')";
 const STEPS: [&str; 5] = [
@@ -36,21 +38,9 @@ const STEPS: [&str; 5] = [
 ];
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let root = tempfile::Builder::new().prefix("sgsess").tempdir().unwrap();
-    if runtime.block_on(run(root.path())) {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::FAILURE
-    }
+    bench_main("sgsess", tracing::Level::WARN, |root| async move {
+        run(&root).await
+    })
 }
 
 async fn run(root: &Path) -> bool {

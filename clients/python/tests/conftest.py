@@ -1,4 +1,4 @@
-"""The live gateway these tests talk to: gateway/tests/python_sdk.rs starts one (real dockerd,
+"""The live gateway these tests talk to: gateway/tests/e2e/python_sdk.rs starts one (real dockerd,
 runsc, PostgreSQL) and passes its URL and keys in the environment."""
 
 import os
@@ -11,7 +11,7 @@ from sandgate import AsyncClient, Client
 def _env(name: str) -> str:
     value = os.environ.get(name)
     if not value:
-        pytest.fail(f"{name} is not set: run these tests through `cargo test -p gateway --test python_sdk`")
+        pytest.fail(f"{name} is not set: run these tests through `cargo test -p gateway --test e2e -- python_sdk::`")
     return value
 
 

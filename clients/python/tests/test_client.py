@@ -88,11 +88,13 @@ def test_another_tenants_id_is_not_found(client):
         client.get("ex_00000000000000000000000000000000")
 
 
+@pytest.mark.offline
 def test_an_unreachable_gateway_is_unavailable():
     with Client("http://127.0.0.1:9", "sg_x") as client, pytest.raises(sandgate.Unavailable):
         client.run("print(1)")
 
 
+@pytest.mark.offline
 def test_a_server_error_becomes_unavailable_with_the_servers_message():
     error = sandgate.errors.from_response(500, {"error": {"code": "internal", "message": "internal error"}}, "", None)
     assert isinstance(error, sandgate.Unavailable) and error.message == "internal error"

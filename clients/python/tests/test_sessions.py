@@ -1,6 +1,6 @@
 """Sessions (DESIGN 10) against the live gateway: state kept between runs, closing on leaving
 ``with``, and the session routes' refusals as the SDK's exceptions. The gateway is started by
-gateway/tests/python_sdk.rs with ``max_sessions: 2`` per tenant."""
+gateway/tests/e2e/python_sdk.rs with ``max_sessions: 2`` per tenant."""
 
 import threading
 import time

@@ -10,6 +10,8 @@ import pytest
 import sandgate
 from sandgate import AsyncClient, Client
 
+pytestmark = pytest.mark.offline
+
 
 class Gateway:
     """Answers /v1/sessions as DESIGN 10 says, keeping `x` like a notebook would."""

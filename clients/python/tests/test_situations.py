@@ -49,7 +49,7 @@ def test_3_an_infinite_loop_is_stopped_at_its_limit(client):
 def test_4_a_read_only_dataset_and_a_writable_output(client):
     dataset = os.environ.get("SANDGATE_DATASET_FILE")
     if not dataset:
-        pytest.fail("SANDGATE_DATASET_FILE is not set: run through `cargo test -p gateway --test python_sdk`")
+        pytest.fail("SANDGATE_DATASET_FILE is not set: run through `cargo test -p gateway --test e2e -- python_sdk::`")
     code = f"""
 import shutil
 rows = open('/data/census/{dataset}').read()

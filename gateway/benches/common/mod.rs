@@ -1,7 +1,9 @@
 //! What the gateway benches share: a private PostgreSQL, an in-process gateway, percentiles.
 #![allow(dead_code, reason = "each bench uses its own part")]
 
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -58,23 +60,73 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// A private cluster under `root` (mode 0755: the cluster runs as `postgres`), stopped on drop,
-/// with the bench database, and its URL.
-pub async fn private_postgres(root: &Path) -> (StopOnDrop, String) {
+/// What every bench's `main` does: tracing to stderr at `level`, a two-worker runtime, a
+/// scratch directory (`prefix`...) for `run`, and the exit code of its verdict (false: FAIL).
+pub fn bench_main<F>(
+    prefix: &str,
+    level: tracing::Level,
+    run: impl FnOnce(PathBuf) -> F,
+) -> ExitCode
+where
+    F: Future<Output = bool>,
+{
+    tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let root = tempfile::Builder::new().prefix(prefix).tempdir().unwrap();
+    if runtime.block_on(run(root.path().to_owned())) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// A private cluster under `root` (mode 0755: the cluster runs as `postgres`), stopped on drop.
+pub fn private_cluster(root: &Path) -> StopOnDrop {
     std::fs::set_permissions(root, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let pg = StopOnDrop(
+    StopOnDrop(
         EmbeddedPostgres::start(&root.join("db"), None)
             .unwrap_or_else(|err| panic!("cannot start the bench PostgreSQL: {err}")),
-    );
+    )
+}
+
+/// The URL of `database` on the private cluster `pg` (its Unix socket).
+pub fn url_of(pg: &EmbeddedPostgres, database: &str) -> String {
+    let socket_dir = pg.pgdata().parent().unwrap().join("run");
+    format!(
+        "postgres://postgres@localhost/{database}?host={}&port=5432",
+        socket_dir.display()
+    )
+}
+
+/// A private cluster under `root`, stopped on drop, with the bench database, and its URL.
+pub async fn private_postgres(root: &Path) -> (StopOnDrop, String) {
+    let pg = private_cluster(root);
     gateway::database::create_database_if_missing(&pg.0, DATABASE)
         .await
         .unwrap();
-    let socket_dir = pg.0.pgdata().parent().unwrap().join("run");
-    let url = format!(
-        "postgres://postgres@localhost/{DATABASE}?host={}&port=5432",
-        socket_dir.display()
-    );
+    let url = url_of(&pg.0, DATABASE);
     (pg, url)
+}
+
+/// The configuration of a bench that runs no sandbox (the audit store, the refusals): any
+/// attempt to start one fails at once.
+pub fn config_without_sandboxes(database_url: &str, data_dir: &Path) -> Config {
+    let mut config = Config {
+        database_url: Some(database_url.to_owned()),
+        data_dir: data_dir.to_owned(),
+        policy_dir: workspace_root().join("policies"),
+        sandbox_init: Some(PathBuf::from("/nonexistent/sandbox-init")),
+        ..Config::default()
+    };
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    config
 }
 
 /// A gateway served in-process on a loopback port.

@@ -39,7 +39,7 @@ use error::{ApiError, ErrorCode};
 pub const MAX_BODY_BYTES: usize = 32 * 1024 * 1024;
 
 /// One route of the API. [`routes`] is the single list the router is built from, and
-/// `gateway/tests/routes.rs` checks it, role by role, against `gateway/tests/routes.table`: a
+/// `gateway/tests/e2e/routes.rs` checks it, role by role, against `gateway/tests/routes.table`: a
 /// route added here without a row there fails that test.
 pub struct Route {
     pub method: Method,
@@ -125,7 +125,7 @@ pub fn routes() -> Vec<Route> {
     ]
 }
 
-/// The router: [`routes`] and nothing else (a route added here would escape `tests/routes.rs`).
+/// The router: [`routes`] and nothing else (a route added here would escape `tests/e2e/routes.rs`).
 pub fn router(app: Arc<App>) -> Router {
     routes()
         .into_iter()

@@ -1,7 +1,7 @@
 //! `GET /v1/openapi.json`: the API described as OpenAPI 3.1, generated (utoipa) from the
 //! `#[utoipa::path]` attribute on each handler and the types the handlers read and write.
 //! Roles are the bearer scheme's scopes (OpenAPI lets non-OAuth schemes list role names there);
-//! an empty requirement marks a route open to every caller. `gateway/tests/openapi.rs` checks
+//! an empty requirement marks a route open to every caller. `gateway/tests/e2e/openapi.rs` checks
 //! that every route of [`super::routes`] is here with the roles `routes.table` gives it.
 //!
 //! Built once per process and served from memory.

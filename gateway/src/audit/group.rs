@@ -69,6 +69,14 @@ impl GroupWriter {
         self.batches.load(Ordering::Relaxed)
     }
 
+    /// Writes queued and not yet taken into a batch (none before the first write), so a test
+    /// can tell that callers wait behind a held batch.
+    pub fn queued(&self) -> usize {
+        self.queue
+            .get()
+            .map_or(0, |queue| queue.max_capacity() - queue.capacity())
+    }
+
     /// Queues `write` and waits for the commit of the batch it lands in.
     pub async fn submit(&self, pool: &PgPool, write: Write) -> Result<String, AuditError> {
         let queue = self.queue.get_or_init(|| {

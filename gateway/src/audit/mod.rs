@@ -174,6 +174,11 @@ impl AuditStore {
         self.writer.batches()
     }
 
+    /// Writes waiting for the writer to take them into a batch.
+    pub fn writes_queued(&self) -> usize {
+        self.writer.queued()
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }

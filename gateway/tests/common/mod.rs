@@ -271,6 +271,23 @@ impl TestGateway {
         key.secret
     }
 
+    /// A key of `role` for `tenant` held by `principal` (who approves, withdraws, is named in the
+    /// audit): its secret.
+    pub async fn key_of(&self, role: &str, tenant: &str, principal: &str) -> String {
+        self.key_with_id(role, tenant, principal).await.1
+    }
+
+    /// As `key_of`, with the key's id first: (id, secret).
+    pub async fn key_with_id(&self, role: &str, tenant: &str, principal: &str) -> (String, String) {
+        let pool = self.pool().await;
+        let key = AuditStore::new(pool.clone())
+            .create_key_for(role, tenant, Some(principal))
+            .await
+            .unwrap();
+        pool.close().await;
+        (key.id, key.secret)
+    }
+
     pub async fn post(&self, key: &str, path: &str, body: &Value) -> (u16, Value) {
         let response = self
             .http
@@ -284,6 +301,33 @@ impl TestGateway {
         let body = response.json().await.unwrap_or(Value::Null);
         note_container(&body);
         (status, body)
+    }
+
+    /// `GET /v1/sessions/{id}`, which must answer 200.
+    pub async fn session(&self, key: &str, id: &str) -> Value {
+        let (status, body) = self.get(key, &format!("/v1/sessions/{id}")).await;
+        assert_eq!(status, 200, "{body}");
+        body
+    }
+
+    /// `GET /v1/audit/verify` as a new auditor: the chain is whole.
+    pub async fn assert_chain_verifies(&self) {
+        let auditor = self.key_of("auditor", "acme", "audit-team").await;
+        let (status, body) = self.get(&auditor, "/v1/audit/verify").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["broken"].is_null(), "{body}");
+    }
+
+    pub async fn delete(&self, key: &str, path: &str) -> (u16, Value) {
+        let response = self
+            .http
+            .delete(format!("{}{path}", self.url))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("request");
+        let status = response.status().as_u16();
+        (status, response.json().await.unwrap_or(Value::Null))
     }
 
     pub async fn get(&self, key: &str, path: &str) -> (u16, Value) {
@@ -380,19 +424,75 @@ pub fn containers_of(execution_id: &str) -> Vec<String> {
         .collect();
     let mut found: Vec<String> = named
         .iter()
-        .flat_map(|name| {
-            let output = Command::new("docker")
-                .args(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")])
-                .output()
-                .expect("docker ps");
-            String::from_utf8_lossy(&output.stdout)
-                .lines()
-                .map(str::to_owned)
-                .collect::<Vec<_>>()
-        })
+        .flat_map(|name| containers_named(name))
         .collect();
     found.extend(containers_labelled(execution_id));
     found
+}
+
+/// Ids of the containers (running or not) named exactly `name`.
+fn containers_named(name: &str) -> Vec<String> {
+    let output = Command::new("docker")
+        .args(["ps", "-a", "-q", "--filter", &format!("name=^/{name}$")])
+        .output()
+        .expect("docker ps");
+    String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Whether a container (running or not) is named exactly `name`.
+pub fn container_exists(name: &str) -> bool {
+    !containers_named(name).is_empty()
+}
+
+/// Polls `check` every 50 ms until it answers `Some`, and returns that; panics naming `what`
+/// once `within` has passed. For a state the system reaches on its own (an approval expired, a
+/// window summarised, a writer blocked on a lock): a fixed sleep is too long on a quiet machine
+/// and too short on a loaded one.
+pub async fn until<T, F, Fut>(within: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "not within {within:?}: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sleeps until just past `at` (an RFC 3339 time from an answer, e.g. an approval's
+/// `expires_at`): for a test of what happens once a deadline the gateway set has passed, with
+/// nothing to poll that would not itself act on the deadline.
+pub async fn sleep_past(at: &Value) {
+    let at: chrono::DateTime<chrono::Utc> = at
+        .as_str()
+        .unwrap_or_else(|| panic!("not a time: {at}"))
+        .parse()
+        .unwrap();
+    let wait = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+    tokio::time::sleep(wait + Duration::from_millis(100)).await;
+}
+
+/// [`until`] for a condition with nothing to return.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    until(within, what, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await
 }
 
 fn containers_labelled(execution_id: &str) -> Vec<String> {

@@ -1,6 +1,6 @@
 """sandgate's MCP server, driven by the official MCP Python SDK as a real client, over both
 transports: `sandgate mcp` (stdio) and `POST /mcp` (streamable HTTP). Started by
-gateway/tests/mcp.rs, which passes the live gateway's URL, an agent key and the binary."""
+gateway/tests/e2e/mcp.rs, which passes the live gateway's URL, an agent key and the binary."""
 
 import os
 
@@ -27,7 +27,7 @@ def anyio_backend():
 def _require_env():
     if not (URL and KEY and BIN and CLASSROOM_KEY):
         pytest.fail("SANDGATE_URL, SANDGATE_KEY, SANDGATE_CLASSROOM_KEY and SANDGATE_BIN are unset: "
-                    "run `cargo test -p gateway --test mcp`")
+                    "run `cargo test -p gateway --test e2e -- mcp::`")
 
 
 async def _exercise(session: ClientSession, with_image: bool) -> None:

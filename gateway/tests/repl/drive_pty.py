@@ -1,6 +1,6 @@
 """Drives `sandgate repl` in a real pseudo-terminal, as a person at a keyboard would: typing,
 the Up arrow, a multi-line block, Ctrl-C while code runs, Ctrl-C at the prompt, Ctrl-D.
-Started by gateway/tests/repl.rs with the binary and a live gateway's URL (the key in
+Started by gateway/tests/e2e/repl.rs with the binary and a live gateway's URL (the key in
 SANDGATE_KEY). Prints the whole transcript; exits 1 with it when something did not appear."""
 
 import os
