@@ -20,7 +20,7 @@
 //! Every replica is killed when its `Replica` is dropped, so a failing test leaves none behind.
 
 use crate::common;
-mod harness;
+pub(crate) mod harness;
 mod sessions;
 mod shared_state;
 

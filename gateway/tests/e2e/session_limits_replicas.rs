@@ -2,12 +2,9 @@
 //! PostgreSQL database and the same dockerd; eight concurrent opens spread over both, with
 //! `max_sessions: 2`, open exactly two sessions (the count and the insert are one step under the
 //! tenant's advisory lock in the shared database, not a count of what one replica holds).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
-#[allow(dead_code)] // shared with replicas.rs, which uses all of it
-#[path = "replicas/harness.rs"]
-mod harness;
+use crate::common;
+use crate::replicas::harness;
 
 use futures_util::future::join_all;
 use serde_json::json;

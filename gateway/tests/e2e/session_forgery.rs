@@ -6,9 +6,8 @@
 //! function got the nonce as an argument. Now sandbox-init writes every end marker, with a
 //! nonce the runner never sees, on the runner's keyed report over a socket only the runner
 //! and the init hold.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use serde_json::{json, Value};
 

@@ -6,9 +6,8 @@
 //!
 //! The forger here is written apart from the gateway's code, from the hash definitions in
 //! docs/audit.md, as anyone holding a bundle could write it.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

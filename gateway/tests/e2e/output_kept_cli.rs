@@ -1,9 +1,8 @@
 //! `sandgate exec` prints every byte of a large single write (issue 21, item 1): the real
 //! binary serving with its embedded database, and the real client. Cold, and warm (a pooled
 //! sandbox) with `SANDGATE_TEST_START=warm`.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Stdio};
 use std::time::Duration;

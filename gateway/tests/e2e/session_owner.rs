@@ -3,9 +3,8 @@
 //! (`session.shared`; the shipped policy shares acme's sessions between the keys of one
 //! principal). And a session carries its decision like an execution, with an `id` (item 12).
 //! Through the real stack: the in-process gateway, PostgreSQL, dockerd + runsc.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use common::TestGateway;
 use gateway::audit::AuditStore;

@@ -4,9 +4,8 @@
 //! which unbuffered CPython does not retry: `print("a" * 200000)` was stored as 65,537
 //! characters with `status: succeeded`. Runs cold, and warm with `SANDGATE_TEST_START=warm`;
 //! the session cases run in a session sandbox either way.
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use base64::Engine as _;
 use serde_json::{json, Value};

@@ -2,9 +2,8 @@
 //! `max_sessions` holds under concurrent requests and sessions keep to their share of
 //! `max_concurrent` (item 5); revoking a key withdraws its requests held for review (item 9);
 //! the auditor's role cannot read key hashes (item 12).
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests: a panic is a failure report
 
-mod common;
+use crate::common;
 
 use common::{fresh_database, TestGateway};
 use gateway::audit::AuditStore;
