@@ -480,7 +480,7 @@ impl ConnectionRecorder for Recorder {
                 query_sha256: request.query_sha256.clone(),
                 header_names: request.header_names.clone(),
                 credentials: request.credentials.clone(),
-                upgrade: request.upgrade,
+                upgrade: request.upgrade.clone(),
                 allow: request.allow,
                 reason: request.reason.to_string(),
                 message: request.message.clone(),
