@@ -160,6 +160,14 @@ fn bundle() -> tempfile::TempDir {
     );
     assert_ne!(text, renamed, "the method denial is where the test expects it");
     std::fs::write(&rego, renamed).unwrap();
+    // The bundle's own cases follow the rename (the gateway runs them at load).
+    let cases = dir.path().join("tests/egress.yaml");
+    let text = std::fs::read_to_string(&cases).unwrap();
+    std::fs::write(
+        &cases,
+        text.replace("egress.method_not_allowed", "hardtest.method_refused"),
+    )
+    .unwrap();
     dir
 }
 
