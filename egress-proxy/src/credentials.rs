@@ -300,9 +300,15 @@ mod tests {
         let own = [("authorization", text.as_bytes())];
         assert!(creds.misdirected(b"/repos/x", own, &github()).is_empty());
         // Not granted for this request, or anywhere else: misdirected.
-        assert_eq!(creds.misdirected(b"/repos/x", own, &[]), BTreeSet::from(["github".to_owned()]));
+        assert_eq!(
+            creds.misdirected(b"/repos/x", own, &[]),
+            BTreeSet::from(["github".to_owned()])
+        );
         let other = [("x-token", text.as_bytes())];
-        assert_eq!(creds.misdirected(b"/", other, &github()), BTreeSet::from(["github".to_owned()]));
+        assert_eq!(
+            creds.misdirected(b"/", other, &github()),
+            BTreeSet::from(["github".to_owned()])
+        );
         let in_query = format!("/repos/x?token={placeholder}");
         assert_eq!(
             creds.misdirected(in_query.as_bytes(), own, &github()),

@@ -14,8 +14,8 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
-use crate::head::{check_connect, parse_head, parse_target, plain_request, Target};
 use crate::credentials::{Credential, ExecutionCredentials, Secret};
+use crate::head::{check_connect, parse_head, parse_target, plain_request, Target};
 use crate::host::{canonical_host, Host};
 use crate::path::normalise;
 use crate::tls::{parse_client_hello, record_len};
@@ -266,9 +266,9 @@ proptest! {
 
 /// Pieces of paths that servers read in more than one way.
 const PATH_PIECES: &[&str] = &[
-    "/", "/", "/", "a", "repos", "admin", ".", "..", "%2e", "%2E", "%2e%2e", ".%2e", "%2e.",
-    "%2f", "%2F", "%5c", "\\", "%00", "%25", "%252e", "%25zz", ";", "..;", ";x", "%3b", "%3B",
-    "%41", "%7e", "~", "%", "%z", "%c3%a9", "//", "?", "#", " ", "%20", "%0a", "\u{e9}",
+    "/", "/", "/", "a", "repos", "admin", ".", "..", "%2e", "%2E", "%2e%2e", ".%2e", "%2e.", "%2f",
+    "%2F", "%5c", "\\", "%00", "%25", "%252e", "%25zz", ";", "..;", ";x", "%3b", "%3B", "%41",
+    "%7e", "~", "%", "%z", "%c3%a9", "//", "?", "#", " ", "%20", "%0a", "\u{e9}",
 ];
 
 fn path_from(pieces: &[usize]) -> String {
@@ -313,8 +313,7 @@ fn path_checks(raw: &str) -> Result<(), TestCaseError> {
     prop_assert_eq!(normalise(&normal), Ok(normal.clone()), "from {:?}", raw);
     // The reference resolver (the `url` crate, WHATWG) resolves what is forwarded to itself...
     let forwarded = url::Url::parse(&format!("https://h.example{normal}"));
-    let forwarded =
-        forwarded.map_err(|err| TestCaseError::fail(format!("{normal:?}: {err}")))?;
+    let forwarded = forwarded.map_err(|err| TestCaseError::fail(format!("{normal:?}: {err}")))?;
     prop_assert_eq!(forwarded.path(), normal.as_str(), "from {:?}", raw);
     // ...and what the sandbox sent to the same place the policy saw, once unreserved escapes
     // are decoded (which the reference leaves as they are).
@@ -332,8 +331,16 @@ fn path_checks(raw: &str) -> Result<(), TestCaseError> {
     // A server that decodes everything finds no separator, no dot segment, no NUL or control
     // character it could walk with.
     let decoded = decode_all(&normal);
-    prop_assert!(!decoded.contains(&b'\\') && !decoded.contains(&0), "{:?}", normal);
-    prop_assert!(!decoded.iter().any(|b| *b < 0x20 || *b == 0x7f), "{:?}", normal);
+    prop_assert!(
+        !decoded.contains(&b'\\') && !decoded.contains(&0),
+        "{:?}",
+        normal
+    );
+    prop_assert!(
+        !decoded.iter().any(|b| *b < 0x20 || *b == 0x7f),
+        "{:?}",
+        normal
+    );
     for segment in decoded.split(|b| *b == b'/') {
         let name = segment.split(|b| *b == b';').next().unwrap_or(segment);
         prop_assert!(name != b"." && name != b"..", "{:?} from {:?}", normal, raw);

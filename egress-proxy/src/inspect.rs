@@ -694,8 +694,7 @@ fn denial_response(denial: &Denial) -> Response<ProxyBody> {
     if let Ok(code) = HeaderValue::from_str(&code) {
         headers.insert("x-sandgate-reason", code);
     }
-    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason_phrase(&code, &denial.message))
-    {
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason_phrase(&code, &denial.message)) {
         response.extensions_mut().insert(phrase);
     }
     response
@@ -727,7 +726,11 @@ fn upgrade_of<B>(request: &Request<B>) -> Option<String> {
         .headers()
         .get_all(hyper::header::UPGRADE)
         .iter()
-        .map(|value| value.to_str().map_or("?".to_owned(), |v| v.trim().to_ascii_lowercase()))
+        .map(|value| {
+            value
+                .to_str()
+                .map_or("?".to_owned(), |v| v.trim().to_ascii_lowercase())
+        })
         .collect();
     (!values.is_empty()).then(|| values.join(", "))
 }

@@ -42,7 +42,9 @@ pub enum PathError {
     BadEscape,
     #[error("the path holds an encoded {0}, which servers read differently")]
     Refused(&'static str),
-    #[error("the path holds a dot segment with a parameter (`..;`), which some servers read as `..`")]
+    #[error(
+        "the path holds a dot segment with a parameter (`..;`), which some servers read as `..`"
+    )]
     DotParameter,
 }
 
@@ -173,8 +175,14 @@ mod tests {
             Err(PathError::BadByte(b'\\'))
         );
         assert_eq!(normalise("/repos/..;/admin"), Err(PathError::DotParameter));
-        assert_eq!(normalise("/repos/.%2e%3bx/admin"), Err(PathError::DotParameter));
-        assert_eq!(normalise("/repos/a%00"), Err(PathError::Refused("NUL (%00)")));
+        assert_eq!(
+            normalise("/repos/.%2e%3bx/admin"),
+            Err(PathError::DotParameter)
+        );
+        assert_eq!(
+            normalise("/repos/a%00"),
+            Err(PathError::Refused("NUL (%00)"))
+        );
         assert!(normalise("/repos/%252e%252e/admin").is_err());
         assert_eq!(normalise("/repos/%zz"), Err(PathError::BadEscape));
         assert_eq!(normalise("/repos/%2"), Err(PathError::BadEscape));

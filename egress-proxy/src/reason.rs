@@ -200,9 +200,9 @@ impl ReasonCode {
             | UpgradeNotAllowed
             | NoGrant
             | InspectRequiresTls => ReasonSource::Policy,
-            BadRequest | HostInvalid | PathInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
-            | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials | ByteLimit
-            | IdleTimeout | ClientFailed | ClientTlsFailed => ReasonSource::Client,
+            BadRequest | HostInvalid | PathInvalid | HostMismatch | Smuggling | ClientTimeout
+            | SniMismatch | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials
+            | ByteLimit | IdleTimeout | ClientFailed | ClientTlsFailed => ReasonSource::Client,
             DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout | UpstreamTlsFailed => {
                 ReasonSource::Upstream
             }

@@ -162,11 +162,14 @@ except urllib.error.HTTPError as e:
     assert_eq!(status, 200, "{body}");
     let stdout = body["stdout"].as_str().unwrap();
     let lines: Vec<&str> = stdout.lines().collect();
-    assert_eq!(lines[..2], ["True True", "[]"], "no interface but loopback: {body}");
+    assert_eq!(
+        lines[..2],
+        ["True True", "[]"],
+        "no interface but loopback: {body}"
+    );
     assert!(
-        lines[2].starts_with(
-            "403 sandgate-egress: egress.no_grant: execution ex_"
-        ) && lines[2].contains("\"network\": [{\"host\": \"pypi.org\", \"port\": 80}]"),
+        lines[2].starts_with("403 sandgate-egress: egress.no_grant: execution ex_")
+            && lines[2].contains("\"network\": [{\"host\": \"pypi.org\", \"port\": 80}]"),
         "{body}"
     );
     gw.stop().await;

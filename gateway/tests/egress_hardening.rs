@@ -158,7 +158,10 @@ fn bundle() -> tempfile::TempDir {
         r#""code": "egress.method_not_allowed""#,
         r#""code": "hardtest.method_refused""#,
     );
-    assert_ne!(text, renamed, "the method denial is where the test expects it");
+    assert_ne!(
+        text, renamed,
+        "the method denial is where the test expects it"
+    );
     std::fs::write(&rego, renamed).unwrap();
     // The bundle's own cases follow the rename (the gateway runs them at load).
     let cases = dir.path().join("tests/egress.yaml");
@@ -271,7 +274,10 @@ async fn run(cases: &str) -> (Value, String, Vec<String>, String, TestGateway, U
     assert_eq!(body["status"], "succeeded", "{body}");
     let stdout = body["stdout"].as_str().unwrap();
     let out: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
-    assert!(!body.to_string().contains(&secret), "the value reached the record: {body}");
+    assert!(
+        !body.to_string().contains(&secret),
+        "the value reached the record: {body}"
+    );
     let id = body["id"].as_str().unwrap().to_owned();
     let events = upstream.events();
     (out, id, events, secret, gw, upstream)
@@ -293,8 +299,7 @@ fn refused(out: &Value, case: &str, status: u16, code: &str) {
 /// what the program is shown, the row keeps the bounded one.
 #[tokio::test(flavor = "multi_thread")]
 async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
-    let (out, id, events, secret, gw, _upstream) = run(
-        r#"{
+    let (out, id, events, secret, gw, _upstream) = run(r#"{
         "dotdot": get(443, "/repos/../admin/users"),
         "encoded_dots": get(443, "/repos/%2e%2e/admin"),
         "encoded_slash": get(443, "/repos/..%2fadmin"),
@@ -302,16 +307,23 @@ async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
         "double": get(443, "/repos/%252e%252e/admin"),
         "inside": get(443, "/repos/a/./b/../c"),
         "unreserved": get(443, "/%72epos/x"),
-    }"#,
-    )
+    }"#)
     .await;
     refused(&out, "dotdot", 403, "egress.path_not_allowed");
     refused(&out, "encoded_dots", 403, "egress.path_not_allowed");
     refused(&out, "encoded_slash", 400, "egress.path_invalid");
     refused(&out, "semicolon", 400, "egress.path_invalid");
     refused(&out, "double", 400, "egress.path_invalid");
-    assert_eq!(out["inside"], json!([200, "ok 443 GET /repos/a/c"]), "{out:#}");
-    assert_eq!(out["unreserved"], json!([200, "ok 443 GET /repos/x"]), "{out:#}");
+    assert_eq!(
+        out["inside"],
+        json!([200, "ok 443 GET /repos/a/c"]),
+        "{out:#}"
+    );
+    assert_eq!(
+        out["unreserved"],
+        json!([200, "ok 443 GET /repos/x"]),
+        "{out:#}"
+    );
     let bearer = format!("auth=Bearer {secret}");
     assert_eq!(
         events,
@@ -356,10 +368,7 @@ async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
 /// row keeps the bounded `egress.policy_denied` and the policy's reasons.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_refusal_names_the_policys_own_code() {
-    let (out, id, events, _secret, gw, _upstream) = run(
-        r#"{"delete": delete("/repos/x")}"#,
-    )
-    .await;
+    let (out, id, events, _secret, gw, _upstream) = run(r#"{"delete": delete("/repos/x")}"#).await;
     let delete = &out["delete"];
     assert_eq!(delete[0], 403, "{out:#}");
     for part in [&delete[1], &delete[2]] {
@@ -391,13 +400,11 @@ async fn a_refusal_names_the_policys_own_code() {
 /// 8080 plain HTTP is refused `egress.inspect_requires_tls` (before: forwarded undecided).
 #[tokio::test(flavor = "multi_thread")]
 async fn an_inspected_host_is_decided_on_every_granted_port() {
-    let (out, id, events, secret, gw, _upstream) = run(
-        r#"{
+    let (out, id, events, secret, gw, _upstream) = run(r#"{
         "tls_8443_denied": get(8443, "/admin"),
         "tls_8443_allowed": get(8443, "/repos/x"),
         "plain_8080": plain("http://secure.test:8080/admin"),
-    }"#,
-    )
+    }"#)
     .await;
     refused(&out, "tls_8443_denied", 403, "egress.path_not_allowed");
     assert_eq!(
@@ -448,16 +455,18 @@ async fn an_inspected_host_is_decided_on_every_granted_port() {
 /// reflects the path never hands the value back.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_placeholder_anywhere_but_its_own_header_is_misdirected() {
-    let (out, id, events, secret, gw, _upstream) = run(
-        r#"{
+    let (out, id, events, secret, gw, _upstream) = run(r#"{
         "own_header": get(443, "/repos/own", {"Authorization": "token " + ph}),
         "in_path": get(443, "/repos/" + ph),
         "in_query": get(443, "/repos/q?token=" + ph),
         "other_header": get(443, "/repos/h", {"X-Token": ph}),
-    }"#,
-    )
+    }"#)
     .await;
-    assert_eq!(out["own_header"], json!([200, "ok 443 GET /repos/own"]), "{out:#}");
+    assert_eq!(
+        out["own_header"],
+        json!([200, "ok 443 GET /repos/own"]),
+        "{out:#}"
+    );
     for case in ["in_path", "in_query", "other_header"] {
         refused(&out, case, 403, "credential.misdirected");
     }
