@@ -134,6 +134,14 @@ fn decode_segment(segment: &str) -> Result<String, PathError> {
         }
         i += 3;
     }
+    // Again on the result: `%25%32%65` decodes to `%252e` (found by the fuzzer), which a server
+    // that decodes twice reads as `.`.
+    let escapes_twice = out
+        .match_indices("%25")
+        .any(|(at, _)| hex_pair(out.as_bytes().get(at + 3..at + 5)).is_some());
+    if escapes_twice {
+        return Err(PathError::Refused("% that begins another escape (%25XX)"));
+    }
     Ok(out)
 }
 
@@ -184,6 +192,8 @@ mod tests {
             Err(PathError::Refused("NUL (%00)"))
         );
         assert!(normalise("/repos/%252e%252e/admin").is_err());
+        assert!(normalise("/repos/%25%32%65%25%32%65/admin").is_err());
+        assert!(normalise("/a/%25%41%41").is_err());
         assert_eq!(normalise("/repos/%zz"), Err(PathError::BadEscape));
         assert_eq!(normalise("/repos/%2"), Err(PathError::BadEscape));
         assert_eq!(normalise("repos"), Err(PathError::NotAbsolute));

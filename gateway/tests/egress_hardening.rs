@@ -305,6 +305,7 @@ async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
         "encoded_slash": get(443, "/repos/..%2fadmin"),
         "semicolon": get(443, "/repos/..;/admin"),
         "double": get(443, "/repos/%252e%252e/admin"),
+        "double_hidden": get(443, "/repos/%25%32%65%25%32%65/admin"),
         "inside": get(443, "/repos/a/./b/../c"),
         "unreserved": get(443, "/%72epos/x"),
     }"#)
@@ -314,6 +315,7 @@ async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
     refused(&out, "encoded_slash", 400, "egress.path_invalid");
     refused(&out, "semicolon", 400, "egress.path_invalid");
     refused(&out, "double", 400, "egress.path_invalid");
+    refused(&out, "double_hidden", 400, "egress.path_invalid");
     assert_eq!(
         out["inside"],
         json!([200, "ok 443 GET /repos/a/c"]),
@@ -354,6 +356,7 @@ async fn request_rules_decide_on_the_normalised_path_and_forward_exactly_it() {
             "/repos/..%2fadmin false egress.path_invalid",
             "/repos/..;/admin false egress.path_invalid",
             "/repos/%252e%252e/admin false egress.path_invalid",
+            "/repos/%25%32%65%25%32%65/admin false egress.path_invalid",
             "/repos/a/c true egress.allowed",
             "/repos/x true egress.allowed",
         ],
