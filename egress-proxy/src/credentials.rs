@@ -2,8 +2,8 @@
 //! instead of them (DESIGN section 11).
 //!
 //! A [`Secret`] never prints: its `Debug` is redacted and it has no `Display`. Only
-//! [`Credential::header_value`] (used when a request is forwarded upstream) and the placeholder
-//! swap read it. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
+//! [`Credential::header_value`] (used when a request is forwarded upstream, as the whole value of
+//! the credential's header) reads it; a placeholder is never swapped in place. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
 //! so a placeholder seen in one execution means nothing in another.
 
 use std::collections::{BTreeMap, BTreeSet};
