@@ -11,13 +11,19 @@
 #   input.connection  what the sandbox asks to reach: host, port, scheme (`https`: CONNECT to a
 #                     TLS port; `connect`: CONNECT to another port; `http`: plain HTTP), and for
 #                     plain HTTP: method, path; for a request inside an inspected tunnel (scheme
-#                     `https` with a method): method, path, query, headers (names)
+#                     `https` with a method): method, path, query, headers (names), and
+#                     upgrade (the protocol an `Upgrade` header asks for, when there is one).
+#                     `path` is normalised by the proxy (dot segments removed, unreserved
+#                     escapes decoded, encoded `/` `\` NUL refused): it is exactly the path the
+#                     upstream is sent, so a prefix compare cannot be walked around with `../`
 #
 # `input.connection.host` is canonical before it gets here (lower case, no trailing dot, IDNA,
 # dotted-quad IPv4), so comparing strings is enough. Grant patterns were checked when the
 # execution was decided: no `*`, no `*.com`, no upper case, no port 0.
 #
-# Output: {"allow": bool, "reasons": [{code, message}], "credentials": [names]?}. Anything else (an unknown field, an
+# Output: {"allow": bool, "reasons": [{code, message}], "credentials": [names]?, "upgrade": bool?}.
+# The proxy shows the sandbox the first reason's code (`sandgate-egress: <code>: <message>`).
+# Anything else (an unknown field, an
 # undefined decision, an error) denies the connection with `policy.error`.
 
 package sandgate.egress
@@ -82,6 +88,9 @@ port_granted if {
 # A request is allowed when some rule lists its method and one of the rule's path prefixes starts
 # its path; the output's `credentials` are that rule's, which the proxy attaches (a name the
 # grant does not list for the host is a `policy.error`). No rule, no request: fail closed.
+# A request asking for an `Upgrade` (WebSocket) matches only a rule that lists the protocol in
+# `upgrades` (`upgrades: [websocket]`); the output then says `"upgrade": true`, without which the
+# proxy refuses the upgrade: after the upstream's `101` no later byte is decided.
 
 is_request if {
 	input.connection.scheme == "https"
@@ -94,19 +103,34 @@ tenant_requests contains r if {
 	some r in object.get(rule, "requests", [])
 }
 
-request_matches contains r if {
+path_matches contains r if {
 	some r in tenant_requests
 	input.connection.method in r.methods
 	some prefix in r.paths
 	startswith(input.connection.path, prefix)
 }
 
-decision := {"allow": true, "reasons": [], "credentials": sort(credentials)} if {
+request_matches contains r if {
+	some r in path_matches
+	upgrade_fits(r)
+}
+
+upgrade_fits(_) if not input.connection.upgrade
+
+upgrade_fits(r) if input.connection.upgrade in object.get(r, "upgrades", [])
+
+decision := object.union({"allow": true, "reasons": [], "credentials": sort(credentials)}, upgrade_part) if {
 	is_request
 	port_granted
 	request_matches != set()
 	credentials := {name | some r in request_matches; some name in object.get(r, "credentials", [])}
 }
+
+# `upgrade: true` only for a request that asks for one (request_matches then holds a rule that
+# lists its protocol).
+upgrade_part := {"upgrade": true} if input.connection.upgrade
+
+else := {}
 
 # egress.method_not_allowed: no request rule for the host lists the method.
 decision := {"allow": false, "reasons": [{"code": "egress.method_not_allowed", "message": msg}]} if {
@@ -119,7 +143,7 @@ decision := {"allow": false, "reasons": [{"code": "egress.method_not_allowed", "
 decision := {"allow": false, "reasons": [{"code": "egress.path_not_allowed", "message": msg}]} if {
 	is_request
 	method_listed
-	request_matches == set()
+	path_matches == set()
 	msg := sprintf("%s %s on %s is not allowed for tenant %q", [input.connection.method, input.connection.path, input.connection.host, input.execution.tenant])
 }
 
@@ -130,6 +154,18 @@ decision := {"allow": false, "reasons": [{"code": "egress.port_not_granted", "me
 	request_matches != set()
 	not port_granted
 	msg := sprintf("%s is not granted on port %d", [input.connection.host, input.connection.port])
+}
+
+# egress.upgrade_not_allowed: the path is allowed, but no rule for it lists the protocol the
+# request's `Upgrade` asks for.
+decision := {"allow": false, "reasons": [{"code": "egress.upgrade_not_allowed", "message": msg}]} if {
+	is_request
+	path_matches != set()
+	request_matches == set()
+	msg := sprintf(
+		"%s %s on %s may not upgrade to %q for tenant %q (a request rule must list it in `upgrades`)",
+		[input.connection.method, input.connection.path, input.connection.host, input.connection.upgrade, input.execution.tenant],
+	)
 }
 
 method_listed if {

@@ -12,12 +12,11 @@ use crate::head::{
     check_connect, parse_head, parse_target, plain_request, HeadError, RequestHead, Target,
 };
 use crate::host::{canonical_host, Host};
+use crate::path::normalise;
 use crate::reason::ReasonCode;
 use crate::seams::{ResolveError, Scheme};
 use crate::tls::{parse_client_hello, record_len, ClientHello};
 
-/// Longest path kept in an attempt (and given to the policy).
-const MAX_PATH: usize = 2048;
 /// Longest copy of an invalid host kept in an attempt.
 const MAX_INVALID_HOST: usize = 255;
 
@@ -30,6 +29,9 @@ impl Conn<'_> {
             return Err(self.over_limit());
         }
         let (host, port, kind) = request?;
+        if self.execution.grant.allow.is_empty() {
+            return Err(self.no_grant(&host, port));
+        }
         if self.execution.budget.exhausted() {
             return Err(Denial::new(
                 ReasonCode::ByteLimit,
@@ -84,6 +86,36 @@ impl Conn<'_> {
                 names.join(", ")
             ),
         ))
+    }
+
+    /// Plain HTTP is never inspected: to a destination whose grant says `inspect`, whose
+    /// request rules must decide every request, it is refused rather than let through
+    /// undecided (issue 21 item 3).
+    fn refuse_plain_to_inspected(&self, host: &Host, port: u16) -> Result<(), Denial> {
+        if self.inspection_for(host, port).is_none() {
+            return Ok(());
+        }
+        Err(Denial::new(
+            ReasonCode::InspectRequiresTls,
+            format!(
+                "{host} is inspected (each request decided by its rules), which needs TLS: \
+                 use https://{host}:{port}/ through the proxy, not plain http://"
+            ),
+        ))
+    }
+
+    /// An execution whose decision granted no destination: says so, and how to ask.
+    fn no_grant(&self, host: &Host, port: u16) -> Denial {
+        Denial::new(
+            ReasonCode::NoGrant,
+            format!(
+                "execution {} has no network grant: its policy decision allowed no destination. \
+                 To reach {host}:{port}, ask for it in the request \
+                 (\"network\": [{{\"host\": \"{host}\", \"port\": {port}}}]); the tenant's \
+                 policy decides, or sends it to a reviewer",
+                self.execution.id
+            ),
+        )
     }
 
     pub(crate) fn over_limit(&self) -> Denial {
@@ -145,7 +177,11 @@ impl Conn<'_> {
     ) -> Result<PlanKind, Denial> {
         match target {
             Target::Connect { port, .. } => {
-                let tls = self.shared.config.tls_ports.contains(port);
+                // An inspected destination is TLS on every port its grant lists (issue 21
+                // item 3): its tunnel must start with a ClientHello naming it, and is then
+                // inspected, so its request rules decide every request whatever the port.
+                let tls = self.shared.config.tls_ports.contains(port)
+                    || self.inspection_for(host, *port).is_some();
                 self.attempt.scheme = Some(if tls { Scheme::Https } else { Scheme::Connect });
                 check_connect(head).map_err(head_denial)?;
                 Ok(if tls { PlanKind::Tls } else { PlanKind::Tunnel })
@@ -153,9 +189,20 @@ impl Conn<'_> {
             Target::Http { port, path, .. } => {
                 self.attempt.scheme = Some(Scheme::Http);
                 self.attempt.method = Some(head.method.clone());
-                let without_query = path.split('?').next().unwrap_or(path);
-                self.attempt.path = Some(without_query.chars().take(MAX_PATH).collect());
-                let forward = plain_request(head, host, *port, path).map_err(head_denial)?;
+                let (raw_path, query) = match path.split_once('?') {
+                    Some((raw_path, query)) => (raw_path, Some(query)),
+                    None => (path.as_str(), None),
+                };
+                self.attempt.path = Some(raw_path.chars().take(crate::MAX_PATH).collect());
+                let normal = normalise(raw_path)
+                    .map_err(|err| Denial::new(ReasonCode::PathInvalid, err.to_string()))?;
+                self.attempt.path = Some(normal.clone());
+                self.refuse_plain_to_inspected(host, *port)?;
+                let target = match query {
+                    Some(query) => format!("{normal}?{query}"),
+                    None => normal,
+                };
+                let forward = plain_request(head, host, *port, &target).map_err(head_denial)?;
                 Ok(PlanKind::Http(forward))
             }
         }
@@ -177,6 +224,7 @@ impl Conn<'_> {
                 path: self.attempt.path.clone(),
                 query: None,
                 headers: None,
+                upgrade: None,
             },
         };
         let decision = self.shared.policy.decide(&input);
@@ -184,10 +232,7 @@ impl Conn<'_> {
         if decision.allow {
             return Ok(());
         }
-        Err(match decision.reasons.first() {
-            Some(reason) => Denial::new(ReasonCode::from_policy(&reason.code), &reason.message),
-            None => Denial::new(ReasonCode::PolicyDenied, "denied by the egress policy"),
-        })
+        Err(Denial::of_policy(&decision.reasons))
     }
 
     /// Resolves (names only), checks every address, and names the one to dial.

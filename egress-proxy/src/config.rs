@@ -100,6 +100,32 @@ pub struct ExecutionGrant {
     pub inspection: Option<Arc<Inspection>>,
 }
 
+/// Connections a sandbox without a network grant may have open at once (each is refused).
+const NO_GRANT_CONNECTIONS: u32 = 4;
+
+impl ExecutionGrant {
+    /// For an execution whose decision granted no network (issue 21 item 11): the same socket
+    /// and proxy as a granted one, with nothing allowed, so every attempt is refused with
+    /// `egress.no_grant` naming how to ask for the destination, instead of a program seeing a
+    /// name that does not resolve. The floor is unchanged: the sandbox has no network interface.
+    pub fn none(execution_id: &str, tenant: &str) -> ExecutionGrant {
+        let grant = NetworkGrant {
+            allow: Vec::new(),
+            max_connections: NO_GRANT_CONNECTIONS,
+            max_bytes: 0,
+            max_denied: None,
+            max_denied_per_s: None,
+        };
+        ExecutionGrant {
+            execution_id: execution_id.to_owned(),
+            tenant: tenant.to_owned(),
+            limits: ExecutionLimits::from_grant(&grant),
+            grant,
+            inspection: None,
+        }
+    }
+}
+
 /// What an execution whose grant inspects some destination holds: its own CA (whose key never
 /// leaves this process) and its credentials with their placeholders. Dropped with the
 /// execution's listener.

@@ -29,7 +29,7 @@ use crate::credentials::BodyGuard;
 use crate::head::Forward;
 use crate::host::Host;
 use crate::listener::{Execution, Shared};
-use crate::reason::{denial_response, one_line, ReasonCode};
+use crate::reason::{denial_response, one_line, shown_code, ReasonCode};
 use crate::relay::{relay, send_body, Ended, Meter, Upward};
 use crate::seams::{Attempt, Closed, ConnectionId, Scheme};
 
@@ -43,6 +43,8 @@ const READ_CHUNK: usize = 8 * 1024;
 pub(crate) struct Denial {
     pub reason: ReasonCode,
     pub message: String,
+    /// The policy's own reason code, when the policy denied: what the sandbox is shown.
+    pub policy_code: Option<String>,
 }
 
 impl Denial {
@@ -50,7 +52,25 @@ impl Denial {
         Denial {
             reason,
             message: message.into(),
+            policy_code: None,
         }
+    }
+
+    /// The denial of a policy decision: the first of its reasons, or a generic one.
+    pub(crate) fn of_policy(reasons: &[policy_engine::Reason]) -> Denial {
+        match reasons.first() {
+            Some(reason) => Denial {
+                reason: ReasonCode::from_policy(&reason.code),
+                message: reason.message.clone(),
+                policy_code: Some(reason.code.clone()),
+            },
+            None => Denial::new(ReasonCode::PolicyDenied, "denied by the egress policy"),
+        }
+    }
+
+    /// The code the sandbox is shown (`sandgate-egress: <code>: <message>`).
+    pub(crate) fn shown_code(&self) -> String {
+        shown_code(self.reason, self.policy_code.as_deref())
     }
 }
 
@@ -158,7 +178,9 @@ impl Conn<'_> {
             // Past the execution's denial bounds: refused and counted, without a row.
             self.summarise_denials().await;
             let message = "too many denied attempts: this one is counted, not recorded";
-            return self.answer(ReasonCode::TooManyDenials, message).await;
+            return self
+                .answer(&Denial::new(ReasonCode::TooManyDenials, message))
+                .await;
         }
         self.attempt.message = one_line(&denial.message);
         warn!(
@@ -170,10 +192,13 @@ impl Conn<'_> {
             Ok(id) => {
                 let closed = self.closed(0, 0, denial.reason, None);
                 self.close_record(id, closed).await;
-                self.answer(denial.reason, &self.attempt.message.clone())
-                    .await;
+                let shown = Denial {
+                    message: self.attempt.message.clone(),
+                    ..denial
+                };
+                self.answer(&shown).await;
             }
-            Err(unavailable) => self.answer(unavailable.reason, &unavailable.message).await,
+            Err(unavailable) => self.answer(&unavailable).await,
         }
     }
 
@@ -194,7 +219,7 @@ impl Conn<'_> {
         };
         let id = match self.open_record().await {
             Ok(id) => id,
-            Err(unavailable) => return self.answer(unavailable.reason, &unavailable.message).await,
+            Err(unavailable) => return self.answer(&unavailable).await,
         };
         info!(address = %plan.address, scheme = self.scheme_str(), "egress allowed");
         let (up, down, ended) = match inspection {
@@ -224,7 +249,7 @@ impl Conn<'_> {
         let mut upstream = match self.dial(plan.address).await {
             Ok(stream) => stream,
             Err(denial) => {
-                self.answer(denial.reason, &denial.message).await;
+                self.answer(&denial).await;
                 return (0, 0, Err(Ended::new(denial.reason, denial.message)));
             }
         };
@@ -240,7 +265,8 @@ impl Conn<'_> {
             let answerable = ended.reason != ReasonCode::ClientFailed;
             if answerable && meter.bytes_down() == 0 && !self.tunnel_open {
                 let message = ended.error.clone().unwrap_or_default();
-                self.answer_quietly(ended.reason, &message).await;
+                self.answer_quietly(&Denial::new(ended.reason, message))
+                    .await;
             }
         }
         let _ = self.client.shutdown().await;
@@ -386,17 +412,17 @@ impl Conn<'_> {
     }
 
     /// Answers a denial: the uniform HTTP response, or (inside a TLS tunnel) an alert.
-    async fn answer(&mut self, reason: ReasonCode, message: &str) {
+    async fn answer(&mut self, denial: &Denial) {
         if self.tunnel_open {
-            let _ = self.client.write_all(&tls_alert(reason)).await;
+            let _ = self.client.write_all(&tls_alert(denial.reason)).await;
         } else {
-            self.answer_quietly(reason, message).await;
+            self.answer_quietly(denial).await;
         }
         let _ = self.client.shutdown().await;
     }
 
-    async fn answer_quietly(&mut self, reason: ReasonCode, message: &str) {
-        let response = denial_response(reason, message);
+    async fn answer_quietly(&mut self, denial: &Denial) {
+        let response = denial_response(denial.reason, &denial.shown_code(), &denial.message);
         let write = self.client.write_all(&response);
         let _ = tokio::time::timeout(self.execution.limits.header_read_timeout, write).await;
     }

@@ -2,8 +2,8 @@
 //! instead of them.
 //!
 //! A [`Secret`] never prints: its `Debug` is redacted and it has no `Display`. Only
-//! [`Credential::header_value`] (used when a request is forwarded upstream) and the placeholder
-//! swap read it. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
+//! [`Credential::header_value`] (used when a request is forwarded upstream, as the whole value of
+//! the credential's header) reads it; a placeholder is never swapped in place. Placeholders (`sgph_` and 32 random hex characters) are fresh per execution,
 //! so a placeholder seen in one execution means nothing in another.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -143,15 +143,29 @@ impl ExecutionCredentials {
             .collect()
     }
 
-    /// `text` with the placeholders of `granted` credentials replaced by their values.
-    pub(crate) fn swap(&self, text: &str, granted: &[String]) -> String {
-        let mut out = text.to_owned();
-        for (credential, placeholder) in &self.entries {
-            if granted.contains(&credential.name) && out.contains(placeholder.as_str()) {
-                out = out.replace(placeholder.as_str(), credential.value.expose());
+    /// Names of the credentials whose placeholder a request's head carries where no
+    /// placeholder may be (issue 21 item 6): anywhere in the target (path or query), in any
+    /// header but the credential's own, or in its own header when `granted` does not name it.
+    /// The credential's own header is then replaced whole by its configured value, so a
+    /// placeholder is never swapped in place and an upstream that reflects the target or
+    /// another header never sees (or hands back) a value.
+    pub(crate) fn misdirected<'a>(
+        &self,
+        target: &[u8],
+        headers: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+        granted: &[String],
+    ) -> BTreeSet<String> {
+        let mut found = self.placeholders_in(target);
+        for (name, value) in headers {
+            for credential in self.placeholders_in(value) {
+                let own = self.get(&credential).is_some_and(|c| c.header == name)
+                    && granted.contains(&credential);
+                if !own {
+                    found.insert(credential);
+                }
             }
         }
-        out
+        found
     }
 }
 
@@ -274,20 +288,40 @@ mod tests {
     }
 
     #[test]
-    fn only_granted_placeholders_are_swapped() {
+    fn a_placeholder_is_only_allowed_in_its_granted_credentials_own_header() {
         let creds = ExecutionCredentials::new(vec![github()]);
         let placeholder = creds.env()[0].1.clone();
         let text = format!("token {placeholder}");
+        let github = || vec!["github".to_owned()];
         assert_eq!(
             creds.placeholders_in(text.as_bytes()),
             BTreeSet::from(["github".to_owned()])
         );
-        assert_eq!(creds.swap(&text, &["github".into()]), "token ghp_canary");
-        assert_eq!(creds.swap(&text, &[]), text);
-        assert_eq!(github().header_value(), "Bearer ghp_canary");
+        let own = [("authorization", text.as_bytes())];
+        assert!(creds.misdirected(b"/repos/x", own, &github()).is_empty());
+        // Not granted for this request, or anywhere else: misdirected.
+        assert_eq!(
+            creds.misdirected(b"/repos/x", own, &[]),
+            BTreeSet::from(["github".to_owned()])
+        );
+        let other = [("x-token", text.as_bytes())];
+        assert_eq!(
+            creds.misdirected(b"/", other, &github()),
+            BTreeSet::from(["github".to_owned()])
+        );
+        let in_query = format!("/repos/x?token={placeholder}");
+        assert_eq!(
+            creds.misdirected(in_query.as_bytes(), own, &github()),
+            BTreeSet::from(["github".to_owned()])
+        );
+        assert_eq!(github_credential().header_value(), "Bearer ghp_canary");
         assert_eq!(
             placeholder_env_name("my-api.key"),
             "SANDGATE_CREDENTIAL_MY_API_KEY"
         );
+    }
+
+    fn github_credential() -> Credential {
+        github()
     }
 }

@@ -1,5 +1,7 @@
 //! Fuzzing of the parsers that face the sandbox: the request head (`head`), the ClientHello
-//! (`tls`) and host canonicalisation (`host`). Property-based (proptest), run by `cargo test`
+//! (`tls`), host canonicalisation (`host`), and on the inspected request path: path
+//! normalisation (`path`, against the `url` crate's resolver and a decode-everything server)
+//! and placeholder scanning (`credentials`). Property-based (proptest), run by `cargo test`
 //! with proptest's default number of cases, and for as long as wanted by `make fuzz`
 //! (`PROPTEST_CASES=...`, release build).
 //!
@@ -12,8 +14,10 @@ use std::path::Path;
 
 use proptest::prelude::*;
 
+use crate::credentials::{Credential, ExecutionCredentials, Secret};
 use crate::head::{check_connect, parse_head, parse_target, plain_request, Target};
 use crate::host::{canonical_host, Host};
+use crate::path::normalise;
 use crate::tls::{parse_client_hello, record_len};
 
 /// Every file of one corpus directory, sorted by name.
@@ -257,5 +261,197 @@ proptest! {
             spelled.push('.');
         }
         prop_assert_eq!(canonical_host(&spelled), Ok(Host::Name(name)));
+    }
+}
+
+/// Pieces of paths that servers read in more than one way.
+const PATH_PIECES: &[&str] = &[
+    "%25%32%65",
+    "%32",
+    "%65",
+    "/",
+    "/",
+    "/",
+    "a",
+    "repos",
+    "admin",
+    ".",
+    "..",
+    "%2e",
+    "%2E",
+    "%2e%2e",
+    ".%2e",
+    "%2e.",
+    "%2f",
+    "%2F",
+    "%5c",
+    "\\",
+    "%00",
+    "%25",
+    "%252e",
+    "%25zz",
+    ";",
+    "..;",
+    ";x",
+    "%3b",
+    "%3B",
+    "%41",
+    "%7e",
+    "~",
+    "%",
+    "%z",
+    "%c3%a9",
+    "//",
+    "?",
+    "#",
+    " ",
+    "%20",
+    "%0a",
+    "\u{e9}",
+];
+
+fn path_from(pieces: &[usize]) -> String {
+    let mut path = String::from("/");
+    for &piece in pieces {
+        path.push_str(PATH_PIECES[piece % PATH_PIECES.len()]);
+    }
+    path
+}
+
+/// Decodes every `%XX` (what a server that decodes the whole path does).
+fn decode_all(path: &str) -> Vec<u8> {
+    let bytes = path.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes.get(i + 1..i + 3).and_then(|pair| {
+            std::str::from_utf8(pair)
+                .ok()
+                .and_then(|pair| u8::from_str_radix(pair, 16).ok())
+        });
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// What the normaliser promises of an accepted path.
+fn path_checks(raw: &str) -> Result<(), TestCaseError> {
+    let Ok(normal) = normalise(raw) else {
+        return Ok(());
+    };
+    // A fixed point: deciding again decides the same.
+    prop_assert_eq!(normalise(&normal), Ok(normal.clone()), "from {:?}", raw);
+    // The reference resolver (the `url` crate, WHATWG) resolves what is forwarded to itself...
+    let forwarded = url::Url::parse(&format!("https://h.example{normal}"));
+    let forwarded = forwarded.map_err(|err| TestCaseError::fail(format!("{normal:?}: {err}")))?;
+    prop_assert_eq!(forwarded.path(), normal.as_str(), "from {:?}", raw);
+    // ...and what the sandbox sent to the same place the policy saw, once unreserved escapes
+    // are decoded (which the reference leaves as they are).
+    if let Ok(reference) = url::Url::parse(&format!("https://h.example{raw}")) {
+        // (`?` and `#` never reach the normaliser: the query was split off before.)
+        if !raw.contains(['?', '#']) {
+            prop_assert_eq!(
+                normalise(reference.path()),
+                Ok(normal.clone()),
+                "from {:?}",
+                raw
+            );
+        }
+    }
+    // A server that decodes everything finds no separator, no dot segment, no NUL or control
+    // character it could walk with.
+    // Nor does one that decodes twice.
+    let once = decode_all(&normal);
+    let twice = decode_all(&String::from_utf8_lossy(&once));
+    for decoded in [once, twice] {
+        prop_assert!(
+            !decoded.contains(&b'\\') && !decoded.contains(&0),
+            "{:?}",
+            normal
+        );
+        prop_assert!(
+            !decoded.iter().any(|b| *b < 0x20 || *b == 0x7f),
+            "{:?}",
+            normal
+        );
+        for segment in decoded.split(|b| *b == b'/') {
+            let name = segment.split(|b| *b == b';').next().unwrap_or(segment);
+            prop_assert!(name != b"." && name != b"..", "{:?} from {:?}", normal, raw);
+        }
+    }
+    Ok(())
+}
+
+fn credential(name: &str, header: &str) -> Credential {
+    Credential {
+        name: name.to_owned(),
+        header: header.to_owned(),
+        format: "Bearer {value}".to_owned(),
+        value: Secret::new(format!("value-of-{name}")),
+    }
+}
+
+proptest! {
+    #[test]
+    fn paths_from_pieces(pieces in proptest::collection::vec(any::<usize>(), 0..12)) {
+        path_checks(&path_from(&pieces))?;
+    }
+
+    #[test]
+    fn paths_from_arbitrary_text(raw in "/[ -~]{0,40}") {
+        path_checks(&raw)?;
+    }
+
+    #[test]
+    fn paths_from_mutated_pieces(pieces in proptest::collection::vec(any::<usize>(), 0..8),
+                                 mutations in proptest::collection::vec(mutation(), 0..4)) {
+        let bytes = mutate(path_from(&pieces).into_bytes(), &mutations);
+        if let Ok(raw) = String::from_utf8(bytes) {
+            path_checks(&raw)?;
+        }
+    }
+
+    /// A placeholder anywhere in a request's head is found, and allowed only in its own
+    /// credential's header on a request granted it; split or not, case or not.
+    #[test]
+    fn placeholders_are_found_wherever_they_are(
+        prefix in "[ -~]{0,20}", suffix in "[ -~]{0,20}", place in 0usize..4,
+        granted in any::<bool>(), which in 0usize..2,
+    ) {
+        let credentials = ExecutionCredentials::new(vec![
+            credential("one", "authorization"),
+            credential("two", "x-api-key"),
+        ]);
+        let env = credentials.env();
+        let (name, placeholder) = (["one", "two"][which], env[which].1.clone());
+        let text = format!("{prefix}{placeholder}{suffix}");
+        let own_header = ["authorization", "x-api-key"][which];
+        let other_header = ["x-api-key", "authorization"][which];
+        let (target, header) = match place {
+            0 => (format!("/p/{text}"), None),
+            1 => (format!("/p?q={text}"), None),
+            2 => ("/p".to_owned(), Some((own_header, text.clone()))),
+            _ => ("/p".to_owned(), Some((other_header, text.clone()))),
+        };
+        let grants: Vec<String> = if granted { vec![name.to_owned()] } else { Vec::new() };
+        let headers: Vec<(&str, &[u8])> = header
+            .iter()
+            .map(|(n, v)| (*n, v.as_bytes()))
+            .collect();
+        let found = credentials.misdirected(target.as_bytes(), headers, &grants);
+        let allowed = place == 2 && granted;
+        prop_assert_eq!(found.is_empty(), allowed, "{} {:?} granted={}", target, header, granted);
+        if !allowed {
+            prop_assert!(found.contains(name));
+        }
     }
 }

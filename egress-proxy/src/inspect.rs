@@ -4,14 +4,19 @@
 //! every HTTP/1.1 request in between (keep-alive: each request on its own) with the egress
 //! policy, given the method, path, query and header names.
 //!
-//! For each request, in order: the Host must name the tunnel's host; the policy decides; a
-//! credential placeholder in a header, the path or the query that the decision did not grant
-//! is a `credential.misdirected` denial; the request row is recorded (durably, before anything
-//! is forwarded); granted placeholders are swapped for their values and each granted
-//! credential's header is set (replacing whatever the sandbox sent in it); then it is forwarded.
-//! A denied request gets a 403 with `sandgate-egress: <code>: <message>` and the connection
-//! stays usable. An `Upgrade` (WebSocket) request is decided like any other; once the upstream
-//! answers `101`, the two sides are relayed as they are.
+//! For each request, in order: the Host must name the tunnel's host; the path is normalised
+//! (crate `path`: dot segments removed, unreserved escapes decoded, encoded separators refused
+//! with `egress.path_invalid`); the policy decides on that path; an `Upgrade` the decision does
+//! not allow explicitly (`upgrade: true`) is `egress.upgrade_not_allowed`; a credential
+//! placeholder anywhere but in a granted credential's own header (the path, the query, any
+//! other header) is a `credential.misdirected` denial; the request row is recorded (durably,
+//! before anything is forwarded); each granted credential's header is set to its configured
+//! value (replacing whatever the sandbox sent in it; no placeholder is ever swapped in place);
+//! then it is forwarded with exactly the normalised path the policy saw (and the query as it
+//! came). A denied request gets the reason's status with `sandgate-egress: <code>: <message>`
+//! (the policy's own code when the policy denied) and the connection stays usable. Once the
+//! upstream answers `101` to an allowed upgrade (naming the protocol asked for), the two sides
+//! are relayed as they are: no later byte is decided, which is why the policy must allow it.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -38,6 +43,7 @@ use crate::config::Inspection;
 use crate::conn::{Conn, Denial, Plan};
 use crate::host::{canonical_host, Host};
 use crate::listener::{Execution, Shared};
+use crate::path::{normalise, MAX_PATH};
 use crate::reason::{denial_line, one_line, reason_phrase, ReasonCode};
 use crate::relay::Ended;
 use crate::seams::{ConnectionId, InspectedRequest, RequestDone, RequestId};
@@ -45,8 +51,6 @@ use crate::streams::{Counters, Metered, Prefixed};
 
 type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
-/// Longest path given to the policy and kept in a row.
-const MAX_PATH: usize = 2048;
 /// Request headers never forwarded: hop-by-hop, the proxy's own, identity claims.
 const DROPPED: [&str; 6] = [
     "connection",
@@ -218,25 +222,30 @@ impl Tunnel {
         self.finish_pending().await;
         let started = Instant::now();
         let mut record = self.record_of(&request);
-        let credentials = match self.admit(&request, &mut record) {
-            Ok(credentials) => credentials,
+        let admitted = match self.admit(&request, &mut record) {
+            Ok(admitted) => admitted,
             Err(denial) => return self.refuse(record, denial, started).await,
         };
         record.allow = true;
         record.reason = ReasonCode::Allowed;
         record.message = format!("{} {} allowed", record.method, record.path);
-        record.credentials.clone_from(&credentials);
+        record.credentials.clone_from(&admitted.credentials);
         let id = match self.open(&record).await {
             Ok(id) => id,
             Err(denial) => return denial_response(&denial),
         };
-        let upgrade = record.upgrade.then(|| hyper::upgrade::on(&mut request));
-        let outgoing = self.outgoing(request, &credentials);
+        let upgrade = record
+            .upgrade
+            .clone()
+            .map(|protocol| (protocol, hyper::upgrade::on(&mut request)));
+        let outgoing = self.outgoing(request, &admitted);
         let (up, down) = self.snapshot();
-        match self.forward(outgoing).await {
+        let forwarded = self.forward(outgoing).await;
+        let forwarded = forwarded.and_then(|response| switched_as_asked(response, &upgrade));
+        match forwarded {
             Ok(mut response) => {
                 let status = response.status().as_u16();
-                if let (101, Some(client)) = (status, upgrade) {
+                if let (101, Some((_, client))) = (status, upgrade) {
                     self.relay_upgrade(client, hyper::upgrade::on(&mut response));
                 }
                 self.set_pending(Pending {
@@ -265,6 +274,7 @@ impl Tunnel {
     /// The row for a request as the sandbox sent it (denied until admitted).
     fn record_of(&self, request: &Request<Incoming>) -> InspectedRequest {
         let path = request.uri().path().chars().take(MAX_PATH).collect();
+        let upgrade = upgrade_of(request);
         let query = request
             .uri()
             .query()
@@ -280,7 +290,7 @@ impl Tunnel {
             query_sha256: query,
             header_names: header_names(request),
             credentials: Vec::new(),
-            upgrade: request.headers().contains_key(hyper::header::UPGRADE),
+            upgrade,
             allow: false,
             reason: ReasonCode::BadRequest,
             message: String::new(),
@@ -289,13 +299,17 @@ impl Tunnel {
         }
     }
 
-    /// Host check, policy, placeholders: the credentials to attach, or why not.
+    /// Host check, path, policy, upgrade, placeholders: what to forward, or why not.
     fn admit(
         &self,
         request: &Request<Incoming>,
         record: &mut InspectedRequest,
-    ) -> Result<Vec<String>, Denial> {
+    ) -> Result<Admitted, Denial> {
         self.check_host(request)?;
+        let path = normalise(request.uri().path())
+            .map_err(|err| Denial::new(ReasonCode::PathInvalid, err.to_string()))?;
+        record.path.clone_from(&path);
+        let query = request.uri().query().map(str::to_owned);
         let input = EgressInput {
             execution: EgressExecution {
                 id: self.execution.id.clone(),
@@ -307,42 +321,74 @@ impl Tunnel {
                 port: self.port,
                 scheme: "https".to_owned(),
                 method: Some(record.method.clone()),
-                path: Some(record.path.clone()),
-                query: request.uri().query().map(str::to_owned),
+                path: Some(path.clone()),
+                query: query.clone(),
                 headers: Some(record.header_names.clone()),
+                upgrade: record.upgrade.clone(),
             },
         };
         let decision = self.shared.policy.decide(&input);
         record.policy_reasons.clone_from(&decision.reasons);
         if !decision.allow {
-            return Err(match decision.reasons.first() {
-                Some(reason) => Denial::new(ReasonCode::from_policy(&reason.code), &reason.message),
-                None => Denial::new(ReasonCode::PolicyDenied, "denied by the egress policy"),
-            });
+            return Err(Denial::of_policy(&decision.reasons));
         }
-        let present = self
-            .inspection
-            .credentials
-            .placeholders_in(&request_text(request));
-        let misdirected: Vec<String> = present
-            .into_iter()
-            .filter(|name| !decision.credentials.contains(name))
-            .collect();
-        if !misdirected.is_empty() {
-            record.credentials.clone_from(&misdirected);
+        if let (Some(protocol), false) = (&record.upgrade, decision.upgrade) {
             return Err(Denial::new(
-                ReasonCode::CredentialMisdirected,
+                ReasonCode::UpgradeNotAllowed,
                 format!(
-                    "the request carries the placeholder of credential {} which is not granted \
-                     for {} {} on {}",
-                    misdirected.join(", "),
+                    "{} {} on {} asks to upgrade to {}, which no request rule allows",
                     record.method,
-                    record.path,
-                    self.host
+                    path,
+                    self.host,
+                    one_line(protocol)
                 ),
             ));
         }
-        Ok(decision.credentials)
+        self.check_placeholders(request, &decision.credentials, record)?;
+        let target = match query {
+            Some(query) => format!("{path}?{query}"),
+            None => path,
+        };
+        Ok(Admitted {
+            credentials: decision.credentials,
+            target,
+        })
+    }
+
+    /// A placeholder anywhere but in a granted credential's own header is misdirected.
+    fn check_placeholders(
+        &self,
+        request: &Request<Incoming>,
+        granted: &[String],
+        record: &mut InspectedRequest,
+    ) -> Result<(), Denial> {
+        let headers = request
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()));
+        let target = request.uri().to_string();
+        let misdirected: Vec<String> = self
+            .inspection
+            .credentials
+            .misdirected(target.as_bytes(), headers, granted)
+            .into_iter()
+            .collect();
+        if misdirected.is_empty() {
+            return Ok(());
+        }
+        record.credentials.clone_from(&misdirected);
+        Err(Denial::new(
+            ReasonCode::CredentialMisdirected,
+            format!(
+                "the request carries the placeholder of credential {} where it may not be: \
+                 only in the credential's own header, on a request the policy grants it for \
+                 ({} {} on {})",
+                misdirected.join(", "),
+                record.method,
+                record.path,
+                self.host
+            ),
+        ))
     }
 
     /// The Host header (and an absolute-form target) must name the tunnel's host and port.
@@ -382,9 +428,9 @@ impl Tunnel {
         Ok(())
     }
 
-    /// The request as forwarded: hop-by-hop headers dropped, granted placeholders swapped,
-    /// each granted credential's header set.
-    fn outgoing(&self, request: Request<Incoming>, granted: &[String]) -> Request<Incoming> {
+    /// The request as forwarded: the admitted (normalised) target in origin form, hop-by-hop
+    /// headers dropped, each granted credential's header set to its configured value.
+    fn outgoing(&self, request: Request<Incoming>, admitted: &Admitted) -> Request<Incoming> {
         let (mut parts, body) = request.into_parts();
         let credentials = &self.inspection.credentials;
         let upgrade = parts.headers.get(hyper::header::UPGRADE).cloned();
@@ -397,12 +443,7 @@ impl Tunnel {
             {
                 continue;
             }
-            let value = match value.to_str() {
-                Ok(text) => HeaderValue::from_str(&credentials.swap(text, granted))
-                    .unwrap_or_else(|_| value.clone()),
-                Err(_) => value.clone(),
-            };
-            headers.append(name.clone(), value);
+            headers.append(name.clone(), value.clone());
         }
         if let Some(upgrade) = upgrade {
             headers.insert(
@@ -411,7 +452,7 @@ impl Tunnel {
             );
             headers.insert(hyper::header::UPGRADE, upgrade);
         }
-        for name in granted {
+        for name in &admitted.credentials {
             let Some(credential) = credentials.get(name) else {
                 continue;
             };
@@ -422,9 +463,12 @@ impl Tunnel {
                 headers.insert(header, value);
             }
         }
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        let swapped = credentials.swap(target, granted);
-        parts.uri = swapped.parse().unwrap_or_else(|_| parts.uri.clone());
+        // The normalised target is made of the original's characters (or fewer escapes), so
+        // it parses; should it not, the request goes nowhere rather than somewhere else.
+        parts.uri = admitted
+            .target
+            .parse()
+            .unwrap_or_else(|_| hyper::Uri::from_static("/sandgate-unparsable-target"));
         parts.headers = headers;
         Request::from_parts(parts, body)
     }
@@ -633,7 +677,8 @@ fn audit_unavailable() -> Denial {
 /// The proxy's own answer inside a tunnel: the reason's status, `sandgate-egress: <code>:
 /// <message>` as its reason phrase and its body (the same shape as a refused CONNECT's).
 fn denial_response(denial: &Denial) -> Response<ProxyBody> {
-    let body = format!("{}\n", denial_line(denial.reason, &denial.message));
+    let code = denial.shown_code();
+    let body = format!("{}\n", denial_line(&code, &denial.message));
     let mut response = Response::new(
         Full::new(Bytes::from(body))
             .map_err(|never| match never {})
@@ -646,12 +691,10 @@ fn denial_response(denial: &Denial) -> Response<ProxyBody> {
         hyper::header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
-    if let Ok(code) = HeaderValue::from_str(denial.reason.code()) {
+    if let Ok(code) = HeaderValue::from_str(&code) {
         headers.insert("x-sandgate-reason", code);
     }
-    if let Ok(phrase) =
-        hyper::ext::ReasonPhrase::try_from(reason_phrase(denial.reason, &denial.message))
-    {
+    if let Ok(phrase) = hyper::ext::ReasonPhrase::try_from(reason_phrase(&code, &denial.message)) {
         response.extensions_mut().insert(phrase);
     }
     response
@@ -668,12 +711,57 @@ fn header_names(request: &Request<Incoming>) -> Vec<String> {
     names
 }
 
-/// Everything of a request's head a placeholder could hide in: target, header values.
-fn request_text(request: &Request<Incoming>) -> Vec<u8> {
-    let mut text = request.uri().to_string().into_bytes();
-    for value in request.headers().values() {
-        text.push(b'\n');
-        text.extend_from_slice(value.as_bytes());
+/// What an admitted request is forwarded with.
+struct Admitted {
+    /// Credentials whose header is set.
+    credentials: Vec<String>,
+    /// The normalised path the policy decided on, and the query as it came.
+    target: String,
+}
+
+/// The protocol the request's `Upgrade` headers ask for, lower case (several joined with `, `,
+/// a value that is not text as `?`); `None` without one.
+fn upgrade_of<B>(request: &Request<B>) -> Option<String> {
+    let values: Vec<String> = request
+        .headers()
+        .get_all(hyper::header::UPGRADE)
+        .iter()
+        .map(|value| {
+            value
+                .to_str()
+                .map_or("?".to_owned(), |v| v.trim().to_ascii_lowercase())
+        })
+        .collect();
+    (!values.is_empty()).then(|| values.join(", "))
+}
+
+/// A `101` must switch to the protocol the policy allowed; anything else is not relayed.
+fn switched_as_asked(
+    response: Response<Incoming>,
+    upgrade: &Option<(String, hyper::upgrade::OnUpgrade)>,
+) -> Result<Response<Incoming>, Denial> {
+    if response.status() != hyper::StatusCode::SWITCHING_PROTOCOLS {
+        return Ok(response);
     }
-    text
+    let switched = upgrade_of_response(&response);
+    match upgrade {
+        Some((asked, _)) if switched.as_deref() == Some(asked.as_str()) => Ok(response),
+        Some((asked, _)) => Err(Denial::new(
+            ReasonCode::UpstreamFailed,
+            format!(
+                "the upstream switched to {}, not the {} the request asked for",
+                one_line(switched.as_deref().unwrap_or("nothing")),
+                one_line(asked)
+            ),
+        )),
+        None => Err(Denial::new(
+            ReasonCode::UpstreamFailed,
+            "the upstream switched protocols on a request that asked for no upgrade",
+        )),
+    }
+}
+
+fn upgrade_of_response(response: &Response<Incoming>) -> Option<String> {
+    let value = response.headers().get(hyper::header::UPGRADE)?;
+    value.to_str().ok().map(|v| v.trim().to_ascii_lowercase())
 }

@@ -48,6 +48,7 @@ mod head;
 mod host;
 mod inspect;
 mod listener;
+mod path;
 mod reason;
 mod relay;
 mod resolve;
@@ -68,6 +69,7 @@ pub use credentials::{
 pub use denials::SUMMARY_WINDOW;
 pub use host::{canonical_host, Host, HostError};
 pub use listener::{EgressProxy, ExecutionListener, ProxyError};
+pub use path::{normalise as normalise_path, PathError, MAX_PATH};
 pub use reason::{ReasonCode, ReasonSource};
 pub use resolve::{DnsResolver, ResolverSetupError, StaticResolver};
 pub use seams::{

@@ -39,13 +39,25 @@ pub enum ReasonCode {
     MethodNotAllowed,
     /// Inside an inspected tunnel: the method is listed, not for this path (`egress.path_not_allowed`).
     PathNotAllowed,
-    /// A request carries a credential placeholder the policy did not grant for that request.
+    /// A request carries a credential placeholder the policy did not grant for that request, or
+    /// anywhere but in the header the credential's configuration names.
     CredentialMisdirected,
+    /// Inside an inspected tunnel: the request asks for an `Upgrade` no request rule allows
+    /// explicitly (`egress.upgrade_not_allowed`).
+    UpgradeNotAllowed,
+    /// The execution has no network grant: every attempt is refused, naming how to ask for one.
+    NoGrant,
+    /// Plain HTTP to a destination whose grant inspects it: inspection needs TLS, and a request
+    /// no rule decided is never let through.
+    InspectRequiresTls,
 
     /// The request head is malformed, too large or not a form the proxy serves.
     BadRequest,
     /// The target host is not a valid host in any spelling the proxy accepts.
     HostInvalid,
+    /// The request path cannot be normalised (an encoded `/`, `\\` or NUL, a bad escape, a
+    /// `..;` segment, ...): the proxy decides only on a path every server reads the same way.
+    PathInvalid,
     /// A plain HTTP request's `Host` header is missing, repeated or names another host.
     HostMismatch,
     /// A plain HTTP request whose body framing could be read two ways.
@@ -92,7 +104,7 @@ pub enum ReasonCode {
 
 impl ReasonCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ReasonCode; 31] = [
+    pub const ALL: [ReasonCode; 35] = [
         ReasonCode::Allowed,
         ReasonCode::Completed,
         ReasonCode::HostNotGranted,
@@ -103,8 +115,12 @@ impl ReasonCode {
         ReasonCode::MethodNotAllowed,
         ReasonCode::PathNotAllowed,
         ReasonCode::CredentialMisdirected,
+        ReasonCode::UpgradeNotAllowed,
+        ReasonCode::NoGrant,
+        ReasonCode::InspectRequiresTls,
         ReasonCode::BadRequest,
         ReasonCode::HostInvalid,
+        ReasonCode::PathInvalid,
         ReasonCode::HostMismatch,
         ReasonCode::Smuggling,
         ReasonCode::ClientTimeout,
@@ -140,8 +156,12 @@ impl ReasonCode {
             MethodNotAllowed => "egress.method_not_allowed",
             PathNotAllowed => "egress.path_not_allowed",
             CredentialMisdirected => "credential.misdirected",
+            UpgradeNotAllowed => "egress.upgrade_not_allowed",
+            NoGrant => "egress.no_grant",
+            InspectRequiresTls => "egress.inspect_requires_tls",
             BadRequest => "egress.bad_request",
             HostInvalid => "egress.host_invalid",
+            PathInvalid => "egress.path_invalid",
             HostMismatch => "egress.host_mismatch",
             Smuggling => "egress.smuggling",
             ClientTimeout => "egress.client_timeout",
@@ -176,10 +196,13 @@ impl ReasonCode {
             | AddressDenied
             | MethodNotAllowed
             | PathNotAllowed
-            | CredentialMisdirected => ReasonSource::Policy,
-            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientTimeout | SniMismatch
-            | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials | ByteLimit
-            | IdleTimeout | ClientFailed | ClientTlsFailed => ReasonSource::Client,
+            | CredentialMisdirected
+            | UpgradeNotAllowed
+            | NoGrant
+            | InspectRequiresTls => ReasonSource::Policy,
+            BadRequest | HostInvalid | PathInvalid | HostMismatch | Smuggling | ClientTimeout
+            | SniMismatch | SniMissing | SniUnreadable | TooManyConnections | TooManyDenials
+            | ByteLimit | IdleTimeout | ClientFailed | ClientTlsFailed => ReasonSource::Client,
             DnsFailed | DnsTimeout | UpstreamFailed | UpstreamTimeout | UpstreamTlsFailed => {
                 ReasonSource::Upstream
             }
@@ -200,11 +223,14 @@ impl ReasonCode {
             | MethodNotAllowed
             | PathNotAllowed
             | CredentialMisdirected
+            | UpgradeNotAllowed
+            | NoGrant
+            | InspectRequiresTls
             | SniMismatch
             | SniMissing
             | SniUnreadable
             | ByteLimit => 403,
-            BadRequest | HostInvalid | HostMismatch | Smuggling | ClientFailed
+            BadRequest | HostInvalid | PathInvalid | HostMismatch | Smuggling | ClientFailed
             | ClientTlsFailed => 400,
             ClientTimeout => 408,
             TooManyConnections | TooManyDenials => 429,
@@ -221,6 +247,7 @@ impl ReasonCode {
             "egress.port_not_granted" => ReasonCode::PortNotGranted,
             "egress.method_not_allowed" => ReasonCode::MethodNotAllowed,
             "egress.path_not_allowed" => ReasonCode::PathNotAllowed,
+            "egress.upgrade_not_allowed" => ReasonCode::UpgradeNotAllowed,
             policy_engine::POLICY_ERROR_CODE => ReasonCode::PolicyError,
             _ => ReasonCode::PolicyDenied,
         }
@@ -253,14 +280,37 @@ pub(crate) fn one_line(message: &str) -> String {
 /// (see [`reason_phrase`]) its status line's reason phrase, so that a client that shows only the
 /// status line (`Tunnel connection failed: 403 sandgate-egress: egress.host_not_granted: ...`)
 /// still shows why.
-pub(crate) fn denial_line(reason: ReasonCode, message: &str) -> String {
-    format!("sandgate-egress: {}: {}", reason.code(), one_line(message))
+pub(crate) fn denial_line(code: &str, message: &str) -> String {
+    format!("sandgate-egress: {code}: {}", one_line(message))
+}
+
+/// Longest policy reason code shown in a denial.
+const MAX_POLICY_CODE: usize = 64;
+
+/// The code a denial shows the sandbox: the policy's own code when the policy denied (so a
+/// program can tell two rules apart, issue 21 item 12), else the reason's. A policy code is
+/// shown only when it is a plain dotted identifier (`a-z 0-9 . _ -`, at most 64 characters);
+/// the audit row and the metrics keep the bounded [`ReasonCode`] either way.
+pub(crate) fn shown_code(reason: ReasonCode, policy_code: Option<&str>) -> String {
+    let plain = |code: &str| {
+        !code.is_empty()
+            && code.len() <= MAX_POLICY_CODE
+            && code
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b))
+    };
+    match policy_code {
+        Some(code) if reason.source() == Some(ReasonSource::Policy) && plain(code) => {
+            code.to_owned()
+        }
+        _ => reason.code().to_owned(),
+    }
 }
 
 /// [`denial_line`] as a reason phrase (RFC 9112: tab, space, visible ASCII; anything else, which
 /// only a policy's message could hold, becomes `?`).
-pub(crate) fn reason_phrase(reason: ReasonCode, message: &str) -> String {
-    denial_line(reason, message)
+pub(crate) fn reason_phrase(code: &str, message: &str) -> String {
+    denial_line(code, message)
         .chars()
         .map(|c| {
             if c.is_ascii_graphic() || c == ' ' {
@@ -274,15 +324,14 @@ pub(crate) fn reason_phrase(reason: ReasonCode, message: &str) -> String {
 
 /// The uniform denial answer: `HTTP/1.1 <status> sandgate-egress: <code>: <message>`, a few
 /// headers (`X-Sandgate-Reason: <code>`), and the same line as the body.
-pub(crate) fn denial_response(reason: ReasonCode, message: &str) -> Vec<u8> {
+pub(crate) fn denial_response(reason: ReasonCode, code: &str, message: &str) -> Vec<u8> {
     let status = reason.status();
-    let body = format!("{}\n", denial_line(reason, message));
+    let body = format!("{}\n", denial_line(code, message));
     format!(
         "HTTP/1.1 {status} {}\r\nContent-Type: text/plain; charset=utf-8\r\n\
-         Content-Length: {}\r\nX-Sandgate-Reason: {}\r\nConnection: close\r\n\r\n{body}",
-        reason_phrase(reason, message),
+         Content-Length: {}\r\nX-Sandgate-Reason: {code}\r\nConnection: close\r\n\r\n{body}",
+        reason_phrase(code, message),
         body.len(),
-        reason.code(),
     )
     .into_bytes()
 }
@@ -309,7 +358,11 @@ mod tests {
 
     #[test]
     fn denial_bodies_are_one_line() {
-        let response = denial_response(ReasonCode::HostNotGranted, "a\r\nX-Injected: 1");
+        let response = denial_response(
+            ReasonCode::HostNotGranted,
+            "egress.host_not_granted",
+            "a\r\nX-Injected: 1",
+        );
         let text = String::from_utf8(response).unwrap();
         assert!(
             text.starts_with(
@@ -333,8 +386,31 @@ mod tests {
     }
 
     #[test]
+    fn a_policy_denial_shows_the_policy_code_when_it_is_plain() {
+        let denied = ReasonCode::from_policy("tenant.suspended");
+        assert_eq!(
+            shown_code(denied, Some("tenant.suspended")),
+            "tenant.suspended"
+        );
+        assert_eq!(
+            shown_code(denied, Some("Tenant: suspended\r\n")),
+            "egress.policy_denied"
+        );
+        assert_eq!(
+            shown_code(denied, Some(&"a".repeat(65))),
+            "egress.policy_denied"
+        );
+        assert_eq!(shown_code(denied, None), "egress.policy_denied");
+        // Only a policy's denial shows a policy code.
+        assert_eq!(
+            shown_code(ReasonCode::Smuggling, Some("x.y")),
+            "egress.smuggling"
+        );
+    }
+
+    #[test]
     fn reason_phrases_are_visible_ascii() {
-        let phrase = reason_phrase(ReasonCode::PolicyDenied, "tenant \"zürich\"\tis\u{7f}off");
+        let phrase = reason_phrase("egress.policy_denied", "tenant \"zürich\"\tis\u{7f}off");
         assert_eq!(
             phrase,
             "sandgate-egress: egress.policy_denied: tenant \"z?rich\" is off"

@@ -139,7 +139,9 @@ pub struct InspectedRequest {
     pub host: String,
     pub port: u16,
     pub method: String,
-    /// As the sandbox sent it, without the query.
+    /// Without the query: the normalised path the policy decided on and the upstream was sent
+    /// (crate `path`); for a path refused as unnormalisable (`egress.path_invalid`), the path
+    /// as the sandbox sent it, cut to [`crate::MAX_PATH`] bytes.
     pub path: String,
     /// SHA-256 (hex) of the query string, when there is one (the query may carry secrets).
     pub query_sha256: Option<String>,
@@ -147,8 +149,9 @@ pub struct InspectedRequest {
     pub header_names: Vec<String>,
     /// Credentials attached (allowed) or misdirected (a `credential.misdirected` denial).
     pub credentials: Vec<String>,
-    /// A WebSocket (or other) `Upgrade` request.
-    pub upgrade: bool,
+    /// The protocol a WebSocket (or other) `Upgrade` request asked for, lower case; `None`
+    /// without an `Upgrade` header. The request's status (`101`) says whether it happened.
+    pub upgrade: Option<String>,
     pub allow: bool,
     pub reason: ReasonCode,
     pub message: String,

@@ -240,29 +240,28 @@ impl SandboxTrust {
 }
 
 impl ExecutionEgress {
-    /// Serves `<dir>/egress.sock` with `grant`, for exactly this execution.
+    /// Serves `<dir>/egress.sock` with `grant`, for exactly this execution. Without a grant
+    /// (`None`) the socket is served all the same, with nothing allowed: every attempt is
+    /// refused with `egress.no_grant`, which names how to ask for the destination, rather than
+    /// the program seeing a name that does not resolve (issue 21 item 11). The floor holds
+    /// either way: the sandbox has no network interface, only this socket.
     pub fn start(
         proxy: &EgressProxy,
         dir: &Path,
         execution_id: &str,
         tenant: &str,
-        grant: &NetworkGrant,
+        grant: Option<&NetworkGrant>,
         shutdown: CancellationToken,
     ) -> Result<ExecutionEgress, EgressError> {
-        let inspection = Inspection::for_grant(execution_id, grant, proxy.config())
-            .map_err(EgressError::Inspection)?
-            .map(Arc::new);
-        let sandbox = inspection
+        let grant = match grant {
+            Some(grant) => granted(proxy, execution_id, tenant, grant)?,
+            None => ExecutionGrant::none(execution_id, tenant),
+        };
+        let sandbox = grant
+            .inspection
             .as_deref()
             .map(SandboxTrust::for_inspection)
             .unwrap_or_default();
-        let grant = ExecutionGrant {
-            execution_id: execution_id.to_owned(),
-            tenant: tenant.to_owned(),
-            grant: grant.clone(),
-            limits: ExecutionLimits::from_grant(grant),
-            inspection,
-        };
         let socket = dir.join("egress.sock");
         let listener = proxy
             .serve_execution(&socket, grant, shutdown)
@@ -285,6 +284,26 @@ impl ExecutionEgress {
             }
         }
     }
+}
+
+/// What the listener of an execution with a grant serves: the grant, its limits, and for
+/// inspected destinations a fresh CA and the credentials' placeholders.
+fn granted(
+    proxy: &EgressProxy,
+    execution_id: &str,
+    tenant: &str,
+    grant: &NetworkGrant,
+) -> Result<ExecutionGrant, EgressError> {
+    let inspection = Inspection::for_grant(execution_id, grant, proxy.config())
+        .map_err(EgressError::Inspection)?
+        .map(Arc::new);
+    Ok(ExecutionGrant {
+        execution_id: execution_id.to_owned(),
+        tenant: tenant.to_owned(),
+        grant: grant.clone(),
+        limits: ExecutionLimits::from_grant(grant),
+        inspection,
+    })
 }
 
 /// The directory holding every execution's socket directory: created mode 0700, and made 0700
@@ -480,7 +499,7 @@ impl ConnectionRecorder for Recorder {
                 query_sha256: request.query_sha256.clone(),
                 header_names: request.header_names.clone(),
                 credentials: request.credentials.clone(),
-                upgrade: request.upgrade,
+                upgrade: request.upgrade.clone(),
                 allow: request.allow,
                 reason: request.reason.to_string(),
                 message: request.message.clone(),

@@ -154,6 +154,7 @@ fn egress_input() -> EgressInput {
             path: None,
             query: None,
             headers: None,
+            upgrade: None,
         },
     }
 }

@@ -53,7 +53,7 @@ const EXECUTION_FIELDS: &[&str] = &[
     "limits",
 ];
 /// Fields of an egress decision that `expect` may name.
-const EGRESS_FIELDS: &[&str] = &["allow", "reasons", "credentials"];
+const EGRESS_FIELDS: &[&str] = &["allow", "reasons", "credentials", "upgrade"];
 /// `expect` keys that check reason codes only.
 const REASON_CODES: &str = "reason_codes";
 const REASONS_INCLUDE: &str = "reasons_include";

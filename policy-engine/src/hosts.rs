@@ -274,12 +274,14 @@ mod tests {
                 path: Some("/".into()),
                 query: None,
                 headers: Some(vec![]),
+                upgrade: None,
             },
         };
         let attach = |name: &str| EgressDecision {
             allow: true,
             reasons: vec![],
             credentials: vec![name.to_owned()],
+            upgrade: false,
         };
         let get = input(Some("GET"), "api.example.com");
         assert!(validate_credentials(&get, &attach("github")).is_ok());

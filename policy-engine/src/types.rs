@@ -266,6 +266,11 @@ pub struct Connection {
     /// each once (values are never sent: they may hold secrets).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<Vec<String>>,
+    /// Requests inside an inspected tunnel only: the protocol the request's `Upgrade` header
+    /// asks for, lower case (`websocket`; several headers joined with `, `); absent without one.
+    /// An upgrade goes ahead only when the decision says `upgrade: true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<String>,
 }
 
 /// The egress policy's answer for one connection, deserialized strictly. `allow: false` closes it.
@@ -280,6 +285,11 @@ pub struct EgressDecision {
     /// `policy.error` deny.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<String>,
+    /// Requests inside an inspected tunnel only: the policy allows this request's `Upgrade`
+    /// (`connection.upgrade`) explicitly. Without it the proxy refuses an upgrade
+    /// (`egress.upgrade_not_allowed`): after a `101` no later byte would be decided.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub upgrade: bool,
 }
 
 impl EgressDecision {
@@ -289,6 +299,7 @@ impl EgressDecision {
             allow: false,
             reasons: Decision::deny_with_error(message).reasons,
             credentials: Vec::new(),
+            upgrade: false,
         }
     }
 }

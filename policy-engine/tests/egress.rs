@@ -44,6 +44,7 @@ fn connect(grant: NetworkGrant, host: &str, port: u16) -> EgressInput {
             path: None,
             query: None,
             headers: None,
+            upgrade: None,
         },
     }
 }

@@ -250,15 +250,15 @@ impl App {
         }
     }
 
-    /// With a network grant, the execution's own listener in the sandbox's socket directory,
-    /// for exactly as long as the run.
+    /// The execution's own listener in the sandbox's socket directory, for exactly as long as
+    /// the run: with its grant, or without one (every attempt refused `egress.no_grant`).
     fn serve_grant(
         &self,
         row: &ExecutionRow,
         runnable: &Runnable,
         home: &SandboxHome,
     ) -> Result<Option<ExecutionEgress>, RuntimeError> {
-        let (Some(grant), Some(proxy)) = (&runnable.network, self.egress.as_ref()) else {
+        let Some(proxy) = self.egress.as_ref() else {
             return Ok(None);
         };
         ExecutionEgress::start(
@@ -266,7 +266,7 @@ impl App {
             &home.egress_dir,
             &row.id,
             &row.tenant,
-            grant,
+            runnable.network.as_ref(),
             self.shutdown.child_token(),
         )
         .map(Some)
@@ -379,8 +379,8 @@ fn job_for(program: Program, cpus: f64, egress: Option<&ExecutionEgress>) -> Job
     }
 }
 
-/// What a sandbox with a grant needs of it: the proxy's variables, for inspected destinations
-/// the trust bundle and credential placeholders, and the bridge to its socket.
+/// What a sandbox needs of its listener (granted or not): the proxy's variables, for inspected
+/// destinations the trust bundle and credential placeholders, and the bridge to its socket.
 pub(super) fn with_egress(
     egress: &ExecutionEgress,
     env: &mut BTreeMap<String, String>,

@@ -47,6 +47,7 @@ impl PolicyState {
                 allow: false,
                 reasons: unloaded(error).reasons,
                 credentials: Vec::new(),
+                upgrade: false,
             },
         }
     }

@@ -346,8 +346,8 @@ impl App {
                 return Err(unavailable("the sandbox", &err));
             }
         };
-        let egress = match (&runnable.network, self.egress.as_ref()) {
-            (Some(grant), Some(proxy)) => {
+        let egress = match self.egress.as_ref() {
+            Some(proxy) => {
                 // Named before the first connection can arrive: every row names the session.
                 self.session_cursors.open(id);
                 ExecutionEgress::start(
@@ -355,13 +355,13 @@ impl App {
                     &home.egress_dir,
                     id,
                     tenant,
-                    grant,
+                    runnable.network.as_ref(),
                     self.shutdown.child_token(),
                 )
                 .map(Some)
                 .map_err(|err| unavailable("its egress grant", &error_chain(&err)))
             }
-            _ => Ok(None),
+            None => Ok(None),
         };
         let opened = match egress {
             Ok(egress) => sandbox

@@ -222,7 +222,8 @@ pub struct RequestOpen {
     pub query_sha256: Option<String>,
     pub header_names: Vec<String>,
     pub credentials: Vec<String>,
-    pub upgrade: bool,
+    /// The protocol an `Upgrade` request asked for (`upgrade` is then true).
+    pub upgrade: Option<String>,
     pub allow: bool,
     pub reason: String,
     pub message: String,
@@ -248,9 +249,9 @@ impl AuditStore {
         sqlx::query(
             "INSERT INTO egress_requests (id, connection_id, execution_id, tenant, host, port, \
              method, path, query_sha256, header_names, credentials, upgrade, allow, reason, \
-             message, policy_revision, started_at, session_id) \
+             message, policy_revision, started_at, session_id, upgrade_protocol) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, \
-             $18)",
+             $18, $19)",
         )
         .bind(&id)
         .bind(&open.connection_id)
@@ -263,13 +264,14 @@ impl AuditStore {
         .bind(&open.query_sha256)
         .bind(&open.header_names)
         .bind(&open.credentials)
-        .bind(open.upgrade)
+        .bind(open.upgrade.is_some())
         .bind(open.allow)
         .bind(&open.reason)
         .bind(&open.message)
         .bind(&open.policy_revision)
         .bind(open.started_at)
         .bind(&open.owner.session_id)
+        .bind(&open.upgrade)
         .execute(&mut *tx)
         .await?;
         let event = NewEvent {
@@ -283,7 +285,8 @@ impl AuditStore {
             input: open.owner.clone().into_input(json!({
                 "connection_id": open.connection_id, "host": open.host, "port": open.port,
                 "method": open.method, "path": open.path, "query_sha256": open.query_sha256,
-                "headers": open.header_names, "upgrade": open.upgrade,
+                "headers": open.header_names, "upgrade": open.upgrade.is_some(),
+                "upgrade_protocol": open.upgrade,
             })),
             decision: json!({
                 "allow": open.allow, "credentials": open.credentials,

@@ -270,7 +270,7 @@ async fn seed(app: &PgPool) {
             query_sha256: None,
             header_names: vec!["host".into()],
             credentials,
-            upgrade: false,
+            upgrade: None,
             allow,
             reason: reason.into(),
             message: String::new(),

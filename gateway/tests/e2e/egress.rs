@@ -140,22 +140,37 @@ print(json.dumps(out))
     gw.stop().await;
 }
 
+/// Without a grant the sandbox still has no network interface (only loopback), but it has the
+/// proxy (issue 21 item 11): a request through it is refused `egress.no_grant`, naming what
+/// to ask for, instead of a name that does not resolve.
 #[tokio::test(flavor = "multi_thread")]
-async fn executions_without_a_grant_get_no_socket_at_all() {
+async fn executions_without_a_grant_get_the_proxy_which_refuses_with_no_grant() {
     let gw = TestGateway::start().await;
     let key = gw.key("agent", "acme").await;
     let code = r#"
-import os, socket
+import os, socket, urllib.request, urllib.error
 print(os.path.exists("/run/sandgate/egress.sock"), "HTTP_PROXY" in os.environ)
+net = "/sys/class/net"
+print([n for n in os.listdir(net) if n != "lo"] if os.path.isdir(net) else [])
 try:
-    socket.create_connection(("127.0.0.1", 3128), timeout=2)
-    print("bridge")
-except OSError as e:
-    print("no bridge")
+    urllib.request.urlopen("http://pypi.org/simple/", timeout=10)
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode().strip())
 "#;
     let (status, body) = gw.execute(&key, "python", code, json!({})).await;
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body["stdout"], "False False\nno bridge\n", "{body}");
+    let stdout = body["stdout"].as_str().unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(
+        lines[..2],
+        ["True True", "[]"],
+        "no interface but loopback: {body}"
+    );
+    assert!(
+        lines[2].starts_with("403 sandgate-egress: egress.no_grant: execution ex_")
+            && lines[2].contains("\"network\": [{\"host\": \"pypi.org\", \"port\": 80}]"),
+        "{body}"
+    );
     gw.stop().await;
 }
 

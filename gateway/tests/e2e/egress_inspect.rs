@@ -146,7 +146,9 @@ fn bundle(echo_port: u16) -> tempfile::TempDir {
     let allow = json!([
         {"host": SECURE_HOST, "ports": [443], "inspect": true, "credentials": [CREDENTIAL],
          "requests": [
-            {"methods": ["GET"], "paths": ["/repos/"], "credentials": [CREDENTIAL]},
+            // `upgrades`: the WebSocket test's upgrade must be allowed explicitly (issue 21 item 7).
+            {"methods": ["GET"], "paths": ["/repos/"], "credentials": [CREDENTIAL],
+             "upgrades": ["websocket"]},
             {"methods": ["GET"], "paths": ["/public/"]},
          ]},
         {"host": ECHO_HOST, "ports": [echo_port]},

@@ -169,6 +169,15 @@ print(json.dumps(facts))
         "PIP_DISABLE_PIP_VERSION_CHECK",
         "OPENBLAS_NUM_THREADS",
         "OMP_NUM_THREADS",
+        // Every sandbox has the proxy (issue 21 item 11); without a grant it refuses all.
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
     ];
     for name in &names {
         assert!(

@@ -43,6 +43,7 @@ mod audit_page;
 mod cli;
 mod dashboards;
 mod egress;
+mod egress_hardening;
 mod egress_inspect;
 mod egress_tls;
 mod executions;

@@ -274,7 +274,7 @@ async fn recorded_request(gw: &TestGateway, execution: &str, connection: &str) {
         query_sha256: None,
         header_names: vec!["host".into()],
         credentials: vec![],
-        upgrade: false,
+        upgrade: None,
         allow: false,
         reason: "egress.method_not_allowed".into(),
         message: String::new(),

@@ -195,6 +195,15 @@ with open("/output/findings.json", "w") as out:
         "OLDPWD",
         "PYTEST_VERSION",
         "PYTEST_CURRENT_TEST",
+        // Every sandbox has the proxy (issue 21 item 11); without a grant it refuses all.
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "http_proxy",
+        "https_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+        "NO_PROXY",
+        "no_proxy",
     ];
     let names = findings["os.environ"].as_object().unwrap().keys();
     for name in names {

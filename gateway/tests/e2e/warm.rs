@@ -101,18 +101,26 @@ raise SystemExit(7)
     assert_eq!(
         names,
         [
+            "ALL_PROXY",
             "HOME",
+            "HTTPS_PROXY",
+            "HTTP_PROXY",
             "LANG",
             "MPLBACKEND",
+            "NO_PROXY",
             "OMP_NUM_THREADS",
             "OPENBLAS_NUM_THREADS",
             "PATH",
             "PIP_DISABLE_PIP_VERSION_CHECK",
             "PYTHONDONTWRITEBYTECODE",
             "PYTHONUNBUFFERED",
-            "PYTHONUSERBASE"
+            "PYTHONUSERBASE",
+            "all_proxy",
+            "http_proxy",
+            "https_proxy",
+            "no_proxy"
         ],
-        "exactly the environment the gateway sets"
+        "exactly the environment the gateway sets (the proxy's too: every sandbox has it, issue 21 item 11)"
     );
 
     // An uncaught exception: exit 1 and the program's own traceback, nothing of the runner's.
