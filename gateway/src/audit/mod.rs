@@ -10,6 +10,7 @@ pub mod egress;
 pub mod group;
 pub mod journal;
 pub mod keys;
+pub mod proposals;
 pub mod read;
 pub mod replicas;
 pub mod review;
