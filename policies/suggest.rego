@@ -28,9 +28,12 @@ suggest := {"data/tenants.yaml": {"tenants": {input.input.principal.tenant: obje
 # each names other fields).
 tenant_changes := [change | some change in suggestions]
 
-suggestions contains {"languages": array.concat(object.get(suggest_tenant, "languages", []), [input.input.request.language])} if {
+suggestions contains {"languages": array.concat(languages, [input.input.request.language])} if {
 	"language.not_allowed" in suggest_codes
+	not input.input.request.language in languages
 }
+
+languages := object.get(suggest_tenant, "languages", [])
 
 suggestions contains {"datasets": array.concat(object.get(suggest_tenant, "datasets", []), sort(missing_datasets))} if {
 	"mount.not_allowed" in suggest_codes

@@ -121,7 +121,10 @@ pub fn routes() -> Vec<Route> {
         post("/v1/policy/proposals/{id}/approve", proposals::approve),
         post("/v1/policy/proposals/{id}/reject", proposals::reject),
         post("/v1/policy/proposals/{id}/rebase", proposals::rebase),
-        post("/v1/executions/{id}/access-request", proposals::access_request),
+        post(
+            "/v1/executions/{id}/access-request",
+            proposals::access_request,
+        ),
         post("/v1/keys", keys::create),
         get("/v1/keys", keys::list),
         get("/v1/me", me::me),

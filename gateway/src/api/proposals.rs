@@ -123,11 +123,17 @@ pub async fn create(
         (None, Some(id)) => {
             let (patch, reasons) = app.suggestion_for(id).await?;
             let codes: Vec<&str> = reasons.iter().map(|r| r.code.as_str()).collect();
-            let title = request
-                .title
-                .or_else(|| Some(format!("Allow what {id} was refused ({})", codes.join(", "))));
+            let title = request.title.or_else(|| {
+                Some(format!(
+                    "Allow what {id} was refused ({})",
+                    codes.join(", ")
+                ))
+            });
             let rationale = request.rationale.or_else(|| {
-                Some(format!("The bundle's suggestion for {id}'s reasons: {}.", codes.join(", ")))
+                Some(format!(
+                    "The bundle's suggestion for {id}'s reasons: {}.",
+                    codes.join(", ")
+                ))
             });
             (patch, title, rationale)
         }
@@ -144,9 +150,12 @@ pub async fn create(
             format!("the patch must be at most {MAX_PATCH_BYTES} bytes of JSON"),
         ));
     }
-    let title = bounded("title", title.filter(|t| !t.trim().is_empty()).ok_or_else(|| {
-        ApiError::new(ErrorCode::InvalidRequest, "a proposal needs a title")
-    })?)?;
+    let title = bounded(
+        "title",
+        title
+            .filter(|t| !t.trim().is_empty())
+            .ok_or_else(|| ApiError::new(ErrorCode::InvalidRequest, "a proposal needs a title"))?,
+    )?;
     let draft = Draft {
         title,
         rationale: bounded("rationale", rationale.unwrap_or_default())?,
@@ -206,7 +215,9 @@ pub async fn list(
         .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
     let proposals: Vec<Value> = rows.into_iter().map(summary).collect();
-    Ok(Json(json!({"proposals": proposals, "next_before": next_before})))
+    Ok(Json(
+        json!({"proposals": proposals, "next_before": next_before}),
+    ))
 }
 
 /// A listed proposal: the evidence's counts, not its examples and files.
@@ -293,7 +304,9 @@ pub async fn reject(
         .comment
         .filter(|c| !c.trim().is_empty())
         .ok_or_else(|| ApiError::new(ErrorCode::InvalidRequest, "a rejection needs a comment"))?;
-    let row = app.reject_proposal(&caller.0, &id, bounded("comment", comment)?).await?;
+    let row = app
+        .reject_proposal(&caller.0, &id, bounded("comment", comment)?)
+        .await?;
     Ok(Json(view(row)))
 }
 

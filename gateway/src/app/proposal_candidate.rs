@@ -80,7 +80,9 @@ pub fn patched_files(
     patch: &Map<String, Value>,
 ) -> Result<Vec<SourceFile>, CandidateError> {
     if patch.is_empty() {
-        return Err(CandidateError::Patch("the patch changes no file".to_owned()));
+        return Err(CandidateError::Patch(
+            "the patch changes no file".to_owned(),
+        ));
     }
     let data: Vec<&SourceFile> = base.iter().filter(|f| is_data_file(&f.path)).collect();
     let mut changed = Vec::new();

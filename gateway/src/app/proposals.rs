@@ -130,11 +130,17 @@ pub fn replay_evidence(days: u32, report: &ReplayReport) -> ReplayEvidence {
 impl App {
     /// Builds, tests and replays `draft` on the active revision, then stores it with its
     /// `policy.proposed` event. Refused: a patch outside the data, a bundle that does not load.
-    pub async fn create_proposal(&self, caller: &ApiKey, draft: Draft) -> Result<ProposalRow, AppError> {
+    pub async fn create_proposal(
+        &self,
+        caller: &ApiKey,
+        draft: Draft,
+    ) -> Result<ProposalRow, AppError> {
         self.check_open_bounds(caller).await?;
         let active = self.policy.current();
         let base = active.state.revision().to_owned();
-        let (candidate, evidence) = self.evidence(&active.state, &draft.patch, draft.days).await?;
+        let (candidate, evidence) = self
+            .evidence(&active.state, &draft.patch, draft.days)
+            .await?;
         let tests_passed = candidate.tests.passed;
         let row = ProposalRow {
             id: crate::ids::new("pp"),
@@ -158,12 +164,17 @@ impl App {
             decided_by: None,
             comment: None,
         };
-        let event = proposal_event(api_types::EventKind::PolicyProposed, &row, caller, json!({
-            "status": "open",
-            "candidate_revision": row.candidate_revision,
-            "tests_passed": tests_passed,
-            "replay": summary(&row.evidence.0["replay"]),
-        }));
+        let event = proposal_event(
+            api_types::EventKind::PolicyProposed,
+            &row,
+            caller,
+            json!({
+                "status": "open",
+                "candidate_revision": row.candidate_revision,
+                "tests_passed": tests_passed,
+                "replay": summary(&row.evidence.0["replay"]),
+            }),
+        );
         self.audit.insert_proposal(&row, &event).await?;
         tracing::info!(proposal = %row.id, base = %base, candidate = %row.candidate_revision, "policy proposed");
         Ok(row)
@@ -172,7 +183,10 @@ impl App {
     /// At most `pending_approvals.per_key` open proposals per author key and `per_tenant` per
     /// tenant, as for requests waiting for review.
     async fn check_open_bounds(&self, caller: &ApiKey) -> Result<(), AppError> {
-        let open = self.audit.open_proposals(&caller.id, &caller.tenant).await?;
+        let open = self
+            .audit
+            .open_proposals(&caller.id, &caller.tenant)
+            .await?;
         let limits = &self.config.pending_approvals;
         if open.key >= i64::from(limits.per_key) || open.tenant >= i64::from(limits.per_tenant) {
             return Err(AppError::RateLimited(format!(
@@ -243,12 +257,13 @@ impl App {
     }
 
     /// The bundle's suggestion for execution `id`'s decision, as a draft's patch.
-    pub async fn suggestion_for(&self, id: &str) -> Result<(Map<String, Value>, Vec<Reason>), AppError> {
-        let (input, decision) = self
-            .audit
-            .execution_decision(id)
-            .await?
-            .ok_or_else(|| AppError::NotFoundWhy(format!("execution {id} has no recorded decision")))?;
+    pub async fn suggestion_for(
+        &self,
+        id: &str,
+    ) -> Result<(Map<String, Value>, Vec<Reason>), AppError> {
+        let (input, decision) = self.audit.execution_decision(id).await?.ok_or_else(|| {
+            AppError::NotFoundWhy(format!("execution {id} has no recorded decision"))
+        })?;
         let reasons: Vec<Reason> =
             serde_json::from_value(decision["reasons"].clone()).unwrap_or_default();
         let active = self.policy.current();
@@ -261,7 +276,11 @@ impl App {
             Ok(_) => Err(AppError::NoSuggestion(format!(
                 "the policy bundle ({}) suggests no change for execution {id} (reasons: {})",
                 policy_engine::SUGGEST_RULE,
-                if codes.is_empty() { "none".to_owned() } else { codes.join(", ") }
+                if codes.is_empty() {
+                    "none".to_owned()
+                } else {
+                    codes.join(", ")
+                }
             ))),
             Err(err) => Err(AppError::NoSuggestion(format!(
                 "{} failed for execution {id}: {err}",
@@ -294,12 +313,17 @@ impl App {
         remove_dir(&candidate.dir).await;
         let accepted = applied?;
         let written = write_policy_dir(self.policy.dir(), &candidate).await;
-        let event = proposal_event(api_types::EventKind::PolicyProposalApproved, &row, caller, json!({
-            "status": "approved",
-            "revision": accepted.revision,
-            "previous": accepted.previous,
-            "comment": comment,
-        }));
+        let event = proposal_event(
+            api_types::EventKind::PolicyProposalApproved,
+            &row,
+            caller,
+            json!({
+                "status": "approved",
+                "revision": accepted.revision,
+                "previous": accepted.previous,
+                "comment": comment,
+            }),
+        );
         self.audit
             .decide_proposal(id, "approved", (&caller.id, comment.as_deref()), &event)
             .await?;
@@ -310,7 +334,11 @@ impl App {
             "policy_dir_written": written.is_ok(),
             "policy_dir_error": written.err(),
         });
-        let row = self.audit.get_proposal(id).await?.ok_or(AppError::NotFound)?;
+        let row = self
+            .audit
+            .get_proposal(id)
+            .await?
+            .ok_or(AppError::NotFound)?;
         Ok((row, applied))
     }
 
@@ -332,11 +360,15 @@ impl App {
             if_match: Some(row.base_revision.clone()),
             proposal: Some(row.id.clone()),
         };
-        match self.policy.reload_guarded(&self.audit, &caller.id, source, guard).await {
+        match self
+            .policy
+            .reload_guarded(&self.audit, &caller.id, source, guard)
+            .await
+        {
             Ok(accepted) => Ok(accepted),
-            Err(ReloadError::RevisionConflict { active_revision, .. }) => {
-                Err(conflict(row, &active_revision))
-            }
+            Err(ReloadError::RevisionConflict {
+                active_revision, ..
+            }) => Err(conflict(row, &active_revision)),
             Err(ReloadError::Rejected { message, .. }) => Err(AppError::Conflict(format!(
                 "the candidate was refused when applied: {message}"
             ))),
@@ -352,16 +384,24 @@ impl App {
         comment: String,
     ) -> Result<ProposalRow, AppError> {
         let row = self.get_proposal(id).await?;
-        let event = proposal_event(api_types::EventKind::PolicyProposalRejected, &row, caller, json!({
-            "status": "rejected",
-            "comment": comment,
-        }));
+        let event = proposal_event(
+            api_types::EventKind::PolicyProposalRejected,
+            &row,
+            caller,
+            json!({
+                "status": "rejected",
+                "comment": comment,
+            }),
+        );
         let done = self
             .audit
             .decide_proposal(id, "rejected", (&caller.id, Some(&comment)), &event)
             .await?;
         if !done {
-            return Err(AppError::Conflict(format!("proposal {id} is {}, not open", row.status)));
+            return Err(AppError::Conflict(format!(
+                "proposal {id} is {}, not open",
+                row.status
+            )));
         }
         self.get_proposal(id).await
     }
@@ -370,7 +410,10 @@ impl App {
     pub async fn rebase_proposal(&self, id: &str, days: u32) -> Result<ProposalRow, AppError> {
         let mut row = self.get_proposal(id).await?;
         if row.status != "open" {
-            return Err(AppError::Conflict(format!("proposal {id} is {}, not open", row.status)));
+            return Err(AppError::Conflict(format!(
+                "proposal {id} is {}, not open",
+                row.status
+            )));
         }
         let active = self.policy.current();
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
@@ -380,7 +423,9 @@ impl App {
         row.tests_passed = candidate.tests.passed;
         row.evidence = sqlx::types::Json(evidence);
         if !self.audit.rebase_proposal(&row).await? {
-            return Err(AppError::Conflict(format!("proposal {id} is no longer open")));
+            return Err(AppError::Conflict(format!(
+                "proposal {id} is no longer open"
+            )));
         }
         Ok(row)
     }
@@ -395,7 +440,10 @@ impl App {
     async fn open_proposal(&self, caller: &ApiKey, id: &str) -> Result<ProposalRow, AppError> {
         let row = self.get_proposal(id).await?;
         if row.status != "open" {
-            return Err(AppError::Conflict(format!("proposal {id} is {}, not open", row.status)));
+            return Err(AppError::Conflict(format!(
+                "proposal {id} is {}, not open",
+                row.status
+            )));
         }
         if row.author_principal == caller.principal {
             return Err(AppError::Forbidden(
@@ -473,7 +521,12 @@ async fn write_policy_dir(policy_dir: &Path, candidate: &Candidate) -> Result<()
     let mut files: Vec<(PathBuf, Vec<u8>)> = candidate
         .changed
         .iter()
-        .map(|file| (PathBuf::from(&file.path), file.contents.clone().into_bytes()))
+        .map(|file| {
+            (
+                PathBuf::from(&file.path),
+                file.contents.clone().into_bytes(),
+            )
+        })
         .collect();
     let matrix = candidate.dir.join(policy_engine::matrix::MATRIX_FILE);
     if let Ok(bytes) = tokio::fs::read(&matrix).await {
@@ -481,7 +534,9 @@ async fn write_policy_dir(policy_dir: &Path, candidate: &Candidate) -> Result<()
     }
     let dir = policy_dir.to_owned();
     let written = tokio::task::spawn_blocking(move || {
-        files.iter().try_for_each(|(rel, bytes)| replace_file(&dir.join(rel), bytes))
+        files
+            .iter()
+            .try_for_each(|(rel, bytes)| replace_file(&dir.join(rel), bytes))
     })
     .await
     .unwrap_or_else(|err| Err(format!("write task: {err}")));
@@ -493,7 +548,9 @@ async fn write_policy_dir(policy_dir: &Path, candidate: &Candidate) -> Result<()
 
 /// `path`'s contents replaced by a temporary file renamed over it.
 fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let parent = path.parent().ok_or_else(|| format!("{} has no parent", path.display()))?;
+    let parent = path
+        .parent()
+        .ok_or_else(|| format!("{} has no parent", path.display()))?;
     let temp = parent.join(format!(".sandgate-{}", uuid::Uuid::new_v4()));
     std::fs::write(&temp, bytes)
         .and_then(|()| std::fs::rename(&temp, path))
@@ -502,7 +559,6 @@ fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
             format!("{}: {err}", path.display())
         })
 }
-
 
 impl App {
     /// An agent asks for access after its own denied or held execution `id`: a proposal from

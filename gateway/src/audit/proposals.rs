@@ -45,7 +45,11 @@ pub struct OpenCounts {
 
 impl AuditStore {
     /// Inserts the proposal and its `policy.proposed` event together.
-    pub async fn insert_proposal(&self, row: &ProposalRow, event: &NewEvent) -> Result<(), AuditError> {
+    pub async fn insert_proposal(
+        &self,
+        row: &ProposalRow,
+        event: &NewEvent,
+    ) -> Result<(), AuditError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO policy_proposals (id, created_at, title, rationale, author_key_id, \

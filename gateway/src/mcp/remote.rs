@@ -95,9 +95,21 @@ impl Remote {
     /// `POST path` with a JSON body: the status and the answer's bytes, whatever the status
     /// (for the admin subcommands, which print refusals themselves).
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Vec<u8>), String> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+        self.post_json_if_match(path, body, None).await
+    }
+
+    /// [`Remote::post_json`] with an `If-Match` header when `if_match` is given.
+    pub async fn post_json_if_match(
+        &self,
+        path: &str,
+        body: &Value,
+        if_match: Option<&str>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let mut request = self.http.post(format!("{}{path}", self.base));
+        if let Some(revision) = if_match {
+            request = request.header(reqwest::header::IF_MATCH, revision);
+        }
+        let response = request
             .bearer_auth(&self.key)
             .json(body)
             .send()
