@@ -232,6 +232,20 @@ impl Runner for Remote {
         self.json(self.http.delete(url)).await
     }
 
+    async fn request_access(
+        &self,
+        id: &str,
+        justification: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        let url = format!(
+            "{}/v1/executions/{}/access-request",
+            self.base,
+            encode_path(id)
+        );
+        let body = serde_json::json!({ "justification": justification });
+        self.json(self.http.post(url).json(&body)).await
+    }
+
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {
         let url = format!("{}/v1/executions/{execution_id}/outputs/{path}", self.base);
         let response = self.send(self.http.get(url)).await?;
