@@ -1,5 +1,6 @@
 //! Policy changes as reviewed proposals (issue 25), through the real stack: an in-process
 //! gateway on a real PostgreSQL, real runsc for the execution the approved change allows.
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests report failures by panicking
 
 mod common;
 
