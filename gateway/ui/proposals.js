@@ -71,7 +71,8 @@
         { comment: comment.value || undefined });
       if (reply.status === 200) say('Proposal ' + p.id + ' ' + (verb === 'approve' ? 'approved' : 'rejected') + '.');
       else say(verb + ' ' + p.id + ': ' + errorText(reply));
-      refresh();
+      await refresh();
+      await show(p.id);
     };
     approve.addEventListener('click', act('approve'));
     reject.addEventListener('click', act('reject'));
@@ -89,9 +90,11 @@
     }
     const p = reply.data;
     box.appendChild(el('h3', p.title));
-    box.appendChild(el('p', 'by ' + p.author_key_id + ' (' + p.origin + '), ' + when(p.created_at)
-      + (p.source_execution ? ', from ' + p.source_execution : '') + '; base ' + p.base_revision
-      + ' -> candidate ' + p.candidate_revision, 'muted'));
+    const by = el('p', 'by ' + p.author_key_id + ' (' + p.origin + '), ', 'muted');
+    by.appendChild(when(p.created_at));
+    by.appendChild(document.createTextNode((p.source_execution ? ', from ' + p.source_execution : '')
+      + '; base ' + p.base_revision + ' -> candidate ' + p.candidate_revision));
+    box.appendChild(by);
     if (p.rationale) box.appendChild(el('p', p.rationale));
     if (p.justification) {
       const words = el('blockquote', p.justification, 'agent-words');
