@@ -46,6 +46,12 @@ pub enum EventKind {
     KeyRotate,
     #[serde(rename = "policy.evaluate")]
     PolicyEvaluate,
+    #[serde(rename = "policy.proposal.approved")]
+    PolicyProposalApproved,
+    #[serde(rename = "policy.proposal.rejected")]
+    PolicyProposalRejected,
+    #[serde(rename = "policy.proposed")]
+    PolicyProposed,
     #[serde(rename = "policy.reload")]
     PolicyReload,
     #[serde(rename = "queue.refused")]
@@ -90,6 +96,9 @@ crate::text_forms::text_forms!(EventKind {
     KeyRevoke => "key.revoke",
     KeyRotate => "key.rotate",
     PolicyEvaluate => "policy.evaluate",
+    PolicyProposalApproved => "policy.proposal.approved",
+    PolicyProposalRejected => "policy.proposal.rejected",
+    PolicyProposed => "policy.proposed",
     PolicyReload => "policy.reload",
     QueueRefused => "queue.refused",
     QueueRefusedRepeated => "queue.refused.repeated",

@@ -286,6 +286,9 @@ enum PolicyCommand {
         /// another machine).
         #[arg(long)]
         upload: Option<PathBuf>,
+        /// Reload only while this revision is active (`If-Match`; else refused, 409).
+        #[arg(long, conflicts_with = "upload")]
+        if_match: Option<String>,
         #[command(flatten)]
         gateway: GatewayArgs,
     },
@@ -334,7 +337,8 @@ struct GatewayArgs {
 
 /// What an admin subcommand sends.
 enum AdminBody {
-    Json(serde_json::Value),
+    /// A JSON body, and the revision for `If-Match` if any.
+    Json(serde_json::Value, Option<String>),
     Bytes(&'static str, Vec<u8>),
 }
 
@@ -355,7 +359,11 @@ async fn admin_post(
     let tls = tls_files(gateway.ca_file, None, None);
     let remote = gateway::mcp::remote::Remote::new(&url, &key, &tls)?;
     let sent = match body {
-        AdminBody::Json(body) => remote.post_json(path, &body).await,
+        AdminBody::Json(body, if_match) => {
+            remote
+                .post_json_if_match(path, &body, if_match.as_deref())
+                .await
+        }
         AdminBody::Bytes(content_type, bytes) => remote.post_bytes(path, content_type, bytes).await,
     };
     let (status, answer) = sent.map_err(|message| anyhow::anyhow!(message))?;
@@ -811,7 +819,12 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
             let body = AdminBody::Bytes("application/gzip", bytes);
             admin_post(gateway, config, "/v1/policy/reload", body).await?;
         }
-        PolicyCommand::Reload { dir, gateway, .. } => {
+        PolicyCommand::Reload {
+            dir,
+            gateway,
+            if_match,
+            ..
+        } => {
             let body = match dir {
                 Some(dir) => {
                     let dir = std::path::absolute(&dir)
@@ -820,7 +833,8 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 }
                 None => serde_json::json!({}),
             };
-            admin_post(gateway, config, "/v1/policy/reload", AdminBody::Json(body)).await?;
+            let body = AdminBody::Json(body, if_match);
+            admin_post(gateway, config, "/v1/policy/reload", body).await?;
         }
         PolicyCommand::Rollback { revision, gateway } => {
             let body = match revision {
@@ -831,7 +845,7 @@ async fn policy(command: PolicyCommand, config: &Config) -> anyhow::Result<()> {
                 gateway,
                 config,
                 "/v1/policy/rollback",
-                AdminBody::Json(body),
+                AdminBody::Json(body, None),
             )
             .await?;
         }

@@ -55,6 +55,13 @@
       ['decision id', d.id],
       ['policy revision', d.policy_revision],
     ]));
+    if ((x.status === 'denied' || x.status === 'pending_approval') && sg.proposals) {
+      const propose = el('button', 'Propose a change');
+      propose.type = 'button';
+      propose.className = 'propose';
+      propose.addEventListener('click', () => sg.proposals.proposeFrom(x.id));
+      part.appendChild(propose);
+    }
     const reasons = d.reasons || [];
     if (reasons.length === 0) part.appendChild(el('p', 'No reasons given.', 'muted'));
     else part.appendChild(table(['Reason', 'Message'], reasons, (r) => [r.code, r.message], 'reasons'));

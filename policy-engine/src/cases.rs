@@ -5,7 +5,7 @@
 //! as the golden `decisions.out`, is ignored):
 //!
 //! ```yaml
-//! entry: execution            # optional: `execution` (default) or `egress`, for every case here
+//! entry: execution            # optional: `execution` (default), `egress` or `suggest`
 //! base_input: {...}           # optional (default {}): the input every case starts from
 //! cases:
 //!   - name: classroom does not allow bash       # unique within the file
@@ -40,7 +40,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 
 use crate::engine::to_regorus;
-use crate::{PolicyEngine, PolicyError};
+use crate::{merge_patch, PolicyEngine, PolicyError};
 
 /// Fields of an execution decision that `expect` may name.
 const EXECUTION_FIELDS: &[&str] = &[
@@ -54,6 +54,8 @@ const EXECUTION_FIELDS: &[&str] = &[
 ];
 /// Fields of an egress decision that `expect` may name.
 const EGRESS_FIELDS: &[&str] = &["allow", "reasons", "credentials", "upgrade"];
+/// Fields of a suggestion that `expect` may name.
+const SUGGEST_FIELDS: &[&str] = &["patch", "error"];
 /// `expect` keys that check reason codes only.
 const REASON_CODES: &str = "reason_codes";
 const REASONS_INCLUDE: &str = "reasons_include";
@@ -196,6 +198,9 @@ enum Entry {
     #[default]
     Execution,
     Egress,
+    /// `data.sandgate.suggest`: the input is `{input, reasons}` of a past decision; the answer
+    /// is `{"patch": <the suggested merge patches, or null>}`.
+    Suggest,
 }
 
 #[derive(Debug, Deserialize)]
@@ -303,6 +308,7 @@ fn read_case_file(path: &Path) -> Result<CaseFile, PolicyError> {
         let fields = match case.entry.unwrap_or(file.entry) {
             Entry::Execution => EXECUTION_FIELDS,
             Entry::Egress => EGRESS_FIELDS,
+            Entry::Suggest => SUGGEST_FIELDS,
         };
         if case.expect.is_empty() {
             return Err(cases_err(format!("case {:?} expects nothing", case.name)));
@@ -333,27 +339,9 @@ fn decide(
     let decision = match entry {
         Entry::Execution => serde_json::to_value(engine.decide_value(input, Some(session))),
         Entry::Egress => serde_json::to_value(engine.decide_egress_value(input, Some(session))),
+        Entry::Suggest => Ok(engine.suggest_value(input, Some(session))),
     };
     decision.unwrap_or_else(|err| Value::String(format!("unserializable decision: {err}")))
-}
-
-/// JSON merge patch (RFC 7386).
-fn merge_patch(base: &mut Value, patch: &Value) {
-    let Value::Object(patch) = patch else {
-        *base = patch.clone();
-        return;
-    };
-    if !base.is_object() {
-        *base = empty_object();
-    }
-    let Value::Object(base) = base else { return };
-    for (key, value) in patch {
-        if value.is_null() {
-            base.remove(key);
-        } else {
-            merge_patch(base.entry(key.clone()).or_insert(Value::Null), value);
-        }
-    }
 }
 
 /// Empty when `actual` meets `expect`; otherwise one block per differing field.

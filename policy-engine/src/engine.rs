@@ -20,6 +20,9 @@ const DECISION_PACKAGE: [&str; 2] = ["sandgate", "execution"];
 /// without it every connection is denied with `policy.error`.
 pub const EGRESS_RULE: &str = "data.sandgate.egress.decision";
 const EGRESS_PACKAGE: [&str; 2] = ["sandgate", "egress"];
+/// The rule that turns a denied or held decision into a proposed change of the bundle's data
+/// (a JSON merge patch per data file). A bundle need not define it.
+pub const SUGGEST_RULE: &str = "data.sandgate.suggest";
 /// Both entry points name their rule `decision`.
 const DECISION_NAME: &str = "decision";
 
@@ -183,6 +186,53 @@ impl PolicyEngine {
     /// Same as [`PolicyEngine::decide_egress`] for a raw input (`sandgate policy eval`, dry runs).
     pub fn decide_egress_json(&self, input: &serde_json::Value) -> EgressDecision {
         self.decide_egress_value(to_regorus(input), None)
+    }
+
+    /// The bundle's suggested change for one past decision: [`SUGGEST_RULE`] evaluated with
+    /// `{"input": <the decision's input>, "reasons": [<its reasons>]}`. `Ok(None)` when the bundle
+    /// defines no suggestion for it (the rule is absent, undefined or an empty object); the
+    /// value is a map of data file (`data/tenants.yaml`) to a JSON merge patch (RFC 7386).
+    pub fn suggest(
+        &self,
+        input: &serde_json::Value,
+        reasons: &[crate::Reason],
+    ) -> Result<Option<serde_json::Value>, String> {
+        let question = serde_json::json!({"input": input, "reasons": reasons});
+        self.suggestion(to_regorus(&question), None)
+    }
+
+    /// [`PolicyEngine::suggest`] as a test case sees it: `{"patch": ...}` or `{"error": ...}`.
+    pub(crate) fn suggest_value(
+        &self,
+        question: Result<regorus::Value, String>,
+        session: Option<&mut regorus::Engine>,
+    ) -> serde_json::Value {
+        match self.suggestion(question, session) {
+            Ok(patch) => serde_json::json!({ "patch": patch }),
+            Err(error) => serde_json::json!({ "error": error }),
+        }
+    }
+
+    fn suggestion(
+        &self,
+        question: Result<regorus::Value, String>,
+        session: Option<&mut regorus::Engine>,
+    ) -> Result<Option<serde_json::Value>, String> {
+        let question = question?;
+        let value = match session {
+            Some(session) => interpret(session, SUGGEST_RULE, question)?,
+            None => interpret(&mut self.prepared.clone(), SUGGEST_RULE, question)?,
+        };
+        if value == regorus::Value::Undefined {
+            return Ok(None);
+        }
+        let json = serde_json::to_value(&value)
+            .map_err(|err| format!("cannot read the suggestion: {err}"))?;
+        match json {
+            serde_json::Value::Object(map) if map.is_empty() => Ok(None),
+            serde_json::Value::Object(_) => Ok(Some(json)),
+            other => Err(format!("{SUGGEST_RULE} must be an object, not {other}")),
+        }
     }
 
     /// An evaluation engine for this bundle that records which lines run; `crate::cases`

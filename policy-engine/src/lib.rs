@@ -27,12 +27,14 @@ mod engine;
 mod error;
 mod hosts;
 pub mod matrix;
+mod patch;
 mod types;
 
 pub use bundle::{revision_of, SourceFile};
-pub use engine::{PolicyEngine, DECISION_RULE, EGRESS_RULE, EVAL_TIME_LIMIT};
+pub use engine::{PolicyEngine, DECISION_RULE, EGRESS_RULE, EVAL_TIME_LIMIT, SUGGEST_RULE};
 pub use error::PolicyError;
 pub use hosts::validate_host_pattern;
+pub use patch::merge_patch;
 pub use types::{
     Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
     HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,

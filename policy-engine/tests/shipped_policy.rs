@@ -28,9 +28,9 @@ fn yaml_decision_cases_pass_with_coverage() {
     assert!(report.outcomes.len() >= 40, "{rendered}");
     assert_eq!(report.failed(), 0, "{rendered}");
     assert!(report.coverage_percent() >= 90.0, "{rendered}");
-    // Both entry points are covered, file by file.
+    // Both entry points and the suggestions are covered, file by file.
     let files: Vec<&str> = report.coverage.iter().map(|f| f.file.as_str()).collect();
-    assert_eq!(files, ["egress.rego", "execution.rego"]);
+    assert_eq!(files, ["egress.rego", "execution.rego", "suggest.rego"]);
     assert!(rendered.ends_with(&format!("\n{} passed, 0 failed\n", report.passed())));
 }
 
@@ -83,7 +83,7 @@ fn bundle_lists_policy_and_data_but_not_tests_or_docs() {
     let engine = shipped();
     assert_eq!(
         engine.files(),
-        ["data/tenants.yaml", "egress.rego", "execution.rego"]
+        ["data/tenants.yaml", "egress.rego", "execution.rego", "suggest.rego"]
     );
     assert!(engine.has_egress());
     assert!(engine.revision().starts_with("sha256:"));

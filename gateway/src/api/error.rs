@@ -94,6 +94,10 @@ impl From<AppError> for ApiError {
             AppError::Forbidden(message) => ApiError::new(ErrorCode::Forbidden, message),
             AppError::NotFoundWhy(message) => ApiError::new(ErrorCode::NotFound, message),
             AppError::Conflict(message) => ApiError::new(ErrorCode::Conflict, message),
+            AppError::RevisionConflict(message) => {
+                ApiError::new(ErrorCode::RevisionConflict, message)
+            }
+            AppError::NoSuggestion(message) => ApiError::new(ErrorCode::NoSuggestion, message),
             AppError::RateLimited(message) => ApiError::new(
                 ErrorCode::RateLimited,
                 format!("{message}; try again later"),

@@ -17,6 +17,7 @@ pub mod metrics;
 pub mod openapi;
 pub mod payloads;
 pub mod policy;
+pub mod proposals;
 pub mod query;
 pub mod sessions;
 pub mod ui;
@@ -114,6 +115,16 @@ pub fn routes() -> Vec<Route> {
         post("/v1/policy/evaluate", policy::evaluate),
         post("/v1/policy/reload", policy::reload),
         post("/v1/policy/rollback", policy::rollback),
+        post("/v1/policy/proposals", proposals::create),
+        get("/v1/policy/proposals", proposals::list),
+        get("/v1/policy/proposals/{id}", proposals::get),
+        post("/v1/policy/proposals/{id}/approve", proposals::approve),
+        post("/v1/policy/proposals/{id}/reject", proposals::reject),
+        post("/v1/policy/proposals/{id}/rebase", proposals::rebase),
+        post(
+            "/v1/executions/{id}/access-request",
+            proposals::access_request,
+        ),
         post("/v1/keys", keys::create),
         get("/v1/keys", keys::list),
         get("/v1/me", me::me),

@@ -20,7 +20,7 @@ use utoipa::{Modify, OpenApi};
 use super::error::ErrorBody;
 use super::{
     approvals, audit, charts, executions, health, keys, listing, mcp, me, metrics, payloads,
-    policy, sessions, ui,
+    policy, proposals, sessions, ui,
 };
 
 #[derive(OpenApi)]
@@ -69,6 +69,13 @@ use super::{
         policy::evaluate,
         policy::reload,
         policy::rollback,
+        proposals::create,
+        proposals::list,
+        proposals::get,
+        proposals::approve,
+        proposals::reject,
+        proposals::rebase,
+        proposals::access_request,
         keys::create,
         keys::list,
         keys::revoke,

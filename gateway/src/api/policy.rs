@@ -13,7 +13,7 @@ use policy_engine::{EgressInput, Reason};
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
-use crate::app::policy::{ReloadError, Source};
+use crate::app::policy::{Guard, ReloadError, Source};
 use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
 use crate::app::App;
@@ -154,7 +154,8 @@ pub struct RollbackRequest {
     tag = "policy",
     operation_id = "policy_reload",
     summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip; the credentials' values are read again.",
-    description = "The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
+    description = "With `If-Match: <revision>`, only while that revision is active (else 409 \
+        `revision_conflict`, nothing changes). The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
         the credential whose value could not be read (the previous values then stay).",
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
@@ -170,6 +171,10 @@ pub async fn reload(
     body: axum::extract::Request,
 ) -> Result<Json<api_types::PolicyAccepted>, ApiError> {
     caller.require_role(&[Role::Admin])?;
+    let guard = Guard {
+        if_match: if_match(&body)?,
+        proposal: None,
+    };
     let credentials = Some(match app.reload_credentials(&caller.0.id) {
         None => json!({"reloaded": 0}),
         Some(Ok(count)) => json!({"reloaded": count}),
@@ -185,6 +190,12 @@ pub async fn reload(
                 )
             })?;
         let incoming = app.config.data_dir.join("policy-incoming");
+        if guard.if_match.is_some() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                "If-Match is taken with a reload of a directory, not with an upload",
+            ));
+        }
         let uploaded = app
             .policy
             .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
@@ -198,9 +209,21 @@ pub async fn reload(
     };
     let reloaded = app
         .policy
-        .reload_from(&app.audit, &caller.0.id, source)
+        .reload_guarded(&app.audit, &caller.0.id, source, guard)
         .await;
     answer(&app, reloaded, credentials).await
+}
+
+/// `If-Match: <revision>` (quotes allowed, as for an entity tag): reload only while that
+/// revision is active, else 409 `revision_conflict`.
+fn if_match(body: &axum::extract::Request) -> Result<Option<String>, ApiError> {
+    let Some(value) = body.headers().get(axum::http::header::IF_MATCH) else {
+        return Ok(None);
+    };
+    let text = value
+        .to_str()
+        .map_err(|_| ApiError::new(ErrorCode::InvalidRequest, "If-Match must be a revision"))?;
+    Ok(Some(text.trim().trim_matches('"').to_owned()))
 }
 
 #[utoipa::path(
@@ -250,7 +273,7 @@ fn is_gzip(body: &axum::extract::Request) -> bool {
 }
 
 /// A JSON body that may be absent (empty: the default).
-async fn optional_body<T: Default + serde::de::DeserializeOwned>(
+pub(super) async fn optional_body<T: Default + serde::de::DeserializeOwned>(
     body: axum::extract::Request,
 ) -> Result<T, ApiError> {
     let bytes = axum::body::to_bytes(body.into_body(), MAX_RELOAD_BODY)
@@ -301,6 +324,9 @@ async fn answer(
             execution_id: None,
             retry_after: None,
         }),
+        Err(ReloadError::RevisionConflict { message, .. }) => {
+            Err(ApiError::new(ErrorCode::RevisionConflict, message))
+        }
         Err(ReloadError::App(err)) => Err(err.into()),
     }
 }

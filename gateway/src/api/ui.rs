@@ -25,6 +25,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../../ui/detail.js"),
     ),
     (
+        "proposals.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../../ui/proposals.js"),
+    ),
+    (
         "common.js",
         "text/javascript; charset=utf-8",
         include_str!("../../ui/common.js"),

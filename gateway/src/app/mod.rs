@@ -15,6 +15,8 @@ mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;
 pub mod pool;
+mod proposal_candidate;
+pub mod proposals;
 mod purged_outputs;
 pub mod reaper;
 pub mod refusals;
@@ -203,6 +205,12 @@ pub enum AppError {
     Conflict(String),
     #[error("{0}")]
     RateLimited(String),
+    /// A policy change built on a revision that is no longer the active one.
+    #[error("{0}")]
+    RevisionConflict(String),
+    /// The bundle suggests nothing for that decision.
+    #[error("{0}")]
+    NoSuggestion(String),
     #[error("the audit store is unavailable")]
     Unavailable(#[from] AuditError),
     /// Another replica that must act did not (in time): 503 with this message.

@@ -124,6 +124,9 @@ pub enum Source {
     /// A revision another replica loaded, written into this directory from its stored files;
     /// it must read as that revision.
     Stored(PathBuf, String),
+    /// An approved proposal's candidate, written into this directory; it must read as this
+    /// revision (`app/proposals.rs`).
+    Proposal(PathBuf, String),
 }
 
 /// The policy directory and the bundle currently answering for it.
@@ -187,6 +190,14 @@ impl PolicyHandle {
         &self.dir
     }
 
+    /// The `tests/` of `revision` as it was kept, else the policy directory's.
+    pub fn tests_of(&self, revision: &str) -> PathBuf {
+        let kept = self.revisions.as_ref().and_then(|r| r.path_of(revision));
+        kept.map(|dir| dir.join("tests"))
+            .filter(|tests| tests.is_dir())
+            .unwrap_or_else(|| self.dir.join("tests"))
+    }
+
     /// The bundle to decide with. Use the same `Arc` for a decision and the revision it names.
     pub fn current(&self) -> Arc<ActivePolicy> {
         Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
@@ -211,13 +222,36 @@ impl PolicyHandle {
         loaded_by: &str,
         source: Source,
     ) -> Result<ReloadAccepted, ReloadError> {
+        self.reload_guarded(audit, loaded_by, source, Guard::default())
+            .await
+    }
+
+    /// [`PolicyHandle::reload_from`] under `guard`: with `if_match`, only while that revision is
+    /// the active one (checked under the reload lock, so two guarded reloads of one base cannot
+    /// both apply: compare-and-swap); the reload event names `guard.proposal`.
+    pub async fn reload_guarded(
+        &self,
+        audit: &AuditStore,
+        loaded_by: &str,
+        source: Source,
+        guard: Guard,
+    ) -> Result<ReloadAccepted, ReloadError> {
         let _one_at_a_time = self.reloading.lock().await;
         let previous = self.current().state.revision().to_owned();
         let context = ReloadContext {
             loaded_by: loaded_by.to_owned(),
             source: source_name(&source),
             previous: previous.clone(),
+            proposal: guard.proposal.clone(),
         };
+        if let Some(expected) = guard.if_match.filter(|expected| *expected != previous) {
+            let message = format!("the active revision is {previous}, not {expected}");
+            let _audited = context.reject(audit, &self.dir, message.clone()).await;
+            return Err(ReloadError::RevisionConflict {
+                message,
+                active_revision: previous,
+            });
+        }
         let resolved = self.resolve(&source, &previous);
         let (dir, wanted) = match resolved {
             Ok(found) => found,
@@ -281,6 +315,7 @@ impl PolicyHandle {
                     loaded_by: loaded_by.to_owned(),
                     source: "upload",
                     previous: self.current().state.revision().to_owned(),
+                    proposal: None,
                 };
                 let message = format!("the uploaded bundle was refused: {message}");
                 Err(context.reject(audit, &dir, message).await)
@@ -305,7 +340,9 @@ impl PolicyHandle {
                 dir.display()
             )),
             Source::Dir(dir) | Source::Upload(dir) => Ok((dir.clone(), None)),
-            Source::Stored(dir, revision) => Ok((dir.clone(), Some(revision.clone()))),
+            Source::Stored(dir, revision) | Source::Proposal(dir, revision) => {
+                Ok((dir.clone(), Some(revision.clone())))
+            }
             Source::Revision(wanted) => {
                 let Some(revisions) = &self.revisions else {
                     return Err("this gateway keeps no revisions".to_owned());
@@ -331,6 +368,16 @@ struct ReloadContext {
     loaded_by: String,
     source: &'static str,
     previous: String,
+    proposal: Option<String>,
+}
+
+/// A reload's precondition and what it applies.
+#[derive(Debug, Clone, Default)]
+pub struct Guard {
+    /// The revision that must be active (`If-Match`, a proposal's base); else 409.
+    pub if_match: Option<String>,
+    /// The approved proposal this reload applies, named in its event.
+    pub proposal: Option<String>,
 }
 
 fn source_name(source: &Source) -> &'static str {
@@ -340,18 +387,23 @@ fn source_name(source: &Source) -> &'static str {
         Source::Revision(_) => "rollback",
         Source::Upload(_) => "upload",
         Source::Stored(..) => "replica",
+        Source::Proposal(..) => "proposal",
     }
 }
 
 impl ReloadContext {
     fn event(&self, dir: &Path, accepted: Option<&str>, error: Option<&str>) -> NewEvent {
-        reload_event(
+        let mut event = reload_event(
             &self.loaded_by,
             (self.source, dir),
             &self.previous,
             accepted,
             error,
-        )
+        );
+        if let Some(proposal) = &self.proposal {
+            event.input["proposal"] = json!(proposal);
+        }
+        event
     }
 
     /// Audits the refusal and says why; the active bundle stays.
@@ -393,6 +445,12 @@ async fn checked_candidate(dir: PathBuf, wanted: Option<String>) -> Result<Polic
 pub enum ReloadError {
     #[error("the candidate policy bundle was rejected: {message}")]
     Rejected {
+        message: String,
+        active_revision: String,
+    },
+    /// `If-Match` (or a proposal's base) is not the active revision; nothing changed.
+    #[error("revision conflict: {message}")]
+    RevisionConflict {
         message: String,
         active_revision: String,
     },

@@ -354,7 +354,9 @@ fn answer_of(err: AppError, instance: &str) -> (TurnErrorCode, String) {
         AppError::NotFound => (TurnErrorCode::NotFound, "no such resource".to_owned()),
         AppError::NotFoundWhy(message) => (TurnErrorCode::NotFound, message),
         AppError::Forbidden(message) => (TurnErrorCode::Forbidden, message),
-        AppError::Conflict(message) => (TurnErrorCode::Conflict, message),
+        AppError::Conflict(message)
+        | AppError::RevisionConflict(message)
+        | AppError::NoSuggestion(message) => (TurnErrorCode::Conflict, message),
         AppError::RateLimited(message) => (TurnErrorCode::RateLimited, message),
         AppError::ReplicaUnavailable(message) => (TurnErrorCode::Unavailable, message),
         AppError::Unavailable(err) => {

@@ -11,6 +11,7 @@ pub mod group;
 pub mod journal;
 pub mod key_withdrawals;
 pub mod keys;
+pub mod proposals;
 pub mod read;
 pub mod replicas;
 pub mod review;

@@ -72,6 +72,18 @@ impl Runner for Local {
         session_value(row.map_err(|err| refusal(ApiError::from(err)))?)
     }
 
+    async fn request_access(
+        &self,
+        id: &str,
+        justification: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        let asked = self
+            .app
+            .request_access(&self.caller, id, justification.to_owned());
+        let row = asked.await.map_err(|err| refusal(ApiError::from(err)))?;
+        Ok(serde_json::json!({"proposal_id": row.id, "status": row.status, "patch": row.patch.0}))
+    }
+
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {
         let download = self
             .app

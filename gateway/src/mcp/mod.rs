@@ -12,6 +12,7 @@
 //! `POST /v1/executions` (or the session routes) are: this module never reaches the runtime or
 //! the audit store itself.
 
+mod access_tool;
 pub mod local;
 pub mod protocol;
 pub mod remote;
@@ -94,4 +95,11 @@ pub trait Runner: Sync {
     ) -> impl Future<Output = Result<ExecutionView, Refusal>> + Send;
     /// Closes session `id`; returns it as the API shows it.
     fn close_session(&self, id: &str) -> impl Future<Output = Result<SessionView, Refusal>> + Send;
+    /// Asks for access after execution `id` was refused
+    /// (`POST /v1/executions/{id}/access-request`); returns the answer.
+    fn request_access(
+        &self,
+        id: &str,
+        justification: &str,
+    ) -> impl Future<Output = Result<serde_json::Value, Refusal>> + Send;
 }

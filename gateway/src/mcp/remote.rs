@@ -95,9 +95,21 @@ impl Remote {
     /// `POST path` with a JSON body: the status and the answer's bytes, whatever the status
     /// (for the admin subcommands, which print refusals themselves).
     pub async fn post_json(&self, path: &str, body: &Value) -> Result<(u16, Vec<u8>), String> {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
+        self.post_json_if_match(path, body, None).await
+    }
+
+    /// [`Remote::post_json`] with an `If-Match` header when `if_match` is given.
+    pub async fn post_json_if_match(
+        &self,
+        path: &str,
+        body: &Value,
+        if_match: Option<&str>,
+    ) -> Result<(u16, Vec<u8>), String> {
+        let mut request = self.http.post(format!("{}{path}", self.base));
+        if let Some(revision) = if_match {
+            request = request.header(reqwest::header::IF_MATCH, revision);
+        }
+        let response = request
             .bearer_auth(&self.key)
             .json(body)
             .send()
@@ -218,6 +230,20 @@ impl Runner for Remote {
     async fn close_session(&self, id: &str) -> Result<SessionView, Refusal> {
         let url = format!("{}/v1/sessions/{}", self.base, encode_path(id));
         self.json(self.http.delete(url)).await
+    }
+
+    async fn request_access(
+        &self,
+        id: &str,
+        justification: &str,
+    ) -> Result<serde_json::Value, Refusal> {
+        let url = format!(
+            "{}/v1/executions/{}/access-request",
+            self.base,
+            encode_path(id)
+        );
+        let body = serde_json::json!({ "justification": justification });
+        self.json(self.http.post(url).json(&body)).await
     }
 
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {

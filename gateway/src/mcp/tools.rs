@@ -22,6 +22,7 @@ const ARGUMENTS: [&str; 5] = ["code", "language", "files", "network", "timeout_m
 pub fn list() -> Value {
     let mut tools = vec![run_code_tool()];
     tools.extend(super::session_tools::list());
+    tools.push(super::access_tool::tool());
     Value::Array(tools)
 }
 
@@ -77,6 +78,9 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
             ))
         }
     };
+    if name == super::access_tool::NAME {
+        return super::access_tool::call(runner, arguments).await;
+    }
     if super::session_tools::NAMES.contains(&name) {
         return super::session_tools::call(runner, name, arguments).await;
     }
@@ -84,8 +88,9 @@ pub async fn call<R: Runner>(runner: &R, params: &Value) -> Result<Value, RpcErr
         return Err(RpcError::new(
             INVALID_PARAMS,
             format!(
-                "unknown tool {name:?}: the tools are run_code and {}",
-                super::session_tools::NAMES.join(", ")
+                "unknown tool {name:?}: the tools are run_code, {} and {}",
+                super::session_tools::NAMES.join(", "),
+                super::access_tool::NAME
             ),
         ));
     }

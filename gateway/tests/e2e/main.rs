@@ -61,6 +61,8 @@ mod output_kept;
 mod output_kept_cli;
 mod policy;
 mod policy_reload;
+mod proposals;
+mod proposals_page;
 mod python_sdk;
 mod records;
 mod refusals;

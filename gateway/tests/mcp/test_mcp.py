@@ -34,7 +34,7 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
     init = await session.initialize()
     assert init.server_info.name == "sandgate"
     tools = await session.list_tools()
-    assert [tool.name for tool in tools.tools] == ["run_code", "open_session", "run_in_session", "close_session"]
+    assert [tool.name for tool in tools.tools] == ["run_code", "open_session", "run_in_session", "close_session", "request_access"]
     assert "code" in tools.tools[0].input_schema["required"]
     assert tools.tools[2].input_schema["required"] == ["session_id", "code"]
 
