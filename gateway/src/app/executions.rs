@@ -221,7 +221,7 @@ impl App {
             principal: Principal {
                 key_id: caller.id.clone(),
                 tenant: caller.tenant.clone(),
-                role: caller.role.clone(),
+                role: caller.role.as_str().to_owned(),
             },
             request: RequestInput {
                 language: request.language.clone(),
@@ -257,7 +257,7 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
         Vec::new()
     });
     json!(api_types::ExitEvent {
-        status: ExecutionStatus::parse(&row.status).unwrap_or(ExecutionStatus::Error),
+        status: row.status,
         exit_code: row.exit_code,
         duration_ms: row.duration_ms,
         stdout_truncated: row.stdout_truncated,
@@ -289,9 +289,7 @@ pub(super) fn new_row(
             ExecutionStatus::Queued
         } else {
             ExecutionStatus::Denied
-        }
-        .as_str()
-        .to_owned(),
+        },
         decision_id: crate::ids::new("dc"),
         allow: decision.allow,
         reasons: Json(decision.reasons.clone()),

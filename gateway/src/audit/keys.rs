@@ -13,6 +13,7 @@ use serde_json::json;
 use sqlx::{Postgres, Transaction};
 
 use super::{chain, key_hash, AuditError, AuditStore, NewEvent};
+use crate::role::Role;
 
 /// `last_used_at` is written at most this often per key (seconds), so authentication does not
 /// turn every request into a write.
@@ -21,7 +22,7 @@ const LAST_USED_GRANULARITY_S: i64 = 60;
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApiKey {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub tenant: String,
     /// The person or system behind the key (default: the key id), normalised
     /// (`crate::principal`). A reviewer key of the requesting principal cannot approve that
@@ -30,14 +31,9 @@ pub struct ApiKey {
 }
 
 impl ApiKey {
-    /// The key's role, `None` for a name that is none (such a key matches no role check).
-    pub fn role(&self) -> Option<crate::role::Role> {
-        crate::role::Role::parse(&self.role)
-    }
-
     /// Whether the key holds one of `roles`.
-    pub fn is_any(&self, roles: &[crate::role::Role]) -> bool {
-        self.role().is_some_and(|role| roles.contains(&role))
+    pub fn is_any(&self, roles: &[Role]) -> bool {
+        roles.contains(&self.role)
     }
 }
 
@@ -54,7 +50,7 @@ pub struct NewKey {
 /// checked by `crate::principal::normalise`) and optional expiry.
 #[derive(Debug, Clone, Copy)]
 pub struct KeySpec<'a> {
-    pub role: &'a str,
+    pub role: Role,
     pub tenant: &'a str,
     pub principal: Option<&'a str>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -64,7 +60,7 @@ pub struct KeySpec<'a> {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct KeyRow {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub tenant: String,
     pub principal: String,
     pub created_at: DateTime<Utc>,
@@ -140,7 +136,7 @@ impl AuditStore {
         principal: Option<&str>,
     ) -> Result<NewKey, AuditError> {
         let spec = KeySpec {
-            role,
+            role: Role::parse(role).ok_or_else(|| AuditError::UnknownRole(role.to_owned()))?,
             tenant,
             principal,
             expires_at: None,
@@ -178,7 +174,7 @@ impl AuditStore {
     /// The live key (not revoked, not expired) whose secret this is, if any. Marks it used
     /// (at most once a minute).
     pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
-        let found: Option<(String, String, String, String, bool)> = sqlx::query_as(
+        let found: Option<(String, Role, String, String, bool)> = sqlx::query_as(
             "SELECT id, role, tenant, COALESCE(principal, id), \
              last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2) \
              FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
@@ -266,7 +262,7 @@ impl AuditStore {
             return Ok(None);
         }
         let spec = KeySpec {
-            role: &old.role,
+            role: old.role,
             tenant: &old.tenant,
             principal: Some(&old.principal),
             expires_at,

@@ -16,6 +16,7 @@ pub mod review;
 pub mod session_approvals;
 pub mod session_turns;
 pub mod sessions;
+pub mod unknown_value;
 pub mod verify;
 
 use std::sync::Arc;
@@ -41,21 +42,34 @@ pub enum AuditError {
     /// The group-committed batch this write was in did not commit: no write of it is stored.
     #[error("audit store unavailable (the batch this write was in did not commit)")]
     Batch(#[source] Arc<sqlx::Error>),
+    /// A row holds a value outside its closed set ([`unknown_value`]): it is not read.
+    #[error("the store holds a value this version does not know")]
+    UnknownValue(#[source] sqlx::Error),
+    /// A key was asked for with a role that is none (callers parse roles first).
+    #[error("not a role: {0:?}")]
+    UnknownRole(String),
 }
 
 impl AuditError {
     /// The database error inside, as its own value (a batch's shared one is described).
     pub fn into_sqlx(self) -> sqlx::Error {
         match self {
-            AuditError::Unavailable(err) => err,
+            AuditError::Unavailable(err) | AuditError::UnknownValue(err) => err,
             AuditError::Batch(err) => sqlx::Error::Protocol(format!("audit batch failed: {err}")),
+            AuditError::UnknownRole(role) => sqlx::Error::Protocol(format!("not a role: {role:?}")),
         }
     }
 }
 
 impl From<sqlx::Error> for AuditError {
     fn from(err: sqlx::Error) -> Self {
-        AuditError::Unavailable(err)
+        match unknown_value::unknown_text(&err) {
+            Some(unknown) => {
+                unknown_value::note(unknown);
+                AuditError::UnknownValue(err)
+            }
+            None => AuditError::Unavailable(err),
+        }
     }
 }
 
@@ -71,7 +85,7 @@ pub struct ExecutionRow {
     pub code_sha256: String,
     pub code_bytes: i64,
     pub labels: Json<Value>,
-    pub status: String,
+    pub status: ExecutionStatus,
     pub decision_id: String,
     pub allow: bool,
     pub reasons: Json<Vec<Reason>>,
@@ -111,23 +125,18 @@ pub struct ExecutionRow {
 }
 
 impl ExecutionRow {
-    /// Whether the record is in `status` (compared through the closed set, not by text).
-    pub fn is(&self, status: crate::status::ExecutionStatus) -> bool {
-        crate::status::ExecutionStatus::parse(&self.status) == Some(status)
+    /// Whether the record is in `status`.
+    pub fn is(&self, status: ExecutionStatus) -> bool {
+        self.status == status
     }
 }
-
-/// An execution status, the text of an [`ExecutionStatus`] (named, so that serde reads it with
-/// [`durable::known_status`] instead of borrowing it from the input).
-pub type Status = &'static str;
 
 /// How an execution ended, written once the sandbox is gone (or journaled, see
 /// [`journal`], when the database cannot take it).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Completion {
-    #[serde(deserialize_with = "durable::known_status")]
-    pub status: Status,
+    pub status: ExecutionStatus,
     pub exit_code: Option<i32>,
     pub duration_ms: i64,
     /// The program's bytes as they are: stored as `bytea`, journaled as base64.
@@ -237,16 +246,14 @@ impl AuditStore {
             DecisionOutcome::Deny
         };
         self.metrics.decision(outcome);
-        self.count_if_final(&row.status);
+        self.count_if_final(row.status);
         Ok(())
     }
 
     /// Counts a record that has reached a final status.
-    fn count_if_final(&self, status: &str) {
-        match ExecutionStatus::parse(status) {
-            Some(status) if status.is_final() => self.metrics.execution_finished(status),
-            Some(_) => {}
-            None => tracing::warn!(status, "execution record with an unknown status"),
+    fn count_if_final(&self, status: ExecutionStatus) {
+        if status.is_final() {
+            self.metrics.execution_finished(status);
         }
     }
 
@@ -494,7 +501,7 @@ pub(crate) async fn insert_execution(
     .bind(&row.code_sha256)
     .bind(row.code_bytes)
     .bind(&row.labels)
-    .bind(&row.status)
+    .bind(row.status)
     .bind(&row.decision_id)
     .bind(row.allow)
     .bind(&row.reasons)
