@@ -15,7 +15,7 @@ use super::launch::{command_for, Launch, Program};
 pub use super::request::{ExecutionRequest, FileUpload, MAX_CODE_BYTES};
 use super::validate::check_fields;
 use super::{App, AppError};
-use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::audit::{events, ApiKey, ExecutionRow, NewEvent};
 use crate::role::Role;
 use crate::status::ExecutionStatus;
 
@@ -188,9 +188,12 @@ impl App {
             tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: Some(true),
-            reasons: json!([]),
-            input: json!({"requested_by": caller.id, "requested_by_tenant": caller.tenant}),
-            decision: json!({"cancel": true}),
+            reasons: events::no_reasons(),
+            input: events::column(&events::execution::Cancel {
+                requested_by: caller.id.clone(),
+                requested_by_tenant: caller.tenant.clone(),
+            }),
+            decision: events::column(&events::execution::Cancelled { cancel: true }),
             policy_revision: None,
         };
         self.audit.record_event(&event).await?;

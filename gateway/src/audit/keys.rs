@@ -9,10 +9,12 @@
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::Serialize;
-use serde_json::json;
 use sqlx::{Postgres, Transaction};
 
-use super::{chain, key_hash, AuditError, AuditStore, NewEvent};
+use super::events::keys::{
+    KeyCreate, KeyCreated, KeyRevoke, KeyRevoked, KeyRotate, KeyRotated, Via,
+};
+use super::{chain, events, key_hash, AuditError, AuditStore, NewEvent};
 use crate::role::Role;
 
 /// `last_used_at` is written at most this often per key (seconds), so authentication does not
@@ -71,7 +73,7 @@ pub struct KeyRow {
 }
 
 /// Whether a key still works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyState {
     Active,
@@ -157,14 +159,16 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyCreate,
             creator,
-            json!({
-                "role": spec.role,
-                "tenant": spec.tenant,
-                "principal": key.principal,
-                "expires_at": spec.expires_at,
-                "via": via(creator),
-            }),
-            json!({"created_key_id": key.id}),
+            &KeyCreate {
+                role: spec.role,
+                tenant: spec.tenant.to_owned(),
+                principal: key.principal.clone(),
+                expires_at: spec.expires_at,
+                via: via(creator),
+            },
+            &KeyCreated {
+                created_key_id: key.id.clone(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         tx.commit().await?;
@@ -235,8 +239,15 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyRevoke,
             by,
-            json!({"key_id": id, "role": row.role, "tenant": row.tenant, "via": via(by)}),
-            json!({"revoked_key_id": id}),
+            &KeyRevoke {
+                key_id: id.to_owned(),
+                role: row.role,
+                tenant: row.tenant.clone(),
+                via: via(by),
+            },
+            &KeyRevoked {
+                revoked_key_id: id.to_owned(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         let row = lock_key(&mut tx, id)
@@ -272,9 +283,18 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyRotate,
             None,
-            json!({"key_id": id, "role": old.role, "tenant": old.tenant,
-                   "principal": old.principal, "expires_at": expires_at, "via": via(None)}),
-            json!({"revoked_key_id": id, "created_key_id": key.id}),
+            &KeyRotate {
+                key_id: id.to_owned(),
+                role: old.role,
+                tenant: old.tenant.clone(),
+                principal: old.principal.clone(),
+                expires_at,
+                via: via(None),
+            },
+            &KeyRotated {
+                revoked_key_id: id.to_owned(),
+                created_key_id: key.id.clone(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         tx.commit().await?;
@@ -341,19 +361,19 @@ async fn revoke_in(tx: &mut Transaction<'_, Postgres>, id: &str) -> Result<(), A
     Ok(())
 }
 
-fn via(by: Option<&ApiKey>) -> &'static str {
+fn via(by: Option<&ApiKey>) -> Via {
     if by.is_some() {
-        "api"
+        Via::Api
     } else {
-        "command_line"
+        Via::CommandLine
     }
 }
 
 fn key_event(
     kind: api_types::EventKind,
     by: Option<&ApiKey>,
-    input: serde_json::Value,
-    decision: serde_json::Value,
+    input: &impl Serialize,
+    decision: &impl Serialize,
 ) -> NewEvent {
     NewEvent {
         kind,
@@ -362,9 +382,9 @@ fn key_event(
         tenant: by.map(|key| key.tenant.clone()),
         decision_id: None,
         allow: Some(true),
-        reasons: json!([]),
-        input,
-        decision,
+        reasons: events::no_reasons(),
+        input: events::column(input),
+        decision: events::column(decision),
         policy_revision: None,
     }
 }

@@ -7,6 +7,7 @@ pub mod chain;
 pub mod charts;
 pub mod durable;
 pub mod egress;
+pub mod events;
 pub mod group;
 pub mod journal;
 pub mod keys;
@@ -434,9 +435,13 @@ impl AuditStore {
                 tenant: Some(tenant.clone()),
                 decision_id: None,
                 allow: None,
-                reasons: serde_json::json!([{"code": "execution.abandoned", "message": why}]),
-                input: serde_json::json!({"instance": instance}),
-                decision: serde_json::json!({"status": "error"}),
+                reasons: events::reason("execution.abandoned", why),
+                input: events::column(&events::execution::Reaped::Abandoned {
+                    instance: instance.to_owned(),
+                }),
+                decision: events::column(&events::execution::Closed {
+                    status: ExecutionStatus::Error,
+                }),
                 policy_revision: None,
             };
             chain::append(&mut tx, &event).await?;
