@@ -15,6 +15,8 @@ pub mod egress;
 pub mod execution;
 pub mod keys;
 pub mod policy;
+pub mod refusals;
+pub mod retention;
 
 use serde::Serialize;
 use serde_json::Value;

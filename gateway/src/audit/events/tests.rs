@@ -28,7 +28,7 @@ fn hash(reasons: &Value, input: &Value, decision: &Value) -> String {
         seq: 7,
         id: "ev_1",
         at: &at,
-        kind: "key.create",
+        kind: api_types::EventKind::KeyCreate.as_str(),
         execution_id: None,
         key_id: Some("key_1"),
         tenant: Some("ops"),
@@ -334,6 +334,10 @@ fn a_chain_written_before_the_change_verifies_and_reads_into_the_types() {
                 again::<KeyRotate>(&event.input),
                 again::<KeyRotated>(&event.decision),
             ),
+            "auth.failure" => (
+                again::<super::refusals::Refused>(&event.input),
+                again::<super::egress::Verdict>(&event.decision),
+            ),
             _ => continue,
         };
         let mut rewritten = event.clone();
@@ -344,7 +348,10 @@ fn a_chain_written_before_the_change_verifies_and_reads_into_the_types() {
         assert_eq!(link, event.hash, "{}", event.kind);
         typed += 1;
     }
-    assert_eq!(typed, 7, "4 key.create, 2 key.revoke, 1 key.rotate");
+    assert_eq!(
+        typed, 8,
+        "4 key.create, 2 key.revoke, 1 key.rotate, 1 auth.failure"
+    );
 }
 
 #[test]
@@ -389,4 +396,62 @@ fn policy_events_are_written_as_before() {
         message: "no execution.rego".into(),
     }];
     assert_eq!(column(&reasons), json!(reasons));
+}
+
+#[test]
+fn refusal_and_retention_events_are_written_as_before() {
+    use super::egress::Verdict;
+    use super::refusals::{Refused, RefusedRepeatedly, Repeats};
+    use super::retention::{Purge, Purged};
+    let request = json!({"method": "GET", "path": "/v1/executions"});
+    for (source, claimed) in [(Some("127.0.0.1"), Some("key_1")), (None, None)] {
+        same(
+            &Refused {
+                source: source.map(str::to_owned),
+                claimed_key_id: claimed.map(str::to_owned),
+                request: request.clone(),
+            },
+            json!({"source": source, "claimed_key_id": claimed, "request": request}),
+        );
+        same(
+            &RefusedRepeatedly {
+                source: source.map(str::to_owned),
+                claimed_key_id: claimed.map(str::to_owned),
+                window_start: at(),
+                window_end: at(),
+                last: request.clone(),
+            },
+            json!({
+                "source": source,
+                "claimed_key_id": claimed,
+                "window_start": at(),
+                "window_end": at(),
+                "last": request,
+            }),
+        );
+    }
+    same(&Verdict { allow: false }, json!({"allow": false}));
+    same(
+        &Repeats {
+            allow: false,
+            repeats: 12,
+            throttled: 3,
+        },
+        json!({"allow": false, "repeats": 12u64, "throttled": 3u64}),
+    );
+    let ids = vec!["ex_1".to_owned(), "ex_2".to_owned()];
+    same(
+        &Purge {
+            retention_days: 30,
+            finished_before: at(),
+            executions: ids.clone(),
+        },
+        json!({"retention_days": 30u32, "finished_before": at(), "executions": ids}),
+    );
+    same(
+        &Purged {
+            purged: ["stdout", "stderr", "outputs"].map(str::to_owned).to_vec(),
+        },
+        json!({"purged": ["stdout", "stderr", "outputs"]}),
+    );
 }
