@@ -5,9 +5,10 @@
 //! with the same types, so a field or a spelling cannot differ between the two sides.
 //!
 //! Serde only (plus chrono for timestamps). The `openapi` feature adds utoipa schemas for the
-//! gateway's `/v1/openapi.json`; clients leave it off. This crate depends on no other crate of
-//! the workspace: `policy-engine` re-exports the policy types it shares with the API
-//! ([`HostPort`], [`RequestedLimits`], [`Limits`], [`Reason`]) from here.
+//! gateway's `/v1/openapi.json`; clients leave it off. The `sqlx` feature (the gateway's store)
+//! decodes the closed sets from text columns ([`UnknownText`] for a value outside the set).
+//! This crate depends on no other crate of the workspace: `policy-engine` re-exports the policy
+//! types it shares with the API ([`HostPort`], [`RequestedLimits`], [`Limits`], [`Reason`]).
 
 mod approval;
 mod error;
@@ -18,6 +19,7 @@ mod policy;
 mod role;
 mod session;
 mod status;
+mod stored;
 mod text_forms;
 
 pub use approval::{
@@ -38,3 +40,4 @@ pub use session::{
     TurnLimits,
 };
 pub use status::ExecutionStatus;
+pub use stored::{TextSet, UnknownText};

@@ -24,6 +24,7 @@ use crate::app::policy::PolicyHandle;
 use crate::audit::egress::{
     ConnectionClose, ConnectionOpen, EgressOwner, RequestClose, RequestOpen,
 };
+use crate::audit::events::{self, egress as egress_events};
 use crate::audit::AuditStore;
 use crate::config::CredentialConfig;
 
@@ -441,15 +442,19 @@ impl ConnectionRecorder for Recorder {
                 tenant: Some(summary.tenant.clone()),
                 decision_id: None,
                 allow: Some(false),
-                reasons: serde_json::json!([{"code": "egress.too_many_denials",
-                    "message": "denied attempts past the execution's bounds, counted"}]),
-                input: owner.into_input(serde_json::json!({
-                    "from": time(summary.from), "until": time(summary.until),
-                })),
-                decision: serde_json::json!({
-                    "allow": false,
-                    "count": summary.count,
-                    "by_reason": summary.by_reason.iter().cloned().collect::<BTreeMap<_, _>>(),
+                reasons: events::reason(
+                    "egress.too_many_denials",
+                    "denied attempts past the execution's bounds, counted",
+                ),
+                input: events::column(&egress_events::DeniedWindow {
+                    from: time(summary.from),
+                    until: time(summary.until),
+                    session_id: owner.session_id.clone(),
+                }),
+                decision: events::column(&egress_events::DeniedCount {
+                    allow: false,
+                    count: summary.count,
+                    by_reason: summary.by_reason.iter().cloned().collect::<BTreeMap<_, _>>(),
                 }),
                 policy_revision: Some(self.policy.current().state.revision().to_owned()),
             };

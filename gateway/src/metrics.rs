@@ -14,6 +14,8 @@ use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use api_types::TextSet;
+
 use crate::status::ExecutionStatus;
 
 /// Languages the warm-pool gauge accepts at most (they come from config, so this is a guard).
@@ -119,6 +121,18 @@ const EXECUTION_BOUNDS: &[f64] = &[0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60
 const AUDIT_BOUNDS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
 ];
+
+/// Stored values outside their closed set, per set (`audit::unknown_value`). Process-wide, not
+/// in [`Metrics`]: the count is taken where a row fails to decode, which has no store at hand.
+static STORE_UNKNOWN_VALUES: [AtomicU64; TextSet::ALL.len()] =
+    [const { AtomicU64::new(0) }; TextSet::ALL.len()];
+
+/// A row held a value of `set` that is none of it (see `audit::unknown_value`).
+pub fn store_unknown_value(set: TextSet) {
+    if let Some(slot) = TextSet::ALL.iter().position(|s| *s == set) {
+        STORE_UNKNOWN_VALUES[slot].fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 /// The gateway's metrics: one per process, shared by the audit store and the HTTP edge.
 #[derive(Debug)]
@@ -237,6 +251,15 @@ impl Metrics {
                 .iter()
                 .zip(&self.egress)
                 .map(|(decision, count)| ("decision", decision.as_str(), count)),
+        );
+        counter_family(
+            &mut out,
+            "sandgate_store_unknown_values_total",
+            "Rows not read because a column held a value outside its closed set.",
+            TextSet::ALL
+                .iter()
+                .zip(&STORE_UNKNOWN_VALUES)
+                .map(|(set, count)| ("column", crate::audit::unknown_value::column(*set), count)),
         );
         self.render_histograms(&mut out);
         self.render_gauges(&mut out);

@@ -14,7 +14,7 @@ use serde_json::json;
 use super::error::{ApiError, ErrorCode};
 use crate::app::refusals::{bounded_text, Refusal, RefusalKind, Verdict};
 use crate::app::App;
-use crate::audit::{claimed_key_id, ApiKey};
+use crate::audit::{claimed_key_id, ApiKey, AuditError};
 use crate::role::Role;
 
 /// The authenticated caller of a request.
@@ -122,6 +122,11 @@ impl FromRequestParts<Arc<App>> for Caller {
             Ok(secret) => match app.audit.find_key(secret).await {
                 Ok(Some(key)) => return Ok(Caller(key)),
                 Ok(None) => AuthFailure::Unknown,
+                // The key's stored role is none this version knows: logged and counted where
+                // it was read (`audit::unknown_value`); the key is refused.
+                Err(AuditError::UnknownValue(_)) => {
+                    return Err(ApiError::new(ErrorCode::Internal, "internal error"));
+                }
                 Err(err) => {
                     tracing::error!(error = %crate::app::error_chain(&err), "key lookup failed");
                     return Err(ApiError::unavailable());

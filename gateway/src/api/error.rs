@@ -9,6 +9,7 @@ use axum::Json;
 use policy_engine::Reason;
 
 use crate::app::AppError;
+use crate::audit::AuditError;
 
 pub use api_types::{ErrorBody, ErrorCode, ErrorDetail};
 
@@ -102,6 +103,10 @@ impl From<AppError> for ApiError {
                 ErrorCode::RateLimited,
                 format!("{message}; try again later"),
             ),
+            // Logged and counted where it was read (`audit::unknown_value`).
+            AppError::Unavailable(AuditError::UnknownValue(_)) => {
+                ApiError::new(ErrorCode::Internal, "internal error")
+            }
             AppError::Unavailable(err) => {
                 tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()

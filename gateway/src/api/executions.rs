@@ -55,10 +55,7 @@ fn typed<T: serde::de::DeserializeOwned + Default>(id: &str, column: &str, value
 
 impl From<ExecutionRow> for ExecutionView {
     fn from(row: ExecutionRow) -> ExecutionView {
-        let status = ExecutionStatus::parse(&row.status).unwrap_or_else(|| {
-            tracing::error!(status = %row.status, "execution record with an unknown status");
-            ExecutionStatus::Error
-        });
+        let status = row.status;
         ExecutionView {
             error: row
                 .error

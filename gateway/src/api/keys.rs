@@ -14,8 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
 
 use super::auth::Caller;
 use super::error::ApiError;
@@ -24,16 +23,17 @@ use super::listing::non_empty;
 use super::query::{page_size, ApiQuery};
 use crate::app::keys::{check_new_key, unknown_tenant_warning};
 use crate::app::{App, AppError};
-use crate::audit::keys::KeyRow;
+use crate::audit::keys::{KeyRow, KeyState};
 use crate::role::Role;
 
 /// Page size of `GET /v1/keys` when `limit` is absent, and the largest.
 const DEFAULT_LIMIT: u32 = 100;
 const MAX_LIMIT: u32 = 500;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateKey {
+    /// `agent`, `reviewer`, `auditor` or `admin` (another name is refused with its list).
     role: String,
     tenant: String,
     /// The person or system behind the key (default: the key's own id); keys of one principal
@@ -50,9 +50,9 @@ pub struct CreateKey {
     operation_id = "keys_create",
     summary = "A new API key, shown once.",
     security(("bearer" = ["admin"])),
-    request_body = serde_json::Value,
+    request_body = CreateKey,
     responses(
-        (status = 201, description = "the key", body = serde_json::Value),
+        (status = 201, description = "the key", body = CreatedKey),
         super::openapi::ApiErrors,
     ),
 )]
@@ -60,7 +60,7 @@ pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
     body: axum::extract::Request,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     caller.require_role(&[Role::Admin])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<CreateKey>::from_request(body, &app).await?;
@@ -78,16 +78,16 @@ pub async fn create(
     };
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "id": created.key.id,
-            "key": created.key.secret,
-            "role": checked.role,
-            "tenant": checked.tenant,
-            "principal": created.key.principal,
-            "expires_at": checked.expires_at,
-            "tenant_known": created.tenant_known,
-            "warnings": warnings,
-        })),
+        Json(CreatedKey {
+            expires_at: checked.expires_at,
+            id: created.key.id,
+            key: created.key.secret,
+            principal: created.key.principal,
+            role: checked.role,
+            tenant: checked.tenant,
+            tenant_known: created.tenant_known,
+            warnings,
+        }),
     ))
 }
 
@@ -113,7 +113,7 @@ pub struct KeyQuery {
         ("before" = Option<String>, Query),
     ),
     responses(
-        (status = 200, description = "`{\"keys\": [...], \"next_before\"?}`", body = serde_json::Value),
+        (status = 200, description = "a page of keys, newest first", body = KeyPage),
         super::openapi::ApiErrors,
     ),
 )]
@@ -121,7 +121,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
     ApiQuery(query): ApiQuery<KeyQuery>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<KeyPage>, ApiError> {
     caller.require_role(&[Role::Admin])?;
     let limit = page_size(query.limit, DEFAULT_LIMIT, MAX_LIMIT)?;
     let tenant = non_empty(query.tenant);
@@ -133,12 +133,8 @@ pub async fn list(
         .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
     let now = Utc::now();
-    let keys: Vec<Value> = rows.iter().map(|row| key_view(row, now)).collect();
-    let mut page = json!({ "keys": keys });
-    if let Some(next) = next_before {
-        page["next_before"] = json!(next);
-    }
-    Ok(Json(page))
+    let keys = rows.iter().map(|row| key_view(row, now)).collect();
+    Ok(Json(KeyPage { keys, next_before }))
 }
 
 #[utoipa::path(
@@ -152,7 +148,7 @@ pub async fn list(
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "the revoked key", body = serde_json::Value),
+        (status = 200, description = "the revoked key", body = KeyView),
         super::openapi::ApiErrors,
     ),
 )]
@@ -160,23 +156,62 @@ pub async fn revoke(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<KeyView>, ApiError> {
     caller.require_role(&[Role::Admin])?;
     let row = app.revoke_key(&caller.0, &id).await?;
     Ok(Json(key_view(&row, Utc::now())))
 }
 
-/// A key as the API shows it: never its hash or secret.
-fn key_view(row: &KeyRow, now: DateTime<Utc>) -> Value {
-    json!({
-        "id": row.id,
-        "role": row.role,
-        "tenant": row.tenant,
-        "principal": row.principal,
-        "state": row.state(now),
-        "created_at": row.created_at,
-        "expires_at": row.expires_at,
-        "revoked_at": row.revoked_at,
-        "last_used_at": row.last_used_at,
-    })
+/// The answer to `POST /v1/keys`: the new key, its secret shown this once. (Fields in the
+/// order the answer has always had them: alphabetical.)
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct CreatedKey {
+    pub expires_at: Option<DateTime<Utc>>,
+    pub id: String,
+    /// The secret (`sgk_...`): shown once, never stored.
+    pub key: String,
+    pub principal: String,
+    pub role: Role,
+    pub tenant: String,
+    /// Whether the active policy data names the tenant (`null`: no bundle is loaded).
+    pub tenant_known: Option<bool>,
+    pub warnings: Vec<String>,
+}
+
+/// A key as the API shows it: never its hash or secret. (Fields alphabetical, as before.)
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyView {
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub id: String,
+    /// When the key last authenticated a request (to the minute).
+    pub last_used_at: Option<DateTime<Utc>>,
+    pub principal: String,
+    pub revoked_at: Option<DateTime<Utc>>,
+    pub role: Role,
+    pub state: KeyState,
+    pub tenant: String,
+}
+
+/// `GET /v1/keys`: a page, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct KeyPage {
+    pub keys: Vec<KeyView>,
+    /// Pass as `before` for the next (older) page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_before: Option<String>,
+}
+
+fn key_view(row: &KeyRow, now: DateTime<Utc>) -> KeyView {
+    KeyView {
+        created_at: row.created_at,
+        expires_at: row.expires_at,
+        id: row.id.clone(),
+        last_used_at: row.last_used_at,
+        principal: row.principal.clone(),
+        revoked_at: row.revoked_at,
+        role: row.role,
+        state: row.state(now),
+        tenant: row.tenant.clone(),
+    }
 }

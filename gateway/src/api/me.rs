@@ -10,8 +10,7 @@ use super::auth::Caller;
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Me {
     pub key_id: String,
-    /// `agent`, `reviewer`, `auditor` or `admin`.
-    pub role: String,
+    pub role: crate::role::Role,
     pub tenant: String,
     pub principal: String,
 }

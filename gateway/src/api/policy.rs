@@ -5,7 +5,8 @@ use std::sync::Arc;
 use axum::extract::FromRequest;
 use axum::extract::State;
 use axum::Json;
-use serde::Deserialize;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use policy_engine::{EgressInput, Reason};
@@ -14,9 +15,11 @@ use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
 use crate::app::policy::{Guard, ReloadError, Source};
+use crate::app::policy_revisions::KeptRevision;
 use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
 use crate::app::App;
+use crate::audit::events::{self, policy::EntryPoint};
 use crate::audit::NewEvent;
 use crate::role::Role;
 
@@ -28,37 +31,58 @@ use crate::role::Role;
     summary = "The active policy bundle.",
     security(("bearer" = ["reviewer", "auditor", "admin"])),
     responses(
-        (status = 200, description = "revision and files", body = serde_json::Value),
+        (status = 200, description = "revision and files", body = PolicyView),
         super::openapi::ApiErrors,
     ),
 )]
-pub async fn show(State(app): State<Arc<App>>, caller: Caller) -> Result<Json<Value>, ApiError> {
+pub async fn show(
+    State(app): State<Arc<App>>,
+    caller: Caller,
+) -> Result<Json<PolicyView>, ApiError> {
     caller.require_role(&[Role::Admin, Role::Reviewer, Role::Auditor])?;
     let active = app.policy.current();
-    Ok(Json(json!({
-        "revision": active.state.revision(),
-        "files": active.state.files(),
-        "loaded_by": active.loaded_by,
-        "loaded_at": active.loaded_at,
-        "error": active.state.error(),
-        "kept": app.policy.kept(),
-    })))
+    Ok(Json(PolicyView {
+        error: active.state.error().map(str::to_owned),
+        files: active.state.files().to_vec(),
+        kept: app.policy.kept(),
+        loaded_at: active.loaded_at,
+        loaded_by: active.loaded_by.clone(),
+        revision: active.state.revision().to_owned(),
+    }))
 }
 
-#[derive(Debug, Deserialize)]
+/// `GET /v1/policy`: the active bundle. (Fields alphabetical, as the answer always had them.)
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PolicyView {
+    /// Why no bundle is active (the gateway then denies everything), if none is.
+    pub error: Option<String>,
+    pub files: Vec<String>,
+    /// The revisions kept for `POST /v1/policy/rollback`, newest first.
+    pub kept: Vec<KeptRevision>,
+    pub loaded_at: DateTime<Utc>,
+    pub loaded_by: String,
+    pub revision: String,
+}
+
+/// The answer to `POST /v1/policy/evaluate`. (Fields alphabetical, as before.)
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Evaluation {
+    /// The policy's decision as it said it.
+    #[schema(value_type = Object)]
+    pub decision: Value,
+    pub entry_point: EntryPoint,
+    pub reasons: Vec<Reason>,
+    pub revision: String,
+}
+
+/// The body of `POST /v1/policy/evaluate`: an input as the entry point's policy reads it.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvaluateRequest {
+    #[schema(value_type = Object)]
     input: Value,
     #[serde(default)]
     entry_point: EntryPoint,
-}
-
-#[derive(Debug, Default, Clone, Copy, Deserialize, serde::Serialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
-enum EntryPoint {
-    #[default]
-    Execution,
-    Egress,
 }
 
 /// The decision for one input with the active bundle; nothing runs. Recorded like any decision.
@@ -69,9 +93,9 @@ enum EntryPoint {
     operation_id = "policy_evaluate",
     summary = "Dry-run decision for one input; nothing runs.",
     security(("bearer" = ["reviewer", "admin"])),
-    request_body = serde_json::Value,
+    request_body = EvaluateRequest,
     responses(
-        (status = 200, description = "the decision", body = serde_json::Value),
+        (status = 200, description = "the decision", body = Evaluation),
         super::openapi::ApiErrors,
     ),
 )]
@@ -79,7 +103,7 @@ pub async fn evaluate(
     State(app): State<Arc<App>>,
     caller: Caller,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Evaluation>, ApiError> {
     caller.require_role(&[Role::Admin, Role::Reviewer])?;
     // The body is read only for a caller who may call the route.
     let ApiJson(request) = ApiJson::<EvaluateRequest>::from_request(body, &app).await?;
@@ -110,9 +134,12 @@ pub async fn evaluate(
         tenant: Some(caller.0.tenant.clone()),
         decision_id: None,
         allow: Some(allow),
-        reasons: json!(reasons),
+        reasons: events::column(&reasons),
         // Bounded: a large input (or one with NUL) is kept as its size and SHA-256.
-        input: json!({"entry_point": request.entry_point, "input": bounded_json(&request.input)}),
+        input: events::column(&events::policy::Evaluate {
+            entry_point: request.entry_point,
+            input: bounded_json(&request.input),
+        }),
         decision: decision.clone(),
         policy_revision: Some(active.state.revision().to_owned()),
     };
@@ -120,12 +147,12 @@ pub async fn evaluate(
         .record_event(&event)
         .await
         .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
-    Ok(Json(json!({
-        "revision": active.state.revision(),
-        "entry_point": request.entry_point,
-        "decision": decision,
-        "reasons": reasons,
-    })))
+    Ok(Json(Evaluation {
+        decision,
+        entry_point: request.entry_point,
+        reasons,
+        revision: active.state.revision().to_owned(),
+    }))
 }
 
 /// Most bytes of a reload or rollback body.

@@ -60,9 +60,7 @@ impl App {
         (mut row, decision_event): (ExecutionRow, NewEvent),
         runnable: &Runnable,
     ) -> Result<(ExecutionRow, String), AppError> {
-        row.status = crate::status::ExecutionStatus::PendingApproval
-            .as_str()
-            .to_owned();
+        row.status = crate::status::ExecutionStatus::PendingApproval;
         let ttl = chrono::Duration::seconds(
             i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
         );
@@ -175,7 +173,7 @@ impl App {
             check_comment(comment)?;
         }
         let approval = self.get_approval(id).await?;
-        if ApprovalStatus::parse(&approval.status) != Some(ApprovalStatus::Pending) {
+        if approval.status != ApprovalStatus::Pending {
             return Err(AppError::Conflict(format!(
                 "approval {id} is already {}",
                 approval.status

@@ -15,7 +15,7 @@ use super::launch::{command_for, Launch, Program};
 pub use super::request::{ExecutionRequest, FileUpload, MAX_CODE_BYTES};
 use super::validate::check_fields;
 use super::{App, AppError};
-use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::audit::{events, ApiKey, ExecutionRow, NewEvent};
 use crate::role::Role;
 use crate::status::ExecutionStatus;
 
@@ -193,9 +193,12 @@ impl App {
             tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: Some(true),
-            reasons: json!([]),
-            input: json!({"requested_by": caller.id, "requested_by_tenant": caller.tenant}),
-            decision: json!({"cancel": true}),
+            reasons: events::no_reasons(),
+            input: events::column(&events::execution::Cancel {
+                requested_by: caller.id.clone(),
+                requested_by_tenant: caller.tenant.clone(),
+            }),
+            decision: events::column(&events::execution::Cancelled { cancel: true }),
             policy_revision: None,
         };
         self.audit.record_event(&event).await?;
@@ -226,7 +229,7 @@ impl App {
             principal: Principal {
                 key_id: caller.id.clone(),
                 tenant: caller.tenant.clone(),
-                role: caller.role.clone(),
+                role: caller.role.as_str().to_owned(),
             },
             request: RequestInput {
                 language: request.language.clone(),
@@ -262,7 +265,7 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
         Vec::new()
     });
     json!(api_types::ExitEvent {
-        status: ExecutionStatus::parse(&row.status).unwrap_or(ExecutionStatus::Error),
+        status: row.status,
         exit_code: row.exit_code,
         duration_ms: row.duration_ms,
         stdout_truncated: row.stdout_truncated,
@@ -294,9 +297,7 @@ pub(super) fn new_row(
             ExecutionStatus::Queued
         } else {
             ExecutionStatus::Denied
-        }
-        .as_str()
-        .to_owned(),
+        },
         decision_id: crate::ids::new("dc"),
         allow: decision.allow,
         reasons: Json(decision.reasons.clone()),

@@ -19,7 +19,7 @@ const MAX_EXPIRY_DAYS: i64 = 3650;
 /// now and at most ten years away.
 #[derive(Debug, Clone)]
 pub struct CheckedKey {
-    pub role: String,
+    pub role: Role,
     pub tenant: String,
     pub principal: Option<String>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -28,7 +28,7 @@ pub struct CheckedKey {
 impl CheckedKey {
     pub fn spec(&self) -> KeySpec<'_> {
         KeySpec {
-            role: &self.role,
+            role: self.role,
             tenant: &self.tenant,
             principal: self.principal.as_deref(),
             expires_at: self.expires_at,
@@ -43,9 +43,9 @@ pub fn check_new_key(
     principal: Option<&str>,
     expires_at: Option<DateTime<Utc>>,
 ) -> Result<CheckedKey, String> {
-    if Role::parse(role).is_none() {
+    let Some(role) = Role::parse(role) else {
         return Err(format!("role must be one of {}", Role::names(&Role::ALL)));
-    }
+    };
     let valid = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
     if tenant.is_empty() || tenant.len() > MAX_TENANT_BYTES || !tenant.chars().all(valid) {
         return Err(format!(
@@ -62,7 +62,7 @@ pub fn check_new_key(
         }
     }
     Ok(CheckedKey {
-        role: role.to_owned(),
+        role,
         tenant: tenant.to_owned(),
         principal,
         expires_at,

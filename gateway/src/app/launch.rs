@@ -29,6 +29,7 @@ use crate::runtime::{
     Ending, Job, JobFile, JobProxy, Owner, Ran, RunControl, RuntimeError, SandboxPlan, Waits,
     WORKSPACE,
 };
+use crate::status::ExecutionStatus;
 
 /// What the agent sent that the sandbox runs.
 #[derive(Debug)]
@@ -288,7 +289,7 @@ impl App {
             }
         }
         ExecutionRow {
-            status: done.status.to_owned(),
+            status: done.status,
             exit_code: done.exit_code,
             duration_ms: Some(done.duration_ms),
             stdout: Some(done.stdout),
@@ -469,7 +470,7 @@ fn completion(ran: Result<Ran, RuntimeError>, id: &str) -> Completion {
         Err(err) => {
             tracing::error!(execution_id = %id, error = %err, "sandbox failed");
             return Completion {
-                status: "error",
+                status: ExecutionStatus::Error,
                 exit_code: None,
                 duration_ms: 0,
                 stdout: Vec::new(),
@@ -482,18 +483,18 @@ fn completion(ran: Result<Ran, RuntimeError>, id: &str) -> Completion {
         }
     };
     let (status, exit_code, error) = match ran.ending {
-        Ending::Cancelled => ("cancelled", None, None),
-        Ending::TimedOut => ("timeout", None, None),
-        Ending::Oom { exit } => ("oom", exit, None),
-        Ending::Exited(0) => ("succeeded", Some(0), None),
-        Ending::Exited(code) => ("failed", Some(i64::from(code)), None),
+        Ending::Cancelled => (ExecutionStatus::Cancelled, None, None),
+        Ending::TimedOut => (ExecutionStatus::Timeout, None, None),
+        Ending::Oom { exit } => (ExecutionStatus::Oom, exit, None),
+        Ending::Exited(0) => (ExecutionStatus::Succeeded, Some(0), None),
+        Ending::Exited(code) => (ExecutionStatus::Failed, Some(i64::from(code)), None),
         Ending::Died { container_exit } => {
             tracing::warn!(execution_id = %id, exit = ?container_exit, "sandbox died under its program");
             let error = format!(
                 "the sandbox stopped before its program ended (container exit {container_exit:?}); \
                  its kernel gave up (e.g. a fork bomb at the pids limit) or it was killed"
             );
-            ("killed", container_exit, Some(error))
+            (ExecutionStatus::Killed, container_exit, Some(error))
         }
     };
     Completion {

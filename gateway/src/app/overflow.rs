@@ -68,7 +68,7 @@ impl App {
             code: refusal.code().to_owned(),
             message: why.clone(),
         };
-        row.status = crate::status::ExecutionStatus::Denied.as_str().to_owned();
+        row.status = crate::status::ExecutionStatus::Denied;
         row.allow = false;
         row.finished_at = Some(crate::ids::now_micros());
         row.reasons.0.push(reason);

@@ -5,12 +5,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 
 use super::executions::exit_summary;
 use super::stream::{Stream, StreamEvent};
 use super::{App, AppError};
-use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::audit::{events, ApiKey, ExecutionRow, NewEvent};
 use crate::outputs::OutputFile;
 
 /// Most executions purged in one sweep (the next sweep takes the rest).
@@ -186,9 +185,15 @@ impl App {
             tenant: None,
             decision_id: None,
             allow: Some(true),
-            reasons: json!([]),
-            input: json!({"retention_days": days, "finished_before": cutoff, "executions": ids}),
-            decision: json!({"purged": ["stdout", "stderr", "outputs"]}),
+            reasons: events::no_reasons(),
+            input: events::column(&events::retention::Purge {
+                retention_days: days,
+                finished_before: cutoff,
+                executions: ids.clone(),
+            }),
+            decision: events::column(&events::retention::Purged {
+                purged: ["stdout", "stderr", "outputs"].map(str::to_owned).to_vec(),
+            }),
             policy_revision: None,
         };
         self.audit.purge_payloads(&ids, &event).await?;
@@ -273,6 +278,8 @@ pub fn runs_elsewhere(row: &ExecutionRow, instance: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::json;
+
     use super::*;
 
     #[test]

@@ -7,13 +7,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use chrono::{DateTime, Utc};
-use serde_json::json;
 
 use policy_engine::{Decision, EgressDecision, EgressInput, PolicyEngine, PolicyInput, Reason};
 
 use super::policy_revisions::{KeptRevision, RevisionStore};
 use super::{error_chain, AppError};
-use crate::audit::{AuditStore, NewEvent};
+use crate::audit::{events, AuditStore, NewEvent};
 
 /// Revision named on decisions made while no bundle is loaded.
 pub const NO_REVISION: &str = "none";
@@ -504,9 +503,17 @@ fn reload_event(
         tenant: None,
         decision_id: None,
         allow: Some(accepted.is_some()),
-        reasons: json!(reasons),
-        input: json!({"source": source, "policy_dir": dir.display().to_string(), "loaded_by": loaded_by}),
-        decision: json!({"accepted": accepted.is_some(), "revision": accepted, "previous": previous}),
+        reasons: events::column(&reasons),
+        input: events::column(&events::policy::Reload {
+            source: source.to_owned(),
+            policy_dir: dir.display().to_string(),
+            loaded_by: loaded_by.to_owned(),
+        }),
+        decision: events::column(&events::policy::Reloaded {
+            accepted: accepted.is_some(),
+            revision: accepted.map(str::to_owned),
+            previous: previous.to_owned(),
+        }),
         policy_revision: Some(accepted.unwrap_or(previous).to_owned()),
     }
 }

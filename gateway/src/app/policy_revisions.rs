@@ -20,7 +20,7 @@ pub struct RevisionStore {
 }
 
 /// One kept revision, as `GET /v1/policy` lists them.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, PartialEq, utoipa::ToSchema)]
 pub struct KeptRevision {
     pub revision: String,
     pub activated_at: DateTime<Utc>,

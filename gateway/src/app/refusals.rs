@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use api_types::EventKind;
 
 use super::App;
-use crate::audit::NewEvent;
+use crate::audit::{events, NewEvent};
 
 /// Most buckets one window tracks.
 pub const MAX_BUCKETS: usize = 4096;
@@ -284,18 +284,18 @@ fn summaries(ended: Window, until: DateTime<Utc>) -> Vec<NewEvent> {
                 tenant: key.tenant.clone(),
                 decision_id: None,
                 allow: Some(false),
-                reasons: json!([{"code": bucket.code, "message": "repeated refusals, aggregated"}]),
-                input: json!({
-                    "source": key.source.map(|ip| ip.to_string()),
-                    "claimed_key_id": claimed_key_id,
-                    "window_start": ended.started_at,
-                    "window_end": until,
-                    "last": bucket.detail,
+                reasons: events::reason(&bucket.code, "repeated refusals, aggregated"),
+                input: events::column(&events::refusals::RefusedRepeatedly {
+                    source: key.source.map(|ip| ip.to_string()),
+                    claimed_key_id,
+                    window_start: ended.started_at,
+                    window_end: until,
+                    last: bucket.detail,
                 }),
-                decision: json!({
-                    "allow": false,
-                    "repeats": bucket.repeats,
-                    "throttled": bucket.throttled,
+                decision: events::column(&events::refusals::Repeats {
+                    allow: false,
+                    repeats: bucket.repeats,
+                    throttled: bucket.throttled,
                 }),
                 policy_revision: None,
             }
@@ -353,13 +353,13 @@ impl App {
                 tenant: refusal.tenant.clone(),
                 decision_id: None,
                 allow: Some(false),
-                reasons: json!([{"code": refusal.code, "message": "refused"}]),
-                input: json!({
-                    "source": refusal.source.map(|ip| ip.to_string()),
-                    "claimed_key_id": claimed_key_id,
-                    "request": refusal.detail,
+                reasons: events::reason(&refusal.code, "refused"),
+                input: events::column(&events::refusals::Refused {
+                    source: refusal.source.map(|ip| ip.to_string()),
+                    claimed_key_id,
+                    request: refusal.detail.clone(),
                 }),
-                decision: json!({"allow": false}),
+                decision: events::column(&events::egress::Verdict { allow: false }),
                 policy_revision: None,
             };
             self.audit.record_event(&event).await?;

@@ -330,7 +330,7 @@ fn pending_row(
         tenant: caller.tenant.clone(),
         key_id: caller.id.clone(),
         language: held.request.language.clone(),
-        status: SessionStatus::PendingApproval.as_str().to_owned(),
+        status: SessionStatus::PendingApproval,
         closed_reason: None,
         decision: Json(held.recorded.clone()),
         limits: Json(json!(held.runnable.limits)),

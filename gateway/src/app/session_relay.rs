@@ -116,7 +116,7 @@ impl App {
         let mut row = self.get_execution(caller, &execution).await?;
         if early && row.finished_at.is_none() && row.allow {
             // As the owner answers `wait: false`: the turn has started.
-            "running".clone_into(&mut row.status);
+            row.status = crate::status::ExecutionStatus::Running;
         }
         Ok(row)
     }
@@ -227,10 +227,10 @@ impl App {
         let Some(row) = self.audit.get_session(session).await? else {
             return Ok((None, false));
         };
-        let Some(reason) = row.closed_reason.as_deref() else {
+        let Some(reason) = row.closed_reason else {
             return Ok((None, false));
         };
-        let expired = reason == ClosedReason::LeaseExpired.as_str();
+        let expired = reason == ClosedReason::LeaseExpired;
         let why = if expired {
             format!("its replica {} stopped renewing it", row.instance)
         } else {

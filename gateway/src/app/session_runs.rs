@@ -20,6 +20,7 @@ use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
 use crate::outputs::Collected;
 use crate::runtime::{Ending, Job, JobFile, TurnEnding, TurnRan};
 use crate::session_wire::{ClosedReason, SessionStatus};
+use crate::status::ExecutionStatus;
 
 /// What a decision in a session needs of it (shareable across awaits, unlike the sandbox).
 struct Facts<'a> {
@@ -252,7 +253,7 @@ impl App {
         let stream = self.streams.open(&row.id);
         if let Some(started) = started {
             let mut running = row.clone();
-            "running".clone_into(&mut running.status);
+            running.status = ExecutionStatus::Running;
             let _ = started.send(running);
         }
         let running = crate::egress::Running::start(&self.session_cursors, session_id, &row.id);
@@ -389,7 +390,8 @@ fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
     }
     AppError::Conflict(format!(
         "session {id} is closed ({})",
-        row.closed_reason.as_deref().unwrap_or("unknown reason")
+        row.closed_reason
+            .map_or("unknown reason", ClosedReason::as_str)
     ))
 }
 
@@ -428,7 +430,7 @@ fn turn_job(
 /// The record's ending, from the turn's.
 fn completion(ran: Result<TurnRan, crate::runtime::RuntimeError>) -> Completion {
     let mut done = Completion {
-        status: "error",
+        status: ExecutionStatus::Error,
         exit_code: None,
         duration_ms: 0,
         stdout: Vec::new(),
@@ -446,12 +448,12 @@ fn completion(ran: Result<TurnRan, crate::runtime::RuntimeError>) -> Completion 
         }
     };
     let (status, exit_code) = match ran.ending {
-        TurnEnding::Exited { code: 0, .. } => ("succeeded", Some(0)),
-        TurnEnding::Exited { code, .. } => ("failed", Some(i32::from(code))),
-        TurnEnding::TimedOut { .. } => ("timeout", None),
-        TurnEnding::Cancelled { .. } => ("cancelled", None),
-        TurnEnding::Ended(Ending::Oom { .. }) => ("oom", None),
-        TurnEnding::Ended(_) => ("killed", None),
+        TurnEnding::Exited { code: 0, .. } => (ExecutionStatus::Succeeded, Some(0)),
+        TurnEnding::Exited { code, .. } => (ExecutionStatus::Failed, Some(i32::from(code))),
+        TurnEnding::TimedOut { .. } => (ExecutionStatus::Timeout, None),
+        TurnEnding::Cancelled { .. } => (ExecutionStatus::Cancelled, None),
+        TurnEnding::Ended(Ending::Oom { .. }) => (ExecutionStatus::Oom, None),
+        TurnEnding::Ended(_) => (ExecutionStatus::Killed, None),
     };
     done.status = status;
     done.exit_code = exit_code;

@@ -232,7 +232,7 @@ impl App {
             tenant: caller.tenant.clone(),
             key_id: caller.id.clone(),
             language: request.language.clone(),
-            status: SessionStatus::Ready.as_str().to_owned(),
+            status: SessionStatus::Ready,
             closed_reason: None,
             decision: Json(recorded),
             limits: Json(json!(held.runnable.limits)),

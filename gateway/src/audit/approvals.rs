@@ -11,6 +11,7 @@ use policy_engine::Reason;
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
 use crate::metrics::DecisionOutcome;
 use crate::status::ExecutionStatus;
+use api_types::ApprovalStatus;
 
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -20,7 +21,7 @@ pub struct ApprovalRow {
     pub execution_id: Option<String>,
     /// The session held, or `None` for an execution's approval.
     pub session_id: Option<String>,
-    pub status: String,
+    pub status: ApprovalStatus,
     pub tenant: Option<String>,
     pub requester_key_id: Option<String>,
     pub requester_principal: Option<String>,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer, Serializer};
+use serde::{Deserializer, Serializer};
 use tokio_util::sync::CancellationToken;
 
 use super::egress::ConnectionClose;
@@ -268,19 +268,13 @@ pub fn without_nul(text: &str) -> String {
     text.replace('\0', "\u{fffd}")
 }
 
-/// A status read back from the journal, as the one static name it is.
-pub fn known_status<'de, D: Deserializer<'de>>(from: D) -> Result<&'static str, D::Error> {
-    let name = String::deserialize(from)?;
-    crate::status::ExecutionStatus::parse(&name)
-        .map(crate::status::ExecutionStatus::as_str)
-        .ok_or_else(|| serde::de::Error::custom(format!("unknown execution status {name:?}")))
-}
-
 /// Bytes as standard base64 in JSON.
 pub mod base64_bytes {
     use base64::Engine as _;
 
-    use super::{Deserialize, Deserializer, Serializer};
+    use serde::Deserialize;
+
+    use super::{Deserializer, Serializer};
 
     pub fn serialize<S: Serializer>(bytes: &[u8], to: S) -> Result<S::Ok, S::Error> {
         to.serialize_str(&base64::engine::general_purpose::STANDARD.encode(bytes))

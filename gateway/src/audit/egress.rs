@@ -3,8 +3,9 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use super::events::{self, egress};
 use super::{chain, AuditError, AuditStore, NewEvent};
 use crate::metrics::EgressDecision;
 
@@ -14,16 +15,6 @@ use crate::metrics::EgressDecision;
 pub struct EgressOwner {
     pub execution_id: Option<String>,
     pub session_id: Option<String>,
-}
-
-impl EgressOwner {
-    /// The event's input, with the session named when there is one.
-    pub fn into_input(self, mut input: Value) -> Value {
-        if let (Some(session), Some(fields)) = (self.session_id, input.as_object_mut()) {
-            fields.insert("session_id".to_owned(), json!(session));
-        }
-        input
-    }
 }
 
 /// An attempt as it is recorded (the proxy's `Attempt`, flattened for SQL).
@@ -119,12 +110,21 @@ impl AuditStore {
             tenant: Some(open.tenant.clone()),
             decision_id: Some(id.clone()),
             allow: Some(open.allow),
-            reasons: json!([{"code": open.reason, "message": open.message}]),
-            input: open.owner.clone().into_input(json!({
-                "host": open.host, "port": open.port, "scheme": open.scheme, "sni": open.sni,
-                "method": open.method, "path": open.path, "resolved_addr": open.resolved_addr,
-            })),
-            decision: json!({"allow": open.allow, "policy_reasons": open.policy_reasons}),
+            reasons: events::reason(&open.reason, &open.message),
+            input: events::column(&egress::Connection {
+                host: open.host.clone(),
+                port: open.port,
+                scheme: open.scheme.clone(),
+                sni: open.sni.clone(),
+                method: open.method.clone(),
+                path: open.path.clone(),
+                resolved_addr: open.resolved_addr.clone(),
+                session_id: open.owner.session_id.clone(),
+            }),
+            decision: events::column(&egress::ConnectionVerdict {
+                allow: open.allow,
+                policy_reasons: open.policy_reasons.clone(),
+            }),
             policy_revision: Some(open.policy_revision.clone()),
         };
         chain::append(&mut tx, &event).await?;
@@ -152,10 +152,6 @@ impl AuditStore {
         let Some((execution_id, session_id, tenant, host)) = owner else {
             return Ok(());
         };
-        let owner = EgressOwner {
-            execution_id: execution_id.clone(),
-            session_id,
-        };
         let event = NewEvent {
             kind: api_types::EventKind::EgressCredentialMisdirected,
             execution_id,
@@ -163,10 +159,14 @@ impl AuditStore {
             tenant: Some(tenant),
             decision_id: Some(connection_id.to_owned()),
             allow: Some(false),
-            reasons: json!([{"code": "credential.misdirected",
-                "message": "a credential placeholder in a request body the grant does not send it to; the connection was cut"}]),
-            input: owner.into_input(json!({"connection_id": connection_id, "host": host})),
-            decision: json!({"allow": false}),
+            reasons: events::reason("credential.misdirected",
+                "a credential placeholder in a request body the grant does not send it to; the connection was cut"),
+            input: events::column(&egress::Misdirected {
+                connection_id: connection_id.to_owned(),
+                host,
+                session_id,
+            }),
+            decision: events::column(&egress::Verdict { allow: false }),
             policy_revision: None,
         };
         chain::append(&mut tx, &event).await?;
@@ -281,16 +281,23 @@ impl AuditStore {
             tenant: Some(open.tenant.clone()),
             decision_id: Some(id.clone()),
             allow: Some(open.allow),
-            reasons: json!([{"code": open.reason, "message": open.message}]),
-            input: open.owner.clone().into_input(json!({
-                "connection_id": open.connection_id, "host": open.host, "port": open.port,
-                "method": open.method, "path": open.path, "query_sha256": open.query_sha256,
-                "headers": open.header_names, "upgrade": open.upgrade.is_some(),
-                "upgrade_protocol": open.upgrade,
-            })),
-            decision: json!({
-                "allow": open.allow, "credentials": open.credentials,
-                "policy_reasons": open.policy_reasons,
+            reasons: events::reason(&open.reason, &open.message),
+            input: events::column(&egress::Request {
+                connection_id: open.connection_id.clone(),
+                host: open.host.clone(),
+                port: open.port,
+                method: open.method.clone(),
+                path: open.path.clone(),
+                query_sha256: open.query_sha256.clone(),
+                headers: open.header_names.clone(),
+                upgrade: open.upgrade.is_some(),
+                upgrade_protocol: open.upgrade.clone(),
+                session_id: open.owner.session_id.clone(),
+            }),
+            decision: events::column(&egress::RequestVerdict {
+                allow: open.allow,
+                credentials: open.credentials.clone(),
+                policy_reasons: open.policy_reasons.clone(),
             }),
             policy_revision: Some(open.policy_revision.clone()),
         };

@@ -280,7 +280,7 @@ mod tests {
             execution_id: id.to_owned(),
             finished_at: crate::ids::now_micros(),
             completion: Completion {
-                status: "succeeded",
+                status: crate::status::ExecutionStatus::Succeeded,
                 exit_code: Some(0),
                 duration_ms: 12,
                 stdout: b"a\0b\xff\n".to_vec(),
@@ -336,7 +336,7 @@ mod tests {
             panic!("not a completion: {entry:?}");
         };
         assert_eq!(completion.stdout, b"a\0b\xff\n");
-        assert_eq!(completion.status, "succeeded");
+        assert_eq!(completion.status, crate::status::ExecutionStatus::Succeeded);
         entry.clone()
     }
 

@@ -9,11 +9,14 @@
 use chrono::{DateTime, Utc};
 use rand::RngCore;
 use serde::Serialize;
-use serde_json::json;
 use sqlx::{Postgres, Transaction};
 
 use super::key_withdrawals::{withdraw_pending_of, Withdrawn};
-use super::{chain, key_hash, AuditError, AuditStore, NewEvent};
+use super::events::keys::{
+    KeyCreate, KeyCreated, KeyRevoke, KeyRevoked, KeyRotate, KeyRotated, Via,
+};
+use super::{chain, events, key_hash, AuditError, AuditStore, NewEvent};
+use crate::role::Role;
 
 /// `last_used_at` is written at most this often per key (seconds), so authentication does not
 /// turn every request into a write.
@@ -22,7 +25,7 @@ const LAST_USED_GRANULARITY_S: i64 = 60;
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApiKey {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub tenant: String,
     /// The person or system behind the key (default: the key id), normalised
     /// (`crate::principal`). A reviewer key of the requesting principal cannot approve that
@@ -31,14 +34,9 @@ pub struct ApiKey {
 }
 
 impl ApiKey {
-    /// The key's role, `None` for a name that is none (such a key matches no role check).
-    pub fn role(&self) -> Option<crate::role::Role> {
-        crate::role::Role::parse(&self.role)
-    }
-
     /// Whether the key holds one of `roles`.
-    pub fn is_any(&self, roles: &[crate::role::Role]) -> bool {
-        self.role().is_some_and(|role| roles.contains(&role))
+    pub fn is_any(&self, roles: &[Role]) -> bool {
+        roles.contains(&self.role)
     }
 }
 
@@ -55,7 +53,7 @@ pub struct NewKey {
 /// checked by `crate::principal::normalise`) and optional expiry.
 #[derive(Debug, Clone, Copy)]
 pub struct KeySpec<'a> {
-    pub role: &'a str,
+    pub role: Role,
     pub tenant: &'a str,
     pub principal: Option<&'a str>,
     pub expires_at: Option<DateTime<Utc>>,
@@ -65,7 +63,7 @@ pub struct KeySpec<'a> {
 #[derive(Debug, Clone, Serialize, sqlx::FromRow)]
 pub struct KeyRow {
     pub id: String,
-    pub role: String,
+    pub role: Role,
     pub tenant: String,
     pub principal: String,
     pub created_at: DateTime<Utc>,
@@ -76,7 +74,7 @@ pub struct KeyRow {
 }
 
 /// Whether a key still works.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum KeyState {
     Active,
@@ -141,7 +139,7 @@ impl AuditStore {
         principal: Option<&str>,
     ) -> Result<NewKey, AuditError> {
         let spec = KeySpec {
-            role,
+            role: Role::parse(role).ok_or_else(|| AuditError::UnknownRole(role.to_owned()))?,
             tenant,
             principal,
             expires_at: None,
@@ -162,14 +160,16 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyCreate,
             creator,
-            json!({
-                "role": spec.role,
-                "tenant": spec.tenant,
-                "principal": key.principal,
-                "expires_at": spec.expires_at,
-                "via": via(creator),
-            }),
-            json!({"created_key_id": key.id}),
+            &KeyCreate {
+                role: spec.role,
+                tenant: spec.tenant.to_owned(),
+                principal: key.principal.clone(),
+                expires_at: spec.expires_at,
+                via: via(creator),
+            },
+            &KeyCreated {
+                created_key_id: key.id.clone(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         tx.commit().await?;
@@ -179,7 +179,7 @@ impl AuditStore {
     /// The live key (not revoked, not expired) whose secret this is, if any. Marks it used
     /// (at most once a minute).
     pub async fn find_key(&self, secret: &str) -> Result<Option<ApiKey>, AuditError> {
-        let found: Option<(String, String, String, String, bool)> = sqlx::query_as(
+        let found: Option<(String, Role, String, String, bool)> = sqlx::query_as(
             "SELECT id, role, tenant, COALESCE(principal, id), \
              last_used_at IS NULL OR last_used_at < now() - make_interval(secs => $2) \
              FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL \
@@ -250,8 +250,15 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyRevoke,
             by,
-            json!({"key_id": id, "role": row.role, "tenant": row.tenant, "via": via(by)}),
-            json!({"revoked_key_id": id}),
+            &KeyRevoke {
+                key_id: id.to_owned(),
+                role: row.role,
+                tenant: row.tenant.clone(),
+                via: via(by),
+            },
+            &KeyRevoked {
+                revoked_key_id: id.to_owned(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         let withdrawn = withdraw_pending_of(&mut tx, id, by).await?;
@@ -279,7 +286,7 @@ impl AuditStore {
             return Ok(None);
         }
         let spec = KeySpec {
-            role: &old.role,
+            role: old.role,
             tenant: &old.tenant,
             principal: Some(&old.principal),
             expires_at,
@@ -289,9 +296,18 @@ impl AuditStore {
         let event = key_event(
             api_types::EventKind::KeyRotate,
             None,
-            json!({"key_id": id, "role": old.role, "tenant": old.tenant,
-                   "principal": old.principal, "expires_at": expires_at, "via": via(None)}),
-            json!({"revoked_key_id": id, "created_key_id": key.id}),
+            &KeyRotate {
+                key_id: id.to_owned(),
+                role: old.role,
+                tenant: old.tenant.clone(),
+                principal: old.principal.clone(),
+                expires_at,
+                via: via(None),
+            },
+            &KeyRotated {
+                revoked_key_id: id.to_owned(),
+                created_key_id: key.id.clone(),
+            },
         );
         chain::append(&mut tx, &event).await?;
         let withdrawn = withdraw_pending_of(&mut tx, id, None).await?;
@@ -368,19 +384,19 @@ async fn revoke_in(tx: &mut Transaction<'_, Postgres>, id: &str) -> Result<(), A
     Ok(())
 }
 
-fn via(by: Option<&ApiKey>) -> &'static str {
+fn via(by: Option<&ApiKey>) -> Via {
     if by.is_some() {
-        "api"
+        Via::Api
     } else {
-        "command_line"
+        Via::CommandLine
     }
 }
 
 fn key_event(
     kind: api_types::EventKind,
     by: Option<&ApiKey>,
-    input: serde_json::Value,
-    decision: serde_json::Value,
+    input: &impl Serialize,
+    decision: &impl Serialize,
 ) -> NewEvent {
     NewEvent {
         kind,
@@ -389,9 +405,9 @@ fn key_event(
         tenant: by.map(|key| key.tenant.clone()),
         decision_id: None,
         allow: Some(true),
-        reasons: json!([]),
-        input,
-        decision,
+        reasons: events::no_reasons(),
+        input: events::column(input),
+        decision: events::column(decision),
         policy_revision: None,
     }
 }

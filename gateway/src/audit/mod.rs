@@ -7,6 +7,7 @@ pub mod chain;
 pub mod charts;
 pub mod durable;
 pub mod egress;
+pub mod events;
 pub mod group;
 pub mod journal;
 pub mod key_withdrawals;
@@ -18,6 +19,7 @@ pub mod review;
 pub mod session_approvals;
 pub mod session_turns;
 pub mod sessions;
+pub mod unknown_value;
 pub mod verify;
 
 use std::sync::Arc;
@@ -43,21 +45,34 @@ pub enum AuditError {
     /// The group-committed batch this write was in did not commit: no write of it is stored.
     #[error("audit store unavailable (the batch this write was in did not commit)")]
     Batch(#[source] Arc<sqlx::Error>),
+    /// A row holds a value outside its closed set ([`unknown_value`]): it is not read.
+    #[error("the store holds a value this version does not know")]
+    UnknownValue(#[source] sqlx::Error),
+    /// A key was asked for with a role that is none (callers parse roles first).
+    #[error("not a role: {0:?}")]
+    UnknownRole(String),
 }
 
 impl AuditError {
     /// The database error inside, as its own value (a batch's shared one is described).
     pub fn into_sqlx(self) -> sqlx::Error {
         match self {
-            AuditError::Unavailable(err) => err,
+            AuditError::Unavailable(err) | AuditError::UnknownValue(err) => err,
             AuditError::Batch(err) => sqlx::Error::Protocol(format!("audit batch failed: {err}")),
+            AuditError::UnknownRole(role) => sqlx::Error::Protocol(format!("not a role: {role:?}")),
         }
     }
 }
 
 impl From<sqlx::Error> for AuditError {
     fn from(err: sqlx::Error) -> Self {
-        AuditError::Unavailable(err)
+        match unknown_value::unknown_text(&err) {
+            Some(unknown) => {
+                unknown_value::note(unknown);
+                AuditError::UnknownValue(err)
+            }
+            None => AuditError::Unavailable(err),
+        }
     }
 }
 
@@ -73,7 +88,7 @@ pub struct ExecutionRow {
     pub code_sha256: String,
     pub code_bytes: i64,
     pub labels: Json<Value>,
-    pub status: String,
+    pub status: ExecutionStatus,
     pub decision_id: String,
     pub allow: bool,
     pub reasons: Json<Vec<Reason>>,
@@ -113,23 +128,18 @@ pub struct ExecutionRow {
 }
 
 impl ExecutionRow {
-    /// Whether the record is in `status` (compared through the closed set, not by text).
-    pub fn is(&self, status: crate::status::ExecutionStatus) -> bool {
-        crate::status::ExecutionStatus::parse(&self.status) == Some(status)
+    /// Whether the record is in `status`.
+    pub fn is(&self, status: ExecutionStatus) -> bool {
+        self.status == status
     }
 }
-
-/// An execution status, the text of an [`ExecutionStatus`] (named, so that serde reads it with
-/// [`durable::known_status`] instead of borrowing it from the input).
-pub type Status = &'static str;
 
 /// How an execution ended, written once the sandbox is gone (or journaled, see
 /// [`journal`], when the database cannot take it).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Completion {
-    #[serde(deserialize_with = "durable::known_status")]
-    pub status: Status,
+    pub status: ExecutionStatus,
     pub exit_code: Option<i32>,
     pub duration_ms: i64,
     /// The program's bytes as they are: stored as `bytea`, journaled as base64.
@@ -244,16 +254,14 @@ impl AuditStore {
             DecisionOutcome::Deny
         };
         self.metrics.decision(outcome);
-        self.count_if_final(&row.status);
+        self.count_if_final(row.status);
         Ok(())
     }
 
     /// Counts a record that has reached a final status.
-    fn count_if_final(&self, status: &str) {
-        match ExecutionStatus::parse(status) {
-            Some(status) if status.is_final() => self.metrics.execution_finished(status),
-            Some(_) => {}
-            None => tracing::warn!(status, "execution record with an unknown status"),
+    fn count_if_final(&self, status: ExecutionStatus) {
+        if status.is_final() {
+            self.metrics.execution_finished(status);
         }
     }
 
@@ -434,9 +442,13 @@ impl AuditStore {
                 tenant: Some(tenant.clone()),
                 decision_id: None,
                 allow: None,
-                reasons: serde_json::json!([{"code": "execution.abandoned", "message": why}]),
-                input: serde_json::json!({"instance": instance}),
-                decision: serde_json::json!({"status": "error"}),
+                reasons: events::reason("execution.abandoned", why),
+                input: events::column(&events::execution::Reaped::Abandoned {
+                    instance: instance.to_owned(),
+                }),
+                decision: events::column(&events::execution::Closed {
+                    status: ExecutionStatus::Error,
+                }),
                 policy_revision: None,
             };
             chain::append(&mut tx, &event).await?;
@@ -501,7 +513,7 @@ pub(crate) async fn insert_execution(
     .bind(&row.code_sha256)
     .bind(row.code_bytes)
     .bind(&row.labels)
-    .bind(&row.status)
+    .bind(row.status)
     .bind(&row.decision_id)
     .bind(row.allow)
     .bind(&row.reasons)

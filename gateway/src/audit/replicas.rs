@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde_json::json;
 use sqlx::postgres::PgListener;
 
-use super::{chain, AuditError, AuditStore, NewEvent};
+use super::{chain, events, AuditError, AuditStore, NewEvent};
 use crate::status::ExecutionStatus;
 
 /// One replica as the others see it.
@@ -287,9 +287,14 @@ fn expired_event(
         tenant: Some(tenant.to_owned()),
         decision_id: None,
         allow: None,
-        reasons: json!([{"code": "lease.expired", "message": why}]),
-        input: json!({"owner": owner, "closed_by": by}),
-        decision: json!({"status": "error"}),
+        reasons: events::reason("lease.expired", &why),
+        input: events::column(&events::execution::Reaped::LeaseExpired {
+            owner: owner.to_owned(),
+            closed_by: by.to_owned(),
+        }),
+        decision: events::column(&events::execution::Closed {
+            status: ExecutionStatus::Error,
+        }),
         policy_revision: None,
     }
 }

@@ -208,7 +208,7 @@ impl AuditStore {
     /// The live key (not revoked, not expired) with this id: the owner acts for the caller the
     /// asking replica authenticated, as long as that key still holds.
     pub async fn live_key_by_id(&self, id: &str) -> Result<Option<ApiKey>, AuditError> {
-        let found: Option<(String, String, String, String)> = sqlx::query_as(
+        let found: Option<(String, crate::role::Role, String, String)> = sqlx::query_as(
             "SELECT id, role, tenant, COALESCE(principal, id) FROM api_keys WHERE id = $1 \
              AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now())",
         )

@@ -14,8 +14,8 @@ pub struct SessionRow {
     pub tenant: String,
     pub key_id: String,
     pub language: String,
-    pub status: String,
-    pub closed_reason: Option<String>,
+    pub status: SessionStatus,
+    pub closed_reason: Option<ClosedReason>,
     pub decision: Json<Value>,
     pub limits: Json<Value>,
     pub idle_timeout_s: i64,
@@ -65,9 +65,9 @@ pub(super) async fn session_room(
 }
 
 impl SessionRow {
-    /// Whether the session is in `status` (compared through the closed set, not by text).
+    /// Whether the session is in `status`.
     pub fn is(&self, status: SessionStatus) -> bool {
-        SessionStatus::parse(&self.status) == Some(status)
+        self.status == status
     }
 }
 
@@ -97,7 +97,7 @@ impl AuditStore {
         .bind(&row.tenant)
         .bind(&row.key_id)
         .bind(&row.language)
-        .bind(&row.status)
+        .bind(row.status)
         .bind(&row.decision)
         .bind(&row.limits)
         .bind(row.idle_timeout_s)

@@ -115,7 +115,7 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         code_sha256: "00".into(),
         code_bytes: 1,
         labels: Json(json!({})),
-        status: status.into(),
+        status: gateway::status::ExecutionStatus::parse(status).unwrap(),
         decision_id: format!("dc_{id}"),
         allow,
         reasons: Json(vec![]),
@@ -160,7 +160,7 @@ fn decision_event(row: &ExecutionRow) -> NewEvent {
             json!([{"code": "language.not_allowed", "message": "x"}])
         },
         input: json!({}),
-        decision: json!({"allow": row.allow, "require_approval": row.status == "pending_approval"}),
+        decision: json!({"allow": row.allow, "require_approval": row.status == gateway::status::ExecutionStatus::PendingApproval}),
         policy_revision: Some("sha256:test".into()),
     }
 }
@@ -219,7 +219,7 @@ async fn seed(app: &PgPool) {
             .unwrap();
     }
     let done = Completion {
-        status: "succeeded",
+        status: gateway::status::ExecutionStatus::Succeeded,
         exit_code: Some(0),
         duration_ms: 120,
         stdout: b"1\n".to_vec(),
@@ -325,7 +325,7 @@ async fn seed(app: &PgPool) {
             tenant: "acme".into(),
             key_id: "key_1".into(),
             language: "python".into(),
-            status: "ready".into(),
+            status: gateway::session_wire::SessionStatus::Ready,
             closed_reason: None,
             decision: Json(json!({})),
             limits: Json(json!({})),

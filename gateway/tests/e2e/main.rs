@@ -81,5 +81,6 @@ mod sessions;
 mod situations;
 mod tls;
 mod toolbox;
+mod types_unknown_values;
 mod warm;
 mod withdraw;

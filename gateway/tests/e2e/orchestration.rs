@@ -292,7 +292,7 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         code_sha256: "00".into(),
         code_bytes: 1,
         labels: sqlx::types::Json(json!({})),
-        status: "running".into(),
+        status: gateway::status::ExecutionStatus::Running,
         decision_id: "dc_orphan".into(),
         allow: true,
         reasons: sqlx::types::Json(vec![]),
