@@ -1,11 +1,12 @@
 //! `sandgate exec`: one program through a gateway (`client::exec_until`), its output printed
-//! as it arrives; Ctrl-C cancels the execution on the gateway, a second Ctrl-C stops waiting.
+//! as it arrives; Ctrl-C cancels the execution on the gateway, a second Ctrl-C stops waiting
+//! for it to end.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 
 use super::AgentConnection;
@@ -55,28 +56,30 @@ pub struct ExecArgs {
 pub async fn run(args: ExecArgs, config: &Config) -> anyhow::Result<ExitCode> {
     let request = request(args, config)?;
     // Caught only once the program is read: a Ctrl-C while it is typed on stdin still quits.
-    let cancel = CancellationToken::new();
+    let (cancel, give_up) = (CancellationToken::new(), CancellationToken::new());
     let interrupts = signal(SignalKind::interrupt()).context("catching Ctrl-C (SIGINT)")?;
-    tokio::spawn(cancel_on_interrupt(interrupts, cancel.clone()));
+    let watch = tokio::spawn(on_interrupts(interrupts, [cancel.clone(), give_up.clone()]));
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
-    let code = crate::client::exec_until(&request, &mut stdout, &mut stderr, &cancel).await?;
-    Ok(super::exit_code(code))
+    let ran = tokio::select! {
+        ran = crate::client::exec_until(&request, &mut stdout, &mut stderr, &cancel) => ran,
+        () = give_up.cancelled() => {
+            eprintln!("sandgate: not waiting for the execution to end");
+            Ok(EXIT_CANCELLED)
+        }
+    };
+    watch.abort();
+    Ok(super::exit_code(ran?))
 }
 
-/// The first Ctrl-C cancels the execution (the client then waits for the gateway to record
-/// its end); a second one leaves at once, for a gateway that does not answer.
-async fn cancel_on_interrupt(
-    mut interrupts: tokio::signal::unix::Signal,
-    cancel: CancellationToken,
-) {
-    if interrupts.recv().await.is_none() {
-        return;
-    }
-    cancel.cancel();
-    if interrupts.recv().await.is_some() {
-        eprintln!("sandgate: not waiting for the execution to end");
-        std::process::exit(EXIT_CANCELLED);
+/// The first Ctrl-C fires the first token (cancel the execution, then wait for the gateway to
+/// record its end), a second one the second (leave at once, for a gateway that does not answer).
+async fn on_interrupts(mut interrupts: Signal, tokens: [CancellationToken; 2]) {
+    for token in tokens {
+        if interrupts.recv().await.is_none() {
+            return;
+        }
+        token.cancel();
     }
 }
 
