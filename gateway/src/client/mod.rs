@@ -155,16 +155,18 @@ pub async fn exec_until(
     };
     let id = created.id;
     writeln!(stderr, "sandgate: execution {id}")?;
+    // Whether the execution was already asked to cancel (withdrawn while held for review).
+    let mut asked = false;
     if created.status == ExecutionStatus::PendingApproval {
         let approval = created.approval_id.as_deref().unwrap_or("?");
         writeln!(
             stderr,
             "sandgate: {id} waits for human review (approval {approval})"
         )?;
-        wait_for_review(&api, &id, cancel, stderr).await?;
+        asked = wait_for_review(&api, &id, cancel, stderr).await?;
     }
 
-    let summary = follow(&api, base, &id, (stdout, stderr), cancel).await?;
+    let summary = follow(&api, base, &id, (stdout, stderr), (cancel, asked)).await?;
     if let Some(dir) = &request.output_dir {
         download_outputs(&api, request, base, &id, dir, stderr).await?;
     }
@@ -208,22 +210,25 @@ fn denied_or(err: CallError, stderr: &mut (dyn Write + Send)) -> anyhow::Result<
 }
 
 /// Polls the record until a reviewer decided (or the approval expired), or `cancel` withdrew
-/// the request.
+/// the request (`true`).
 async fn wait_for_review(
     api: &ApiClient,
     id: &str,
     cancel: &CancellationToken,
     stderr: &mut (dyn Write + Send),
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     let path = format!("/v1/executions/{}", encode_path(id));
     loop {
         tokio::select! {
             () = tokio::time::sleep(APPROVAL_POLL) => {}
-            () = cancel.cancelled() => return request_cancel(api, id, stderr).await,
+            () = cancel.cancelled() => {
+                request_cancel(api, id, stderr).await?;
+                return Ok(true);
+            }
         }
         let record: ExecutionView = api.call::<_, ()>(Method::GET, &path, None).await?;
         if record.status != ExecutionStatus::PendingApproval {
-            return Ok(());
+            return Ok(false);
         }
     }
 }
@@ -317,18 +322,19 @@ async fn exec_in_session(
 }
 
 /// Prints the event stream as it arrives; returns the `exit` event's data. Once `cancel`
-/// fires, the execution is cancelled and the stream followed to the end it then has.
+/// fires, the execution is cancelled (unless it was `asked` already) and the stream followed
+/// to the end it then has.
 async fn follow(
     api: &ApiClient,
     base: &str,
     id: &str,
     (stdout, stderr): (&mut (dyn Write + Send), &mut (dyn Write + Send)),
-    cancel: &CancellationToken,
+    (cancel, asked): (&CancellationToken, bool),
 ) -> anyhow::Result<ExitEvent> {
     let url = format!("{base}/v1/executions/{}/events", encode_path(id));
     let mut response = api.get_raw(&url).await?;
     let mut buffer: Vec<u8> = Vec::new();
-    let mut cancelled = false;
+    let mut cancelled = asked;
     loop {
         let chunk = tokio::select! {
             chunk = response.chunk() => chunk.context("reading the event stream")?,
