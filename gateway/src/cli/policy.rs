@@ -131,26 +131,10 @@ pub async fn run(command: PolicyCommand, config: &Config) -> anyhow::Result<Exit
             fail_on_deny,
         )?,
         PolicyCommand::Reload {
-            upload: Some(upload),
+            dir,
+            upload,
             gateway,
-            ..
-        } => {
-            let bytes = crate::app::policy_upload::pack(&upload)
-                .with_context(|| format!("packing {}", upload.display()))?;
-            let body = AdminBody::Bytes("application/gzip", bytes);
-            admin_post(gateway, config, "/v1/policy/reload", body).await?;
-        }
-        PolicyCommand::Reload { dir, gateway, .. } => {
-            let body = match dir {
-                Some(dir) => {
-                    let dir = std::path::absolute(&dir)
-                        .with_context(|| format!("--dir {}", dir.display()))?;
-                    serde_json::json!({ "dir": dir })
-                }
-                None => serde_json::json!({}),
-            };
-            admin_post(gateway, config, "/v1/policy/reload", AdminBody::Json(body)).await?;
-        }
+        } => reload(dir, upload, gateway, config).await?,
         PolicyCommand::Rollback { revision, gateway } => {
             let body = match revision {
                 Some(revision) => serde_json::json!({ "revision": revision }),
@@ -176,6 +160,29 @@ pub async fn run(command: PolicyCommand, config: &Config) -> anyhow::Result<Exit
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandgate policy reload`: the candidate as a path the gateway reads, or uploaded.
+async fn reload(
+    dir: Option<PathBuf>,
+    upload: Option<PathBuf>,
+    gateway: GatewayArgs,
+    config: &Config,
+) -> anyhow::Result<()> {
+    let body = match (upload, dir) {
+        (Some(upload), _) => {
+            let bytes = crate::app::policy_upload::pack(&upload)
+                .with_context(|| format!("packing {}", upload.display()))?;
+            AdminBody::Bytes("application/gzip", bytes)
+        }
+        (None, Some(dir)) => {
+            let dir =
+                std::path::absolute(&dir).with_context(|| format!("--dir {}", dir.display()))?;
+            AdminBody::Json(serde_json::json!({ "dir": dir }))
+        }
+        (None, None) => AdminBody::Json(serde_json::json!({})),
+    };
+    admin_post(gateway, config, "/v1/policy/reload", body).await
 }
 
 /// `sandgate policy test`: prints the report; fails below the bar.
