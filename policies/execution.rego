@@ -312,12 +312,41 @@ decision := {
 	reasons != set()
 }
 
-# No reason to deny: run on the tenant's backend, with its mounts, limits and network part.
+# No reason to deny: run on the tenant's backend, with its mounts, limits and network part
+# (and, in a session another key opened, the reason that shares it).
 decision := object.union(network_part, {
 	"allow": true,
 	"backend": tenant.backend,
 	"mounts": mounts,
 	"limits": effective_limits,
+	"reasons": array.concat(network_part.reasons, session_shared),
 }) if {
 	reasons == set()
+}
+
+# ---------------------------------------------------------------------------------------------
+# Sharing a session (README.md, "Sharing sessions").
+# ---------------------------------------------------------------------------------------------
+
+# session.shared: a session belongs to the key that opened it. sandgate lets another key of the
+# tenant see or use it only when the decision for that key (`kind: "session_execution"`, with
+# `request.session.owner` and `.asked_by`) allows and carries this reason; otherwise the
+# session is not found. The tenant's `share_sessions` says with whom: `principal` (the keys of
+# the owner's principal) or `tenant` (every agent key of the tenant). Absent: nobody.
+session_shared := [] if {
+	input.request.kind != "session_execution"
+} else := [{"code": "session.shared", "message": msg}] if {
+	input.request.session.owner.key_id != input.principal.key_id
+	shares_sessions
+	msg := sprintf(
+		"session %s of key %s is shared with key %s (tenant %q shares sessions by %s)",
+		[input.request.session.id, input.request.session.owner.key_id, input.principal.key_id, input.principal.tenant, tenant.share_sessions],
+	)
+} else := []
+
+shares_sessions if tenant.share_sessions == "tenant"
+
+shares_sessions if {
+	tenant.share_sessions == "principal"
+	input.request.session.owner.principal == input.request.session.asked_by.principal
 }

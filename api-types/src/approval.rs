@@ -1,4 +1,4 @@
-//! `/v1/approvals` (DESIGN 4.2, 10): executions and sessions held for human review, as
+//! `/v1/approvals`: executions and sessions held for human review, as
 //! reviewers see and decide them.
 
 use chrono::{DateTime, Utc};

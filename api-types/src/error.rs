@@ -1,4 +1,4 @@
-//! The error body every failure leaves as (DESIGN 4.2):
+//! The error body every failure leaves as:
 //! `{"error":{"code":"snake_case","message":"...","reasons":[...]?,"execution_id":"..."?}}`.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! `/v1/executions` (DESIGN 4.2): the request body, the record as clients see it, and a page of
+//! `/v1/executions`: the request body, the record as clients see it, and a page of
 //! the listing.
 
 use std::collections::BTreeMap;
@@ -61,7 +61,7 @@ pub struct FileUpload {
     pub content_b64: String,
 }
 
-/// An execution as clients see it (DESIGN 4.2).
+/// An execution as clients see it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ExecutionView {
@@ -105,7 +105,7 @@ pub struct ExecutionView {
     /// The container that ran it (`sandgate-...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
-    /// The session it ran in, and (python) its final expression's `repr` (DESIGN 10).
+    /// The session it ran in, and (python) its final expression's `repr`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

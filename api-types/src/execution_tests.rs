@@ -1,7 +1,7 @@
 use super::*;
 
-/// A record as the gateway answers `POST /v1/executions` (DESIGN 4.2's example, with every
-/// field the record always has), field for field.
+/// A record as the gateway answers `POST /v1/executions` (`print(1)` that succeeded, with
+/// every field the record always has), field for field.
 const FINISHED: &str = concat!(
     r#"{"id":"ex_1","status":"succeeded","tenant":"acme","language":"python","exit_code":0,"#,
     r#""stdout":"1\n","stderr":"","stdout_truncated":false,"stderr_truncated":false,"#,

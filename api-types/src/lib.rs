@@ -1,4 +1,4 @@
-//! The wire types of sandgate's HTTP API (DESIGN 4.2, 10, 12), in one place: the bodies clients
+//! The wire types of sandgate's HTTP API, in one place: the bodies clients
 //! send, the answers the gateway gives, the error body, and the closed sets (statuses, roles,
 //! error codes, audit event kinds) they carry. The gateway's handlers serialise these and read
 //! requests with them; `sandgate exec`, `sandgate repl` and the MCP server read the answers back

@@ -1,4 +1,4 @@
-//! The policy's types that appear on the API as they are (DESIGN 4.2, 4.3): a destination asked
+//! The policy's types that appear on the API as they are: a destination asked
 //! for, the limits asked for and granted, and a decision's reasons. `policy-engine` re-exports
 //! them, so the policy input and the API body are one type.
 

@@ -1,6 +1,7 @@
-//! The roles a key can hold (DESIGN 4.2), as one closed set. Keys store the role's name; every
-//! check goes through [`Role`], so an unknown or misspelt name matches no role and is refused
-//! (it can never pass as "not an agent", say, and see every tenant).
+//! The roles a key can hold (`agent`, `reviewer`, `auditor`, `admin`), as one closed set. Keys
+//! store the role's name; every check goes through [`Role`], so an unknown or misspelt name
+//! matches no role and is refused (it can never pass as "not an agent", say, and see every
+//! tenant).
 
 /// What a key may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

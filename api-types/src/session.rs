@@ -1,4 +1,4 @@
-//! The wire types of sessions (DESIGN 10): the request bodies, the session view the session
+//! The wire types of sessions: the request bodies, the session view the session
 //! routes answer with, and the closed sets of session statuses and closing reasons. An
 //! execution in a session answers with an [`crate::ExecutionView`]. The store keeps statuses and
 //! reasons as text; [`SessionStatus::parse`] and [`ClosedReason::parse`] read them back.

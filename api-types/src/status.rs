@@ -1,8 +1,8 @@
-//! The statuses of an execution record (DESIGN 4.2), as one closed set: the API's `status`
+//! The statuses of an execution record, as one closed set: the API's `status`
 //! field, the OpenAPI enum and the metrics' `status` label all come from here. The store keeps
 //! them as text; [`ExecutionStatus::parse`] reads them back.
 
-/// Final (or current) status of an execution record (DESIGN 4.2).
+/// Final (or current) status of an execution record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]

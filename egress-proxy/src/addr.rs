@@ -1,4 +1,4 @@
-//! The address table (DESIGN 6): which resolved or literal addresses the proxy may dial.
+//! The address table: which resolved or literal addresses the proxy may dial.
 //!
 //! Three outcomes:
 //! - **always denied**, whatever the grant says: loopback, link-local (169.254/16, fe80::/10: the

@@ -1,4 +1,4 @@
-//! TLS for inspected destinations (DESIGN section 11): the execution's own certificate
+//! TLS for inspected destinations: the execution's own certificate
 //! authority, which signs a leaf per host the sandbox reaches, and the upstream trust the proxy
 //! verifies real servers against. rustls on both sides, with the `ring` provider.
 //!

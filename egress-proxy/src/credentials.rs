@@ -1,5 +1,5 @@
 //! Credentials the proxy attaches to inspected requests, and the placeholders the sandbox holds
-//! instead of them (DESIGN section 11).
+//! instead of them.
 //!
 //! A [`Secret`] never prints: its `Debug` is redacted and it has no `Display`. Only
 //! [`Credential::header_value`] (used when a request is forwarded upstream) and the placeholder

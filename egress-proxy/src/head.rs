@@ -1,5 +1,5 @@
 //! The request head a sandbox sends to the proxy: parsing it (bounded), reading its target, and
-//! the header rules of a plain HTTP request (DESIGN 6).
+//! the header rules of a plain HTTP request.
 //!
 //! Two forms are served: `CONNECT host:port` (authority-form) and absolute-form plain HTTP
 //! (`GET http://host[:port]/path`). Origin-form requests, `https://` in absolute form, HTTP/2 and

@@ -1,4 +1,4 @@
-//! Inspected tunnels (DESIGN section 11): for a destination its grant marks `inspect: true`, the
+//! Inspected tunnels: for a destination its grant marks `inspect: true`, the
 //! proxy terminates the sandbox's TLS with a leaf of the execution's own CA, re-originates TLS
 //! to the checked address (verified against the system roots and `egress_ca_file`), and decides
 //! every HTTP/1.1 request in between (keep-alive: each request on its own) with the egress

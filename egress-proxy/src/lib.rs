@@ -8,7 +8,7 @@
 //! - the host is canonicalised ([`canonical_host`]), then the [`EgressPolicy`] decides on the
 //!   canonical name and port **before** any resolution, so a denied name is never looked up;
 //! - an allowed name is resolved once by the [`Resolve`] implementation, every address is
-//!   checked against the address table ([`classify`], DESIGN 6), and exactly the checked address
+//!   checked against the address table ([`classify`]), and exactly the checked address
 //!   is dialled;
 //! - on TLS ports ([`ProxyConfig::tls_ports`]) the ClientHello's SNI must name the CONNECT host
 //!   before anything is dialled (so a CONNECT to an IP literal on a TLS port, which carries no
@@ -20,7 +20,7 @@
 //!   counts recorded as one summary per window through [`ConnectionRecorder::suppressed`]);
 //! - denials are answered with a status and `sandgate-egress: <code>: <message>` ([`ReasonCode`]).
 //!
-//! - only where the grant marks a destination `inspect: true` (DESIGN section 11): the tunnel is
+//! - only where the grant marks a destination `inspect: true`: the tunnel is
 //!   terminated with the execution's own CA ([`ExecutionCa`], key in memory only), TLS to the
 //!   upstream is re-originated and verified ([`upstream_tls`]), and every HTTP/1.1 request inside
 //!   is decided by the policy, recorded ([`ConnectionRecorder::open_request`]) and only then

@@ -390,7 +390,7 @@ async fn copy_binary(pool: &PgPool, event: &NewEvent, rows: usize) -> u64 {
             decision: &event.decision,
             policy_revision: event.policy_revision.as_deref(),
         };
-        let hash = chain::link(&prev, &chain::canonical(&row));
+        let hash = chain::hash(chain::SCHEME, &prev, &row);
         encode_row(&mut buf, &row, &prev, &hash);
         prev = hash;
     }
@@ -422,7 +422,7 @@ fn encode_row(buf: &mut Vec<u8>, row: &Row<'_>, prev_hash: &str, hash: &str) {
     // timestamptz: microseconds since 2000-01-01 UTC.
     const PG_EPOCH_OFFSET_US: i64 = 946_684_800_000_000;
     let at = row.at.timestamp_micros() - PG_EPOCH_OFFSET_US;
-    buf.extend_from_slice(&15i16.to_be_bytes());
+    buf.extend_from_slice(&16i16.to_be_bytes());
     field(buf, Some(&row.seq.to_be_bytes()));
     field(buf, Some(row.id.as_bytes()));
     field(buf, Some(&at.to_be_bytes()));
@@ -444,4 +444,5 @@ fn encode_row(buf: &mut Vec<u8>, row: &Row<'_>, prev_hash: &str, hash: &str) {
     field(buf, row.policy_revision.map(str::as_bytes));
     field(buf, Some(prev_hash.as_bytes()));
     field(buf, Some(hash.as_bytes()));
+    field(buf, Some(&i16::from(chain::SCHEME).to_be_bytes()));
 }

@@ -51,7 +51,7 @@ pub struct Ceilings {
     pub pids: u64,
     pub disk_mb: u64,
     pub output_bytes: u64,
-    /// Longest a session may sit idle between executions, in seconds (DESIGN 10).
+    /// Longest a session may sit idle between executions, in seconds.
     pub session_idle_s: u64,
     /// Longest a session may live, in seconds.
     pub session_ttl_s: u64,
@@ -142,7 +142,7 @@ pub struct Config {
     pub retention_days: u32,
     /// Milliseconds a replica's lease on a running execution or session lasts; it renews them
     /// every third of it. Another replica closes the records of one whose leases expired
-    /// (DESIGN 13). Every replica on one database should use the same value.
+    /// (see `app::replicas`). Every replica on one database should use the same value.
     pub lease_ms: u64,
     /// Serve the API over HTTPS; absent: plain HTTP (keep it on loopback then).
     pub tls: Option<Tls>,
@@ -156,7 +156,7 @@ pub struct Config {
     /// a full queue): the aggregation window and the per-source and per-key rates.
     pub refusals: RefusalLimits,
     /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
-    /// inspected upstream (DESIGN section 11): e.g. an internal CA.
+    /// inspected upstream: e.g. an internal CA.
     pub egress_ca_file: Option<PathBuf>,
     /// Credentials the proxy may attach to inspected requests, by name. Only where their values
     /// come from is configured here; the values are read at start-up and never printed.

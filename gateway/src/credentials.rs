@@ -1,4 +1,4 @@
-//! The values of the credentials the egress proxy attaches (DESIGN section 11): read from the
+//! The values of the credentials the egress proxy attaches to inspected requests: read from the
 //! gateway's environment or from files when the gateway starts, and again on every reload
 //! (SIGHUP, `POST /v1/policy/reload`), so a rotated token file takes effect without a restart.
 //!

@@ -1,4 +1,4 @@
-//! Prometheus metrics (DESIGN 12), served at `GET /metrics` in the text exposition format 0.0.4.
+//! Prometheus metrics, served at `GET /metrics` in the text exposition format 0.0.4.
 //!
 //! Every label is a closed set (an enum here, or the configured languages), so no series is
 //! ever keyed by an execution, a tenant or a host. The counters are bumped by the audit store

@@ -175,7 +175,7 @@ impl PolicyEngine {
     /// [`EGRESS_RULE`] are each a deny with reason code `policy.error`.
     ///
     /// The policy compares `input.connection.host` as a string: the caller canonicalises it first
-    /// (lower case, no trailing dot, IDNA, dotted-quad IPv4; see DESIGN.md section 6).
+    /// (lower case, no trailing dot, IDNA, dotted-quad IPv4: `egress_proxy::canonical_host`).
     pub fn decide_egress(&self, input: &EgressInput) -> EgressDecision {
         self.decide_egress_value(typed_to_regorus(input), None)
     }

@@ -36,5 +36,6 @@ pub use hosts::validate_host_pattern;
 pub use types::{
     Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
     HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
-    RequestInput, RequestKind, RequestedLimits, SessionInput, POLICY_ERROR_CODE,
+    RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty, POLICY_ERROR_CODE,
+    SESSION_SHARED_CODE,
 };

@@ -2,9 +2,9 @@
 //! decision it obeys (execution: [`PolicyInput`] -> [`Decision`]; egress: [`EgressInput`] ->
 //! [`EgressDecision`]).
 //!
-//! Field names and shapes are the contract of DESIGN.md section 4.3; `policies/` is written against
-//! them. Decision types reject unknown fields, so a typo in a policy (`limit` for `limits`) is a
-//! `policy.error` deny rather than a silently ignored grant.
+//! Field names and shapes are the contract `policies/README.md` ("The two questions") documents;
+//! `policies/` is written against them. Decision types reject unknown fields, so a typo in a
+//! policy (`limit` for `limits`) is a `policy.error` deny rather than a silently ignored grant.
 
 use std::collections::BTreeMap;
 
@@ -50,7 +50,7 @@ pub struct RequestInput {
     pub session: Option<SessionInput>,
 }
 
-/// `request.kind`: lets a policy treat sessions apart (DESIGN.md section 10).
+/// `request.kind`: lets a policy treat sessions apart.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RequestKind {
@@ -68,7 +68,27 @@ pub struct SessionInput {
     pub executions: u64,
     /// RFC 3339.
     pub created_at: String,
+    /// The key that opened the session. Only it may use the session, unless the decision for
+    /// another key allows and carries the reason code [`SESSION_SHARED_CODE`].
+    #[serde(default)]
+    pub owner: SessionParty,
+    /// The key asking (the same key as `principal.key_id`), with its principal.
+    #[serde(default)]
+    pub asked_by: SessionParty,
 }
+
+/// A key and the principal behind it (`request.session.owner`, `request.session.asked_by`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionParty {
+    pub key_id: String,
+    /// Normalised, as stored with the key (`sandgate keys create --principal`).
+    pub principal: String,
+}
+
+/// The reason code by which a decision shares a session with a key that did not open it: the
+/// gateway lets such a key see and use the session only when the policy's decision for it
+/// allows and carries this code (`policies/README.md`, "Sharing sessions").
+pub const SESSION_SHARED_CODE: &str = "session.shared";
 
 /// One input file of the request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -158,7 +178,7 @@ pub struct HostRule {
     pub host: String,
     pub ports: Vec<u16>,
     /// The proxy terminates TLS to this host (with the execution's own CA) and decides every
-    /// HTTP request inside the tunnel (DESIGN section 11). Absent: an opaque tunnel, SNI checked.
+    /// HTTP request inside the tunnel. Absent: an opaque tunnel, SNI checked.
     #[serde(default, skip_serializing_if = "is_false")]
     pub inspect: bool,
     /// Credentials (names from the gateway's `credentials` config) that requests to this host may

@@ -28,8 +28,10 @@
 //!    spawned, relays every connection to it to a new connection to `socket`, from background
 //!    threads that never print to stdout and never delay the init's exit ([`bridge`]);
 //! 5. spawns `argv` (`PATH` lookup from the environment the gateway set) with stdin
-//!    `/dev/null` and stdout/stderr inherited (the gateway reads them through `docker attach`),
-//!    in its own process group, with a clean signal mask (through a re-exec of itself in
+//!    `/dev/null` and stdout/stderr the write ends of two pipes that one relay thread drains
+//!    onto the init's own stdout and stderr (which the gateway reads through `docker attach`)
+//!    with full writes ([`streams`]: gVisor lets a write to those return a short count that a
+//!    program may not retry), in its own process group, with a clean signal mask (through a re-exec of itself in
 //!    [`exec`] mode, see [`process`] for why), as uid and gid 65534 while the init keeps a
 //!    real uid of its own, so the program cannot signal it ([`identity`]: as PID 1 started as
 //!    root, the init takes that identity before anything else and holds no capability after);
@@ -38,7 +40,8 @@
 //!    process group and exits with the program's status, or 128 + signal number if a signal
 //!    killed it. As a settled PID 1 ([`identity`]) it then kills and reaps every other process
 //!    of the sandbox (those that left the group too: [`process::quiesce`], bounded by
-//!    [`QUIESCE_WITHIN`]); when none is left it says so with the end marker on stdout (below).
+//!    [`QUIESCE_WITHIN`]); when none is left, and the relay has written all the pipes held,
+//!    it says so with the end marker on stdout (below).
 //!    Processes it could not account for die with the container when PID 1 exits.
 //!    Before it exits it lists the FIFOs, sockets and devices left in `/output` ([`leftovers`])
 //!    for the exit trailer's report.
@@ -97,10 +100,12 @@ pub mod pool;
 pub mod process;
 pub mod session;
 pub mod spec;
+pub mod streams;
 
 use std::ffi::OsString;
 use std::io::BufRead;
 use std::path::PathBuf;
+use std::process::Stdio;
 
 use thiserror::Error;
 
@@ -206,6 +211,8 @@ pub enum InitError {
     Dumpable(std::io::Error),
     #[error(transparent)]
     Identity(identity::IdentityError),
+    #[error(transparent)]
+    Streams(streams::StreamError),
 }
 
 impl InitError {
@@ -252,13 +259,17 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         .map(bridge::bind)
         .transpose()
         .map_err(InitError::Bridge)?;
-    let child = match runner {
+    let (child, relaying) = match runner {
         Some(runner) => runner
             .hand_over(&argv, &cwd, env)
             .map_err(InitError::Pool)?,
-        None => supervisor
-            .spawn(&argv, env.as_ref())
-            .map_err(InitError::Supervise)?,
+        None => {
+            let (captured, ends) = streams::capture().map_err(InitError::Streams)?;
+            let child = supervisor
+                .spawn(&argv, env.as_ref(), Stdio::null(), ends)
+                .map_err(InitError::Supervise)?;
+            (child, captured.relay(None).map_err(InitError::Streams)?)
+        }
     };
     // Served only now: the spawn changes the init's uids, which must not happen while other
     // threads run (see `identity`); the program's first connections wait in the backlog.
@@ -266,7 +277,9 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
         bridge.serve().map_err(InitError::Bridge)?;
     }
     let outcome = supervisor.run(child).map_err(InitError::Supervise)?;
-    end.quiet = process::quiesce(QUIESCE_WITHIN);
+    let quiet = process::quiesce(QUIESCE_WITHIN);
+    // The end marker may only follow everything the program wrote.
+    end.quiet = relaying.finish(quiet) && quiet;
     end.report.special_files =
         leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR));
     Ok(outcome.exit_code())

@@ -1,8 +1,8 @@
 //! `sandbox-init` binary: see the library docs for the protocol and exit codes.
 
-use std::io::Write;
 use std::process::ExitCode;
 
+use sandbox_init::streams::{self, Host};
 use sandbox_init::{End, InitError, Mode};
 
 fn main() -> ExitCode {
@@ -26,14 +26,10 @@ fn main() -> ExitCode {
     };
     if let Some(nonce) = &end.nonce {
         if end.quiet {
-            let mut stdout = std::io::stdout().lock();
-            let _ = stdout
-                .write_all(&sandbox_init::end_marker(nonce, code, ""))
-                .and_then(|()| stdout.flush());
+            let _ = streams::write_all(Host::Stdout, &sandbox_init::end_marker(nonce, code, ""));
         }
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(&sandbox_init::exit_trailer(nonce, code, &end.report));
+        let trailer = sandbox_init::exit_trailer(nonce, code, &end.report);
+        let _ = streams::write_all(Host::Stderr, &trailer);
     }
     ExitCode::from(code)
 }

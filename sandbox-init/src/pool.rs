@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, ChildStdin};
+use std::process::{Child, ChildStdin, Stdio};
 use std::sync::mpsc;
 
 use nix::sys::signal::kill;
@@ -21,6 +21,7 @@ use thiserror::Error;
 
 use crate::process::{Outcome, SuperviseError, Supervisor, WAKE_SIGNAL};
 use crate::spec::{self, Job, SpecError};
+use crate::streams::{self, Host, Relaying, StreamError};
 use crate::InitError;
 
 /// Longest accepted preload module name.
@@ -55,6 +56,8 @@ pub enum PoolError {
     Job(SpecError),
     #[error("handing the job to the resident runner: {0}")]
     Handover(std::io::Error),
+    #[error(transparent)]
+    Streams(StreamError),
 }
 
 impl Runner {
@@ -100,6 +103,7 @@ pub struct Waiting {
 pub struct Handover {
     child: Child,
     stdin: ChildStdin,
+    relaying: Relaying,
 }
 
 impl Waiting {
@@ -107,9 +111,7 @@ impl Waiting {
     pub fn start(supervisor: &Supervisor, runner: Runner) -> Result<Waiting, PoolError> {
         match runner {
             Runner::Plain => {
-                let mut stdout = std::io::stdout().lock();
-                writeln!(stdout, "{READY_LINE}")
-                    .and_then(|()| stdout.flush())
+                streams::write_all(Host::Stdout, format!("{READY_LINE}\n").as_bytes())
                     .map_err(PoolError::Ready)?;
                 Ok(Waiting { runner: None })
             }
@@ -119,14 +121,23 @@ impl Waiting {
                     .map(str::to_owned)
                     .chain(preload)
                     .collect();
-                let mut child = supervisor.spawn_piped(&argv).map_err(PoolError::Start)?;
+                let (captured, ends) = streams::capture().map_err(PoolError::Streams)?;
+                let mut child = supervisor
+                    .spawn(&argv, None, Stdio::piped(), ends)
+                    .map_err(PoolError::Start)?;
+                // Right after the spawn: the ready line comes through the pipes.
+                let relaying = captured.relay(None).map_err(PoolError::Streams)?;
                 let stdin = child.stdin.take().ok_or_else(|| {
                     PoolError::Start(SuperviseError::Spawn(std::io::Error::other(
                         "no stdin pipe to the runner",
                     )))
                 })?;
                 Ok(Waiting {
-                    runner: Some(Handover { child, stdin }),
+                    runner: Some(Handover {
+                        child,
+                        stdin,
+                        relaying,
+                    }),
                 })
             }
         }
@@ -170,13 +181,14 @@ impl Waiting {
 }
 
 impl Handover {
-    /// Gives the runner the program to run (it runs `argv[1]`), and returns it to supervise.
+    /// Gives the runner the program to run (it runs `argv[1]`), and returns it to supervise,
+    /// with the relay of its output.
     pub fn hand_over(
         mut self,
         argv: &[String],
         cwd: &Path,
         env: Option<BTreeMap<String, String>>,
-    ) -> Result<Child, PoolError> {
+    ) -> Result<(Child, Relaying), PoolError> {
         let job = RunnerJob {
             argv: argv.to_vec(),
             cwd: cwd.to_string_lossy().into_owned(),
@@ -187,7 +199,7 @@ impl Handover {
         line.push(b'\n');
         self.stdin.write_all(&line).map_err(PoolError::Handover)?;
         drop(self.stdin);
-        Ok(self.child)
+        Ok((self.child, self.relaying))
     }
 }
 

@@ -46,6 +46,7 @@ use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use thiserror::Error;
 
+use crate::streams::ProgramEnds;
 use crate::EXIT_INIT_ERROR;
 
 /// Signals the init passes on to the program's process group.
@@ -128,35 +129,19 @@ impl Supervisor {
     }
 
     /// Starts `argv` through the exec trampoline, in the current directory, in a new process
-    /// group, stdin from `/dev/null`, stdout and stderr inherited, with exactly `env` as its
-    /// environment if given (the trampoline's `PATH` lookup then uses that `PATH`). Failing to find or execute
-    /// `argv[0]` is reported by the trampoline itself, as the program's exit status.
+    /// group, with `stdin` and the write ends of the output pipes as its fds 0, 1 and 2 (see
+    /// [`crate::streams`]: it never holds the init's own stdout or stderr), with exactly `env`
+    /// as its environment if given (the trampoline's `PATH` lookup then uses that `PATH`), else
+    /// the init's. Failing to find or execute `argv[0]` is reported by the trampoline itself,
+    /// as the program's exit status. The ends given are closed in the init once it returns.
     pub fn spawn(
         &self,
         argv: &[String],
         env: Option<&BTreeMap<String, String>>,
+        stdin: Stdio,
+        ends: ProgramEnds,
     ) -> Result<Child, SuperviseError> {
-        let mut command = trampoline(argv, Stdio::null());
-        if let Some(env) = env {
-            command.env_clear().envs(env);
-        }
-        start(&mut command)
-    }
-
-    /// As [`Supervisor::spawn`] with the init's environment, but stdin is a pipe the caller
-    /// writes (the resident runner of a pooled sandbox reads its job there).
-    pub fn spawn_piped(&self, argv: &[String]) -> Result<Child, SuperviseError> {
-        start(&mut trampoline(argv, Stdio::piped()))
-    }
-
-    /// As [`Supervisor::spawn_piped`], with exactly `env` as its environment if given (a
-    /// session's runner).
-    pub fn spawn_piped_with(
-        &self,
-        argv: &[String],
-        env: Option<&BTreeMap<String, String>>,
-    ) -> Result<Child, SuperviseError> {
-        let mut command = trampoline(argv, Stdio::piped());
+        let mut command = trampoline(argv, stdin, ends);
         if let Some(env) = env {
             command.env_clear().envs(env);
         }
@@ -256,7 +241,7 @@ fn pid_of(child: &Child) -> Result<Pid, SuperviseError> {
 /// The init binary itself, by a path that works even if its mount point name changes.
 pub const TRAMPOLINE: &str = "/proc/self/exe";
 
-fn trampoline(argv: &[String], stdin: Stdio) -> Command {
+fn trampoline(argv: &[String], stdin: Stdio, ends: ProgramEnds) -> Command {
     let mut command = Command::new(TRAMPOLINE);
     command.arg0("sandgate-init").arg(crate::EXEC_MODE);
     if crate::identity::settled() {
@@ -266,8 +251,8 @@ fn trampoline(argv: &[String], stdin: Stdio) -> Command {
         .arg("--")
         .args(argv)
         .stdin(stdin)
-        .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
+        .stdout(Stdio::from(ends.stdout))
+        .stderr(Stdio::from(ends.stderr))
         .process_group(0);
     command
 }

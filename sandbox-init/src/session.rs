@@ -5,10 +5,21 @@
 //! runner starts with that environment and stdin stays open: a thread reads every further
 //! line (a turn) and wakes the init's signal loop, which writes the turn's files and hands the
 //! cell to the runner, while it goes on forwarding signals (SIGINT is how the gateway
-//! interrupts a cell) and reaping. The session ends when stdin closes (the runner's process
-//! group is killed, exit 0) or when the runner dies (its status is the init's). A turn whose
+//! interrupts a cell) and reaping. The session ends when stdin closes (everything of the
+//! program is killed, exit 0) or when the runner dies (its status is the init's). A turn whose
 //! files cannot be written is answered here: one `sandgate-init:` line and the end markers
 //! with code 125; the session goes on.
+//!
+//! # Who says a turn ended
+//!
+//! The init, never the program. The runner gets a socket as its fd 0 (the channel: cells in,
+//! reports out) and pipes as its fds 1 and 2 ([`crate::streams`]); it never holds the init's
+//! stdout or stderr, nor any turn's nonce. The relay thread that drains the pipes also reads
+//! the channel ([`Channel`]): when a report with the session's key ([`new_key`], made here)
+//! and the awaited turn's sequence number arrives, it relays what the pipes hold and writes
+//! the turn's end markers itself, with the nonce only the init knows. The init is a process
+//! the program cannot signal, ptrace or read ([`crate::identity`]); its end of the channel and
+//! of the pipes is its own.
 //!
 //! The init writes files as the program's user (its effective uid, see [`crate::identity`]),
 //! and the program's leftovers may run while a turn's files are written: writing never follows
@@ -17,21 +28,25 @@
 //! [`REPORT_REQUEST`] is answered with the special files in `/output` ([`crate::leftovers`]).
 
 use std::ffi::OsString;
-use std::io::Write;
-use std::process::ChildStdin;
-use std::sync::mpsc;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, Stdio};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    bash_turn, end_marker, exit_trailer, InitReport, RunnerTurn, BASH_PRELUDE,
-    PYTHON_SESSION_RUNNER, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
+    bash_turn, end_marker, exit_trailer, parse_report, python_cell, InitReport, BASH_PRELUDE,
+    MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH,
+    SESSION_PYTHON,
 };
 use thiserror::Error;
 
 use crate::process::{SuperviseError, Supervisor, WAKE_SIGNAL};
 use crate::spec::{self, SpecError};
-use crate::{bridge, files, leftovers, InitError};
+use crate::streams::{self, Extra, Host, Pipes, Relaying, StreamError};
+use crate::{bridge, files, leftovers, InitError, QUIESCE_WITHIN};
 
 /// What runs the session's cells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +63,12 @@ pub enum SessionError {
     Spec(SpecError),
     #[error("starting the session runner: {0}")]
     Start(SuperviseError),
+    #[error("the runner's channel: {0}")]
+    Channel(std::io::Error),
+    #[error("making the session's report key: {0}")]
+    Key(std::io::Error),
+    #[error(transparent)]
+    Streams(StreamError),
 }
 
 impl Runner {
@@ -71,6 +92,18 @@ impl Runner {
         };
         argv.iter().map(|arg| (*arg).to_owned()).collect()
     }
+
+    /// What the runner reads first on its channel.
+    fn prelude(self, key: &str) -> Vec<u8> {
+        match self {
+            Runner::Python => format!("{key}\n").into_bytes(),
+            Runner::Bash => BASH_PRELUDE.as_bytes().to_vec(),
+        }
+    }
+}
+
+fn session_err(err: SessionError) -> InitError {
+    InitError::Session(err)
 }
 
 /// Serves the session; returns the init's exit code.
@@ -92,17 +125,38 @@ pub fn run(
         .map(bridge::bind)
         .transpose()
         .map_err(InitError::Bridge)?;
-    let mut child = supervisor
-        .spawn_piped_with(&runner.argv(), open.env.as_ref())
-        .map_err(|err| InitError::Session(SessionError::Start(err)))?;
+    let key = new_key().map_err(|err| session_err(SessionError::Key(err)))?;
+    let (captured, ends) = streams::capture().map_err(InitError::Streams)?;
+    let (ours, theirs) =
+        UnixStream::pair().map_err(|err| session_err(SessionError::Channel(err)))?;
+    let child = supervisor
+        .spawn(
+            &runner.argv(),
+            open.env.as_ref(),
+            Stdio::from(OwnedFd::from(theirs)),
+            ends,
+        )
+        .map_err(|err| session_err(SessionError::Start(err)))?;
+    let mut session = Session::new(runner, key, ours);
     // After the spawn, as for a cold run (see `crate::run`).
+    let relaying = captured
+        .relay(Some(Box::new(session.channel()?)))
+        .map_err(InitError::Streams)?;
     if let Some(bridge) = bridge {
         bridge.serve().map_err(InitError::Bridge)?;
     }
-    let mut input = child.stdin.take();
-    if runner == Runner::Bash {
-        give(&mut input, BASH_PRELUDE.as_bytes());
-    }
+    let prelude = runner.prelude(&session.key);
+    session.give(&prelude);
+    serve(supervisor, child, &mut session, relaying)
+}
+
+/// The turns, until stdin closes or the runner dies.
+fn serve(
+    supervisor: &Supervisor,
+    mut child: Child,
+    session: &mut Session,
+    relaying: Relaying,
+) -> Result<u8, InitError> {
     let turns = read_turns();
     loop {
         let mut lines = Vec::new();
@@ -113,19 +167,22 @@ pub fn run(
             })
             .map_err(InitError::Supervise)?;
         if let Some(outcome) = ended {
+            relaying.finish(false);
             return Ok(outcome.exit_code());
         }
         for line in lines {
             let Ok(line) = line else {
                 // stdin closed: the gateway ended the session.
-                drop(input.take());
+                drop(session.input.take());
                 if let Ok(pid) = i32::try_from(child.id()) {
                     let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
                 }
                 supervisor.run(child).map_err(InitError::Supervise)?;
+                let quiet = crate::process::quiesce(QUIESCE_WITHIN);
+                relaying.finish(quiet);
                 return Ok(0);
             };
-            turn(runner, &line, &mut input)?;
+            session.turn(&line)?;
         }
     }
 }
@@ -150,44 +207,164 @@ fn read_turns() -> mpsc::Receiver<Result<Vec<u8>, SpecError>> {
     receiver
 }
 
-/// Writes a turn's files and hands its cell to the runner.
-fn turn(runner: Runner, line: &[u8], input: &mut Option<ChildStdin>) -> Result<(), InitError> {
-    let job = spec::parse_job(line).map_err(|err| InitError::Session(SessionError::Spec(err)))?;
-    let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
-        return Err(InitError::Session(SessionError::Turn));
-    };
-    if program == REPORT_REQUEST && job.files.is_empty() {
-        report(nonce);
-        return Ok(());
-    }
-    let program_path = spec::validate_file_path(program).map_err(|reason| {
-        InitError::Session(SessionError::Spec(SpecError::FilePath {
-            path: spec::shown(program),
-            reason,
-        }))
-    })?;
-    if program.contains('\'') {
-        return Err(InitError::Session(SessionError::Turn));
-    }
-    if let Err(err) = files::write_files(&job.files) {
-        refuse(nonce, &err.to_string());
-        return Ok(());
-    }
-    let program = program_path.to_string_lossy().into_owned();
-    let handed = match runner {
-        Runner::Python => {
-            let turn = RunnerTurn {
-                program,
-                nonce: nonce.clone(),
-            };
-            let mut line = serde_json::to_vec(&turn).unwrap_or_default();
-            line.push(b'\n');
-            line
+/// A key nobody else can guess: [`REPORT_KEY_LEN`] hex digits from the kernel's random source.
+pub fn new_key() -> std::io::Result<String> {
+    let mut bytes = [0u8; REPORT_KEY_LEN / 2];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
+/// The turn the init waits for a report of.
+#[derive(Debug)]
+struct Awaited {
+    seq: u64,
+    nonce: String,
+}
+
+type Awaiting = Arc<Mutex<Option<Awaited>>>;
+
+/// The main thread's side of the session: hands cells over.
+#[derive(Debug)]
+struct Session {
+    runner: Runner,
+    key: String,
+    /// The channel, for writing; `None` once the runner stopped reading it.
+    input: Option<UnixStream>,
+    awaiting: Awaiting,
+    seq: u64,
+}
+
+impl Session {
+    fn new(runner: Runner, key: String, ours: UnixStream) -> Session {
+        Session {
+            runner,
+            key,
+            input: Some(ours),
+            awaiting: Arc::new(Mutex::new(None)),
+            seq: 0,
         }
-        Runner::Bash => bash_turn(&program, nonce).into_bytes(),
-    };
-    give(input, &handed);
-    Ok(())
+    }
+
+    /// The relay thread's side: reads the channel.
+    fn channel(&self) -> Result<Channel, InitError> {
+        let stream = match &self.input {
+            Some(input) => input.try_clone(),
+            None => Err(std::io::Error::other("closed")),
+        }
+        .map_err(|err| session_err(SessionError::Channel(err)))?;
+        Ok(Channel {
+            stream,
+            key: self.key.clone(),
+            awaiting: Arc::clone(&self.awaiting),
+            buffer: Vec::new(),
+        })
+    }
+
+    /// Writes a turn's files and hands its cell to the runner.
+    fn turn(&mut self, line: &[u8]) -> Result<(), InitError> {
+        let job = spec::parse_job(line).map_err(|err| session_err(SessionError::Spec(err)))?;
+        let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
+            return Err(session_err(SessionError::Turn));
+        };
+        if program == REPORT_REQUEST && job.files.is_empty() {
+            report(nonce);
+            return Ok(());
+        }
+        let program_path = spec::validate_file_path(program).map_err(|reason| {
+            session_err(SessionError::Spec(SpecError::FilePath {
+                path: spec::shown(program),
+                reason,
+            }))
+        })?;
+        if program.contains('\'') {
+            return Err(session_err(SessionError::Turn));
+        }
+        if let Err(err) = files::write_files(&job.files) {
+            refuse(nonce, &err.to_string());
+            return Ok(());
+        }
+        let program = program_path.to_string_lossy().into_owned();
+        self.seq += 1;
+        let seq = self.seq;
+        *self.awaiting.lock().unwrap_or_else(PoisonError::into_inner) = Some(Awaited {
+            seq,
+            nonce: nonce.clone(),
+        });
+        let handed = match self.runner {
+            Runner::Python => python_cell(seq, &program),
+            Runner::Bash => bash_turn(&program, &self.key, seq).into_bytes(),
+        };
+        self.give(&handed);
+        Ok(())
+    }
+
+    /// Writes to the runner; a runner that is gone shows up as its exit in the loop.
+    fn give(&mut self, bytes: &[u8]) {
+        if let Some(input) = &mut self.input {
+            if input.write_all(bytes).is_err() {
+                self.input = None;
+            }
+        }
+    }
+}
+
+/// The relay thread's side of the channel: takes the runner's reports and ends turns.
+struct Channel {
+    stream: UnixStream,
+    key: String,
+    awaiting: Awaiting,
+    /// An unfinished line.
+    buffer: Vec<u8>,
+}
+
+impl Extra for Channel {
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+
+    fn ready(&mut self, pipes: &mut Pipes) -> bool {
+        let mut chunk = [0u8; 4096];
+        let read = match self.stream.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(read) => read,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => return true,
+            Err(_) => return false,
+        };
+        self.buffer.extend_from_slice(&chunk[..read]);
+        while let Some(newline) = self.buffer.iter().position(|byte| *byte == b'\n') {
+            let line: Vec<u8> = self.buffer.drain(..=newline).collect();
+            self.take(&line[..newline], pipes);
+        }
+        if self.buffer.len() > MAX_REPORT_LINE {
+            // Not a report: whatever a cell wrote to the socket.
+            self.buffer.clear();
+        }
+        true
+    }
+}
+
+impl Channel {
+    /// A line from the runner: the awaited turn's report ends it.
+    fn take(&mut self, line: &[u8], pipes: &mut Pipes) {
+        let Some(report) = parse_report(&self.key, line) else {
+            return;
+        };
+        let awaited = {
+            let mut awaiting = self.awaiting.lock().unwrap_or_else(PoisonError::into_inner);
+            match awaiting.as_ref() {
+                Some(turn) if turn.seq == report.seq => awaiting.take(),
+                _ => None,
+            }
+        };
+        let Some(turn) = awaited else {
+            return;
+        };
+        // Everything the runner wrote before it reported is in the pipes now.
+        pipes.drain();
+        let marker = end_marker(&turn.nonce, report.end.code, &report.end.result_b64);
+        let _ = streams::write_all(Host::Stdout, &marker);
+        let _ = streams::write_all(Host::Stderr, &marker);
+    }
 }
 
 /// Answers a report request: the exit trailer's form, with the request's nonce, on stderr.
@@ -195,30 +372,16 @@ fn report(nonce: &str) {
     let report = InitReport {
         special_files: leftovers::special_files(std::path::Path::new(leftovers::OUTPUT_DIR)),
     };
-    let mut stderr = std::io::stderr().lock();
-    let _ = stderr
-        .write_all(&exit_trailer(nonce, 0, &report))
-        .and_then(|()| stderr.flush());
+    let _ = streams::write_all(Host::Stderr, &exit_trailer(nonce, 0, &report));
 }
 
 /// Answers a turn the init could not hand over.
 fn refuse(nonce: &str, message: &str) {
     let marker = end_marker(nonce, crate::EXIT_INIT_ERROR, "");
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_all(&marker).and_then(|()| stdout.flush());
-    let mut stderr = std::io::stderr().lock();
-    let _ = writeln!(stderr, "sandgate-init: {message}")
-        .and_then(|()| stderr.write_all(&marker))
-        .and_then(|()| stderr.flush());
-}
-
-/// Writes to the runner; a runner that is gone shows up as its exit in the loop.
-fn give(input: &mut Option<ChildStdin>, bytes: &[u8]) {
-    if let Some(stdin) = input {
-        if stdin.write_all(bytes).and_then(|()| stdin.flush()).is_err() {
-            *input = None;
-        }
-    }
+    let _ = streams::write_all(Host::Stdout, &marker);
+    let mut text = format!("sandgate-init: {message}\n").into_bytes();
+    text.extend_from_slice(&marker);
+    let _ = streams::write_all(Host::Stderr, &text);
 }
 
 #[cfg(test)]

@@ -28,8 +28,9 @@ mod session;
 mod trailer;
 
 pub use session::{
-    bash_turn, end_marker, EndMarker, RunnerTurn, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
-    MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, REPORT_REQUEST, SESSION_BASH, SESSION_MODE,
+    bash_turn, end_marker, parse_report, python_cell, runner_report, EndMarker, RunnerReport,
+    TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX, MAX_REPORT_LINE, MAX_RESULT_BYTES,
+    PYTHON_SESSION_RUNNER, REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_MODE,
     SESSION_PYTHON,
 };
 pub use trailer::{

@@ -14,7 +14,7 @@
 # tearing down every preloaded module:
 # with pandas and matplotlib loaded that alone took ~1.5 s inside gVisor here, for nothing
 # any program can observe.
-# Unlike DESIGN 10's "forks one child per job", the waiting interpreter runs the program itself:
+# Rather than forking one child per job, the waiting interpreter runs the program itself:
 # with one execution per sandbox a fork would only cost time. Differences from a cold run that
 # remain, by design: the preloaded modules are already in sys.modules (an uploaded pandas.py
 # does not shadow them), and /tmp holds matplotlib's font cache.

@@ -6,21 +6,40 @@
 //! `exit_nonce` authenticates the init's exit trailer when the session ends. stdin then stays
 //! open: every further line is a **turn**, again a [`crate::Job`], whose `argv` is exactly one
 //! path (the cell: the code to run, written by the same line's `files`) and whose `exit_nonce`
-//! is the turn's own secret. The runner answers each turn by printing [`end_marker`] for that
-//! nonce on **both** stdout and stderr once the code ended: each stream is in order, so once
-//! the gateway saw the marker on both, everything the turn printed has arrived.
+//! is the turn's own secret. The **init** answers each turn by writing [`end_marker`] for that
+//! nonce on **both** stdout and stderr once the runner reported the cell's end and the init
+//! relayed everything the runner had written before (the runner's stdout and stderr are pipes
+//! the init drains): each stream is in order, so once the gateway saw the marker on both,
+//! everything the turn printed has arrived.
+//!
+//! # The runner's channel
+//!
+//! The runner never sees a turn's nonce. The init and the runner speak over one socket pair,
+//! the runner's fd 0 (the init's end is its own):
+//!
+//! - init → runner: python: first the session's report key ([`REPORT_KEY_LEN`] hex digits,
+//!   made by the init, one line), then one [`python_cell`] line per cell (`<seq> <path>`);
+//!   bash: [`BASH_PRELUDE`], then one [`bash_turn`] command per cell (it carries the key);
+//! - runner → init: one [`runner_report`] line per cell:
+//!   `\n<key>:<seq>:<code>:<result_b64>\n`. The init takes a report only with the session's
+//!   key and the sequence number of the turn it is waiting for ([`parse_report`]); anything
+//!   else on the socket is dropped.
 //!
 //! - python ([`PYTHON_SESSION_RUNNER`]): one interpreter; each cell is executed in one globals
-//!   dict; a final expression's `repr` is the marker's `result`; an exception prints its
+//!   dict; a final expression's `repr` is the report's `result`; an exception prints its
 //!   traceback and ends the turn with code 1; SIGINT (timeout, cancel) raises
-//!   `KeyboardInterrupt` in the cell (code 130). It reads turns as [`RunnerTurn`] lines.
+//!   `KeyboardInterrupt` in the cell (code 130). The loop that reads cells and reports holds
+//!   every function it uses from before the first cell ran, and keeps the key in its own frame:
+//!   a cell that replaces `json.loads`, `repr` or `os.write`, or writes to the socket, cannot
+//!   change what is reported for a later cell.
 //! - bash: one `bash` reading [`bash_turn`] commands: the cell is sourced in the shell itself,
 //!   so cwd, variables and functions persist; the code is the cell's last status.
 //!
-//! The program shares the runner's process: it could read the turn's nonce and forge an end
-//! early. That only confuses its own session's record (the same agent's), never another's.
-
-use serde::{Deserialize, Serialize};
+//! What the runner reports (status, result) is the interpreter's, and the program shares that
+//! interpreter: code that deliberately reads the runner's own frame (Python) or redefines the
+//! shell's builtins (bash) can change what is reported for a later cell of the same session.
+//! It cannot end a turn in the gateway's record (only the init writes markers), read a nonce,
+//! or reach another session.
 
 /// A line whose `argv` is exactly this (and which writes no file) is not a turn but a report
 /// request: the init answers at once on stderr with an exit trailer for the line's nonce
@@ -43,16 +62,66 @@ pub const MAX_RESULT_BYTES: usize = 64 * 1024;
 /// Longest marker payload after the nonce: code, colon, base64 of the result, newline.
 const MAX_PAYLOAD: usize = 4 + 1 + MAX_RESULT_BYTES.div_ceil(3) * 4 + 1;
 
-/// What the init hands the Python session runner per turn: one JSON line.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunnerTurn {
-    /// The cell file.
-    pub program: String,
-    pub nonce: String,
+/// Length of the session's report key, in hex digits.
+pub const REPORT_KEY_LEN: usize = 32;
+/// Longest report line the init reads (key, sequence number, code, result, separators).
+pub const MAX_REPORT_LINE: usize = REPORT_KEY_LEN + 20 + 4 + MAX_RESULT_BYTES.div_ceil(3) * 4 + 8;
+
+/// What the init hands the Python session runner per cell: `<seq> <program>\n`. The program is
+/// a validated path (no control character).
+pub fn python_cell(seq: u64, program: &str) -> Vec<u8> {
+    format!("{seq} {program}\n").into_bytes()
 }
 
-/// The end marker of a turn (what the runner prints; [`EndMarker`] takes it out).
+/// A runner's report of a cell's end, as the init takes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunnerReport {
+    pub seq: u64,
+    pub end: TurnEnd,
+}
+
+/// The line a runner writes on its channel when a cell ended (the leading newline ends
+/// whatever a cell may have left unfinished on the socket).
+pub fn runner_report(key: &str, seq: u64, code: u8, result_b64: &str) -> Vec<u8> {
+    format!("\n{key}:{seq}:{code}:{result_b64}\n").into_bytes()
+}
+
+/// Parses one report line (without its newlines); `None` unless it carries `key`.
+pub fn parse_report(key: &str, line: &[u8]) -> Option<RunnerReport> {
+    let text = std::str::from_utf8(line).ok()?;
+    let mut fields = text.splitn(4, ':');
+    let (given, seq, code, result_b64) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    let digits = |field: &str, most: usize| {
+        !field.is_empty() && field.len() <= most && field.bytes().all(|b| b.is_ascii_digit())
+    };
+    if !constant_time_eq(given.as_bytes(), key.as_bytes())
+        || !digits(seq, 20)
+        || !digits(code, 3)
+        || result_b64.len() > MAX_RESULT_BYTES.div_ceil(3) * 4
+        || !result_b64.bytes().all(is_b64)
+    {
+        return None;
+    }
+    Some(RunnerReport {
+        seq: seq.parse().ok()?,
+        end: TurnEnd {
+            code: code.parse().ok()?,
+            result_b64: result_b64.to_owned(),
+        },
+    })
+}
+
+/// Compares without stopping at the first difference (the key is a secret).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+}
+
+/// The end marker of a turn (what the init writes; [`EndMarker`] takes it out).
 pub fn end_marker(nonce: &str, code: u8, result_b64: &str) -> Vec<u8> {
     let mut marker = END_MARKER_PREFIX.to_vec();
     marker.extend_from_slice(format!("{nonce}:{code}:{result_b64}\n").as_bytes());
@@ -61,13 +130,12 @@ pub fn end_marker(nonce: &str, code: u8, result_b64: &str) -> Vec<u8> {
 
 /// The command the init writes to the session's bash for one turn. The cell is sourced in the
 /// shell itself (so `cd`, `export` and functions persist) with stdin from `/dev/null`; then
-/// the markers go out with the cell's status. `nonce` is letters and digits, `program` a
+/// the shell reports the cell's status on its fd 0 (the channel). `key` is hex, `program` a
 /// validated path without a quote.
-pub fn bash_turn(program: &str, nonce: &str) -> String {
+pub fn bash_turn(program: &str, key: &str, seq: u64) -> String {
     format!(
-        "{{ . '{program}'; }} </dev/null; __sandgate_status=$?; \
-         printf '\\0sandgate-end:%s:%d:\\n' {nonce} \"$__sandgate_status\"; \
-         printf '\\0sandgate-end:%s:%d:\\n' {nonce} \"$__sandgate_status\" >&2\n"
+        "{{ . '{program}'; }} </dev/null; \
+         builtin printf '\\n%s:%s:%d:\\n' {key} {seq} \"$?\" >&0\n"
     )
 }
 
@@ -217,16 +285,43 @@ mod tests {
     }
 
     #[test]
-    fn bash_turns_source_the_cell_and_mark_both_streams() {
-        let line = bash_turn("/tmp/sandgate/cell-1.sh", "abc");
+    fn bash_turns_source_the_cell_and_report_on_the_channel() {
+        let line = bash_turn("/tmp/sandgate/cell-1.sh", "abc", 7);
         assert!(line.starts_with("{ . '/tmp/sandgate/cell-1.sh'; } </dev/null;"));
-        assert_eq!(line.matches("sandgate-end:%s:%d:").count(), 2);
-        assert!(line.ends_with(">&2\n"));
+        assert!(
+            line.ends_with("'\\n%s:%s:%d:\\n' abc 7 \"$?\" >&0\n"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn reports_need_the_key_and_a_sane_form() {
+        let key = "k".repeat(REPORT_KEY_LEN);
+        let line = runner_report(&key, 3, 1, "NDI=");
+        let want = RunnerReport {
+            seq: 3,
+            end: TurnEnd {
+                code: 1,
+                result_b64: "NDI=".into(),
+            },
+        };
+        assert_eq!(parse_report(&key, line.trim_ascii()), Some(want));
+        let other = "j".repeat(REPORT_KEY_LEN);
+        for bad in [
+            runner_report(&other, 3, 1, "NDI="),
+            format!("{key}:3:1234:").into_bytes(),
+            format!("{key}:x:1:").into_bytes(),
+            format!("{key}:3:1:a b").into_bytes(),
+            format!("{key}:3:1").into_bytes(),
+            b"".to_vec(),
+        ] {
+            assert_eq!(parse_report(&key, bad.trim_ascii()), None, "{bad:?}");
+        }
     }
 
     #[test]
     fn the_python_runner_reads_the_turn_fields() {
-        for name in ["\"program\"", "\"nonce\"", "sandgate-end"] {
+        for name in ["def serve", "read(channel", "\\n%s:%s:%d:%s\\n"] {
             assert!(
                 PYTHON_SESSION_RUNNER.contains(name),
                 "session.py lost {name}"

@@ -1,6 +1,5 @@
-//! `/v1/approvals`: reviewers list and decide executions and sessions held for human review;
-//! and the
-//! execution listing the review page shows (`GET /v1/executions?limit=&status=`).
+//! `/v1/approvals`: reviewers list and decide executions and sessions held for human review.
+//! The execution listing the review page shows is `listing.rs`.
 
 use std::sync::Arc;
 

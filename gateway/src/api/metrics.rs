@@ -22,7 +22,7 @@ use crate::role::Role;
     summary = "Prometheus metrics (text exposition format 0.0.4).",
     security(("bearer" = ["auditor", "admin"])),
     responses(
-        (status = 200, description = "the series of DESIGN 12", body = String, content_type = "text/plain"),
+        (status = 200, description = "the sandgate_* series", body = String, content_type = "text/plain"),
         super::openapi::ApiErrors,
     ),
 )]
@@ -35,6 +35,8 @@ pub async fn scrape(
     for (language, waiting) in app.pool.waiting() {
         metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));
     }
+    // Sessions open on this replica (each replica reports its own; `v_sessions_open` has all).
+    metrics.set_sessions_open(i64::try_from(app.sessions.open_here()).unwrap_or(i64::MAX));
     let text = metrics.render();
     Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }

@@ -98,7 +98,7 @@ impl Modify for BearerKeys {
     }
 }
 
-/// The error answers every authenticated route may give (DESIGN 4.2), all as [`ErrorBody`].
+/// The error answers every authenticated route may give, all as [`ErrorBody`].
 pub struct ApiErrors;
 
 impl utoipa::IntoResponses for ApiErrors {

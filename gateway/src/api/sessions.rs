@@ -1,4 +1,4 @@
-//! `/v1/sessions` (DESIGN 10): open, run in, read, list and close sessions.
+//! `/v1/sessions`: open, run in, read, list and close sessions.
 
 use std::sync::Arc;
 

@@ -142,7 +142,12 @@ impl App {
 
     pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
         match self.audit.get_execution(id).await? {
-            Some(row) if row.tenant == caller.tenant || caller.is_any(&Role::ACROSS_TENANTS) => {
+            Some(row) if caller.is_any(&Role::ACROSS_TENANTS) => Ok(row),
+            Some(row) if row.tenant == caller.tenant => {
+                // An execution run in a session is its owner's, as the session is.
+                if let Some(session) = &row.session_id {
+                    self.get_session(caller, session).await?;
+                }
                 Ok(row)
             }
             // Another tenant's execution is indistinguishable from a missing one, but audited

@@ -23,6 +23,7 @@ pub mod replicas;
 pub mod request;
 pub mod scheduler;
 pub mod session_approvals;
+mod session_owner;
 mod session_relay;
 mod session_runs;
 pub mod sessions;
@@ -73,9 +74,9 @@ pub struct App {
     pub pool: Arc<pool::WarmPool>,
     /// Refusals anyone can cause in bulk, counted per window (bounded audit, 429 past the rate).
     pub refusals: refusals::Refusals,
-    /// The open sessions this gateway holds (DESIGN 10).
+    /// The open sessions this gateway holds.
     pub sessions: sessions::Sessions,
-    /// This replica's side of the coordination with the others on the database (DESIGN 13).
+    /// This replica's side of the coordination with the others on the database.
     pub replicas: replicas::Replicas,
 }
 

@@ -1,4 +1,4 @@
-//! Loading the policy revision another replica announced (DESIGN 13), from the files that
+//! Loading the policy revision another replica announced, from the files that
 //! replica stored with the revision (`policy_revision_files`), so every replica runs the same
 //! bundle whether it came from a directory, an upload or a rollback there. The files are
 //! written into a directory of their own under `<data_dir>/policy-incoming/` (plain relative

@@ -1,4 +1,4 @@
-//! The warm pool (DESIGN 10): sandboxes started ahead, per language, waiting with a resident
+//! The warm pool: sandboxes started ahead, per language, waiting with a resident
 //! runner (`sandbox-init pool`; Python's imports `python_preload` first). An execution whose
 //! decision the pool can serve claims one instead of starting its own; every other goes cold.
 //!

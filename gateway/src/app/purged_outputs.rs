@@ -1,4 +1,4 @@
-//! Output files of executions another replica purged (DESIGN 13). The retention purge runs on
+//! Output files of executions another replica purged. The retention purge runs on
 //! whichever replica sweeps first, but the collected files of an execution live on the disk of
 //! the replica that ran it. The purging replica announces the ids ([`PURGED`]); each replica
 //! removes its own files of those whose records are purged (asked of the database, not taken

@@ -1,4 +1,4 @@
-//! Replicas (DESIGN 13): several gateways on one PostgreSQL, coordinated through it alone.
+//! Replicas: several gateways on one PostgreSQL, coordinated through it alone.
 //!
 //! - **Leases.** Every [`lease period`](crate::config::Config::lease_ms) / 3 a replica renews
 //!   its heartbeat and the lease of every record it runs, stops any run another replica closed

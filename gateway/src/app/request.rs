@@ -1,4 +1,4 @@
-//! What an agent asks for: the body of `POST /v1/executions` (DESIGN 4.2), whose wire type is in
+//! What an agent asks for: the body of `POST /v1/executions`, whose wire type is in
 //! `api-types`. Shared by the checks (`validate.rs`), the use case (`executions.rs`) and review
 //! (`approvals.rs`).
 

@@ -1,4 +1,4 @@
-//! Sessions held for review (DESIGN 10: `POST /v1/sessions` answers 202 `pending_approval`).
+//! Sessions held for review (`POST /v1/sessions` answers 202 `pending_approval`).
 //! The decision is committed with the pending session and its approval before the answer; no
 //! sandbox exists while it waits, yet it counts against `max_sessions`. A reviewer's approval
 //! (`POST /v1/approvals/{id}`, on any replica) starts the sandbox on the deciding replica with
@@ -19,7 +19,7 @@ use super::approvals::{review_event, Review, ReviewDecision};
 use super::floor::Runnable;
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
-use super::sessions::{release, Opened, SessionRequest};
+use super::sessions::{release, Opened, SessionRequest, SessionShare};
 use super::{error_chain, App, AppError};
 use crate::audit::approvals::{ApprovalRow, Held, NewApproval};
 use crate::audit::session_approvals::UNOWNED;
@@ -34,6 +34,8 @@ pub(super) struct HeldSession<'a> {
     pub(super) request: &'a SessionRequest,
     pub(super) input: &'a PolicyInput,
     pub(super) decision: &'a Decision,
+    /// The decision as the session row keeps it (`sessions::decision_record`).
+    pub(super) recorded: &'a serde_json::Value,
     pub(super) runnable: &'a Runnable,
     /// The session's decision event, to be recorded as `approval.requested`.
     pub(super) event: NewEvent,
@@ -86,8 +88,14 @@ impl App {
         let caps = self.pending_caps();
         let stored = self
             .audit
-            .record_pending_session(&row, &approval, std::slice::from_ref(&event), &caps)
-            .await?;
+            .record_pending_session(
+                &row,
+                &approval,
+                std::slice::from_ref(&event),
+                (&caps, self.config.max_sessions),
+            )
+            .await?
+            .map_err(|full| AppError::RateLimited(format!("{full}; close one first")))?;
         if let Held::Full(why) = stored {
             let reason = Reason {
                 code: "approval.pending_limit".to_owned(),
@@ -172,9 +180,10 @@ impl App {
         self: &Arc<Self>,
         approval: &ApprovalRow,
         session_id: &str,
-    ) -> Result<(Runnable, Ticket, LiveGuard), AppError> {
+    ) -> Result<(Runnable, Ticket, LiveGuard, SessionShare), AppError> {
         let runnable = self.reviewed_runnable(approval)?;
         let tenant = approval.tenant.clone().unwrap_or_default();
+        let share = self.session_share()?;
         let ticket = self
             .scheduler
             .admit(&tenant)
@@ -185,7 +194,7 @@ impl App {
                 approval.id
             ))
         })?;
-        Ok((runnable, ticket, live))
+        Ok((runnable, ticket, live, share))
     }
 
     /// Starts an approved session's sandbox with the reviewed decision and marks it `ready`;
@@ -195,7 +204,7 @@ impl App {
         reviewer: &ApiKey,
         approval: &ApprovalRow,
         row: SessionRow,
-        (runnable, ticket, live): (Runnable, Ticket, LiveGuard),
+        (runnable, ticket, live, share): (Runnable, Ticket, LiveGuard, SessionShare),
     ) -> Result<SessionRow, AppError> {
         let started = async {
             let runner = SessionRunner::for_language(&row.language).ok_or_else(|| {
@@ -206,7 +215,7 @@ impl App {
                 .await
                 .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
             let (id, tenant, language) = (&row.id, &row.tenant, &row.language);
-            self.start_session(id, tenant, runner, language, runnable, (slot, live))
+            self.start_session(id, tenant, runner, language, runnable, (slot, live, share))
                 .await
         };
         let held = match started.await {
@@ -224,7 +233,7 @@ impl App {
                     u64::try_from(ready.idle_timeout_s).unwrap_or(1),
                     u64::try_from(ready.ttl_s).unwrap_or(1),
                 );
-                self.keep_open(ready.id.clone(), &ready.tenant, held, lifetimes);
+                self.keep_open(ready.id.clone(), held, lifetimes);
                 Ok(ready)
             }
             Ok(None) => {
@@ -323,7 +332,7 @@ fn pending_row(
         language: held.request.language.clone(),
         status: SessionStatus::PendingApproval.as_str().to_owned(),
         closed_reason: None,
-        decision: Json(json!(held.decision)),
+        decision: Json(held.recorded.clone()),
         limits: Json(json!(held.runnable.limits)),
         idle_timeout_s: i64::try_from(idle).unwrap_or(i64::MAX),
         ttl_s: i64::try_from(ttl).unwrap_or(i64::MAX),

@@ -1,4 +1,4 @@
-//! Sessions on every replica (DESIGN 13). A session's sandbox lives on one replica (its
+//! Sessions on every replica. A session's sandbox lives on one replica (its
 //! `instance`); a request for it that reaches another replica is relayed to that one through
 //! PostgreSQL: a `session_turns` row and a [`TURN`] notification. The owner claims the row and
 //! runs the request exactly as if it had been asked itself (the same

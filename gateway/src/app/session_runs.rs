@@ -1,4 +1,4 @@
-//! Executions in a session (DESIGN 10): each one decided (`request.kind:
+//! Executions in a session: each one decided (`request.kind:
 //! "session_execution"`, with `request.session`), recorded with its `session_id` before its
 //! turn is handed over, run as one turn of the session's runner, its `/output` collected while
 //! the sandbox lives (`outputs_live`), completed with its `result`; one at a time (409).
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use policy_engine::{RequestKind, RequestedLimits, SessionInput};
+use policy_engine::{RequestKind, RequestedLimits};
 
 use super::floor::Runnable;
 use super::reaper::LiveGuard;
@@ -25,7 +25,6 @@ use crate::session_wire::{ClosedReason, SessionStatus};
 struct Facts<'a> {
     language: &'a str,
     executions: u64,
-    created_at: chrono::DateTime<chrono::Utc>,
     runnable: &'a Runnable,
 }
 
@@ -34,7 +33,6 @@ impl<'a> Facts<'a> {
         Facts {
             language: &held.language,
             executions: held.executions,
-            created_at: held.created_at,
             runnable: &held.runnable,
         }
     }
@@ -112,7 +110,7 @@ impl App {
             .set_session_status(id, SessionStatus::Busy, false)
             .await;
         let ran = self
-            .run_in_session(caller, id, held, request, started)
+            .run_in_session(caller, &row, held, request, started)
             .await;
         *open
             .last_used
@@ -144,10 +142,11 @@ impl App {
     async fn decide_in_session(
         &self,
         caller: &ApiKey,
-        session_id: &str,
+        session_row: &SessionRow,
         session: &Facts<'_>,
         request: SessionExecutionRequest,
     ) -> Result<InSession, AppError> {
+        let session_id = session_row.id.as_str();
         let files = self.checked_uploads(caller, &request.files).await?;
         let as_execution = ExecutionRequest {
             language: session.language.to_owned(),
@@ -171,13 +170,19 @@ impl App {
         }
         let mut input = self.policy_input(caller, &as_execution, &files);
         input.request.kind = RequestKind::SessionExecution;
-        input.request.session = Some(SessionInput {
-            id: session_id.to_owned(),
-            executions: session.executions,
-            created_at: session.created_at.to_rfc3339(),
-        });
+        let owner = self.session_party(&session_row.key_id).await?;
+        input.request.session = Some(Self::session_input(
+            caller,
+            session_row,
+            session.executions,
+            owner,
+        ));
         let policy = self.policy.current();
         let said = policy.state.decide(&input);
+        if session_row.key_id != caller.id && !super::session_owner::shares(&said) {
+            // Shared for this key in general, not for this execution: still not its session.
+            return Err(AppError::NotFound);
+        }
         let mut decision = said.clone();
         let allowed = self
             .enforce_floor(session.language, &mut decision)
@@ -223,11 +228,12 @@ impl App {
     async fn run_in_session(
         self: &Arc<Self>,
         caller: &ApiKey,
-        session_id: &str,
+        session_row: &SessionRow,
         held: &mut Held,
         request: SessionExecutionRequest,
         started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<(ExecutionRow, Option<ClosedReason>), AppError> {
+        let session_id = session_row.id.as_str();
         let InSession {
             code,
             files,
@@ -235,7 +241,7 @@ impl App {
             event,
             runnable,
         } = self
-            .decide_in_session(caller, session_id, &Facts::of(held), request)
+            .decide_in_session(caller, session_row, &Facts::of(held), request)
             .await?;
         let live = self.live.track(&row.id);
         self.audit.record_execution_decision(&row, &event).await?;

@@ -1,4 +1,4 @@
-//! Sessions (DESIGN 10): one sandbox kept alive across an agent's executions. Opening one is a
+//! Sessions: one sandbox kept alive across an agent's executions. Opening one is a
 //! policy decision (`request.kind` `"session"`), audited (`session.created` / `session.denied`);
 //! each execution in it is decided again (`session_execution`) and recorded like any other,
 //! then runs as one turn of the session's resident runner (see `runtime::Sandbox::turn`). One
@@ -8,6 +8,7 @@
 //! restart of the gateway (`session.closed` with the reason).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -25,7 +26,7 @@ use super::reaper::LiveGuard;
 use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::{error_chain, App, AppError};
-use crate::audit::sessions::SessionRow;
+use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
 use crate::role::Role;
@@ -47,11 +48,12 @@ pub enum Opened {
 #[derive(Debug, Default)]
 pub struct Sessions {
     open: Mutex<HashMap<String, Arc<OpenSession>>>,
+    /// Places taken in the sessions' share of `max_concurrent` ([`SessionShare`]).
+    shares: Arc<AtomicUsize>,
 }
 
 #[derive(Debug)]
 pub(super) struct OpenSession {
-    pub(super) tenant: String,
     /// `None` once closed; held for the length of an execution (busy: 409).
     pub(super) held: tokio::sync::Mutex<Option<Held>>,
     pub(super) last_used: Mutex<Instant>,
@@ -66,10 +68,29 @@ pub(super) struct Held {
     pub(super) egress: Option<ExecutionEgress>,
     pub(super) runnable: Runnable,
     pub(super) language: String,
-    pub(super) created_at: chrono::DateTime<chrono::Utc>,
     pub(super) executions: u64,
     pub(super) _slot: Slot,
     pub(super) _live: LiveGuard,
+    pub(super) _share: SessionShare,
+}
+
+/// A session's place in the sessions' share of `max_concurrent` on this replica: sessions
+/// hold at most [`session_slots`] of its slots, so they cannot starve plain executions.
+#[derive(Debug)]
+pub(super) struct SessionShare {
+    taken: Arc<AtomicUsize>,
+}
+
+impl Drop for SessionShare {
+    fn drop(&mut self) {
+        self.taken.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The slots of `max_concurrent` sessions may hold on one replica: half of them (at least
+/// one); the rest stay for plain executions (with `max_concurrent: 1` they share the one).
+pub fn session_slots(max_concurrent: usize) -> usize {
+    (max_concurrent / 2).max(1)
 }
 
 impl Sessions {
@@ -77,8 +98,21 @@ impl Sessions {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn open_for(&self, tenant: &str) -> usize {
-        self.lock().values().filter(|s| s.tenant == tenant).count()
+    /// Sessions open on this replica (`sandgate_sessions_open`).
+    pub fn open_here(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A place in the sessions' share, if fewer than `max` are taken.
+    fn take_share(&self, max: usize) -> Option<SessionShare> {
+        self.shares
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |taken| {
+                (taken < max).then_some(taken + 1)
+            })
+            .ok()?;
+        Some(SessionShare {
+            taken: Arc::clone(&self.shares),
+        })
     }
 
     pub(super) fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
@@ -87,6 +121,18 @@ impl Sessions {
 }
 
 impl App {
+    /// A place in the sessions' share of `max_concurrent`, or 429.
+    pub(super) fn session_share(&self) -> Result<SessionShare, AppError> {
+        let max = session_slots(self.config.max_concurrent);
+        self.sessions.take_share(max).ok_or_else(|| {
+            AppError::RateLimited(format!(
+                "sessions already hold {max} of the {} slots of max_concurrent on this gateway \
+                 (their share; the rest stay for plain executions): close one first",
+                self.config.max_concurrent
+            ))
+        })
+    }
+
     pub async fn create_session(
         self: &Arc<Self>,
         caller: &ApiKey,
@@ -98,15 +144,14 @@ impl App {
                 request.language
             ))
         })?;
-        // Sessions waiting for review count too: approving one must not pass the limit.
-        let open = self.sessions.open_for(&caller.tenant)
-            + self.audit.pending_sessions(&caller.tenant).await?;
+        // A first look, to refuse before deciding; the count that holds is taken again with
+        // the insert, under the tenant's lock (`AuditStore::insert_session`).
+        let open = self.audit.sessions_not_closed(&caller.tenant).await?;
         if open >= self.config.max_sessions {
-            return Err(AppError::RateLimited(format!(
-                "tenant {} already has {open} open or pending sessions (max_sessions {}); \
-                 close one first",
-                caller.tenant, self.config.max_sessions
-            )));
+            return Err(sessions_full(SessionsFull {
+                open,
+                max: self.config.max_sessions,
+            }));
         }
         let as_execution = ExecutionRequest {
             language: request.language.clone(),
@@ -124,17 +169,20 @@ impl App {
         let mut decision = said.clone();
         let runnable = self.enforce_floor(&request.language, &mut decision);
         let id = crate::ids::new("ss");
+        let decision_id = crate::ids::new("dc");
+        let revision = self.policy.current().state.revision().to_owned();
+        let recorded = decision_record(&decision_id, &revision, &decision);
         let event = |kind| NewEvent {
             kind,
             execution_id: None,
             key_id: Some(caller.id.clone()),
             tenant: Some(caller.tenant.clone()),
-            decision_id: None,
+            decision_id: Some(decision_id.clone()),
             allow: Some(decision.allow),
             reasons: json!(decision.reasons),
             input: json!({"session_id": id, "request": input}),
             decision: json!(said),
-            policy_revision: Some(self.policy.current().state.revision().to_owned()),
+            policy_revision: Some(revision.clone()),
         };
         let runnable = match runnable {
             Some(runnable) if !decision.require_approval => runnable,
@@ -144,6 +192,7 @@ impl App {
                     request: &request,
                     input: &input,
                     decision: &decision,
+                    recorded: &recorded,
                     runnable: &runnable,
                     event: event(api_types::EventKind::ApprovalRequested),
                 };
@@ -156,6 +205,7 @@ impl App {
                 return Ok(Opened::Denied(decision));
             }
         };
+        let share = self.session_share()?;
         let ticket = self
             .scheduler
             .admit(&caller.tenant)
@@ -173,7 +223,7 @@ impl App {
                 runner,
                 &request.language,
                 runnable,
-                (slot, live),
+                (slot, live, share),
             )
             .await?;
         let now = crate::ids::now_micros();
@@ -184,7 +234,7 @@ impl App {
             language: request.language.clone(),
             status: SessionStatus::Ready.as_str().to_owned(),
             closed_reason: None,
-            decision: Json(json!(decision)),
+            decision: Json(recorded),
             limits: Json(json!(held.runnable.limits)),
             idle_timeout_s: i64::try_from(idle).unwrap_or(i64::MAX),
             ttl_s: i64::try_from(ttl).unwrap_or(i64::MAX),
@@ -197,30 +247,47 @@ impl App {
             closed_at: None,
             approval_id: None,
         };
-        let stored = async {
-            self.audit.insert_session(&row).await?;
-            self.audit
-                .record_event(&event(api_types::EventKind::SessionCreated))
-                .await
-        };
-        if let Err(err) = stored.await {
-            release(held).await;
-            return Err(err.into());
-        }
-        self.keep_open(id, &caller.tenant, held, (idle, ttl));
+        let created = event(api_types::EventKind::SessionCreated);
+        let held = self.register_session(&row, &created, held).await?;
+        self.keep_open(id, held, (idle, ttl));
         Ok(Opened::Ready(row))
     }
 
-    /// Holds a started session open on this gateway and watches its idle and total lifetime.
-    pub(super) fn keep_open(
-        self: &Arc<Self>,
-        id: String,
-        tenant: &str,
+    /// Stores a started session's row, counted against `max_sessions` with the insert, and its
+    /// `session.created`; when either is refused or fails, its sandbox is removed.
+    async fn register_session(
+        &self,
+        row: &SessionRow,
+        created: &NewEvent,
         held: Held,
-        (idle, ttl): (u64, u64),
-    ) {
+    ) -> Result<Held, AppError> {
+        let stored = match self
+            .audit
+            .insert_session(row, self.config.max_sessions)
+            .await
+        {
+            Ok(Ok(())) => self
+                .audit
+                .record_event(created)
+                .await
+                .map(|_| ())
+                .map_err(AppError::from),
+            // Others opened theirs while this one started: it never was a session.
+            Ok(Err(full)) => Err(sessions_full(full)),
+            Err(err) => Err(AppError::from(err)),
+        };
+        match stored {
+            Ok(()) => Ok(held),
+            Err(err) => {
+                release(held).await;
+                Err(err)
+            }
+        }
+    }
+
+    /// Holds a started session open on this gateway and watches its idle and total lifetime.
+    pub(super) fn keep_open(self: &Arc<Self>, id: String, held: Held, (idle, ttl): (u64, u64)) {
         let open = Arc::new(OpenSession {
-            tenant: tenant.to_owned(),
             held: tokio::sync::Mutex::new(Some(held)),
             last_used: Mutex::new(Instant::now()),
             closing: self.shutdown.child_token(),
@@ -251,7 +318,7 @@ impl App {
         runner: SessionRunner,
         language: &str,
         runnable: Runnable,
-        (slot, live): (Slot, LiveGuard),
+        (slot, live, share): (Slot, LiveGuard, SessionShare),
     ) -> Result<Held, AppError> {
         let unavailable = |what: &str, err: &dyn std::fmt::Display| {
             AppError::Internal(format!("starting the session sandbox: {what}: {err}"))
@@ -311,10 +378,10 @@ impl App {
                 egress,
                 runnable,
                 language: language.to_owned(),
-                created_at: crate::ids::now_micros(),
                 executions: 0,
                 _slot: slot,
                 _live: live,
+                _share: share,
             }),
             Err(err) => {
                 sandbox.discard().await;
@@ -422,9 +489,13 @@ impl App {
         }
     }
 
+    /// The session, for a key that may see it: reviewers, auditors and admins every one, an
+    /// agent those it opened or the policy shares with it (`session_owner`).
     pub async fn get_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
         match self.audit.get_session(id).await? {
-            Some(row) if row.tenant == caller.tenant || caller.is_any(&Role::ACROSS_TENANTS) => {
+            Some(row) if caller.is_any(&Role::ACROSS_TENANTS) => Ok(row),
+            Some(row) if row.tenant == caller.tenant => {
+                self.check_session_owner(caller, &row).await?;
                 Ok(row)
             }
             Some(row) => Err(self.cross_tenant_probe(caller, &row.id, &row.tenant).await),
@@ -433,8 +504,11 @@ impl App {
     }
 
     pub async fn list_sessions(&self, caller: &ApiKey) -> Result<Vec<SessionRow>, AppError> {
-        let tenant = (!caller.is_any(&Role::ACROSS_TENANTS)).then_some(caller.tenant.as_str());
-        Ok(self.audit.list_sessions(tenant).await?)
+        if caller.is_any(&Role::ACROSS_TENANTS) {
+            return Ok(self.audit.list_sessions(None).await?);
+        }
+        let rows = self.audit.list_sessions(Some(&caller.tenant)).await?;
+        self.visible_sessions(caller, rows).await
     }
 
     pub async fn delete_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
@@ -492,4 +566,19 @@ fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64) -> Job<'static> {
         proxy,
         exit_nonce: None,
     }
+}
+
+/// The session's decision as stored and shown: the policy's decision with the `id` and
+/// `policy_revision` an execution's decision carries (DESIGN 10: a session carries its
+/// decision like an execution), so one names it in the audit log (`decision_id` of its
+/// `session.created` or `approval.requested` event).
+pub(super) fn decision_record(id: &str, revision: &str, decision: &Decision) -> serde_json::Value {
+    let mut recorded = json!(decision);
+    recorded["id"] = json!(id);
+    recorded["policy_revision"] = json!(revision);
+    recorded
+}
+
+fn sessions_full(full: SessionsFull) -> AppError {
+    AppError::RateLimited(format!("{full}; close one first"))
 }

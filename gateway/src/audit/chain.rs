@@ -1,8 +1,10 @@
-//! The hash chain over `audit_events`: `hash = sha256(prev_hash || canonical JSON of the row)`.
-//! Appends take a transaction-scoped advisory lock so concurrent writers (every task and every
-//! replica on the database) extend one linear chain; a batch ([`append_many`]) holds it once.
+//! The hash chain over `audit_events`: each row's `hash` links its content to `prev_hash`, by the
+//! row's [`HashScheme`] ([`hash`], the one definition). Appends take a transaction-scoped
+//! advisory lock so concurrent writers (every task and every replica on the database) extend one
+//! linear chain; a batch ([`append_many`]) holds it once.
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use sqlx::{Postgres, Transaction};
@@ -11,6 +13,49 @@ use sqlx::{Postgres, Transaction};
 pub const GENESIS: &str = "0000000000000000000000000000000000000000000000000000000000000000";
 /// Advisory lock key serialising appends to the chain ("sgaudit" in ASCII).
 pub const CHAIN_LOCK: i64 = 0x0073_6761_7564_6974;
+
+/// How a row's `hash` is made from its `prev_hash` and content; stored with the row
+/// (`audit_events.hash_version`), so a chain written before scheme 2 still verifies as written.
+///
+/// The two preimages cannot be confused: after the 64 hex digits of `prev_hash`, scheme 1 hashes
+/// the canonical JSON (which starts with `{`) and scheme 2 hashes 128 hex digits. So a hash
+/// commits to its scheme, and relabelling a row's scheme breaks its hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, Serialize, Deserialize)]
+#[repr(i16)]
+#[serde(into = "i16", try_from = "i16")]
+pub enum HashScheme {
+    /// `sha256(prev_hash || canonical)`: every event written before migration
+    /// `20261204300000_audit_hash_scheme.sql`. Its link cannot be checked without its content.
+    Whole = 1,
+    /// `sha256(prev_hash || tenant_tag || content_hash)` ([`tenant_tag`], [`content_hash`]): its
+    /// link can be checked without the content, so a bundle that hides an event still proves its
+    /// link, and that it is not of the bundle's tenant.
+    Content = 2,
+}
+
+/// The scheme new events are written with.
+pub const SCHEME: HashScheme = HashScheme::Content;
+
+impl From<HashScheme> for i16 {
+    fn from(scheme: HashScheme) -> i16 {
+        scheme as i16
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown hash scheme {0} (this sandgate knows 1 and 2)")]
+pub struct HashSchemeError(i16);
+
+impl TryFrom<i16> for HashScheme {
+    type Error = HashSchemeError;
+    fn try_from(value: i16) -> Result<HashScheme, HashSchemeError> {
+        match value {
+            1 => Ok(HashScheme::Whole),
+            2 => Ok(HashScheme::Content),
+            other => Err(HashSchemeError(other)),
+        }
+    }
+}
 
 /// One event to append. `input` must already be free of secrets.
 #[derive(Debug, Clone)]
@@ -86,10 +131,46 @@ pub fn canonical(row: &Row<'_>) -> Vec<u8> {
     json.to_string().into_bytes()
 }
 
-pub fn link(prev_hash: &str, canonical: &[u8]) -> String {
+/// The row's `hash` after `prev_hash` by `scheme`: the chain's one hash definition.
+pub fn hash(scheme: HashScheme, prev_hash: &str, row: &Row<'_>) -> String {
+    match scheme {
+        HashScheme::Whole => sha256_hex(prev_hash, &canonical(row)),
+        HashScheme::Content => link_parts(
+            prev_hash,
+            &tenant_tag(row.seq, row.tenant),
+            &content_hash(row),
+        ),
+    }
+}
+
+/// A scheme-2 row's `content_hash`: `hex(sha256(canonical))`, what a bundle shows of an event
+/// whose content it hides.
+pub fn content_hash(row: &Row<'_>) -> String {
+    hex::encode(Sha256::digest(canonical(row)))
+}
+
+/// A scheme-2 row's `tenant_tag`: `hex(sha256({"seq":..,"tenant":..}))`. A bundle filtered to
+/// one tenant recomputes it for its tenant at each hidden event's `seq`, so none of its events
+/// can pass as another tenant's; `seq` makes tags of one tenant differ, so they cannot be grouped
+/// without guessing the tenant's name.
+pub fn tenant_tag(seq: i64, tenant: Option<&str>) -> String {
+    let json = json!({"seq": seq, "tenant": tenant});
+    hex::encode(Sha256::digest(json.to_string().as_bytes()))
+}
+
+/// A scheme-2 row's `hash` from its parts, without its content.
+pub fn link_parts(prev_hash: &str, tenant_tag: &str, content_hash: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(prev_hash.as_bytes());
-    hasher.update(canonical);
+    hasher.update(tenant_tag.as_bytes());
+    hasher.update(content_hash.as_bytes());
+    hex::encode(hasher.finalize())
+}
+
+fn sha256_hex(prev_hash: &str, bytes: &[u8]) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(prev_hash.as_bytes());
+    hasher.update(bytes);
     hex::encode(hasher.finalize())
 }
 
@@ -176,7 +257,7 @@ fn chained(events: &[&NewEvent], head: Option<Head>) -> (Columns, Head) {
     for event in events {
         let id = crate::ids::new("ev");
         let at = crate::ids::now_micros();
-        let hash = link(&prev_hash, &canonical(&event.row(seq, &id, &at)));
+        let hash = hash(SCHEME, &prev_hash, &event.row(seq, &id, &at));
         columns.push(
             event,
             seq,
@@ -200,7 +281,8 @@ pub fn stale_head(err: &sqlx::Error) -> bool {
 macro_rules! insert_columns {
     () => {
         "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
-         allow, reasons, input, decision, policy_revision, prev_hash, hash) SELECT e.* FROM "
+         allow, reasons, input, decision, policy_revision, prev_hash, hash, hash_version) \
+         SELECT e.* FROM "
     };
 }
 /// The rows, one array per column.
@@ -208,14 +290,14 @@ macro_rules! unnest_rows {
     () => {
         "unnest($1::bigint[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], \
          $7::text[], $8::text[], $9::boolean[], $10::jsonb[], $11::jsonb[], $12::jsonb[], \
-         $13::text[], $14::text[], $15::text[]) AS e"
+         $13::text[], $14::text[], $15::text[], $16::smallint[]) AS e"
     };
 }
 /// Inserts rows chained after a head read under the lock the transaction holds.
 const INSERT: &str = concat!(insert_columns!(), unnest_rows!());
-/// Takes the chain lock (`$16`) before producing any row: the one-statement append.
+/// Takes the chain lock (`$17`) before producing any row: the one-statement append.
 const INSERT_LOCKED: &str = concat!(
-    "WITH chain_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock($16)) ",
+    "WITH chain_lock AS MATERIALIZED (SELECT pg_advisory_xact_lock($17)) ",
     insert_columns!(),
     "chain_lock, ",
     unnest_rows!()
@@ -239,6 +321,7 @@ struct Columns {
     policy_revision: Vec<Option<String>>,
     prev_hash: Vec<String>,
     hash: Vec<String>,
+    hash_version: Vec<i16>,
 }
 
 impl Columns {
@@ -266,6 +349,7 @@ impl Columns {
         self.policy_revision.push(event.policy_revision.clone());
         self.prev_hash.push(prev_hash);
         self.hash.push(hash);
+        self.hash_version.push(SCHEME.into());
     }
 
     /// One `INSERT`; with `lock`, the statement first takes that advisory lock (held to the end
@@ -294,7 +378,8 @@ impl Columns {
             .bind(&self.decision)
             .bind(&self.policy_revision)
             .bind(&self.prev_hash)
-            .bind(&self.hash);
+            .bind(&self.hash)
+            .bind(&self.hash_version);
         let query = match lock {
             Some(key) => query.bind(key),
             None => query,
@@ -323,20 +408,70 @@ mod tests {
         }
     }
 
+    fn at() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-11-30T00:00:00.123456Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
     #[test]
     fn canonical_form_sorts_keys_and_changes_with_content() {
-        let at = DateTime::parse_from_rfc3339("2026-11-30T00:00:00.123456Z")
-            .unwrap()
-            .with_timezone(&Utc);
+        let at = at();
         let event = event();
         let bytes = String::from_utf8(canonical(&event.row(1, "ev_1", &at))).unwrap();
         assert!(bytes.contains(r#""input":{"a":2,"b":1}"#), "{bytes}");
         assert!(bytes.contains("2026-11-30T00:00:00.123456Z"), "{bytes}");
         let mut denied = event.clone();
         denied.allow = Some(false);
-        let a = link(GENESIS, bytes.as_bytes());
-        let b = link(GENESIS, &canonical(&denied.row(1, "ev_1", &at)));
-        assert_ne!(a, b);
-        assert_eq!(a.len(), 64);
+        for scheme in [HashScheme::Whole, HashScheme::Content] {
+            let a = hash(scheme, GENESIS, &event.row(1, "ev_1", &at));
+            let b = hash(scheme, GENESIS, &denied.row(1, "ev_1", &at));
+            assert_ne!(a, b);
+            assert_eq!(a.len(), 64);
+        }
+    }
+
+    /// Known answers, computed apart from this code (Python's hashlib): scheme 1 is what every
+    /// event before scheme 2 was hashed with, and must never change.
+    #[test]
+    fn both_schemes_hash_as_documented() {
+        let at = at();
+        let event = event();
+        let row = event.row(1, "ev_1", &at);
+        assert_eq!(
+            String::from_utf8(canonical(&row)).unwrap(),
+            r#"{"allow":true,"at":"2026-11-30T00:00:00.123456Z","decision":{"allow":true},"decision_id":"dc_1","execution_id":"ex_1","id":"ev_1","input":{"a":2,"b":1},"key_id":"key_1","kind":"execution.decision","policy_revision":"sha256:00","reasons":[],"seq":1,"tenant":"acme"}"#
+        );
+        assert_eq!(
+            hash(HashScheme::Whole, GENESIS, &row),
+            "47535a456024d029419cce5d8d2ae6db8b7b98ea53f6ec3affd55c11e9864ce8"
+        );
+        let content = content_hash(&row);
+        assert_eq!(
+            content,
+            "5e9e7977270c0ac113a8ac7235dba8d5d417d6ac79e513c3b4d9be5ed0650ffb"
+        );
+        let tag = tenant_tag(1, Some("acme"));
+        assert_eq!(
+            tag,
+            "fba78aeaba1ed2ff8a9ff28be5a54a2f9cb05d7f8ffdd609f5a0b1c71ed80ac8"
+        );
+        assert_eq!(
+            tenant_tag(1, None),
+            "7f1712bf0eb76b9d66f421dd7a1503b58bdd1ea4c73f9fc247877f2ba7ce64df"
+        );
+        let linked = "cfe843f459195f5fe8385cf4777ae37ca9c76e1c57ae38732bbb749a67bd24d3";
+        assert_eq!(hash(HashScheme::Content, GENESIS, &row), linked);
+        assert_eq!(link_parts(GENESIS, &tag, &content), linked);
+    }
+
+    #[test]
+    fn schemes_round_trip_and_unknown_ones_are_refused() {
+        for scheme in [HashScheme::Whole, HashScheme::Content] {
+            let text = serde_json::to_string(&scheme).unwrap();
+            assert_eq!(serde_json::from_str::<HashScheme>(&text).unwrap(), scheme);
+        }
+        assert_eq!(serde_json::to_string(&HashScheme::Content).unwrap(), "2");
+        assert!(serde_json::from_str::<HashScheme>("3").is_err());
     }
 }

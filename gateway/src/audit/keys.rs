@@ -12,6 +12,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlx::{Postgres, Transaction};
 
+use super::key_withdrawals::{withdraw_pending_of, Withdrawn};
 use super::{chain, key_hash, AuditError, AuditStore, NewEvent};
 
 /// `last_used_at` is written at most this often per key (seconds), so authentication does not
@@ -205,6 +206,16 @@ impl AuditStore {
         }))
     }
 
+    /// The principal of key `id`, revoked or not; `None` for an unknown id.
+    pub async fn key_principal(&self, id: &str) -> Result<Option<String>, AuditError> {
+        Ok(
+            sqlx::query_scalar("SELECT COALESCE(principal, id) FROM api_keys WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     /// Keys, newest first, `limit` at a time; `before` is the previous page's last key id.
     pub async fn list_keys(
         &self,
@@ -243,10 +254,12 @@ impl AuditStore {
             json!({"revoked_key_id": id}),
         );
         chain::append(&mut tx, &event).await?;
+        let withdrawn = withdraw_pending_of(&mut tx, id, by).await?;
         let row = lock_key(&mut tx, id)
             .await?
             .ok_or(AuditError::Unavailable(sqlx::Error::RowNotFound))?;
         tx.commit().await?;
+        self.count_withdrawn(&withdrawn);
         Ok(Revoked::Now(row))
     }
 
@@ -281,8 +294,18 @@ impl AuditStore {
             json!({"revoked_key_id": id, "created_key_id": key.id}),
         );
         chain::append(&mut tx, &event).await?;
+        let withdrawn = withdraw_pending_of(&mut tx, id, None).await?;
         tx.commit().await?;
+        self.count_withdrawn(&withdrawn);
         Ok(Some(key))
+    }
+
+    /// Executions withdrawn with a revoked key ended `cancelled` (sessions were never counted).
+    fn count_withdrawn(&self, withdrawn: &[Withdrawn]) {
+        for _ in withdrawn.iter().filter(|w| w.execution_id.is_some()) {
+            self.metrics
+                .execution_finished(crate::status::ExecutionStatus::Cancelled);
+        }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod durable;
 pub mod egress;
 pub mod group;
 pub mod journal;
+pub mod key_withdrawals;
 pub mod keys;
 pub mod read;
 pub mod replicas;
@@ -102,7 +103,7 @@ pub struct ExecutionRow {
     pub start: Option<String>,
     /// The container that ran it.
     pub container: Option<String>,
-    /// The session it ran in (DESIGN 10).
+    /// The session it ran in.
     #[sqlx(default)]
     pub session_id: Option<String>,
     /// In a python session: the final expression's `repr`.

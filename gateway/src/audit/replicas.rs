@@ -1,4 +1,4 @@
-//! What replicas share through the database (DESIGN 13): the `replicas` table (heartbeat and
+//! What replicas share through the database: the `replicas` table (heartbeat and
 //! the policy revision each one runs), the leases on running records, the closing of another
 //! replica's records once their lease expired, and the output files every replica can serve.
 

@@ -1,4 +1,4 @@
-//! Sessions held for review (DESIGN 10, `POST /v1/sessions` answering 202): the pending session
+//! Sessions held for review (`POST /v1/sessions` answering 202): the pending session
 //! row and its approval (`approvals.session_id`), and every change of both, each committed in
 //! one transaction with its audit events.
 //!
@@ -14,7 +14,7 @@ use policy_engine::Reason;
 use super::approvals::{
     insert_approval, pending_cap_reached, ApprovalSubject, Held, NewApproval, PendingCaps, Verdict,
 };
-use super::sessions::SessionRow;
+use super::sessions::{session_room, SessionRow, SessionsFull};
 use super::{chain, AuditError, AuditStore, NewEvent};
 use crate::metrics::DecisionOutcome;
 use crate::session_wire::ClosedReason;
@@ -26,18 +26,22 @@ type Tx<'a> = sqlx::Transaction<'a, sqlx::Postgres>;
 
 impl AuditStore {
     /// Commits the pending session row, its approval and `events` in one transaction, unless the
-    /// tenant or the key already has `caps` worth of pending approvals ([`Held::Full`]: nothing
-    /// stored).
+    /// tenant or the key already has `caps` worth of pending approvals ([`Held::Full`]), or the
+    /// tenant `max_sessions` sessions not closed, counted under its lock as for an open session
+    /// (`Err(SessionsFull)`); then nothing is stored.
     pub async fn record_pending_session(
         &self,
         row: &SessionRow,
         approval: &NewApproval,
         events: &[NewEvent],
-        caps: &PendingCaps,
-    ) -> Result<Held, AuditError> {
+        (caps, max_sessions): (&PendingCaps, usize),
+    ) -> Result<Result<Held, SessionsFull>, AuditError> {
         let mut tx = self.pool.begin().await?;
+        if let Err(full) = session_room(&mut tx, &row.tenant, max_sessions).await? {
+            return Ok(Err(full));
+        }
         if let Some(full) = pending_cap_reached(&mut tx, &row.tenant, approval, caps).await? {
-            return Ok(Held::Full(full));
+            return Ok(Ok(Held::Full(full)));
         }
         sqlx::query(
             "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
@@ -67,18 +71,7 @@ impl AuditStore {
         }
         tx.commit().await?;
         self.metrics.decision(DecisionOutcome::RequireApproval);
-        Ok(Held::Held)
-    }
-
-    /// Sessions of `tenant` waiting for review (they count against `max_sessions`).
-    pub async fn pending_sessions(&self, tenant: &str) -> Result<usize, AuditError> {
-        let count: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM sessions WHERE tenant = $1 AND status = 'pending_approval'",
-        )
-        .bind(tenant)
-        .fetch_one(&self.pool)
-        .await?;
-        Ok(usize::try_from(count).unwrap_or(usize::MAX))
+        Ok(Ok(Held::Held))
     }
 
     /// Approves or rejects a pending, unexpired session approval of another key and principal.

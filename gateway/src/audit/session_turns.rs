@@ -1,4 +1,4 @@
-//! Requests relayed to the replica holding a session (`session_turns`, DESIGN 13): the asking
+//! Requests relayed to the replica holding a session (`session_turns`): the asking
 //! replica inserts one, the owner claims it (`picked_at`), runs it and writes the answer; an
 //! asker that gives up before the claim marks it abandoned, so exactly one of the two wins.
 

@@ -1,4 +1,4 @@
-//! The `sessions` table (DESIGN 10): one row per session, its status and closing.
+//! The `sessions` table: one row per session, its status and closing.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -31,6 +31,39 @@ pub struct SessionRow {
     pub approval_id: Option<String>,
 }
 
+/// A tenant already holds `max_sessions` sessions (open or waiting for review).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the tenant already has {open} open or pending sessions (max_sessions {max})")]
+pub struct SessionsFull {
+    pub open: usize,
+    pub max: usize,
+}
+
+/// Takes `tenant`'s session lock for the rest of `tx` (a PostgreSQL advisory lock, so every
+/// replica waits on it), then counts its sessions not closed: `Err` when `max` are. The caller
+/// inserts its session in the same transaction, so the count and the insert are one step.
+pub(super) async fn session_room(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tenant: &str,
+    max: usize,
+) -> Result<Result<(), SessionsFull>, AuditError> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('sandgate.sessions/' || $1, 0))")
+        .bind(tenant)
+        .execute(&mut **tx)
+        .await?;
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sessions WHERE tenant = $1 AND status <> 'closed'",
+    )
+    .bind(tenant)
+    .fetch_one(&mut **tx)
+    .await?;
+    let open = usize::try_from(open).unwrap_or(usize::MAX);
+    if open >= max {
+        return Ok(Err(SessionsFull { open, max }));
+    }
+    Ok(Ok(()))
+}
+
 impl SessionRow {
     /// Whether the session is in `status` (compared through the closed set, not by text).
     pub fn is(&self, status: SessionStatus) -> bool {
@@ -42,7 +75,19 @@ impl SessionRow {
 pub const MAX_LISTED: i64 = 500;
 
 impl AuditStore {
-    pub async fn insert_session(&self, row: &SessionRow) -> Result<(), AuditError> {
+    /// Inserts the started session `row` unless its tenant already has `max_sessions` sessions
+    /// that are not closed (open or waiting for review, on any replica): counted and inserted
+    /// under the tenant's lock ([`lock_tenant_sessions`]), so concurrent requests, here or on
+    /// other replicas, cannot pass the limit together. `Err(Full)` names the count.
+    pub async fn insert_session(
+        &self,
+        row: &SessionRow,
+        max_sessions: usize,
+    ) -> Result<Result<(), SessionsFull>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        if let Err(full) = session_room(&mut tx, &row.tenant, max_sessions).await? {
+            return Ok(Err(full));
+        }
         sqlx::query(
             "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
              idle_timeout_s, ttl_s, instance, container, created_at, last_used_at, expires_at) \
@@ -62,9 +107,22 @@ impl AuditStore {
         .bind(row.created_at)
         .bind(row.last_used_at)
         .bind(row.expires_at)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(())
+        tx.commit().await?;
+        Ok(Ok(()))
+    }
+
+    /// Sessions of `tenant` not closed (open or waiting for review), on every replica: what
+    /// `max_sessions` bounds.
+    pub async fn sessions_not_closed(&self, tenant: &str) -> Result<usize, AuditError> {
+        let count: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM sessions WHERE tenant = $1 AND status <> 'closed'",
+        )
+        .bind(tenant)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(usize::try_from(count).unwrap_or(usize::MAX))
     }
 
     pub async fn get_session(&self, id: &str) -> Result<Option<SessionRow>, AuditError> {

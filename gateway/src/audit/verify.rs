@@ -1,12 +1,13 @@
 //! Walking the hash chain: every row's `prev_hash` must be the previous row's `hash`, every
-//! `hash` must be `sha256(prev_hash || canonical row)`, and `seq` must have no gap. A row
-//! changed in place (by someone who could bypass the triggers) breaks its own hash.
+//! `hash` must follow from `prev_hash` and the row by the row's scheme ([`chain::hash`]), and
+//! `seq` must have no gap. A row changed in place (by someone who could bypass the triggers)
+//! breaks its own hash.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::chain::{self, Row, GENESIS};
+use super::chain::{self, HashScheme, Row, GENESIS};
 use super::{AuditError, AuditStore};
 
 /// Rows read per round trip.
@@ -31,11 +32,13 @@ pub struct StoredEvent {
     pub policy_revision: Option<String>,
     pub prev_hash: String,
     pub hash: String,
+    /// How `hash` was made (scheme 1 for every event written before scheme 2 existed).
+    pub hash_version: HashScheme,
 }
 
 /// The columns of [`StoredEvent`], for `SELECT`s that read whole rows.
 pub const STORED_COLUMNS: &str = "seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
-     allow, reasons, input, decision, policy_revision, prev_hash, hash";
+     allow, reasons, input, decision, policy_revision, prev_hash, hash, hash_version";
 
 impl StoredEvent {
     pub fn row(&self) -> Row<'_> {
@@ -144,7 +147,7 @@ pub fn check(event: &StoredEvent, expected_seq: i64, expected_prev: &str) -> Opt
     if event.prev_hash != expected_prev {
         return Some("prev_hash does not match the previous event's hash".to_owned());
     }
-    let recomputed = chain::link(&event.prev_hash, &chain::canonical(&event.row()));
+    let recomputed = chain::hash(event.hash_version, &event.prev_hash, &event.row());
     if recomputed != event.hash {
         return Some("the row's content does not match its hash (modified)".to_owned());
     }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use clap::{Subcommand, ValueEnum};
 
 use crate::app::replay;
-use crate::audit::bundle::check::{self, BundleError, BundleReport};
+use crate::audit::bundle::check::{self, Anchor, BundleError, BundleReport};
 use crate::audit::bundle::{EventFormat, ExportRequest, ExportSummary};
 use crate::audit::verify::Verification;
 use crate::audit::AuditStore;
@@ -19,11 +19,16 @@ use crate::database::Database;
 #[derive(Subcommand)]
 pub enum AuditCommand {
     /// Walk the hash chain: prints `ok N events` or the first broken event (exit 1). With
-    /// --bundle, check an exported bundle offline instead (no database).
+    /// --bundle, check an exported bundle offline instead (no database): `ok ...`, or exit 1 with
+    /// the first problem, or `unproven ...` (exit 1) when it holds links it cannot recompute.
     Verify {
         /// A bundle written by `sandgate audit export`.
         #[arg(long)]
         bundle: Option<PathBuf>,
+        /// A head kept earlier, as `sandgate audit head` prints it (SEQ:HASH): the bundle must
+        /// reach event SEQ and that event must have HASH.
+        #[arg(long, requires = "bundle")]
+        head: Option<Anchor>,
     },
     /// Write the events of a time window, the policy revisions they name (with their files)
     /// and a proof to one file, for `sandgate audit verify --bundle` to check offline.
@@ -44,7 +49,8 @@ pub enum AuditCommand {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Print the hash of the last event, to anchor outside the database.
+    /// Walk the chain and print its head as SEQ:HASH, to keep outside the database and give to
+    /// `sandgate audit verify --bundle FILE --head SEQ:HASH`.
     Head,
     /// Open psql on the audit database as the read-only role sandgate_auditor (the embedded
     /// cluster's socket, or database_url with role=sandgate_auditor). Arguments after `--` go to
@@ -66,11 +72,17 @@ pub async fn run(command: AuditCommand, config: &Config) -> anyhow::Result<ExitC
     match command {
         AuditCommand::Verify {
             bundle: Some(bundle),
-        } => match audit_verify_bundle(&bundle)? {
-            Ok(report) => println!("{}", report.summary()),
+            head,
+        } => match audit_verify_bundle(&bundle, head)? {
+            Ok(report) => {
+                println!("{}", report.summary());
+                if !report.proven() {
+                    anyhow::bail!("{}: not proven (see above)", bundle.display());
+                }
+            }
             Err(problem) => anyhow::bail!("{}: {problem}", bundle.display()),
         },
-        AuditCommand::Verify { bundle: None } => {
+        AuditCommand::Verify { bundle: None, .. } => {
             let verification = audit_verify(config).await?;
             println!("{}", verification.summary());
             if !verification.ok() {
@@ -80,7 +92,7 @@ pub async fn run(command: AuditCommand, config: &Config) -> anyhow::Result<ExitC
         AuditCommand::Head => {
             let verification = audit_verify(config).await?;
             match (&verification.head, verification.ok()) {
-                (Some(head), true) => println!("{} {head}", verification.events),
+                (Some(head), true) => println!("{}:{head}", verification.events),
                 (None, true) => println!("0 (empty chain)"),
                 (_, false) => anyhow::bail!("{}", verification.summary()),
             }
@@ -185,11 +197,14 @@ fn tempfile_in(dir: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
         .with_context(|| format!("creating a file in {}", dir.display()))
 }
 
-/// `sandgate audit verify --bundle FILE`: checks a bundle offline. The outer error is about
-/// reading the file; the inner one says what in the bundle is wrong.
-pub fn audit_verify_bundle(path: &Path) -> anyhow::Result<Result<BundleReport, BundleError>> {
+/// `sandgate audit verify --bundle FILE [--head SEQ:HASH]`: checks a bundle offline. The outer
+/// error is about reading the file; the inner one says what in the bundle is wrong.
+pub fn audit_verify_bundle(
+    path: &Path,
+    anchor: Option<Anchor>,
+) -> anyhow::Result<Result<BundleReport, BundleError>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    match check::verify_bundle(std::io::BufReader::new(file)) {
+    match check::verify_bundle(std::io::BufReader::new(file), anchor) {
         Err(BundleError::Read(err)) => {
             Err(err).with_context(|| format!("reading {}", path.display()))
         }

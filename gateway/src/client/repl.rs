@@ -1,4 +1,4 @@
-//! `sandgate repl`: an interactive session (DESIGN 10) in a terminal. It opens a session
+//! `sandgate repl`: an interactive session in a terminal. It opens a session
 //! (`POST /v1/sessions`, decided by the policy like any), then sends each cell typed as one
 //! execution of it and prints its stdout, stderr and (Python) the final expression's `repr`.
 //!

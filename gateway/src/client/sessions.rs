@@ -1,5 +1,5 @@
 //! The HTTP API as typed calls, for `sandgate exec`, `sandgate repl` and `sandgate exec
-//! --session`: any route ([`ApiClient::call`]) and the session routes (DESIGN 10): open, run one
+//! --session`: any route ([`ApiClient::call`]) and the session routes: open, run one
 //! execution, interrupt the running one, read, close. Bodies and answers are the `api-types`
 //! the gateway serialises; an error answer is read as an [`ErrorBody`].
 

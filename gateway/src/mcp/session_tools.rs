@@ -1,4 +1,4 @@
-//! The session tools (DESIGN 10): `open_session`, `run_in_session`, `close_session`. Each is one
+//! The session tools: `open_session`, `run_in_session`, `close_session`. Each is one
 //! call of the session API under the caller's key (`POST /v1/sessions`,
 //! `POST /v1/sessions/{id}/executions`, `DELETE /v1/sessions/{id}`), so opening a session and
 //! every execution in it are decided by the policy and audited like any. The session's id

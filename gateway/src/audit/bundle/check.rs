@@ -1,17 +1,66 @@
-//! Checking a bundle offline (`sandgate audit verify --bundle FILE`), with no database: every
-//! exported event's hash is recomputed with the chain's own definition and linked to the one
-//! before it, OCSF records are remade from their rows, every policy revision named is present and
-//! its files hash to it, and the proof matches what the walk found.
+//! Checking a bundle offline (`sandgate audit verify --bundle FILE [--head SEQ:HASH]`), with no
+//! database: every event's hash is recomputed with the chain's own definition, from its content
+//! or, for an event shown without it, from its content's hash, and linked to the one before it,
+//! from the first event to the chain's head at export (and through an anchored head); OCSF
+//! records are remade from their rows, every policy revision named is present and its files hash
+//! to it, and the proof matches what the walk found.
 
 use std::collections::BTreeMap;
+use std::fmt;
 use std::io::{BufRead, Read};
+use std::str::FromStr;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use super::{ocsf, EventFormat, Header, Link, PolicyRevision, Proof, Record};
+use super::{ocsf, EventFormat, Header, Hidden, Link, Parts, PolicyRevision, Proof, Record};
 use super::{FORMAT, MAX_LINE_BYTES, VERSION};
+use crate::audit::chain;
 use crate::audit::verify::{self, StoredEvent};
+
+/// A head kept outside the database (`sandgate audit head` prints it), as `SEQ:HASH`: the
+/// bundle's event `seq` must have this hash, so nothing up to it can be changed or removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Anchor {
+    pub seq: i64,
+    pub hash: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0:?} is not a head: expected SEQ:HASH, as `sandgate audit head` prints it")]
+pub struct AnchorError(String);
+
+impl FromStr for Anchor {
+    type Err = AnchorError;
+    fn from_str(text: &str) -> Result<Anchor, AnchorError> {
+        let bad = || AnchorError(text.to_owned());
+        let (seq, hash) = text.trim().split_once(':').ok_or_else(bad)?;
+        let seq = seq.parse::<i64>().map_err(|_| bad())?;
+        if seq < 1 || !is_sha256(hash) {
+            return Err(bad());
+        }
+        Ok(Anchor {
+            seq,
+            hash: hash.to_ascii_lowercase(),
+        })
+    }
+}
+
+impl fmt::Display for Anchor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.seq, self.hash)
+    }
+}
+
+/// Scheme-1 events (written before scheme 2) that the bundle shows without their content: their
+/// hashes cannot be recomputed, only taken as given, so nothing after them vouches for what
+/// comes before them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unproven {
+    pub first: i64,
+    pub last: i64,
+    pub count: u64,
+}
 
 /// What an intact bundle holds.
 #[derive(Debug, Clone)]
@@ -22,23 +71,42 @@ pub struct BundleReport {
     pub revisions_checked: Vec<String>,
     /// Revisions recorded without files (before sandgate stored them): named, not recomputed.
     pub revisions_without_files: Vec<String>,
+    /// The anchor the bundle was checked against (its event at `seq` has that hash).
+    pub anchor: Option<Anchor>,
+    /// Links taken as given: when set, the bundle is intact as far as it can tell but does not
+    /// prove the events up to `unproven.last` (verify says `unproven`, not `ok`).
+    pub unproven: Option<Unproven>,
 }
 
 impl BundleReport {
-    /// What `sandgate audit verify --bundle` prints for an intact bundle.
+    /// Every link was recomputed: nothing in the bundle is taken as given.
+    pub fn proven(&self) -> bool {
+        self.unproven.is_none()
+    }
+
+    /// What `sandgate audit verify --bundle` prints for a bundle with no broken link.
     pub fn summary(&self) -> String {
-        let ends = match (&self.proof.first, &self.proof.last) {
-            (Some(first), Some(last)) => format!(
-                "events {}..{} ({} with content, {} omitted), last hash {}",
-                first.seq, last.seq, self.proof.events, self.proof.omitted, last.hash
-            ),
-            _ => "no events in the window".to_owned(),
-        };
-        let mut summary = format!(
-            "ok {ends}; {} policy revisions recomputed; chain at export: {}",
+        let verdict = if self.proven() { "ok" } else { "unproven" };
+        let mut summary = format!("{verdict} {}", self.ends());
+        if let Some(anchor) = &self.anchor {
+            summary.push_str(&format!("; matches the anchored head {}", anchor.seq));
+        }
+        summary.push_str(&format!(
+            "; {} policy revisions recomputed; chain at export: {}",
             self.revisions_checked.len(),
             self.proof.chain.summary()
-        );
+        ));
+        if let Some(unproven) = &self.unproven {
+            summary.push_str(&format!(
+                "\nunproven: {} events shown without content and without the parts of their \
+                 hash (events {}..{}): events written before hash scheme 2, whose hashes can only \
+                 be taken as given (or events stripped of their parts). So the events up to {} \
+                 are checked only against this bundle's own hashes, and a head vouches only for \
+                 the events after it. Export a window covering them without --tenant to check \
+                 them (docs/audit.md, \"Export\")",
+                unproven.count, unproven.first, unproven.last, unproven.last
+            ));
+        }
         if !self.revisions_without_files.is_empty() {
             summary.push_str(&format!(
                 "\nnote: policy revisions stored without their files (not recomputed): {}",
@@ -47,12 +115,27 @@ impl BundleReport {
         }
         if let Some(tenant) = &self.header.tenant {
             summary.push_str(&format!(
-                "\nnote: filtered to tenant {tenant}: the {} omitted events are links only; \
-                 their hashes are taken as given (see docs/audit.md, \"Export\")",
+                "\nnote: filtered to tenant {tenant}: the {} omitted events are shown by their \
+                 links and content hashes only",
                 self.proof.omitted
             ));
         }
         summary
+    }
+
+    fn ends(&self) -> String {
+        let proof = &self.proof;
+        match (&proof.first, &proof.last, &proof.head) {
+            (Some(first), Some(last), Some(head)) => {
+                format!(
+                "events {}..{} ({} with content, {} omitted), last hash {}; linked to the head at \
+                 export, event {} ({} events after the window), hash {}",
+                first.seq, last.seq, proof.events, proof.omitted, last.hash, head.seq, proof.after,
+                head.hash
+            )
+            }
+            _ => "no events in the window".to_owned(),
+        }
     }
 }
 
@@ -64,6 +147,8 @@ pub enum BundleError {
     Line { line: u64, problem: String },
     #[error("{0}")]
     Incomplete(String),
+    #[error("{0}")]
+    Anchor(String),
 }
 
 /// The walk's state between lines.
@@ -72,10 +157,18 @@ struct Walk {
     header: Option<Header>,
     /// The seq and prev_hash the next event must have.
     next: Option<(i64, String)>,
+    /// The window's ends.
     first: Option<Link>,
     last: Option<Link>,
+    /// The last link walked.
+    head: Option<Link>,
     events: u64,
     omitted: u64,
+    after: u64,
+    unproven: Option<Unproven>,
+    /// The anchor to meet, and whether it was met.
+    anchor: Option<Anchor>,
+    anchored: bool,
     /// Revision -> the first event naming it.
     named: BTreeMap<String, i64>,
     /// Revision -> whether its files were recomputed.
@@ -85,9 +178,16 @@ struct Walk {
     digest: Sha256,
 }
 
-/// Checks the bundle read from `reader`; the error names the first problem and its line.
-pub fn verify_bundle(mut reader: impl BufRead) -> Result<BundleReport, BundleError> {
-    let mut walk = Walk::default();
+/// Checks the bundle read from `reader` (against `anchor`, when given); the error names the first
+/// problem and its line.
+pub fn verify_bundle(
+    mut reader: impl BufRead,
+    anchor: Option<Anchor>,
+) -> Result<BundleReport, BundleError> {
+    let mut walk = Walk {
+        anchor,
+        ..Walk::default()
+    };
     let mut line = 0;
     let mut buf = Vec::new();
     loop {
@@ -127,15 +227,8 @@ impl Walk {
             Record::Event { .. } | Record::OcsfEvent { .. } => Err(format!(
                 "an event in another format than the header's {format:?}"
             )),
-            Record::Omitted {
-                seq,
-                prev_hash,
-                hash,
-            } => self.omitted(Link {
-                seq,
-                prev_hash,
-                hash,
-            }),
+            Record::Omitted(hidden) => self.omitted(hidden),
+            Record::After(hidden) => self.after(hidden),
             Record::PolicyRevision(revision) => self.revision(revision),
             Record::Proof(proof) => self.proof(proof),
         }
@@ -169,6 +262,7 @@ impl Walk {
     }
 
     fn event(&mut self, event: StoredEvent) -> Result<(), String> {
+        self.in_window(event.seq)?;
         let tenant = self
             .header
             .as_ref()
@@ -192,40 +286,100 @@ impl Walk {
             self.named.entry(revision.clone()).or_insert(event.seq);
         }
         self.events += 1;
-        self.linked(Link::of(event.seq, &event.prev_hash, &event.hash));
+        self.linked(Link::of(event.seq, &event.prev_hash, &event.hash), true)
+    }
+
+    /// Events of the window (with content or omitted) come before every `after` line.
+    fn in_window(&self, seq: i64) -> Result<(), String> {
+        if self.after > 0 {
+            return Err(format!("event {seq} of the window after events past it"));
+        }
         Ok(())
     }
 
-    fn omitted(&mut self, link: Link) -> Result<(), String> {
+    fn omitted(&mut self, hidden: Hidden) -> Result<(), String> {
+        self.in_window(hidden.seq)?;
         if self.header.as_ref().is_some_and(|h| h.tenant.is_none()) {
             return Err(format!(
                 "event {} omitted from a bundle without a tenant filter",
-                link.seq
+                hidden.seq
             ));
         }
-        if let Some((seq, prev)) = &self.next {
-            if link.seq != *seq {
-                return Err(format!("expected event {seq} next: events are missing"));
+        let tenant = self.header.as_ref().and_then(|h| h.tenant.clone());
+        let link = self.hidden(hidden, "omitted", tenant.as_deref())?;
+        self.omitted += 1;
+        self.linked(link, true)
+    }
+
+    fn after(&mut self, hidden: Hidden) -> Result<(), String> {
+        if self.head.is_none() {
+            return Err(format!(
+                "event {} after the window, but the window holds no event",
+                hidden.seq
+            ));
+        }
+        let link = self.hidden(hidden, "after the window", None)?;
+        self.after += 1;
+        self.linked(link, false)
+    }
+
+    /// Checks an event shown without content: it links to the one before, and its hash follows
+    /// from its parts (scheme 2) or, with none (scheme 1), is taken as given. With `tenant`, the
+    /// event must not be that tenant's.
+    fn hidden(&mut self, hidden: Hidden, what: &str, tenant: Option<&str>) -> Result<Link, String> {
+        let seq = hidden.seq;
+        if let Some((next, prev)) = &self.next {
+            if seq != *next {
+                return Err(format!("expected event {next} next: events are missing"));
             }
-            if link.prev_hash != *prev {
+            if hidden.prev_hash != *prev {
                 return Err(format!(
-                    "omitted event {}: prev_hash does not match the previous event's hash",
-                    link.seq
+                    "{what} event {seq}: prev_hash does not match the previous event's hash"
                 ));
             }
         }
-        if link.hash.len() != 64 || !link.hash.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(format!("omitted event {}: not a sha256 hash", link.seq));
+        if !is_sha256(&hidden.hash) || !is_sha256(&hidden.prev_hash) {
+            return Err(format!("{what} event {seq}: not a sha256 hash"));
         }
-        self.omitted += 1;
-        self.linked(link);
-        Ok(())
+        match &hidden.parts {
+            Some(parts) => check_parts(&hidden, parts, tenant)
+                .map_err(|problem| format!("{what} event {seq}: {problem}"))?,
+            None => self.unproven(seq),
+        }
+        Ok(Link::of(seq, &hidden.prev_hash, &hidden.hash))
     }
 
-    fn linked(&mut self, link: Link) {
+    fn unproven(&mut self, seq: i64) {
+        let unproven = self.unproven.get_or_insert(Unproven {
+            first: seq,
+            last: seq,
+            count: 0,
+        });
+        unproven.last = seq;
+        unproven.count += 1;
+    }
+
+    /// `link` is the next one walked (of the window, or after it): the anchor is checked here.
+    fn linked(&mut self, link: Link, window: bool) -> Result<(), String> {
+        if let Some(anchor) = &self.anchor {
+            if anchor.seq == link.seq {
+                if anchor.hash != link.hash {
+                    return Err(format!(
+                        "event {} has hash {}, not the anchored head's {}: the chain up to it \
+                         was changed, or the anchor is of another chain",
+                        link.seq, link.hash, anchor.hash
+                    ));
+                }
+                self.anchored = true;
+            }
+        }
         self.next = Some((link.seq + 1, link.hash.clone()));
-        self.first.get_or_insert_with(|| link.clone());
-        self.last = Some(link);
+        if window {
+            self.first.get_or_insert_with(|| link.clone());
+            self.last = Some(link.clone());
+        }
+        self.head = Some(link);
+        Ok(())
     }
 
     fn revision(&mut self, revision: PolicyRevision) -> Result<(), String> {
@@ -267,6 +421,16 @@ impl Walk {
                 self.omitted
             ));
         }
+        if (&self.head, self.after) != (&proof.head, proof.after) {
+            return Err(format!(
+                "the proof says the bundle ends at {} after {} events past the window, but it \
+                 ends at {} after {}",
+                describe(&proof.head),
+                proof.after,
+                describe(&self.head),
+                self.after
+            ));
+        }
         let digest = hex::encode(self.digest.clone().finalize());
         if digest != proof.digest {
             return Err("the proof's digest does not match the lines before it \
@@ -279,6 +443,7 @@ impl Walk {
                 proof.chain.summary()
             ));
         }
+        reaches_head(&proof)?;
         self.proof = Some(proof);
         Ok(())
     }
@@ -289,6 +454,9 @@ impl Walk {
                 "the bundle ends before its proof (truncated)".to_owned(),
             ));
         };
+        if let (Some(anchor), false) = (&self.anchor, self.anchored) {
+            return Err(BundleError::Anchor(unmet(anchor, &proof)));
+        }
         for (revision, seq) in &self.named {
             if !self.revisions.contains_key(revision) {
                 return Err(BundleError::Incomplete(format!(
@@ -305,12 +473,99 @@ impl Walk {
             proof,
             revisions_checked: checked.into_iter().map(|(r, _)| r).collect(),
             revisions_without_files: without.into_iter().map(|(r, _)| r).collect(),
+            anchor: self.anchor,
+            unproven: self.unproven,
         })
     }
+}
+
+/// The bundle's last link is the head the database's walk found when it was made: no event was
+/// removed from the end since (a forger who also rewrites the proof is caught by an anchor).
+fn reaches_head(proof: &Proof) -> Result<(), String> {
+    let Some(head) = &proof.head else {
+        return Ok(());
+    };
+    if proof.chain.head.as_deref() != Some(head.hash.as_str()) || proof.chain.events != head.seq {
+        return Err(format!(
+            "the bundle ends at event {} ({}), but the chain's head at export was event {} ({}): \
+             events were removed from its end",
+            head.seq,
+            head.hash,
+            proof.chain.events,
+            proof.chain.head.as_deref().unwrap_or("none")
+        ));
+    }
+    Ok(())
+}
+
+/// Why the anchor was not met: the bundle does not reach it, or starts after it.
+fn unmet(anchor: &Anchor, proof: &Proof) -> String {
+    match (&proof.first, &proof.head) {
+        (Some(first), Some(_)) if anchor.seq < first.seq => format!(
+            "the anchored head {} precedes the bundle's first event {}: it vouches for none of \
+             it (anchor a later head)",
+            anchor.seq, first.seq
+        ),
+        (_, Some(head)) => format!(
+            "the bundle ends at event {}, before the anchored head {}: events were removed from \
+             its end, or it was made from another chain",
+            head.seq, anchor.seq
+        ),
+        _ => format!(
+            "the bundle holds no events, so it cannot be checked against the anchored head {}",
+            anchor.seq
+        ),
+    }
+}
+
+/// A scheme-2 hidden event's hash follows from its parts, and (with `tenant`) its tenant tag is
+/// not that tenant's: none of the tenant's events can be passed off as another's.
+fn check_parts(hidden: &Hidden, parts: &Parts, tenant: Option<&str>) -> Result<(), String> {
+    if !is_sha256(&parts.tenant_tag) || !is_sha256(&parts.content_hash) {
+        return Err("its parts are not sha256 hashes".to_owned());
+    }
+    let linked = chain::link_parts(&hidden.prev_hash, &parts.tenant_tag, &parts.content_hash);
+    if linked != hidden.hash {
+        return Err(
+            "its hash does not follow from its prev_hash, tenant_tag and \
+                    content_hash (modified)"
+                .to_owned(),
+        );
+    }
+    if let Some(tenant) = tenant {
+        if chain::tenant_tag(hidden.seq, Some(tenant)) == parts.tenant_tag {
+            return Err(format!(
+                "it is an event of the bundle's tenant {tenant}, hidden as another's"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn is_sha256(text: &str) -> bool {
+    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn describe(link: &Option<Link>) -> String {
     link.as_ref().map_or("none".to_owned(), |link| {
         format!("{} ({})", link.seq, link.hash)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_anchor_is_seq_colon_sha256() {
+        let hash = "ab".repeat(32);
+        let anchor: Anchor = format!("12:{}", hash.to_uppercase()).parse().unwrap();
+        assert_eq!(anchor, Anchor { seq: 12, hash });
+        assert_eq!(anchor.to_string().parse::<Anchor>().unwrap(), anchor);
+        let zero = format!("0:{}", "a".repeat(64));
+        for bad in ["12", "12 abab", zero.as_str(), "x:abc"] {
+            assert!(bad.parse::<Anchor>().is_err(), "{bad}");
+        }
+        assert!(format!("7:{}", "g".repeat(64)).parse::<Anchor>().is_err());
+    }
 }

@@ -9,8 +9,11 @@ use sha2::{Digest, Sha256};
 
 use policy_engine::SourceFile;
 
-use super::{ocsf, EventFormat, Header, Link, PolicyRevision, Proof, Record, FORMAT, MAX_EVENTS};
-use super::{MAX_LINE_BYTES, VERSION};
+use super::{
+    ocsf, EventFormat, Header, Hidden, Link, Parts, PolicyRevision, Proof, Record, FORMAT,
+};
+use super::{MAX_EVENTS, MAX_LINE_BYTES, VERSION};
+use crate::audit::chain::{self, HashScheme};
 use crate::audit::verify::{StoredEvent, STORED_COLUMNS};
 use crate::audit::{AuditError, AuditStore};
 
@@ -82,6 +85,8 @@ struct Slice {
     last: Option<Link>,
     events: u64,
     omitted: u64,
+    after: u64,
+    head: Option<Link>,
     revisions: BTreeSet<String>,
 }
 
@@ -100,6 +105,10 @@ impl AuditStore {
             });
         }
         let chain = self.verify_chain().await?;
+        // The bundle ends at the head that walk found (an intact chain's `seq` runs from 1, so
+        // its head is event `events`): later events are not in it, and `proof.head` is
+        // `chain.head`. A broken chain is exported to its current end.
+        let end = if chain.ok() { chain.events } else { i64::MAX };
         let mut lines = Lines {
             out,
             digest: Sha256::new(),
@@ -113,7 +122,7 @@ impl AuditStore {
             tenant: request.tenant.clone(),
             exported_at: crate::ids::now_micros(),
         }))?;
-        let slice = self.write_events(request, &mut lines).await?;
+        let slice = self.write_events(request, end, &mut lines).await?;
         for revision in &slice.revisions {
             lines.write(&Record::PolicyRevision(
                 self.policy_revision(revision).await?,
@@ -124,6 +133,8 @@ impl AuditStore {
             last: slice.last,
             events: slice.events,
             omitted: slice.omitted,
+            after: slice.after,
+            head: slice.head,
             chain,
             digest: hex::encode(lines.digest.clone().finalize()),
         };
@@ -136,17 +147,20 @@ impl AuditStore {
     }
 
     /// The events from the first at or after `since` to the last before `until`, by `seq`, so
-    /// the slice has no gap even where replicas' clocks disagree.
+    /// the slice has no gap even where replicas' clocks disagree; then every event after them
+    /// up to `end`, as links, so the bundle reaches the head.
     async fn write_events<W: Write>(
         &self,
         request: &ExportRequest,
+        end: i64,
         lines: &mut Lines<W>,
     ) -> Result<Slice, ExportError> {
         let (low, high): (Option<i64>, Option<i64>) = sqlx::query_as(
-            "SELECT min(seq), max(seq) FROM audit_events WHERE at >= $1 AND at < $2",
+            "SELECT min(seq), max(seq) FROM audit_events WHERE at >= $1 AND at < $2 AND seq <= $3",
         )
         .bind(request.since)
         .bind(request.until)
+        .bind(end)
         .fetch_one(&self.pool)
         .await?;
         let mut slice = Slice::default();
@@ -156,6 +170,27 @@ impl AuditStore {
         if high - low + 1 > MAX_EVENTS {
             return Err(ExportError::TooMany(high - low + 1));
         }
+        self.each_event(low, high, |event| {
+            write_event(event, request, lines, &mut slice)
+        })
+        .await?;
+        self.each_event(high + 1, end, |event| {
+            let hidden = hidden(&event);
+            slice.after += 1;
+            slice.head = Some(Link::of(hidden.seq, &hidden.prev_hash, &hidden.hash));
+            lines.write(&Record::After(hidden))
+        })
+        .await?;
+        Ok(slice)
+    }
+
+    /// Calls `each` with every event from `low` to `high` (inclusive) in `seq` order.
+    async fn each_event(
+        &self,
+        low: i64,
+        high: i64,
+        mut each: impl FnMut(StoredEvent) -> Result<(), ExportError>,
+    ) -> Result<(), ExportError> {
         let mut next = low;
         while next <= high {
             let page: Vec<StoredEvent> = sqlx::query_as(&format!(
@@ -170,10 +205,10 @@ impl AuditStore {
             let Some(last) = page.last() else { break };
             next = last.seq + 1;
             for event in page {
-                write_event(event, request, lines, &mut slice)?;
+                each(event)?;
             }
         }
-        Ok(slice)
+        Ok(())
     }
 
     /// A revision's row and files; `files: None` when none were stored for it.
@@ -235,18 +270,15 @@ fn write_event<W: Write>(
 ) -> Result<(), ExportError> {
     let link = Link::of(event.seq, &event.prev_hash, &event.hash);
     slice.first.get_or_insert_with(|| link.clone());
-    slice.last = Some(link);
+    slice.last = Some(link.clone());
+    slice.head = Some(link);
     let kept = match &request.tenant {
         Some(tenant) => event.tenant.as_deref() == Some(tenant.as_str()),
         None => true,
     };
     if !kept {
         slice.omitted += 1;
-        return lines.write(&Record::Omitted {
-            seq: event.seq,
-            prev_hash: event.prev_hash,
-            hash: event.hash,
-        });
+        return lines.write(&Record::Omitted(hidden(&event)));
     }
     slice.events += 1;
     if let Some(revision) = &event.policy_revision {
@@ -259,4 +291,22 @@ fn write_event<W: Write>(
         },
     };
     lines.write(&record)
+}
+
+/// `event` without its content: a scheme-2 event carries the parts verify recomputes its link
+/// from; a scheme-1 event's link cannot be recomputed without the content.
+fn hidden(event: &StoredEvent) -> Hidden {
+    let row = event.row();
+    Hidden {
+        seq: event.seq,
+        prev_hash: event.prev_hash.clone(),
+        hash: event.hash.clone(),
+        parts: match event.hash_version {
+            HashScheme::Content => Some(Parts {
+                tenant_tag: chain::tenant_tag(row.seq, row.tenant),
+                content_hash: chain::content_hash(&row),
+            }),
+            HashScheme::Whole => None,
+        },
+    }
 }

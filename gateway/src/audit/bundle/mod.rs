@@ -2,10 +2,12 @@
 //!
 //! A bundle is one file of JSON lines, each an object tagged by `"bundle"`:
 //! `header` first; then, in `seq` order, one `event` (or `ocsf_event`) per exported event and one
-//! `omitted` per event a tenant filter left out (its `seq`, `prev_hash` and `hash` only); then one
-//! `policy_revision` per revision the exported events name, with the bundle files; `proof` last.
-//! [`check`] walks it as the database walk does ([`super::verify::check`], the chain's one hash
-//! definition in [`super::chain`]). `docs/audit.md` ("Export") says what a bundle proves.
+//! `omitted` per event a tenant filter left out, then one `after` per event from the window's end
+//! to the chain's head at export (both [`Hidden`]: links and the content's hash, never the
+//! content); then one `policy_revision` per revision the exported events name, with the bundle
+//! files; `proof` last. [`check`] walks it from the first event to the head as the database walk
+//! does ([`super::verify::check`], the chain's one hash definition in [`super::chain`]).
+//! `docs/audit.md` ("Export") says what a bundle proves.
 
 pub mod check;
 mod export;
@@ -24,7 +26,7 @@ pub use export::{ExportError, ExportRequest, ExportSummary};
 /// `header.format` of every bundle.
 pub const FORMAT: &str = "sandgate.audit.bundle";
 /// `header.version` this code writes and reads.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// The longest line a bundle may hold (an event or a policy revision with its files).
 pub const MAX_LINE_BYTES: usize = 64 * 1024 * 1024;
 /// The most events (exported and omitted) one bundle may hold: narrow `--since`/`--until` past it.
@@ -50,12 +52,10 @@ pub enum Record {
     OcsfEvent {
         ocsf: Value,
     },
-    /// An event in the slice that the tenant filter left out: its links, never its content.
-    Omitted {
-        seq: i64,
-        prev_hash: String,
-        hash: String,
-    },
+    /// An event in the slice that the tenant filter left out.
+    Omitted(Hidden),
+    /// An event after the window, up to the chain's head when the bundle was made.
+    After(Hidden),
     PolicyRevision(PolicyRevision),
     Proof(Proof),
 }
@@ -74,6 +74,29 @@ pub struct Header {
     pub exported_at: DateTime<Utc>,
 }
 
+/// An event shown without its content: its links, and for a scheme-2 event the parts its `hash`
+/// is recomputed from ([`super::chain::link_parts`]). A scheme-1 event has no parts: its `hash`
+/// can only be taken as given.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Hidden {
+    pub seq: i64,
+    pub prev_hash: String,
+    pub hash: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parts: Option<Parts>,
+}
+
+/// What a scheme-2 event's hash is made of besides `prev_hash`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Parts {
+    /// [`super::chain::tenant_tag`]: checked against the bundle's tenant.
+    pub tenant_tag: String,
+    /// [`super::chain::content_hash`].
+    pub content_hash: String,
+}
+
 /// A policy revision the exported events name, with its bundle files (`None`: recorded before
 /// sandgate stored bundle files, so the revision cannot be recomputed).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -89,13 +112,18 @@ pub struct PolicyRevision {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Proof {
-    /// `None` when the window held no events.
+    /// The window's first and last events; `None` when the window held no events.
     pub first: Option<Link>,
     pub last: Option<Link>,
     /// Events written with their content.
     pub events: u64,
-    /// Events left out by the tenant filter.
+    /// Events of the window left out by the tenant filter.
     pub omitted: u64,
+    /// Events after the window, up to `head`.
+    pub after: u64,
+    /// The bundle's last link: the chain's head as `chain` found it (`None` when the window held
+    /// no events).
+    pub head: Option<Link>,
     /// `sandgate audit verify` over the whole chain at export time.
     pub chain: Verification,
     /// sha256 (hex) of every byte of the bundle before this line.

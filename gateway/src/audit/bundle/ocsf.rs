@@ -209,6 +209,7 @@ mod tests {
             policy_revision: Some("sha256:00".into()),
             prev_hash: "0".repeat(64),
             hash: "1".repeat(64),
+            hash_version: crate::audit::chain::HashScheme::Content,
         }
     }
 

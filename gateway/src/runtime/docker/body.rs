@@ -1,5 +1,8 @@
-//! The container a [`SandboxPlan`] becomes, with the isolation floor of DESIGN section 5. No
-//! policy input reaches here except the limits, already bounded by the configured ceilings.
+//! The container a [`SandboxPlan`] becomes, with the isolation floor no policy can lower:
+//! network `none`, a read-only root, size-capped tmpfs for `/workspace` and `/tmp`, every
+//! capability dropped but the two sandbox-init (PID 1) needs to leave uid 0, no-new-privileges,
+//! memory = memory + swap, CPU, pids and open-file limits, log driver `none`. No policy input
+//! reaches here except the limits, already bounded by the configured ceilings.
 
 use std::collections::HashMap;
 use std::path::Path;
