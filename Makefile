@@ -23,10 +23,10 @@ INIT_BESIDE_GATEWAY := target/release/sandbox-init
 SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh images/build.sh .ci/run
 
 .PHONY: help setup images build gateway init run check test policy-test bench lint fmt fmt-check \
-	clippy shellcheck clean check-cargo fuzz
+	clippy shellcheck module-cycles clean check-cargo fuzz
 
 help: ## list the targets
-	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-12s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
+	@awk 'BEGIN { FS = ":.*## " } /^[a-z-]+:.*## / { printf "  %-14s %s\n", $$1, $$2 }' $(MAKEFILE_LIST)
 
 setup: ## install packages, start dockerd with runsc, build the sandbox images (root)
 	bash scripts/setup.sh
@@ -99,7 +99,7 @@ fuzz: check-cargo ## long fuzzing runs of the parsers facing the sandbox (FUZZ_C
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p sandbox-init --test fuzz_spec
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p gateway --test fuzz_names
 
-lint: fmt-check clippy shellcheck ## formatting, clippy with warnings denied, shellcheck
+lint: fmt-check clippy shellcheck module-cycles ## formatting, clippy with warnings denied, shellcheck, no import cycles between the gateway's modules
 
 fmt: check-cargo ## format the Rust code
 	cargo fmt --all
@@ -114,6 +114,9 @@ shellcheck: ## shellcheck the shell scripts
 	@command -v shellcheck >/dev/null \
 		|| { echo "make: shellcheck not found: run 'make setup' or apt-get install shellcheck" >&2; exit 1; }
 	shellcheck -x $(SHELL_SCRIPTS)
+
+module-cycles: ## fail when the gateway's top-level modules import each other in a cycle
+	python3 scripts/module-cycles.py gateway/src
 
 clean: ## remove build output (keeps .sandgate: it holds the audit database)
 	cargo clean

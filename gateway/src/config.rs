@@ -154,7 +154,7 @@ pub struct Config {
     pub warm_pool_limits: WarmPoolLimits,
     /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
     /// a full queue): the aggregation window and the per-source and per-key rates.
-    pub refusals: crate::app::refusals::RefusalLimits,
+    pub refusals: RefusalLimits,
     /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
     /// inspected upstream: e.g. an internal CA.
     pub egress_ca_file: Option<PathBuf>,
@@ -167,6 +167,29 @@ pub struct Config {
     pub audit_listen: Option<AuditListen>,
     /// Accepted policy bundles kept (under `<data_dir>/policy-revisions/`) for rollback.
     pub policy_keep: usize,
+}
+
+/// `refusals:`: bounds on the refusals anyone can cause in bulk (`app::refusals` enforces them).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RefusalLimits {
+    /// Length of one aggregation and rate window, in seconds.
+    pub window_s: u64,
+    /// Refusals one source address may cause per window before it gets 429.
+    pub per_source: u32,
+    /// Refusals one key id (claimed, for failed authentications; the caller's otherwise) may
+    /// cause per window before 429.
+    pub per_key: u32,
+}
+
+impl Default for RefusalLimits {
+    fn default() -> Self {
+        RefusalLimits {
+            window_s: 60,
+            per_source: 20,
+            per_key: 20,
+        }
+    }
 }
 
 /// `audit_listen: {address: 127.0.0.1:5433, password_file: /etc/sandgate/auditor.password}`.
@@ -237,7 +260,7 @@ impl Default for Config {
                 .map(str::to_owned)
                 .to_vec(),
             warm_pool_limits: WarmPoolLimits::default(),
-            refusals: crate::app::refusals::RefusalLimits::default(),
+            refusals: RefusalLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
             audit_listen: None,

@@ -119,7 +119,7 @@ mod tests {
     }
 
     fn chain(err: &CredentialError) -> String {
-        crate::app::error_chain(err)
+        crate::errors::error_chain(err)
     }
 
     #[test]

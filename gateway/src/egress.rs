@@ -20,7 +20,6 @@ use egress_proxy::{
 };
 use policy_engine::{EgressDecision, EgressInput, NetworkGrant};
 
-use crate::app::policy::PolicyHandle;
 use crate::audit::egress::{
     ConnectionClose, ConnectionOpen, EgressOwner, RequestClose, RequestOpen,
 };
@@ -42,6 +41,16 @@ pub const CA_BUNDLE_ENV: [&str; 6] = [
     "NODE_EXTRA_CA_CERTS",
     "GIT_SSL_CAINFO",
 ];
+/// The active policy bundle as the proxy's seams use it: decide a connection, name the revision
+/// that decided. `app::PolicyHandle` implements it; a trait here keeps egress below the use
+/// cases that start it.
+pub trait EgressBundle: Send + Sync {
+    /// The active bundle's `sandgate.egress` decision.
+    fn decide_egress(&self, input: &EgressInput) -> EgressDecision;
+    /// The active bundle's revision, recorded with each attempt.
+    fn revision(&self) -> String;
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum EgressError {
     #[error("egress socket directory {path}")]
@@ -165,7 +174,7 @@ impl Drop for Running<'_> {
 
 /// Builds the proxy the gateway serves every execution's socket with.
 pub fn proxy(
-    policy: Arc<PolicyHandle>,
+    policy: Arc<dyn EgressBundle>,
     audit: AuditStore,
     static_hosts: &BTreeMap<String, Vec<IpAddr>>,
     own_addresses: Vec<IpAddr>,
@@ -350,11 +359,11 @@ pub fn proxy_env() -> impl Iterator<Item = (&'static str, String)> {
 }
 
 /// Decides with whatever bundle is active when the connection arrives.
-struct ActivePolicy(Arc<PolicyHandle>);
+struct ActivePolicy(Arc<dyn EgressBundle>);
 
 impl EgressPolicy for ActivePolicy {
     fn decide(&self, input: &EgressInput) -> EgressDecision {
-        self.0.current().state.decide_egress(input)
+        self.0.decide_egress(input)
     }
 }
 
@@ -379,7 +388,7 @@ impl Resolve for LayeredResolver {
 /// Records attempts in `egress_connections` and the audit chain.
 struct Recorder {
     audit: AuditStore,
-    policy: Arc<PolicyHandle>,
+    policy: Arc<dyn EgressBundle>,
     cursors: Arc<SessionCursors>,
 }
 
@@ -403,7 +412,7 @@ impl ConnectionRecorder for Recorder {
                 reason: attempt.reason.to_string(),
                 message: attempt.message.clone(),
                 policy_reasons: serde_json::json!(attempt.policy_reasons),
-                policy_revision: self.policy.current().state.revision().to_owned(),
+                policy_revision: self.policy.revision(),
                 opened_at: attempt
                     .started_at
                     .duration_since(UNIX_EPOCH)
@@ -422,7 +431,7 @@ impl ConnectionRecorder for Recorder {
                 .open_connection(&open)
                 .await
                 .map(ConnectionId)
-                .map_err(|err| RecordError(crate::app::error_chain(&err)))
+                .map_err(|err| RecordError(crate::errors::error_chain(&err)))
         }
         .boxed()
     }
@@ -456,10 +465,10 @@ impl ConnectionRecorder for Recorder {
                     count: summary.count,
                     by_reason: summary.by_reason.iter().cloned().collect::<BTreeMap<_, _>>(),
                 }),
-                policy_revision: Some(self.policy.current().state.revision().to_owned()),
+                policy_revision: Some(self.policy.revision()),
             };
             if let Err(err) = self.audit.record_event(&event).await {
-                tracing::error!(execution_id = %summary.execution_id, count = summary.count, error = %crate::app::error_chain(&err), "a denial summary was not recorded");
+                tracing::error!(execution_id = %summary.execution_id, count = summary.count, error = %crate::errors::error_chain(&err), "a denial summary was not recorded");
             }
         }
         .boxed()
@@ -477,11 +486,11 @@ impl ConnectionRecorder for Recorder {
             };
             // To the database, or else to the local journal (replayed when it returns).
             if let Err(err) = self.audit.close_connection_durably(&id.0, &close).await {
-                tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a connection close was lost");
+                tracing::error!(connection = %id.0, error = %crate::errors::error_chain(&err), "a connection close was lost");
             }
             if closed.reason == egress_proxy::ReasonCode::CredentialMisdirected {
                 if let Err(err) = self.audit.record_misdirected(&id.0).await {
-                    tracing::error!(connection = %id.0, error = %crate::app::error_chain(&err), "a misdirected placeholder was not recorded as an event");
+                    tracing::error!(connection = %id.0, error = %crate::errors::error_chain(&err), "a misdirected placeholder was not recorded as an event");
                 }
             }
         }
@@ -509,14 +518,14 @@ impl ConnectionRecorder for Recorder {
                 reason: request.reason.to_string(),
                 message: request.message.clone(),
                 policy_reasons: serde_json::json!(request.policy_reasons),
-                policy_revision: self.policy.current().state.revision().to_owned(),
+                policy_revision: self.policy.revision(),
                 started_at: timestamp(request.started_at),
             };
             self.audit
                 .open_request(&open)
                 .await
                 .map(RequestId)
-                .map_err(|err| RecordError(crate::app::error_chain(&err)))
+                .map_err(|err| RecordError(crate::errors::error_chain(&err)))
         }
         .boxed()
     }

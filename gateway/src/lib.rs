@@ -8,12 +8,13 @@
 pub mod api;
 pub mod app;
 pub mod audit;
+pub mod cli;
 pub mod client;
-pub mod commands;
 pub mod config;
 pub mod credentials;
 pub mod database;
 pub mod egress;
+pub mod errors;
 pub mod ids;
 pub mod mcp;
 pub mod metrics;
@@ -214,7 +215,7 @@ fn egress_proxy_for(
         own.push(addr.ip());
     }
     match egress::proxy(
-        Arc::clone(policy),
+        Arc::clone(policy) as Arc<dyn egress::EgressBundle>,
         audit.clone(),
         &config.egress_hosts,
         own,
@@ -222,7 +223,7 @@ fn egress_proxy_for(
     ) {
         Ok(proxy) => Some(proxy),
         Err(err) => {
-            tracing::error!(error = %app::error_chain(&err), "egress proxy unavailable; network grants will be denied");
+            tracing::error!(error = %errors::error_chain(&err), "egress proxy unavailable; network grants will be denied");
             None
         }
     }

@@ -128,7 +128,7 @@ impl FromRequestParts<Arc<App>> for Caller {
                     return Err(ApiError::new(ErrorCode::Internal, "internal error"));
                 }
                 Err(err) => {
-                    tracing::error!(error = %crate::app::error_chain(&err), "key lookup failed");
+                    tracing::error!(error = %crate::errors::error_chain(&err), "key lookup failed");
                     return Err(ApiError::unavailable());
                 }
             },
@@ -161,7 +161,7 @@ impl FromRequestParts<Arc<App>> for Caller {
             Ok(Verdict::Throttled { retry_after }) => return Err(ApiError::throttled(retry_after)),
             Ok(Verdict::Record | Verdict::Counted) => {}
             Err(err) => {
-                tracing::error!(error = %crate::app::error_chain(&err), "auditing an authentication failure failed");
+                tracing::error!(error = %crate::errors::error_chain(&err), "auditing an authentication failure failed");
                 return Err(ApiError::unavailable());
             }
         }

@@ -108,7 +108,7 @@ impl From<AppError> for ApiError {
                 ApiError::new(ErrorCode::Internal, "internal error")
             }
             AppError::Unavailable(err) => {
-                tracing::error!(error = %crate::app::error_chain(&err), "audit store unavailable");
+                tracing::error!(error = %crate::errors::error_chain(&err), "audit store unavailable");
                 ApiError::unavailable()
             }
             AppError::ReplicaUnavailable(message) => ApiError::new(ErrorCode::Unavailable, message),

@@ -70,7 +70,7 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         "postgres".to_owned(),
         postgres
             .map(|()| "ok".to_owned())
-            .map_err(|err| crate::app::error_chain(&err)),
+            .map_err(|err| crate::errors::error_chain(&err)),
     );
     check(
         "policy".to_owned(),
@@ -134,6 +134,6 @@ async fn replicas(app: &App) -> Value {
                 })
                 .collect(),
         ),
-        Err(err) => json!({"error": crate::app::error_chain(&err)}),
+        Err(err) => json!({"error": crate::errors::error_chain(&err)}),
     }
 }

@@ -205,7 +205,7 @@ pub async fn reload(
     let credentials = Some(match app.reload_credentials(&caller.0.id) {
         None => json!({"reloaded": 0}),
         Some(Ok(count)) => json!({"reloaded": count}),
-        Some(Err(err)) => json!({"error": crate::app::error_chain(&err)}),
+        Some(Err(err)) => json!({"error": crate::errors::error_chain(&err)}),
     });
     if is_gzip(&body) {
         let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)

@@ -40,6 +40,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::audit::{AuditError, AuditStore};
 use crate::config::Config;
+use crate::errors::error_chain;
 use crate::runtime::SandboxRuntime;
 pub use policy::{PolicyHandle, PolicyState};
 
@@ -218,16 +219,4 @@ pub enum AppError {
     ReplicaUnavailable(String),
     #[error("internal error: {0}")]
     Internal(String),
-}
-
-/// An error and its sources on one line.
-pub fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
 }

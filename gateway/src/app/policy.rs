@@ -362,6 +362,17 @@ impl PolicyHandle {
     }
 }
 
+/// What the egress proxy's seams ask of the active bundle.
+impl crate::egress::EgressBundle for PolicyHandle {
+    fn decide_egress(&self, input: &EgressInput) -> EgressDecision {
+        self.current().state.decide_egress(input)
+    }
+
+    fn revision(&self) -> String {
+        self.current().state.revision().to_owned()
+    }
+}
+
 /// One reload, for its audit events.
 struct ReloadContext {
     loaded_by: String,

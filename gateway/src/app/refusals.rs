@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{json, Value};
 
 use api_types::EventKind;
@@ -33,28 +33,7 @@ pub const MAX_BUCKETS: usize = 4096;
 /// [`MAX_TEXT`] bytes, their length and their SHA-256.
 pub const MAX_TEXT: usize = 128;
 
-/// `refusals:` in the config.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct RefusalLimits {
-    /// Length of one aggregation and rate window, in seconds.
-    pub window_s: u64,
-    /// Refusals one source address may cause per window before it gets 429.
-    pub per_source: u32,
-    /// Refusals one key id (claimed, for failed authentications; the caller's otherwise) may
-    /// cause per window before 429.
-    pub per_key: u32,
-}
-
-impl Default for RefusalLimits {
-    fn default() -> Self {
-        RefusalLimits {
-            window_s: 60,
-            per_source: 20,
-            per_key: 20,
-        }
-    }
-}
+pub use crate::config::RefusalLimits;
 
 /// What was refused. Each is a closed audit event kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]

@@ -60,7 +60,7 @@ impl AuditStore {
             match tokio::time::timeout(WRITE_TIMEOUT, write).await {
                 Ok(Ok(row)) => return Ok(Durable::Stored(row)),
                 Ok(Err(err)) => {
-                    tracing::warn!(execution_id = %id, error = %crate::app::error_chain(&err), "completion not stored; journaling it");
+                    tracing::warn!(execution_id = %id, error = %crate::errors::error_chain(&err), "completion not stored; journaling it");
                 }
                 Err(_) => {
                     tracing::warn!(execution_id = %id, "completion not stored in time; journaling it")
@@ -117,7 +117,7 @@ impl AuditStore {
             return true;
         }
         if let Err(err) = self.replay_journal().await {
-            tracing::warn!(error = %crate::app::error_chain(&err), "journal replay failed");
+            tracing::warn!(error = %crate::errors::error_chain(&err), "journal replay failed");
         }
         journal.is_empty()
     }
@@ -184,7 +184,7 @@ impl AuditStore {
     /// A completion the database refuses as it is: its end (status, exit code, outputs) is
     /// still written, without stdout and stderr, saying where the whole record was kept.
     async fn write_without_payload(&self, entry: &Entry, err: &AuditError, kept: &std::path::Path) {
-        tracing::error!(error = %crate::app::error_chain(err), kept = %kept.display(), "the audit store refused a journaled record");
+        tracing::error!(error = %crate::errors::error_chain(err), kept = %kept.display(), "the audit store refused a journaled record");
         let Entry::Completion {
             execution_id,
             finished_at,
@@ -206,7 +206,7 @@ impl AuditStore {
             .complete_execution(execution_id, &bare, *finished_at)
             .await
         {
-            tracing::error!(execution_id = %execution_id, error = %crate::app::error_chain(&err), "the end of an execution could not be stored");
+            tracing::error!(execution_id = %execution_id, error = %crate::errors::error_chain(&err), "the end of an execution could not be stored");
         }
     }
 }
@@ -215,7 +215,7 @@ impl AuditStore {
 pub async fn replay_periodically(store: AuditStore, shutdown: CancellationToken) {
     loop {
         if let Err(err) = store.replay_journal().await {
-            tracing::error!(error = %crate::app::error_chain(&err), "journal replay failed");
+            tracing::error!(error = %crate::errors::error_chain(&err), "journal replay failed");
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

@@ -1,8 +1,8 @@
 //! `sandgate exec`: a small client for humans. It creates an execution (`wait: false`), prints
-//! its stdout and stderr as they arrive through `GET /v1/executions/{id}/events`, optionally
-//! downloads its output files (only as new regular files: `save`), and exits with the
-//! program's exit code. `http://` or `https://` (reqwest with rustls; `ca_file` adds a private
-//! CA to the system roots).
+//! its stdout and stderr as they arrive through `GET /v1/executions/{id}/events`, cancels it
+//! on Ctrl-C (`exec_until`), optionally downloads its output files (only as new regular files:
+//! `save`), and exits with the program's exit code. `http://` or `https://` (reqwest with
+//! rustls; `ca_file` adds a private CA to the system roots).
 
 mod cells;
 pub mod repl;
@@ -20,13 +20,14 @@ use api_types::{
 };
 use base64::Engine as _;
 use reqwest::Method;
+use tokio_util::sync::CancellationToken;
 
 use sessions::{ApiClient, CallError};
 
 /// Exit codes for endings that carry no program exit code.
 const EXIT_TIMEOUT: i32 = 124;
 const EXIT_KILLED: i32 = 137;
-const EXIT_CANCELLED: i32 = 130;
+pub const EXIT_CANCELLED: i32 = 130;
 const EXIT_DENIED: i32 = 77;
 const EXIT_ERROR: i32 = 70;
 
@@ -106,28 +107,29 @@ pub fn check_url(url: &str) -> anyhow::Result<&str> {
     Ok(base)
 }
 
-/// An error with its causes, one line.
-fn error_chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(inner) = source {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        source = inner.source();
-    }
-    text
-}
-
 /// Runs one execution; returns the exit code `sandgate exec` should exit with.
 pub async fn exec(
     request: &ExecRequest,
     stdout: &mut (dyn Write + Send),
     stderr: &mut (dyn Write + Send),
 ) -> anyhow::Result<i32> {
+    exec_until(request, stdout, stderr, &CancellationToken::new()).await
+}
+
+/// [`exec`], cancelling the execution on the gateway once `cancel` fires (Ctrl-C): a running
+/// one is stopped, one held for review is withdrawn, and the run still ends as the gateway
+/// recorded it (`cancelled`: [`EXIT_CANCELLED`]).
+pub async fn exec_until(
+    request: &ExecRequest,
+    stdout: &mut (dyn Write + Send),
+    stderr: &mut (dyn Write + Send),
+    cancel: &CancellationToken,
+) -> anyhow::Result<i32> {
     let base = check_url(&request.url)?;
     let api = ApiClient::new(http_client(&request.tls)?, base, &request.key);
     if let Some(session) = &request.session {
-        return exec_in_session(&api, request, base, session, stdout, stderr).await;
+        let target = (base, session.as_str());
+        return exec_in_session(&api, request, target, (stdout, stderr), cancel).await;
     }
     let body = ExecutionRequest {
         files: uploads(&request.files),
@@ -153,16 +155,18 @@ pub async fn exec(
     };
     let id = created.id;
     writeln!(stderr, "sandgate: execution {id}")?;
+    // Whether the execution was already asked to cancel (withdrawn while held for review).
+    let mut asked = false;
     if created.status == ExecutionStatus::PendingApproval {
         let approval = created.approval_id.as_deref().unwrap_or("?");
         writeln!(
             stderr,
             "sandgate: {id} waits for human review (approval {approval})"
         )?;
-        wait_for_review(&api, &id).await?;
+        asked = wait_for_review(&api, &id, cancel, stderr).await?;
     }
 
-    let summary = follow(&api, base, &id, stdout, stderr).await?;
+    let summary = follow(&api, base, &id, (stdout, stderr), (cancel, asked)).await?;
     if let Some(dir) = &request.output_dir {
         download_outputs(&api, request, base, &id, dir, stderr).await?;
     }
@@ -205,16 +209,48 @@ fn denied_or(err: CallError, stderr: &mut (dyn Write + Send)) -> anyhow::Result<
     }
 }
 
-/// Polls the record until a reviewer decided (or the approval expired).
-async fn wait_for_review(api: &ApiClient, id: &str) -> anyhow::Result<()> {
+/// Polls the record until a reviewer decided (or the approval expired), or `cancel` withdrew
+/// the request (`true`).
+async fn wait_for_review(
+    api: &ApiClient,
+    id: &str,
+    cancel: &CancellationToken,
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<bool> {
     let path = format!("/v1/executions/{}", encode_path(id));
     loop {
-        tokio::time::sleep(APPROVAL_POLL).await;
+        tokio::select! {
+            () = tokio::time::sleep(APPROVAL_POLL) => {}
+            () = cancel.cancelled() => {
+                request_cancel(api, id, stderr).await?;
+                return Ok(true);
+            }
+        }
         let record: ExecutionView = api.call::<_, ()>(Method::GET, &path, None).await?;
         if record.status != ExecutionStatus::PendingApproval {
-            return Ok(());
+            return Ok(false);
         }
     }
+}
+
+/// `POST /v1/executions/{id}/cancel`. One that already ended is no error (its ending is
+/// printed anyway); another failure is printed, and the run is followed to its end as is.
+async fn request_cancel(
+    api: &ApiClient,
+    id: &str,
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<()> {
+    writeln!(stderr, "\nsandgate: cancelling execution {id}")?;
+    let path = format!("/v1/executions/{}/cancel", encode_path(id));
+    match api
+        .call::<ExecutionView, ()>(Method::POST, &path, None)
+        .await
+    {
+        Ok(_) => {}
+        Err(err) if err.code() == Some(ErrorCode::Conflict) => {}
+        Err(err) => writeln!(stderr, "sandgate: could not cancel {id}: {err}")?,
+    }
+    Ok(())
 }
 
 /// The exit code `sandgate exec` ends with, from how the execution ended.
@@ -240,14 +276,14 @@ fn exit_code_for(
 }
 
 /// `sandgate exec --session ID`: one execution in an open session, answered when it ended;
-/// prints its output, then (python) the final expression's `repr` on stdout.
+/// prints its output, then (python) the final expression's `repr` on stdout. `cancel`
+/// interrupts the session's running execution (the session goes on).
 async fn exec_in_session(
     api: &ApiClient,
     request: &ExecRequest,
-    base: &str,
-    session: &str,
-    stdout: &mut (dyn Write + Send),
-    stderr: &mut (dyn Write + Send),
+    (base, session): (&str, &str),
+    (stdout, stderr): (&mut (dyn Write + Send), &mut (dyn Write + Send)),
+    cancel: &CancellationToken,
 ) -> anyhow::Result<i32> {
     let body = SessionExecutionRequest {
         code: request.code.clone(),
@@ -257,7 +293,19 @@ async fn exec_in_session(
         },
         wait: None,
     };
-    let run = match api.run(session, &body).await {
+    let run = api.run(session, &body);
+    tokio::pin!(run);
+    let ran = tokio::select! {
+        ran = &mut run => ran,
+        () = cancel.cancelled() => {
+            writeln!(stderr, "\nsandgate: interrupting the execution running in {session}")?;
+            if let Err(err) = api.interrupt(session).await {
+                writeln!(stderr, "sandgate: could not interrupt it: {err}")?;
+            }
+            run.await
+        }
+    };
+    let run = match ran {
         Ok(run) => run,
         Err(err) => return denied_or(err, stderr),
     };
@@ -273,44 +321,71 @@ async fn exec_in_session(
     exit_code_for(run.status, run.exit_code, &run.id, stderr)
 }
 
-/// Prints the event stream as it arrives; returns the `exit` event's data.
+/// Prints the event stream as it arrives; returns the `exit` event's data. Once `cancel`
+/// fires, the execution is cancelled (unless it was `asked` already) and the stream followed
+/// to the end it then has.
 async fn follow(
     api: &ApiClient,
     base: &str,
     id: &str,
-    stdout: &mut (dyn Write + Send),
-    stderr: &mut (dyn Write + Send),
+    (stdout, stderr): (&mut (dyn Write + Send), &mut (dyn Write + Send)),
+    (cancel, asked): (&CancellationToken, bool),
 ) -> anyhow::Result<ExitEvent> {
     let url = format!("{base}/v1/executions/{}/events", encode_path(id));
     let mut response = api.get_raw(&url).await?;
     let mut buffer: Vec<u8> = Vec::new();
-    while let Some(data) = response.chunk().await.context("reading the event stream")? {
+    let mut cancelled = asked;
+    loop {
+        let chunk = tokio::select! {
+            chunk = response.chunk() => chunk.context("reading the event stream")?,
+            () = cancel.cancelled(), if !cancelled => {
+                cancelled = true;
+                request_cancel(api, id, stderr).await?;
+                continue;
+            }
+        };
+        let Some(data) = chunk else {
+            bail!("the event stream of {id} ended without an exit event")
+        };
         buffer.extend_from_slice(&data);
         while let Some(end) = buffer.windows(2).position(|pair| pair == b"\n\n") {
             let block: Vec<u8> = buffer.drain(..end + 2).collect();
-            let (name, data) = parse_event(&String::from_utf8_lossy(&block));
-            let event = |data: &str| {
-                serde_json::from_str::<OutputEvent>(data)
-                    .with_context(|| format!("an output event of {id} is not {{\"text\"}}"))
-            };
-            match name {
-                Some(StreamEventName::Stdout) => {
-                    stdout.write_all(event(&data)?.text.as_bytes())?;
-                    stdout.flush()?;
-                }
-                Some(StreamEventName::Stderr) => {
-                    stderr.write_all(event(&data)?.text.as_bytes())?;
-                    stderr.flush()?;
-                }
-                Some(StreamEventName::Exit) => {
-                    return serde_json::from_str(&data)
-                        .with_context(|| format!("the exit event of {id} is not readable"));
-                }
-                None => {}
+            if let Some(exit) = print_event(id, &block, stdout, stderr)? {
+                return Ok(exit);
             }
         }
     }
-    bail!("the event stream of {id} ended without an exit event")
+}
+
+/// Prints one SSE block of the stream; `Some` for the `exit` event.
+fn print_event(
+    id: &str,
+    block: &[u8],
+    stdout: &mut (dyn Write + Send),
+    stderr: &mut (dyn Write + Send),
+) -> anyhow::Result<Option<ExitEvent>> {
+    let (name, data) = parse_event(&String::from_utf8_lossy(block));
+    let event = |data: &str| {
+        serde_json::from_str::<OutputEvent>(data)
+            .with_context(|| format!("an output event of {id} is not {{\"text\"}}"))
+    };
+    match name {
+        Some(StreamEventName::Stdout) => {
+            stdout.write_all(event(&data)?.text.as_bytes())?;
+            stdout.flush()?;
+        }
+        Some(StreamEventName::Stderr) => {
+            stderr.write_all(event(&data)?.text.as_bytes())?;
+            stderr.flush()?;
+        }
+        Some(StreamEventName::Exit) => {
+            let exit = serde_json::from_str(&data)
+                .with_context(|| format!("the exit event of {id} is not readable"))?;
+            return Ok(Some(exit));
+        }
+        None => {}
+    }
+    Ok(None)
 }
 
 /// An SSE block's event name (when it is one of the stream's) and its data.

@@ -146,7 +146,7 @@ impl ApiClient {
     pub async fn get_raw(&self, url: &str) -> Result<reqwest::Response, CallError> {
         let unreachable = |err: reqwest::Error| CallError::Unreachable {
             url: url.to_owned(),
-            detail: super::error_chain(&err),
+            detail: crate::errors::error_chain(&err),
         };
         let response = self
             .http
@@ -178,7 +178,7 @@ impl ApiClient {
         }
         let response = request.send().await.map_err(|err| CallError::Unreachable {
             url: url.clone(),
-            detail: super::error_chain(&err),
+            detail: crate::errors::error_chain(&err),
         })?;
         let status = response.status();
         let bytes = response
@@ -186,7 +186,7 @@ impl ApiClient {
             .await
             .map_err(|err| CallError::Unreachable {
                 url: url.clone(),
-                detail: super::error_chain(&err),
+                detail: crate::errors::error_chain(&err),
             })?;
         if !status.is_success() {
             return Err(api_error(status, &bytes));

@@ -4,7 +4,8 @@
 //! and the tools ([`tools`]: `run_code`; [`session_tools`]: `open_session`, `run_in_session`,
 //! `close_session`), served two ways:
 //! - `POST /mcp` on the gateway (streamable HTTP, bearer key; `api::mcp`), running through
-//!   [`local::Local`], which calls `App::create_execution` under the caller's key;
+//!   `api::mcp::local::Local`, which calls `App::create_execution` under the caller's key
+//!   (it lives in the API layer, which this module sits below);
 //! - `sandgate mcp --url --key` over stdio ([`stdio`]), a client of the gateway's HTTP API
 //!   ([`remote::Remote`]).
 //!
@@ -13,7 +14,6 @@
 //! the audit store itself.
 
 mod access_tool;
-pub mod local;
 pub mod protocol;
 pub mod remote;
 pub mod session_tools;

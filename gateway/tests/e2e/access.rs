@@ -370,20 +370,20 @@ async fn keys_are_listed_revoked_rotated_and_expire_and_each_change_is_audited()
     let (_, rotate_me) = gw.key_with_id("agent", "acme", "rotating").await;
     let rotate_id = format!("key_{}", &rotate_me[4..20]);
     let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
-    let rotated = gateway::commands::rotate_key(&config, &rotate_id, Some("1h"))
+    let rotated = gateway::cli::keys::rotate_key(&config, &rotate_id, Some("1h"))
         .await
         .unwrap();
     assert_eq!(rotated.principal, "rotating");
     assert_eq!(status_of(&gw, &rotated.secret).await, 200);
     assert_eq!(status_of(&gw, &rotate_me).await, 401);
     assert!(
-        gateway::commands::rotate_key(&config, &rotate_id, None)
+        gateway::cli::keys::rotate_key(&config, &rotate_id, None)
             .await
             .is_err(),
         "a revoked key does not rotate"
     );
-    assert!(gateway::commands::tenant_warning(&config, "nosuchtenant").is_some());
-    assert!(gateway::commands::tenant_warning(&config, "acme").is_none());
+    assert!(gateway::cli::keys::tenant_warning(&config, "nosuchtenant").is_some());
+    assert!(gateway::cli::keys::tenant_warning(&config, "acme").is_none());
 
     // Each change is an audit event.
     let revokes = kinds(&gw, "key.revoke").await;

@@ -282,13 +282,13 @@ async fn keys_have_a_principal_defaulting_to_their_id() {
     let url = common::fresh_database().await;
     let dir = tempfile::tempdir().unwrap();
     let config = common::test_config(Some(url.clone()), dir.path());
-    let named = gateway::commands::create_key_for(&config, "reviewer", "acme", Some("alice"))
+    let named = gateway::cli::keys::create_key_for(&config, "reviewer", "acme", Some("alice"))
         .await
         .unwrap();
-    let plain = gateway::commands::create_key(&config, "agent", "acme")
+    let plain = gateway::cli::keys::create_key(&config, "agent", "acme")
         .await
         .unwrap();
-    let bad = gateway::commands::create_key_for(&config, "agent", "acme", Some("a\nb")).await;
+    let bad = gateway::cli::keys::create_key_for(&config, "agent", "acme", Some("a\nb")).await;
     assert!(bad.is_err(), "control characters refused");
     let pool = sqlx::PgPool::connect(&url).await.unwrap();
     let store = AuditStore::new(pool.clone());

@@ -14,7 +14,7 @@ async fn postgres_stopped_gives_503_and_runs_nothing() {
     // The embedded default: no database URL, a private cluster under the data dir.
     let gw = TestGateway::start_with(None, |_| {}).await;
     let config = test_config(None, gw.data_dir.path());
-    let key = gateway::commands::create_key(&config, "agent", "acme")
+    let key = gateway::cli::keys::create_key(&config, "agent", "acme")
         .await
         .unwrap();
     let health = gw

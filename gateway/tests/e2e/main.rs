@@ -41,6 +41,7 @@ mod audit_export;
 mod audit_listen;
 mod audit_page;
 mod cli;
+mod cli_cancel;
 mod dashboards;
 mod egress;
 mod egress_hardening;

@@ -228,7 +228,7 @@ async fn replay_reports_the_blast_radius_of_a_stricter_policy() {
     std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
 
     let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
-    let (revision, report) = gateway::commands::policy_replay(&config, candidate.path(), "1h")
+    let (revision, report) = gateway::cli::policy::policy_replay(&config, candidate.path(), "1h")
         .await
         .unwrap();
     assert!(revision.starts_with("sha256:"));
@@ -267,7 +267,7 @@ async fn replay_reports_the_blast_radius_of_a_stricter_policy() {
         .unwrap();
     data["tenants"]["acme"]["limits"]["memory_mb"] = (was / 2).into();
     std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
-    let (revision, report) = gateway::commands::policy_replay(&config, lower.path(), "1h")
+    let (revision, report) = gateway::cli::policy::policy_replay(&config, lower.path(), "1h")
         .await
         .unwrap();
     assert_eq!(report.limits_changed, 4, "{report:?}");
@@ -285,7 +285,7 @@ async fn replay_reports_the_blast_radius_of_a_stricter_policy() {
 
     // The unchanged bundle changes nothing.
     let (_, same) =
-        gateway::commands::policy_replay(&config, &workspace_root().join("policies"), "1h")
+        gateway::cli::policy::policy_replay(&config, &workspace_root().join("policies"), "1h")
             .await
             .unwrap();
     assert_eq!(same.unchanged, 5, "{same:?}");
@@ -300,7 +300,7 @@ fn policy_test_fails_on_a_stale_decision_matrix_until_blessed() {
     use policy_engine::matrix::MatrixCheck;
     let candidate = copy_of_shipped();
     let dir = candidate.path();
-    let shipped = gateway::commands::policy_test(dir, false).unwrap();
+    let shipped = gateway::cli::policy::policy_test(dir, false).unwrap();
     assert_eq!(shipped.matrix, MatrixCheck::Matches);
     assert!(shipped.ok(90.0));
 
@@ -310,7 +310,7 @@ fn policy_test_fails_on_a_stale_decision_matrix_until_blessed() {
     data["tenants"]["forge"]["description"] = "unchanged decisions".into();
     data["tenants"]["acme"]["languages"] = serde_yaml_ng::from_str("[python]").unwrap();
     std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
-    let stale = gateway::commands::policy_test(dir, false).unwrap();
+    let stale = gateway::cli::policy::policy_test(dir, false).unwrap();
     let MatrixCheck::Differs(changes) = &stale.matrix else {
         panic!("a stale matrix passed: {:?}", stale.matrix);
     };
@@ -323,8 +323,8 @@ fn policy_test_fails_on_a_stale_decision_matrix_until_blessed() {
     let summary = stale.matrix_summary(dir);
     assert!(summary.contains("--bless"), "{summary}");
 
-    let blessed = gateway::commands::policy_test(dir, true).unwrap();
+    let blessed = gateway::cli::policy::policy_test(dir, true).unwrap();
     assert_eq!(blessed.matrix, MatrixCheck::Blessed);
-    let after = gateway::commands::policy_test(dir, false).unwrap();
+    let after = gateway::cli::policy::policy_test(dir, false).unwrap();
     assert_eq!(after.matrix, MatrixCheck::Matches);
 }

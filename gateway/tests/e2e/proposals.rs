@@ -138,7 +138,7 @@ async fn a_denial_becomes_a_tested_replayed_approved_revision_and_the_request_th
     // golden matrix was rewritten with the change.
     let engine = policy_engine::PolicyEngine::load(policy.path()).unwrap();
     assert_eq!(engine.revision(), proposal["candidate_revision"]);
-    let outcome = gateway::commands::policy_test(policy.path(), false).unwrap();
+    let outcome = gateway::cli::policy::policy_test(policy.path(), false).unwrap();
     assert!(outcome.ok(90.0), "{}", outcome.report.render());
 
     let proposed = events(&gw, &admin, "policy.proposed").await;

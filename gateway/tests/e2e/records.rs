@@ -143,7 +143,7 @@ async fn a_database_outage_mid_run_loses_neither_the_outcome_nor_the_byte_counts
     })
     .await;
     let config = test_config(None, gw.data_dir.path());
-    let key = gateway::commands::create_key(&config, "agent", "nettest")
+    let key = gateway::cli::keys::create_key(&config, "agent", "nettest")
         .await
         .unwrap()
         .secret;

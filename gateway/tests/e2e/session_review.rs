@@ -281,7 +281,7 @@ async fn policy_replay_re_decides_session_openings_held_for_review() {
 
     let config = common::test_config(gw.database_url.clone(), gw.data_dir.path());
     let shipped = common::workspace_root().join("policies");
-    let (_, same) = gateway::commands::policy_replay(&config, &shipped, "1h")
+    let (_, same) = gateway::cli::policy::policy_replay(&config, &shipped, "1h")
         .await
         .unwrap();
     assert_eq!((same.total, same.unchanged), (3, 3), "{same:?}");
@@ -299,7 +299,7 @@ async fn policy_replay_re_decides_session_openings_held_for_review() {
         "the shipped acme sends unlisted hosts to review"
     );
     std::fs::write(&tenants, stricter).unwrap();
-    let (revision, report) = gateway::commands::policy_replay(&config, candidate.path(), "1h")
+    let (revision, report) = gateway::cli::policy::policy_replay(&config, candidate.path(), "1h")
         .await
         .unwrap();
     assert_eq!(report.total, 3, "{report:?}");

@@ -7,13 +7,13 @@ use std::sync::Arc;
 
 use api_types::{SessionExecutionRequest, SessionRequest, SessionView};
 
-use super::{Refusal, Runner};
 use crate::api::error::{ApiError, ErrorCode};
 use crate::api::executions::ExecutionView;
 use crate::app::executions::{Created, ExecutionRequest};
 use crate::app::sessions::Opened;
 use crate::app::App;
 use crate::audit::ApiKey;
+use crate::mcp::{Refusal, Runner};
 
 /// The gateway's own use cases, as one authenticated caller.
 pub struct Local {

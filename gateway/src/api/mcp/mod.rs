@@ -10,12 +10,14 @@ use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 
+mod local;
+
 use super::auth::Caller;
 use super::error::ApiError;
 use crate::app::App;
-use crate::mcp::local::Local;
 use crate::mcp::protocol;
 use crate::role::Role;
+use local::Local;
 
 #[utoipa::path(
     post,
@@ -28,7 +30,7 @@ use crate::role::Role;
     responses(
         (status = 200, description = "the JSON-RPC answer", body = serde_json::Value),
         (status = 202, description = "a notification or response was accepted"),
-        super::openapi::ApiErrors,
+        crate::api::openapi::ApiErrors,
     ),
 )]
 pub async fn serve(
