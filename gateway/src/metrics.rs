@@ -259,7 +259,7 @@ impl Metrics {
             TextSet::ALL
                 .iter()
                 .zip(&STORE_UNKNOWN_VALUES)
-                .map(|(set, count)| ("column", crate::audit::unknown_value::column(*set), count)),
+                .map(|(set, count)| ("column", stored_column(*set), count)),
         );
         self.render_histograms(&mut out);
         self.render_gauges(&mut out);
@@ -327,6 +327,18 @@ fn escape_label(value: &str) -> String {
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
+}
+
+/// The column that holds a closed set's values (each set is stored in one column): the label
+/// of `sandgate_store_unknown_values_total`.
+pub fn stored_column(set: TextSet) -> &'static str {
+    match set {
+        TextSet::ExecutionStatus => "executions.status",
+        TextSet::SessionStatus => "sessions.status",
+        TextSet::ClosedReason => "sessions.closed_reason",
+        TextSet::ApprovalStatus => "approvals.status",
+        TextSet::Role => "api_keys.role",
+    }
 }
 
 #[cfg(test)]

@@ -83,7 +83,12 @@ fn bundle_lists_policy_and_data_but_not_tests_or_docs() {
     let engine = shipped();
     assert_eq!(
         engine.files(),
-        ["data/tenants.yaml", "egress.rego", "execution.rego", "suggest.rego"]
+        [
+            "data/tenants.yaml",
+            "egress.rego",
+            "execution.rego",
+            "suggest.rego"
+        ]
     );
     assert!(engine.has_egress());
     assert!(engine.revision().starts_with("sha256:"));

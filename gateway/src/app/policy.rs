@@ -411,7 +411,7 @@ impl ReloadContext {
             error,
         );
         if let Some(proposal) = &self.proposal {
-            event.input["proposal"] = json!(proposal);
+            event.input["proposal"] = serde_json::Value::from(proposal.as_str());
         }
         event
     }

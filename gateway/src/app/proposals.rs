@@ -576,9 +576,11 @@ impl App {
             .await?
             .filter(|row| row.tenant == caller.tenant)
             .ok_or(AppError::NotFound)?;
-        let denied = crate::status::ExecutionStatus::Denied.as_str();
-        let held = crate::status::ExecutionStatus::PendingApproval.as_str();
-        if row.status != denied && row.status != held {
+        use crate::status::ExecutionStatus;
+        if !matches!(
+            row.status,
+            ExecutionStatus::Denied | ExecutionStatus::PendingApproval
+        ) {
             return Err(AppError::Conflict(format!(
                 "execution {id} is {}; access may be requested only for a denied or held one",
                 row.status

@@ -11,10 +11,10 @@ use rand::RngCore;
 use serde::Serialize;
 use sqlx::{Postgres, Transaction};
 
-use super::key_withdrawals::{withdraw_pending_of, Withdrawn};
 use super::events::keys::{
     KeyCreate, KeyCreated, KeyRevoke, KeyRevoked, KeyRotate, KeyRotated, Via,
 };
+use super::key_withdrawals::{withdraw_pending_of, Withdrawn};
 use super::{chain, events, key_hash, AuditError, AuditStore, NewEvent};
 use crate::role::Role;
 

@@ -4,7 +4,7 @@
 //! API answers 500 `internal`, a background scan skips its round). The failure is logged here,
 //! once, and counted in `sandgate_store_unknown_values_total{column}`.
 
-use api_types::{TextSet, UnknownText};
+use api_types::UnknownText;
 
 /// The stored value a failed decode was about, if that is why it failed.
 pub fn unknown_text(err: &sqlx::Error) -> Option<&UnknownText> {
@@ -14,16 +14,7 @@ pub fn unknown_text(err: &sqlx::Error) -> Option<&UnknownText> {
     source.downcast_ref::<UnknownText>()
 }
 
-/// The column that holds a set's values (each set is stored in one column).
-pub fn column(set: TextSet) -> &'static str {
-    match set {
-        TextSet::ExecutionStatus => "executions.status",
-        TextSet::SessionStatus => "sessions.status",
-        TextSet::ClosedReason => "sessions.closed_reason",
-        TextSet::ApprovalStatus => "approvals.status",
-        TextSet::Role => "api_keys.role",
-    }
-}
+pub use crate::metrics::stored_column as column;
 
 /// Logs and counts `unknown` (called once per failed decode, where it becomes an
 /// [`super::AuditError`]).

@@ -340,7 +340,11 @@ async fn seed(app: &PgPool) {
             closed_at: None,
             approval_id: None,
         };
-        store.insert_session(&session).await.unwrap();
+        store
+            .insert_session(&session, usize::MAX)
+            .await
+            .unwrap()
+            .unwrap();
     }
     store
         .close_session("ss_idle", gateway::session_wire::ClosedReason::Idle)

@@ -3,7 +3,6 @@
 //! `max_sessions: 2`, open exactly two sessions (the count and the insert are one step under the
 //! tenant's advisory lock in the shared database, not a count of what one replica holds).
 
-use crate::common;
 use crate::replicas::harness;
 
 use futures_util::future::join_all;

@@ -324,9 +324,16 @@ fn a_chain_written_before_the_change_verifies_and_reads_into_the_types() {
             continue;
         };
         if let Some(prev) = &prev {
-            assert_eq!(&event.prev_hash, prev, "event {} links to the one before", event.seq);
+            assert_eq!(
+                &event.prev_hash, prev,
+                "event {} links to the one before",
+                event.seq
+            );
         }
-        assert_eq!(hash(HashScheme::Whole, &event.prev_hash, &event.row()), event.hash);
+        assert_eq!(
+            hash(HashScheme::Whole, &event.prev_hash, &event.row()),
+            event.hash
+        );
         prev = Some(event.hash.clone());
         linked += 1;
     }
