@@ -38,8 +38,9 @@
 //! What the runner reports (status, result) is the interpreter's, and the program shares that
 //! interpreter: code that deliberately reads the runner's own frame (Python) or redefines the
 //! shell's builtins (bash) can change what is reported for a later cell of the same session.
-//! It cannot end a turn in the gateway's record (only the init writes markers), read a nonce,
-//! or reach another session.
+//! Such code can even report for the next turn before that turn's code is done, ending it early
+//! in the record (SECURITY.md). It cannot write an end marker itself, read a nonce, or reach
+//! another session.
 
 /// A line whose `argv` is exactly this (and which writes no file) is not a turn but a report
 /// request: the init answers at once on stderr with an exit trailer for the line's nonce
