@@ -361,6 +361,12 @@ impl Walk {
 
     /// `link` is the next one walked (of the window, or after it): the anchor is checked here.
     fn linked(&mut self, link: Link, window: bool) -> Result<(), String> {
+        // A forged `seq` must not wrap (release builds) or panic (debug builds).
+        let next = link
+            .seq
+            .checked_add(1)
+            .filter(|_| link.seq >= 1)
+            .ok_or_else(|| format!("event {}: not a sequence number of a chain", link.seq))?;
         if let Some(anchor) = &self.anchor {
             if anchor.seq == link.seq {
                 if anchor.hash != link.hash {
@@ -373,7 +379,7 @@ impl Walk {
                 self.anchored = true;
             }
         }
-        self.next = Some((link.seq + 1, link.hash.clone()));
+        self.next = Some((next, link.hash.clone()));
         if window {
             self.first.get_or_insert_with(|| link.clone());
             self.last = Some(link.clone());
@@ -567,5 +573,21 @@ mod tests {
             assert!(bad.parse::<Anchor>().is_err(), "{bad}");
         }
         assert!(format!("7:{}", "g".repeat(64)).parse::<Anchor>().is_err());
+    }
+
+    /// A forged `seq` at the end of `i64` (or below 1) is an error, never an overflow.
+    #[test]
+    fn a_sequence_number_out_of_range_is_refused_not_wrapped() {
+        let header = r#"{"bundle":"header","format":"sandgate.audit.bundle","version":2,"event_format":"jsonl","since":"2026-12-01T00:00:00Z","until":"2026-12-02T00:00:00Z","tenant":"acme","exported_at":"2026-12-02T00:00:00Z"}"#;
+        for seq in [i64::MAX, 0, -5] {
+            let omitted = format!(
+                r#"{{"bundle":"omitted","seq":{seq},"prev_hash":"{}","hash":"{}"}}"#,
+                "a".repeat(64),
+                "b".repeat(64)
+            );
+            let bundle = format!("{header}\n{omitted}\n");
+            let outcome = verify_bundle(bundle.as_bytes(), None);
+            assert!(outcome.is_err(), "seq {seq}: {outcome:?}");
+        }
     }
 }
