@@ -17,7 +17,7 @@ use super::listing::non_empty;
 use super::query::page_size;
 use crate::app::proposals::{Draft, Origin, MAX_DAYS, MAX_LIST, MAX_PATCH_BYTES, MAX_TEXT};
 use crate::app::App;
-use crate::audit::proposals::ProposalRow;
+use crate::audit::proposals::{ProposalRow, ProposalStatus};
 use crate::role::Role;
 
 /// Roles that may read proposals.
@@ -196,19 +196,19 @@ pub async fn list(
     let Query(query) = query
         .map_err(|rejection| ApiError::new(ErrorCode::InvalidRequest, rejection.body_text()))?;
     let limit = page_size(query.limit, 50, MAX_LIST)?;
-    let status = non_empty(query.status);
-    if let Some(status) = status.as_deref() {
-        if !["open", "approved", "rejected"].contains(&status) {
-            return Err(ApiError::new(
+    let status = match non_empty(query.status) {
+        None => None,
+        Some(text) => Some(ProposalStatus::parse(&text).ok_or_else(|| {
+            ApiError::new(
                 ErrorCode::InvalidRequest,
                 "status must be open, approved or rejected",
-            ));
-        }
-    }
+            )
+        })?),
+    };
     let before = non_empty(query.before);
     let rows = app
         .audit
-        .list_proposals(status.as_deref(), before.as_deref(), limit)
+        .list_proposals(status, before.as_deref(), limit)
         .await
         .map_err(crate::app::AppError::from)?;
     let next_before = (rows.len() as i64 == limit)

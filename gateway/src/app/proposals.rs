@@ -22,7 +22,7 @@ use super::policy::{Guard, PolicyState, ReloadError, Source};
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
-use crate::audit::proposals::ProposalRow;
+use crate::audit::proposals::{ProposalRow, ProposalStatus};
 use crate::audit::{ApiKey, NewEvent};
 
 /// Most example executions kept per kind of change.
@@ -159,7 +159,7 @@ impl App {
             candidate_revision: candidate.engine.revision().to_owned(),
             evidence: sqlx::types::Json(evidence),
             tests_passed,
-            status: "open".to_owned(),
+            status: ProposalStatus::Open,
             decided_at: None,
             decided_by: None,
             comment: None,
@@ -325,7 +325,12 @@ impl App {
             }),
         );
         self.audit
-            .decide_proposal(id, "approved", (&caller.id, comment.as_deref()), &event)
+            .decide_proposal(
+                id,
+                ProposalStatus::Approved,
+                (&caller.id, comment.as_deref()),
+                &event,
+            )
             .await?;
         self.announce_policy(&accepted.revision).await;
         let applied = json!({
@@ -395,7 +400,12 @@ impl App {
         );
         let done = self
             .audit
-            .decide_proposal(id, "rejected", (&caller.id, Some(&comment)), &event)
+            .decide_proposal(
+                id,
+                ProposalStatus::Rejected,
+                (&caller.id, Some(&comment)),
+                &event,
+            )
             .await?;
         if !done {
             return Err(AppError::Conflict(format!(
@@ -409,7 +419,7 @@ impl App {
     /// Builds an open proposal again on the active revision: new base, candidate, evidence.
     pub async fn rebase_proposal(&self, id: &str, days: u32) -> Result<ProposalRow, AppError> {
         let mut row = self.get_proposal(id).await?;
-        if row.status != "open" {
+        if row.status != ProposalStatus::Open {
             return Err(AppError::Conflict(format!(
                 "proposal {id} is {}, not open",
                 row.status
@@ -439,7 +449,7 @@ impl App {
 
     async fn open_proposal(&self, caller: &ApiKey, id: &str) -> Result<ProposalRow, AppError> {
         let row = self.get_proposal(id).await?;
-        if row.status != "open" {
+        if row.status != ProposalStatus::Open {
             return Err(AppError::Conflict(format!(
                 "proposal {id} is {}, not open",
                 row.status

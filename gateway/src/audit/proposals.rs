@@ -30,10 +30,53 @@ pub struct ProposalRow {
     pub candidate_revision: String,
     pub evidence: Json<Value>,
     pub tests_passed: bool,
-    pub status: String,
+    #[sqlx(try_from = "String")]
+    pub status: ProposalStatus,
     pub decided_at: Option<DateTime<Utc>>,
     pub decided_by: Option<String>,
     pub comment: Option<String>,
+}
+
+/// Where a proposal stands: a closed set, stored as its text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ProposalStatus {
+    Open,
+    Approved,
+    Rejected,
+}
+
+impl ProposalStatus {
+    pub const ALL: [ProposalStatus; 3] = [Self::Open, Self::Approved, Self::Rejected];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Approved => "approved",
+            Self::Rejected => "rejected",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<ProposalStatus> {
+        Self::ALL.into_iter().find(|status| status.as_str() == text)
+    }
+}
+
+impl std::fmt::Display for ProposalStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A stored status outside the set fails the row's decoding (fail closed).
+impl TryFrom<String> for ProposalStatus {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<ProposalStatus, String> {
+        ProposalStatus::parse(&text).ok_or_else(|| {
+            format!("policy_proposals.status {text:?} is not open, approved or rejected")
+        })
+    }
 }
 
 /// The open proposals one key and one tenant have, for their bounds.
@@ -92,7 +135,7 @@ impl AuditStore {
     /// with `status` when given.
     pub async fn list_proposals(
         &self,
-        status: Option<&str>,
+        status: Option<ProposalStatus>,
         before: Option<&str>,
         limit: i64,
     ) -> Result<Vec<ProposalRow>, AuditError> {
@@ -100,7 +143,7 @@ impl AuditStore {
             "SELECT * FROM policy_proposals WHERE ($1::text IS NULL OR status = $1) \
              AND ($2::text IS NULL OR id < $2) ORDER BY id DESC LIMIT $3",
         )
-        .bind(status)
+        .bind(status.map(ProposalStatus::as_str))
         .bind(before)
         .bind(limit)
         .fetch_all(&self.pool)
@@ -148,7 +191,7 @@ impl AuditStore {
     pub async fn decide_proposal(
         &self,
         id: &str,
-        status: &str,
+        status: ProposalStatus,
         (by, comment): (&str, Option<&str>),
         event: &NewEvent,
     ) -> Result<bool, AuditError> {
@@ -158,7 +201,7 @@ impl AuditStore {
              comment = $4 WHERE id = $1 AND status = 'open'",
         )
         .bind(id)
-        .bind(status)
+        .bind(status.as_str())
         .bind(by)
         .bind(comment)
         .execute(&mut *tx)
