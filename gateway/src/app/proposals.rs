@@ -310,9 +310,14 @@ impl App {
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
         let candidate = self.candidate(&active.state, &patch, true).await?;
         let applied = self.apply(caller, &row, &candidate).await;
+        // The policy dir is written from the candidate (data and blessed matrix) before the
+        // candidate's copy goes.
+        let written = match &applied {
+            Ok(_) => write_policy_dir(self.policy.dir(), &candidate).await,
+            Err(_) => Ok(()),
+        };
         remove_dir(&candidate.dir).await;
         let accepted = applied?;
-        let written = write_policy_dir(self.policy.dir(), &candidate).await;
         let event = proposal_event(
             api_types::EventKind::PolicyProposalApproved,
             &row,
@@ -584,7 +589,9 @@ impl App {
             .audit
             .get_execution(id)
             .await?
-            .filter(|row| row.tenant == caller.tenant)
+            // Only the agent's own execution: another key's (of its tenant, perhaps in a session
+            // it may not see) is as absent as another tenant's.
+            .filter(|row| row.tenant == caller.tenant && row.key_id == caller.id)
             .ok_or(AppError::NotFound)?;
         use crate::status::ExecutionStatus;
         if !matches!(

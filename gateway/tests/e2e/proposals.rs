@@ -277,6 +277,12 @@ async fn agents_ask_only_about_their_own_refusals_and_the_bundle_says_when_it_ha
 
     let (status, hidden) = gw.post(&stranger, &path, &words).await;
     assert_eq!(status, 404, "another tenant's execution: {hidden}");
+    let neighbour = gw.key("agent", "classroom").await;
+    let (status, hidden) = gw.post(&neighbour, &path, &words).await;
+    assert_eq!(
+        status, 404,
+        "another key's execution in the same tenant: {hidden}"
+    );
     let (status, asked) = gw.post(&agent, &path, &words).await;
     assert_eq!(status, 201, "{asked}");
     let (_, proposal) = gw
