@@ -585,6 +585,12 @@ impl App {
         id: &str,
         justification: String,
     ) -> Result<ProposalRow, AppError> {
+        // Bounded here, not only at the HTTP edge: the MCP tool calls this directly.
+        if justification.len() > MAX_TEXT || justification.contains('\0') {
+            return Err(AppError::Invalid(format!(
+                "justification must be at most {MAX_TEXT} bytes, without NUL"
+            )));
+        }
         let row = self
             .audit
             .get_execution(id)
