@@ -18,7 +18,7 @@ pub const CHAIN_LOCK: i64 = 0x0073_6761_7564_6974;
 /// (`audit_events.hash_version`), so a chain written before scheme 2 still verifies as written.
 ///
 /// The two preimages cannot be confused: after the 64 hex digits of `prev_hash`, scheme 1 hashes
-/// the canonical JSON (which starts with `{`) and scheme 2 hashes 128 hex digits. So a hash
+/// the canonical JSON (which starts with `{`) and scheme 2 hashes 192 hex digits. So a hash
 /// commits to its scheme, and relabelling a row's scheme breaks its hash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type, Serialize, Deserialize)]
 #[repr(i16)]
@@ -27,9 +27,10 @@ pub enum HashScheme {
     /// `sha256(prev_hash || canonical)`: every event written before migration
     /// `20261204300000_audit_hash_scheme.sql`. Its link cannot be checked without its content.
     Whole = 1,
-    /// `sha256(prev_hash || tenant_tag || content_hash)` ([`tenant_tag`], [`content_hash`]): its
-    /// link can be checked without the content, so a bundle that hides an event still proves its
-    /// link, and that it is not of the bundle's tenant.
+    /// `sha256(prev_hash || stamp || tenant_tag || content_hash)` ([`stamp`], [`tenant_tag`],
+    /// [`content_hash`]): its link can be checked without the content, so a bundle that hides an
+    /// event still proves its link, its `seq` and `at` (so whether it falls in the bundle's
+    /// window), and that it is not of the bundle's tenant.
     Content = 2,
 }
 
@@ -116,7 +117,7 @@ pub fn canonical(row: &Row<'_>) -> Vec<u8> {
     let json = json!({
         "seq": row.seq,
         "id": row.id,
-        "at": row.at.to_rfc3339_opts(SecondsFormat::Micros, true),
+        "at": time_text(row.at),
         "kind": row.kind,
         "execution_id": row.execution_id,
         "key_id": row.key_id,
@@ -137,10 +138,24 @@ pub fn hash(scheme: HashScheme, prev_hash: &str, row: &Row<'_>) -> String {
         HashScheme::Whole => sha256_hex(prev_hash, &canonical(row)),
         HashScheme::Content => link_parts(
             prev_hash,
+            &stamp(row.seq, row.at),
             &tenant_tag(row.seq, row.tenant),
             &content_hash(row),
         ),
     }
+}
+
+/// `at` as every hash takes it: RFC 3339 in UTC with microseconds (what the column stores).
+pub fn time_text(at: &DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// A scheme-2 row's `stamp`: `hex(sha256({"at":..,"seq":..}))`. A bundle shows a hidden event's
+/// `seq` and `at` and recomputes this from them, so the time of an event it hides is proven:
+/// an event of the window cannot be passed off as one after it.
+pub fn stamp(seq: i64, at: &DateTime<Utc>) -> String {
+    let json = json!({"at": time_text(at), "seq": seq});
+    hex::encode(Sha256::digest(json.to_string().as_bytes()))
 }
 
 /// A scheme-2 row's `content_hash`: `hex(sha256(canonical))`, what a bundle shows of an event
@@ -159,9 +174,10 @@ pub fn tenant_tag(seq: i64, tenant: Option<&str>) -> String {
 }
 
 /// A scheme-2 row's `hash` from its parts, without its content.
-pub fn link_parts(prev_hash: &str, tenant_tag: &str, content_hash: &str) -> String {
+pub fn link_parts(prev_hash: &str, stamp: &str, tenant_tag: &str, content_hash: &str) -> String {
     let mut hasher = Sha256::new();
     hasher.update(prev_hash.as_bytes());
+    hasher.update(stamp.as_bytes());
     hasher.update(tenant_tag.as_bytes());
     hasher.update(content_hash.as_bytes());
     hex::encode(hasher.finalize())
@@ -277,12 +293,22 @@ pub fn stale_head(err: &sqlx::Error) -> bool {
         if db.constraint() == Some("audit_events_pkey"))
 }
 
-/// The columns of `audit_events` in the order [`Columns`] binds them.
+/// The columns of `audit_events`, in the order [`Columns`] binds them: the one list.
+macro_rules! event_columns {
+    () => {
+        "seq, id, at, kind, execution_id, key_id, tenant, decision_id, allow, reasons, input, \
+         decision, policy_revision, prev_hash, hash, hash_version"
+    };
+}
+/// The columns of a whole stored row (`audit::verify::StoredEvent`), for `SELECT`s.
+pub const EVENT_COLUMNS: &str = event_columns!();
 macro_rules! insert_columns {
     () => {
-        "INSERT INTO audit_events (seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
-         allow, reasons, input, decision, policy_revision, prev_hash, hash, hash_version) \
-         SELECT e.* FROM "
+        concat!(
+            "INSERT INTO audit_events (",
+            event_columns!(),
+            ") SELECT e.* FROM "
+        )
     };
 }
 /// The rows, one array per column.
@@ -460,9 +486,14 @@ mod tests {
             tenant_tag(1, None),
             "7f1712bf0eb76b9d66f421dd7a1503b58bdd1ea4c73f9fc247877f2ba7ce64df"
         );
-        let linked = "cfe843f459195f5fe8385cf4777ae37ca9c76e1c57ae38732bbb749a67bd24d3";
+        let stamped = stamp(1, &at);
+        assert_eq!(
+            stamped,
+            "c8fd2fb1107e8cd8e34069d41b9ac6ebb204c60642ed1f218e6c797bf56598ce"
+        );
+        let linked = "474016e8b173eef9459b59bc092f575b20df7e2a0fe0b1397d9ec0dabc78f014";
         assert_eq!(hash(HashScheme::Content, GENESIS, &row), linked);
-        assert_eq!(link_parts(GENESIS, &tag, &content), linked);
+        assert_eq!(link_parts(GENESIS, &stamped, &tag, &content), linked);
     }
 
     #[test]

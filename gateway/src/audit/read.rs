@@ -3,10 +3,10 @@
 
 use api_types::EventKind;
 use chrono::{DateTime, Utc};
-use serde::Serialize;
 use serde_json::Value;
 use sqlx::types::Json;
 
+use super::verify::{StoredEvent, STORED_COLUMNS};
 use super::{AuditError, AuditStore, ExecutionRow};
 
 /// A `kind` filter: one kind, or every kind of a family (`approval.*`).
@@ -64,25 +64,8 @@ pub struct EventFilter {
     pub limit: i64,
 }
 
-/// One `audit_events` row, whole: auditors see what was hashed and the hashes.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
-pub struct AuditEvent {
-    pub seq: i64,
-    pub id: String,
-    pub at: DateTime<Utc>,
-    pub kind: String,
-    pub execution_id: Option<String>,
-    pub key_id: Option<String>,
-    pub tenant: Option<String>,
-    pub decision_id: Option<String>,
-    pub allow: Option<bool>,
-    pub reasons: Json<Value>,
-    pub input: Json<Value>,
-    pub decision: Json<Value>,
-    pub policy_revision: Option<String>,
-    pub prev_hash: String,
-    pub hash: String,
-}
+/// One `audit_events` row, whole: auditors see what was hashed, the hashes and their scheme.
+pub type AuditEvent = StoredEvent;
 
 impl AuditStore {
     /// Executions matching `filter`, newest first (`created_at`, then `id`, descending), without
@@ -121,16 +104,15 @@ impl AuditStore {
     /// Audit events matching `filter`, newest first (`seq` descending).
     pub async fn list_events(&self, filter: &EventFilter) -> Result<Vec<AuditEvent>, AuditError> {
         let (exact, family) = KindFilter::binds(filter.kind.as_ref());
-        let rows = sqlx::query_as(
-            "SELECT seq, id, at, kind, execution_id, key_id, tenant, decision_id, allow, \
-             reasons, input, decision, policy_revision, prev_hash, hash FROM audit_events \
+        let rows = sqlx::query_as(&format!(
+            "SELECT {STORED_COLUMNS} FROM audit_events \
              WHERE ($1::text IS NULL OR kind = $1) \
              AND ($2::text IS NULL OR execution_id = $2) \
              AND ($3::timestamptz IS NULL OR at >= $3) \
              AND ($4::bigint IS NULL OR seq < $4) \
              AND ($6::text IS NULL OR starts_with(kind, $6)) \
-             ORDER BY seq DESC LIMIT $5",
-        )
+             ORDER BY seq DESC LIMIT $5"
+        ))
         .bind(exact)
         .bind(&filter.execution_id)
         .bind(filter.since)

@@ -36,9 +36,8 @@ pub struct StoredEvent {
     pub hash_version: HashScheme,
 }
 
-/// The columns of [`StoredEvent`], for `SELECT`s that read whole rows.
-pub const STORED_COLUMNS: &str = "seq, id, at, kind, execution_id, key_id, tenant, decision_id, \
-     allow, reasons, input, decision, policy_revision, prev_hash, hash, hash_version";
+/// The columns of [`StoredEvent`], for `SELECT`s that read whole rows (the list appends write).
+pub const STORED_COLUMNS: &str = chain::EVENT_COLUMNS;
 
 impl StoredEvent {
     pub fn row(&self) -> Row<'_> {

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use clap::{Subcommand, ValueEnum};
 
 use crate::app::replay;
-use crate::audit::bundle::check::{self, Anchor, BundleError, BundleReport};
+use crate::audit::bundle::check::{self, Anchor, Anchors, BundleError, BundleReport, StartAnchor};
 use crate::audit::bundle::{EventFormat, ExportRequest, ExportSummary};
 use crate::audit::verify::Verification;
 use crate::audit::AuditStore;
@@ -29,6 +29,12 @@ pub enum AuditCommand {
         /// reach event SEQ and that event must have HASH.
         #[arg(long, requires = "bundle")]
         head: Option<Anchor>,
+        /// Where the bundle must start (SEQ:HASH): right after event SEQ, whose hash is HASH,
+        /// such as the last event of the previous bundle checked (`0`: the chain's start). The
+        /// bundle must hold event SEQ+1, linked to HASH: none of the events after SEQ is missing
+        /// from its start.
+        #[arg(long, requires = "bundle")]
+        from: Option<StartAnchor>,
     },
     /// Write the events of a time window, the policy revisions they name (with their files)
     /// and a proof to one file, for `sandgate audit verify --bundle` to check offline.
@@ -73,7 +79,8 @@ pub async fn run(command: AuditCommand, config: &Config) -> anyhow::Result<ExitC
         AuditCommand::Verify {
             bundle: Some(bundle),
             head,
-        } => match audit_verify_bundle(&bundle, head)? {
+            from,
+        } => match audit_verify_bundle(&bundle, Anchors { head, from })? {
             Ok(report) => {
                 println!("{}", report.summary());
                 if !report.proven() {
@@ -197,14 +204,15 @@ fn tempfile_in(dir: &Path) -> anyhow::Result<tempfile::NamedTempFile> {
         .with_context(|| format!("creating a file in {}", dir.display()))
 }
 
-/// `sandgate audit verify --bundle FILE [--head SEQ:HASH]`: checks a bundle offline. The outer
-/// error is about reading the file; the inner one says what in the bundle is wrong.
+/// `sandgate audit verify --bundle FILE [--head SEQ:HASH] [--from SEQ:HASH]`: checks a bundle
+/// offline. The outer error is about reading the file; the inner one says what in the bundle is
+/// wrong.
 pub fn audit_verify_bundle(
     path: &Path,
-    anchor: Option<Anchor>,
+    anchors: Anchors,
 ) -> anyhow::Result<Result<BundleReport, BundleError>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    match check::verify_bundle(std::io::BufReader::new(file), anchor) {
+    match check::verify_bundle(std::io::BufReader::new(file), anchors) {
         Err(BundleError::Read(err)) => {
             Err(err).with_context(|| format!("reading {}", path.display()))
         }

@@ -107,6 +107,13 @@ fn row_mut(line: &mut Value) -> Option<&mut Value> {
     }
 }
 
+/// docs/audit.md: `at` in RFC 3339, UTC, with microseconds.
+fn time_text(at: &Value) -> String {
+    let at = DateTime::parse_from_rfc3339(at.as_str().unwrap()).unwrap();
+    at.with_timezone(&Utc)
+        .to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
 /// docs/audit.md: the row's fields but its links, as compact JSON with sorted keys, `at` with
 /// microseconds.
 fn canonical(row: &Value) -> String {
@@ -114,10 +121,7 @@ fn canonical(row: &Value) -> String {
     for link in ["prev_hash", "hash", "hash_version"] {
         fields.remove(link);
     }
-    let at = DateTime::parse_from_rfc3339(fields["at"].as_str().unwrap()).unwrap();
-    let at = at
-        .with_timezone(&Utc)
-        .to_rfc3339_opts(SecondsFormat::Micros, true);
+    let at = time_text(&fields["at"]);
     fields.insert("at".into(), Value::String(at));
     Value::Object(fields).to_string()
 }
@@ -126,16 +130,33 @@ fn tenant_tag(seq: &Value, tenant: &Value) -> String {
     sha256_hex(&[json!({"seq": seq, "tenant": tenant}).to_string().as_bytes()])
 }
 
+fn stamp(seq: &Value, at: &Value) -> String {
+    let json = json!({"at": time_text(at), "seq": seq});
+    sha256_hex(&[json.to_string().as_bytes()])
+}
+
+/// A scheme-2 link from a hidden line's `seq`, `prev_hash` and `parts`.
+fn link_parts(line: &Value) -> String {
+    let parts = &line["parts"];
+    sha256_hex(&[
+        line["prev_hash"].as_str().unwrap().as_bytes(),
+        stamp(&line["seq"], &parts["at"]).as_bytes(),
+        parts["tenant_tag"].as_str().unwrap().as_bytes(),
+        parts["content_hash"].as_str().unwrap().as_bytes(),
+    ])
+}
+
 /// A row's hash by its scheme: 1 (or none given, as before schemes existed) hashes the canonical
-/// row after `prev_hash`, 2 its tenant tag and the hash of the canonical row.
+/// row after `prev_hash`, 2 its stamp, its tenant tag and the hash of the canonical row.
 fn row_hash(row: &Value) -> String {
     let prev = row["prev_hash"].as_str().unwrap().as_bytes();
     let canonical = canonical(row);
     match row.get("hash_version").and_then(Value::as_i64) {
         Some(2) => {
+            let stamp = stamp(&row["seq"], &row["at"]);
             let tag = tenant_tag(&row["seq"], &row["tenant"]);
             let content = sha256_hex(&[canonical.as_bytes()]);
-            sha256_hex(&[prev, tag.as_bytes(), content.as_bytes()])
+            sha256_hex(&[prev, stamp.as_bytes(), tag.as_bytes(), content.as_bytes()])
         }
         _ => sha256_hex(&[prev, canonical.as_bytes()]),
     }
@@ -152,6 +173,7 @@ fn hidden(row: &Value) -> Value {
     });
     if row.get("hash_version").and_then(Value::as_i64) == Some(2) {
         line["parts"] = json!({
+            "at": row["at"],
             "tenant_tag": tenant_tag(&row["seq"], &row["tenant"]),
             "content_hash": sha256_hex(&[canonical(row).as_bytes()]),
         });
@@ -175,13 +197,8 @@ fn relink(lines: &mut [Value], from: usize) {
             if let Some(prev) = &prev {
                 line["prev_hash"] = json!(prev);
             }
-            if let Some(parts) = line.get("parts").cloned() {
-                let hash = sha256_hex(&[
-                    line["prev_hash"].as_str().unwrap().as_bytes(),
-                    parts["tenant_tag"].as_str().unwrap().as_bytes(),
-                    parts["content_hash"].as_str().unwrap().as_bytes(),
-                ]);
-                line["hash"] = json!(hash);
+            if line.get("parts").is_some() {
+                line["hash"] = json!(link_parts(line));
             }
             prev = Some(line["hash"].as_str().unwrap().to_owned());
         }
@@ -300,7 +317,7 @@ async fn an_edited_event_relinked_to_the_next_omitted_one_does_not_verify() {
         let (ok, said) = verify_offline(&forged, &[]);
         assert!(!ok, "{format}: an edited event verified: {said}");
         assert!(
-            said.contains("does not follow from its prev_hash"),
+            said.contains("does not follow from its seq, at, prev_hash"),
             "{format}: {said}"
         );
         println!("{format}: edited and relinked: {said}");
@@ -497,6 +514,7 @@ async fn a_chain_of_the_old_scheme_still_verifies_and_a_filtered_bundle_says_wha
     // New events join it.
     let gw = TestGateway::start_with(Some(url.clone()), |_| {}).await;
     interleaved_denials(&gw).await;
+    let auditor = gw.key("auditor", "audit").await;
     let output = sandgate(&url, gw.data_dir.path(), &["audit", "verify"]);
     assert!(output.status.success(), "{}", text(&output));
     assert!(text(&output).starts_with("ok "), "{}", text(&output));
@@ -527,6 +545,21 @@ async fn a_chain_of_the_old_scheme_still_verifies_and_a_filtered_bundle_says_wha
     assert!(versions[..4].iter().all(|(_, v)| *v == 1), "{versions:?}");
     assert!(versions[4..].iter().all(|(_, v)| *v == 2), "{versions:?}");
     assert!(versions.len() > 8, "{versions:?}");
+    // The API shows every event's scheme too.
+    let (status, page) = gw.get(&auditor, "/v1/audit/events?limit=1000").await;
+    assert_eq!(status, 200, "{page}");
+    let listed: Vec<(i64, i16)> = page["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|event| {
+            let version = event["hash_version"].as_i64();
+            let version = version.unwrap_or_else(|| panic!("no hash_version: {event}"));
+            (event["seq"].as_i64().unwrap(), version as i16)
+        })
+        .rev()
+        .collect();
+    assert_eq!(listed, versions, "{page}");
     pool.close().await;
     let output = sandgate(&url, gw.data_dir.path(), &["audit", "verify"]);
     assert!(
@@ -551,5 +584,223 @@ async fn a_chain_of_the_old_scheme_still_verifies_and_a_filtered_bundle_says_wha
     let (ok, said) = verify_offline(&recent, &["--head", &head]);
     assert!(ok, "{said}");
     assert!(said.contains("filtered to tenant acme"), "{said}");
+    gw.stop().await;
+}
+
+/// The indexes of the window's lines (`event`, `ocsf_event`, `omitted`).
+fn window_lines(lines: &[Value]) -> Vec<usize> {
+    (0..lines.len())
+        .filter(|&i| {
+            ["event", "ocsf_event", "omitted"].contains(&lines[i]["bundle"].as_str().unwrap())
+        })
+        .collect()
+}
+
+/// The indexes of acme's events shown with content.
+fn acme_events(lines: &[Value]) -> Vec<usize> {
+    (0..lines.len())
+        .filter(|&i| row_mut(&mut lines[i].clone()).is_some_and(|row| row["tenant"] == "acme"))
+        .collect()
+}
+
+/// The bundle `--tenant acme` (`Some`) or unfiltered (`None`) as `NAME.jsonl` in `dir`.
+fn export_as(gw: &TestGateway, dir: &Path, tenant: Option<&str>, extra: &[&str]) -> PathBuf {
+    let name = tenant.unwrap_or("all");
+    let bundle = dir.join(format!("{name}.jsonl"));
+    let mut args = extra.to_vec();
+    if let Some(tenant) = tenant {
+        args.extend_from_slice(&["--tenant", tenant]);
+    }
+    export(gw, &bundle, &args);
+    bundle
+}
+
+/// Issue 21 item 8, found in review: acme's last event of the window and every line after it
+/// in the window shown as `after` lines, with the parts anyone holding their content computes,
+/// and the proof rewritten. An event's time is part of its scheme-2 hash (its stamp), so an
+/// `after` line proves it is not of the window.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_windows_last_events_passed_off_as_after_it_do_not_verify() {
+    let gw = TestGateway::start().await;
+    interleaved_denials(&gw).await;
+    let dir = tempfile::tempdir().unwrap();
+    let head = anchor(&gw);
+    let head_arg = ["--head", head.as_str()];
+    for tenant in [Some("acme"), None] {
+        let name = tenant.unwrap_or("all");
+        let bundle = export_as(&gw, dir.path(), tenant, &[]);
+        let (ok, said) = verify_offline(&bundle, &head_arg);
+        assert!(ok, "{said}");
+        let lines = records(&bundle);
+        let last_acme = *acme_events(&lines).last().unwrap();
+        let moved: Vec<usize> = window_lines(&lines)
+            .into_iter()
+            .filter(|&i| i >= last_acme)
+            .collect();
+        let mut forged = lines.clone();
+        for &i in &moved {
+            let mut line = match row_mut(&mut forged[i].clone()) {
+                Some(row) => hidden(row),
+                None => forged[i].clone(),
+            };
+            line["bundle"] = json!("after");
+            forged[i] = line;
+        }
+        reprove(&mut forged);
+        let path = write(&forged, &dir.path().join(format!("{name}-as-after.jsonl")));
+        let (ok, said) = verify_offline(&path, &head_arg);
+        assert!(
+            !ok,
+            "{name}: window events passed off as after it verified: {said}"
+        );
+        assert!(said.contains("inside the window"), "{name}: {said}");
+        println!("{name}: window events as after lines: {said}");
+
+        // Their times moved to the window's end: their hashes no longer follow.
+        let until = lines[0]["until"].clone();
+        for &i in &moved {
+            forged[i]["parts"]["at"] = until.clone();
+        }
+        reprove(&mut forged);
+        let path = write(&forged, &dir.path().join(format!("{name}-moved.jsonl")));
+        let (ok, said) = verify_offline(&path, &head_arg);
+        assert!(
+            !ok,
+            "{name}: events with their times moved verified: {said}"
+        );
+        assert!(
+            said.contains("does not follow from its seq, at"),
+            "{name}: {said}"
+        );
+    }
+    gw.stop().await;
+}
+
+/// Issue 21 item 8, found in review: the window's first lines removed, up to and including
+/// acme's first event, the proof rewritten. Consistent on its own and with the anchored head:
+/// only a start anchor (`--from`) shows it, and without one verify says the start is not
+/// anchored instead of that it starts at the chain's first event.
+#[tokio::test(flavor = "multi_thread")]
+async fn events_removed_from_the_windows_start_are_caught_by_a_start_anchor() {
+    let gw = TestGateway::start().await;
+    interleaved_denials(&gw).await;
+    let dir = tempfile::tempdir().unwrap();
+    let head = anchor(&gw);
+    for tenant in [Some("acme"), None] {
+        let name = tenant.unwrap_or("all");
+        let bundle = export_as(&gw, dir.path(), tenant, &[]);
+        let (ok, said) = verify_offline(&bundle, &["--head", &head]);
+        assert!(
+            ok && said.contains("starts at the chain's first event"),
+            "{said}"
+        );
+        let (ok, said) = verify_offline(&bundle, &["--head", &head, "--from", "0"]);
+        assert!(ok, "{said}");
+        assert!(
+            said.contains("starts right after the anchored event 0"),
+            "{said}"
+        );
+
+        let lines = records(&bundle);
+        let first_acme = acme_events(&lines)[0];
+        let window = window_lines(&lines);
+        let mut forged: Vec<Value> = (0..lines.len())
+            .filter(|i| !(window.contains(i) && *i <= first_acme))
+            .map(|i| lines[i].clone())
+            .collect();
+        reprove(&mut forged);
+        let path = write(&forged, &dir.path().join(format!("{name}-cut.jsonl")));
+        let (ok, said) = verify_offline(&path, &["--head", &head]);
+        assert!(
+            ok,
+            "{name}: the cut bundle is consistent on its own: {said}"
+        );
+        assert!(
+            !said.contains("starts at the chain's first event"),
+            "{said}"
+        );
+        assert!(said.contains("the start is not anchored"), "{said}");
+        let (ok, said) = verify_offline(&path, &["--head", &head, "--from", "0"]);
+        assert!(!ok, "{name}: a bundle without its start verified: {said}");
+        assert!(
+            said.contains("not right after the start anchor's event 0"),
+            "{said}"
+        );
+        println!("{name}: start removed: {said}");
+    }
+
+    // Consecutive windows: the second starts right after the first one's last event.
+    let t1 = Utc::now().to_rfc3339_opts(SecondsFormat::Micros, true);
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    interleaved_denials(&gw).await;
+    let head = anchor(&gw);
+    let before = dir.path().join("before.jsonl");
+    export(&gw, &before, &["--tenant", "acme", "--until", &t1]);
+    let (ok, said) = verify_offline(&before, &["--head", &head, "--from", "0"]);
+    assert!(ok, "{said}");
+    let last = records(&before).last().unwrap()["last"].clone();
+    let from = format!("{}:{}", last["seq"], last["hash"].as_str().unwrap());
+    let since = dir.path().join("since.jsonl");
+    export(&gw, &since, &["--tenant", "acme", "--since", &t1]);
+    let (ok, said) = verify_offline(&since, &["--head", &head, "--from", &from]);
+    assert!(ok, "{said}");
+    let expected = format!("starts right after the anchored event {}", last["seq"]);
+    assert!(said.contains(&expected), "{said}");
+    let wrong = format!("{}:{}", last["seq"], "ab".repeat(32));
+    let (ok, said) = verify_offline(&since, &["--head", &head, "--from", &wrong]);
+    assert!(
+        !ok && said.contains("not to the start anchor's event"),
+        "{said}"
+    );
+
+    let lines = records(&since);
+    let first_acme = acme_events(&lines)[0];
+    let window = window_lines(&lines);
+    let mut forged: Vec<Value> = (0..lines.len())
+        .filter(|i| !(window.contains(i) && *i <= first_acme))
+        .map(|i| lines[i].clone())
+        .collect();
+    reprove(&mut forged);
+    let path = write(&forged, &dir.path().join("since-cut.jsonl"));
+    let (ok, said) = verify_offline(&path, &["--head", &head, "--from", &from]);
+    assert!(!ok, "a bundle without its start verified: {said}");
+    assert!(said.contains("not right after the start anchor"), "{said}");
+    gw.stop().await;
+}
+
+/// Found in review: a line whose `seq` no event can have (the largest, 0, negative) is refused
+/// with a reason, never a panic.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_line_with_an_impossible_seq_is_refused_without_a_panic() {
+    let gw = TestGateway::start().await;
+    interleaved_denials(&gw).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = export_as(&gw, dir.path(), Some("acme"), &[]);
+    let lines = records(&bundle);
+    let omitted = lines.iter().find(|l| l["bundle"] == "omitted").unwrap();
+    let mut bare = omitted.clone();
+    bare.as_object_mut().unwrap().remove("parts");
+    let event = lines.iter().find(|l| l["bundle"] == "event").unwrap();
+    let cases = [
+        (bare.clone(), i64::MAX, "not a sequence number of a chain"),
+        (omitted.clone(), i64::MAX, "does not follow from its seq"),
+        (bare.clone(), 0, "not a sequence number of a chain"),
+        (bare, -7, "not a sequence number of a chain"),
+        (event.clone(), 0, "not a sequence number of a chain"),
+    ];
+    for (n, (mut line, seq, expected)) in cases.into_iter().enumerate() {
+        match row_mut(&mut line) {
+            Some(row) => row["seq"] = json!(seq),
+            None => line["seq"] = json!(seq),
+        }
+        let path = write(
+            &[lines[0].clone(), line],
+            &dir.path().join(format!("seq{n}.jsonl")),
+        );
+        let (ok, said) = verify_offline(&path, &[]);
+        assert!(!ok, "seq {seq}: {said}");
+        assert!(!said.contains("panicked"), "seq {seq}: {said}");
+        assert!(said.contains(expected), "seq {seq}: {said}");
+    }
     gw.stop().await;
 }

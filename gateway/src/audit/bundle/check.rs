@@ -10,6 +10,7 @@ use std::fmt;
 use std::io::{BufRead, Read};
 use std::str::FromStr;
 
+use chrono::{DateTime, SubsecRound, Utc};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -34,16 +35,72 @@ impl FromStr for Anchor {
     type Err = AnchorError;
     fn from_str(text: &str) -> Result<Anchor, AnchorError> {
         let bad = || AnchorError(text.to_owned());
-        let (seq, hash) = text.trim().split_once(':').ok_or_else(bad)?;
-        let seq = seq.parse::<i64>().map_err(|_| bad())?;
-        if seq < 1 || !is_sha256(hash) {
+        let (seq, hash) = seq_hash(text).ok_or_else(bad)?;
+        if seq < 1 {
             return Err(bad());
         }
-        Ok(Anchor {
-            seq,
-            hash: hash.to_ascii_lowercase(),
-        })
+        Ok(Anchor { seq, hash })
     }
+}
+
+/// `SEQ:HASH` with a lowercase sha256 `HASH`.
+fn seq_hash(text: &str) -> Option<(i64, String)> {
+    let (seq, hash) = text.trim().split_once(':')?;
+    let seq = seq.parse::<i64>().ok()?;
+    is_sha256(hash).then(|| (seq, hash.to_ascii_lowercase()))
+}
+
+/// Where the bundle must start (`--from SEQ:HASH`): right after event `seq`, whose hash is
+/// `hash`, such as the last event of the previous bundle an auditor checked (or `0`, the chain's
+/// start). The bundle must hold event `seq + 1` and link it to `hash`, so no event after `seq`
+/// can be missing from its start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartAnchor {
+    pub seq: i64,
+    pub hash: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{0:?} is not a start: expected SEQ:HASH (an event the bundle must start right after, such as \
+     the previous bundle's last event), or 0 for the chain's start"
+)]
+pub struct StartAnchorError(String);
+
+impl FromStr for StartAnchor {
+    type Err = StartAnchorError;
+    fn from_str(text: &str) -> Result<StartAnchor, StartAnchorError> {
+        let bad = || StartAnchorError(text.to_owned());
+        if text.trim() == "0" {
+            return Ok(StartAnchor {
+                seq: 0,
+                hash: chain::GENESIS.to_owned(),
+            });
+        }
+        let (seq, hash) = seq_hash(text).ok_or_else(bad)?;
+        if seq < 0 || (seq == 0 && hash != chain::GENESIS) {
+            return Err(bad());
+        }
+        Ok(StartAnchor { seq, hash })
+    }
+}
+
+/// The anchors a bundle is checked against: its end (`--head`) and its start (`--from`).
+#[derive(Debug, Clone, Default)]
+pub struct Anchors {
+    pub head: Option<Anchor>,
+    pub from: Option<StartAnchor>,
+}
+
+/// What a bundle proves about its start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Its first event is the chain's first (`seq` 1, linked to the genesis hash).
+    ChainStart,
+    /// It starts right after the start anchor's event (`--from`).
+    AfterAnchor(i64),
+    /// Nothing: events before its first one (of the window or not) could have been removed.
+    Unanchored,
 }
 
 impl fmt::Display for Anchor {
@@ -73,6 +130,8 @@ pub struct BundleReport {
     pub revisions_without_files: Vec<String>,
     /// The anchor the bundle was checked against (its event at `seq` has that hash).
     pub anchor: Option<Anchor>,
+    /// What is proven about where it starts.
+    pub start: Start,
     /// Links taken as given: when set, the bundle is intact as far as it can tell but does not
     /// prove the events up to `unproven.last` (verify says `unproven`, not `ok`).
     pub unproven: Option<Unproven>,
@@ -90,6 +149,13 @@ impl BundleReport {
         let mut summary = format!("{verdict} {}", self.ends());
         if let Some(anchor) = &self.anchor {
             summary.push_str(&format!("; matches the anchored head {}", anchor.seq));
+        }
+        match self.start {
+            Start::ChainStart => summary.push_str("; starts at the chain's first event"),
+            Start::AfterAnchor(seq) => {
+                summary.push_str(&format!("; starts right after the anchored event {seq}"))
+            }
+            Start::Unanchored => {}
         }
         summary.push_str(&format!(
             "; {} policy revisions recomputed; chain at export: {}",
@@ -120,6 +186,14 @@ impl BundleReport {
                 self.proof.omitted
             ));
         }
+        if let (Start::Unanchored, Some(first)) = (self.start, &self.proof.first) {
+            summary.push_str(&format!(
+                "\nnote: the start is not anchored: nothing shows that no event before event {} \
+                 (of the window or not) was removed; give --from SEQ:HASH (the last event of the \
+                 bundle before this one, or 0 for the chain's start) to check it",
+                first.seq
+            ));
+        }
         summary
     }
 
@@ -128,13 +202,17 @@ impl BundleReport {
         match (&proof.first, &proof.last, &proof.head) {
             (Some(first), Some(last), Some(head)) => {
                 format!(
-                "events {}..{} ({} with content, {} omitted), last hash {}; linked to the head at \
-                 export, event {} ({} events after the window), hash {}",
-                first.seq, last.seq, proof.events, proof.omitted, last.hash, head.seq, proof.after,
-                head.hash
+                "events {}..{} ({} with content, {} omitted) of the window {} to {}, last hash {}; \
+                 linked to the head at export, event {} ({} events after the window), hash {}",
+                first.seq, last.seq, proof.events, proof.omitted, chain::time_text(&self.header.since),
+                chain::time_text(&self.header.until), last.hash, head.seq, proof.after, head.hash
             )
             }
-            _ => "no events in the window".to_owned(),
+            _ => format!(
+                "no events in the window {} to {}",
+                chain::time_text(&self.header.since),
+                chain::time_text(&self.header.until)
+            ),
         }
     }
 }
@@ -166,9 +244,10 @@ struct Walk {
     omitted: u64,
     after: u64,
     unproven: Option<Unproven>,
-    /// The anchor to meet, and whether it was met.
-    anchor: Option<Anchor>,
+    /// The anchors to meet, and whether they were met.
+    anchors: Anchors,
     anchored: bool,
+    started: bool,
     /// Revision -> the first event naming it.
     named: BTreeMap<String, i64>,
     /// Revision -> whether its files were recomputed.
@@ -182,10 +261,10 @@ struct Walk {
 /// problem and its line.
 pub fn verify_bundle(
     mut reader: impl BufRead,
-    anchor: Option<Anchor>,
+    anchors: Anchors,
 ) -> Result<BundleReport, BundleError> {
     let mut walk = Walk {
-        anchor,
+        anchors,
         ..Walk::default()
     };
     let mut line = 0;
@@ -263,6 +342,7 @@ impl Walk {
 
     fn event(&mut self, event: StoredEvent) -> Result<(), String> {
         self.in_window(event.seq)?;
+        valid_seq(event.seq)?;
         let tenant = self
             .header
             .as_ref()
@@ -306,7 +386,7 @@ impl Walk {
             ));
         }
         let tenant = self.header.as_ref().and_then(|h| h.tenant.clone());
-        let link = self.hidden(hidden, "omitted", tenant.as_deref())?;
+        let (link, _) = self.hidden(hidden, "omitted", tenant.as_deref())?;
         self.omitted += 1;
         self.linked(link, true)
     }
@@ -318,16 +398,45 @@ impl Walk {
                 hidden.seq
             ));
         }
-        let link = self.hidden(hidden, "after the window", None)?;
+        let (link, at) = self.hidden(hidden, "after the window", None)?;
+        if let Some(at) = at {
+            self.past_window(link.seq, at)?;
+        }
         self.after += 1;
         self.linked(link, false)
     }
 
+    /// An `after` line's event, whose time its parts prove, is not in the window: none of the
+    /// window's events (of the bundle's tenant, or any in an unfiltered bundle) can be hidden
+    /// as after it. Not "at or after `until`": a replica whose clock lags can write an event
+    /// after the window with a time before `since`.
+    fn past_window(&self, seq: i64, at: DateTime<Utc>) -> Result<(), String> {
+        let Some(header) = &self.header else {
+            return Ok(());
+        };
+        if header.since <= at && at < header.until {
+            return Err(format!(
+                "event {seq} after the window: its time {} is inside the window {} to {} \
+                 (an event of the window shown as one after it)",
+                chain::time_text(&at),
+                chain::time_text(&header.since),
+                chain::time_text(&header.until)
+            ));
+        }
+        Ok(())
+    }
+
     /// Checks an event shown without content: it links to the one before, and its hash follows
     /// from its parts (scheme 2) or, with none (scheme 1), is taken as given. With `tenant`, the
-    /// event must not be that tenant's.
-    fn hidden(&mut self, hidden: Hidden, what: &str, tenant: Option<&str>) -> Result<Link, String> {
+    /// event must not be that tenant's. Returns its link and, from its parts, its proven time.
+    fn hidden(
+        &mut self,
+        hidden: Hidden,
+        what: &str,
+        tenant: Option<&str>,
+    ) -> Result<(Link, Option<DateTime<Utc>>), String> {
         let seq = hidden.seq;
+        valid_seq(seq)?;
         if let Some((next, prev)) = &self.next {
             if seq != *next {
                 return Err(format!("expected event {next} next: events are missing"));
@@ -341,12 +450,17 @@ impl Walk {
         if !is_sha256(&hidden.hash) || !is_sha256(&hidden.prev_hash) {
             return Err(format!("{what} event {seq}: not a sha256 hash"));
         }
-        match &hidden.parts {
-            Some(parts) => check_parts(&hidden, parts, tenant)
-                .map_err(|problem| format!("{what} event {seq}: {problem}"))?,
-            None => self.unproven(seq),
-        }
-        Ok(Link::of(seq, &hidden.prev_hash, &hidden.hash))
+        let at = match &hidden.parts {
+            Some(parts) => Some(
+                check_parts(&hidden, parts, tenant)
+                    .map_err(|problem| format!("{what} event {seq}: {problem}"))?,
+            ),
+            None => {
+                self.unproven(seq);
+                None
+            }
+        };
+        Ok((Link::of(seq, &hidden.prev_hash, &hidden.hash), at))
     }
 
     fn unproven(&mut self, seq: i64) {
@@ -359,7 +473,7 @@ impl Walk {
         unproven.count += 1;
     }
 
-    /// `link` is the next one walked (of the window, or after it): the anchor is checked here.
+    /// `link` is the next one walked (of the window, or after it): the anchors are checked here.
     fn linked(&mut self, link: Link, window: bool) -> Result<(), String> {
         // A forged `seq` must not wrap (release builds) or panic (debug builds).
         let next = link
@@ -367,7 +481,19 @@ impl Walk {
             .checked_add(1)
             .filter(|_| link.seq >= 1)
             .ok_or_else(|| format!("event {}: not a sequence number of a chain", link.seq))?;
-        if let Some(anchor) = &self.anchor {
+        if let Some(from) = &self.anchors.from {
+            if from.seq.checked_add(1) == Some(link.seq) {
+                if from.hash != link.prev_hash {
+                    return Err(format!(
+                        "event {} links to {}, not to the start anchor's event {} ({}): the \
+                         chain before it was changed, or the anchor is of another chain",
+                        link.seq, link.prev_hash, from.seq, from.hash
+                    ));
+                }
+                self.started = true;
+            }
+        }
+        if let Some(anchor) = &self.anchors.head {
             if anchor.seq == link.seq {
                 if anchor.hash != link.hash {
                     return Err(format!(
@@ -460,9 +586,19 @@ impl Walk {
                 "the bundle ends before its proof (truncated)".to_owned(),
             ));
         };
-        if let (Some(anchor), false) = (&self.anchor, self.anchored) {
+        if let (Some(anchor), false) = (&self.anchors.head, self.anchored) {
             return Err(BundleError::Anchor(unmet(anchor, &proof)));
         }
+        if let (Some(from), false) = (&self.anchors.from, self.started) {
+            return Err(BundleError::Anchor(unmet_start(from, &proof)));
+        }
+        let start = match (&self.anchors.from, &proof.first) {
+            (Some(from), _) => Start::AfterAnchor(from.seq),
+            (None, Some(first)) if first.seq == 1 && first.prev_hash == chain::GENESIS => {
+                Start::ChainStart
+            }
+            (None, _) => Start::Unanchored,
+        };
         for (revision, seq) in &self.named {
             if !self.revisions.contains_key(revision) {
                 return Err(BundleError::Incomplete(format!(
@@ -479,7 +615,8 @@ impl Walk {
             proof,
             revisions_checked: checked.into_iter().map(|(r, _)| r).collect(),
             revisions_without_files: without.into_iter().map(|(r, _)| r).collect(),
-            anchor: self.anchor,
+            anchor: self.anchors.head,
+            start,
             unproven: self.unproven,
         })
     }
@@ -509,7 +646,7 @@ fn unmet(anchor: &Anchor, proof: &Proof) -> String {
     match (&proof.first, &proof.head) {
         (Some(first), Some(_)) if anchor.seq < first.seq => format!(
             "the anchored head {} precedes the bundle's first event {}: it vouches for none of \
-             it (anchor a later head)",
+             it (anchor a later head; a head just before the window is a start: --from)",
             anchor.seq, first.seq
         ),
         (_, Some(head)) => format!(
@@ -524,16 +661,59 @@ fn unmet(anchor: &Anchor, proof: &Proof) -> String {
     }
 }
 
+/// Why the start anchor was not met: the bundle starts after the event following it (events
+/// are missing from its start), or ends before it.
+fn unmet_start(from: &StartAnchor, proof: &Proof) -> String {
+    match (&proof.first, &proof.head) {
+        (Some(first), _) if first.seq > from.seq.saturating_add(1) => format!(
+            "the bundle starts at event {}, not right after the start anchor's event {}: the \
+             events between are not in it (removed from its start, or the window starts later)",
+            first.seq, from.seq
+        ),
+        (_, Some(head)) => format!(
+            "the bundle ends at event {}, before the start anchor's event {} (it starts after \
+             the bundle)",
+            head.seq, from.seq
+        ),
+        _ => format!(
+            "the bundle holds no events, so it cannot start after the start anchor's event {}",
+            from.seq
+        ),
+    }
+}
+
+/// Every `seq` is at least 1 (the first event's): a line claiming less is not of a chain.
+fn valid_seq(seq: i64) -> Result<(), String> {
+    if seq < 1 {
+        return Err(format!(
+            "event {seq}: not a sequence number of a chain (the first is 1)"
+        ));
+    }
+    Ok(())
+}
+
 /// A scheme-2 hidden event's hash follows from its parts, and (with `tenant`) its tenant tag is
-/// not that tenant's: none of the tenant's events can be passed off as another's.
-fn check_parts(hidden: &Hidden, parts: &Parts, tenant: Option<&str>) -> Result<(), String> {
+/// not that tenant's: none of the tenant's events can be passed off as another's. Returns its
+/// time, which its hash commits to (through the stamp).
+fn check_parts(
+    hidden: &Hidden,
+    parts: &Parts,
+    tenant: Option<&str>,
+) -> Result<DateTime<Utc>, String> {
     if !is_sha256(&parts.tenant_tag) || !is_sha256(&parts.content_hash) {
         return Err("its parts are not sha256 hashes".to_owned());
     }
-    let linked = chain::link_parts(&hidden.prev_hash, &parts.tenant_tag, &parts.content_hash);
+    // The stamp hashes `at` to the microsecond: finer digits are not part of what is proven.
+    let at = parts.at.trunc_subsecs(6);
+    let linked = chain::link_parts(
+        &hidden.prev_hash,
+        &chain::stamp(hidden.seq, &at),
+        &parts.tenant_tag,
+        &parts.content_hash,
+    );
     if linked != hidden.hash {
         return Err(
-            "its hash does not follow from its prev_hash, tenant_tag and \
+            "its hash does not follow from its seq, at, prev_hash, tenant_tag and \
                     content_hash (modified)"
                 .to_owned(),
         );
@@ -545,7 +725,7 @@ fn check_parts(hidden: &Hidden, parts: &Parts, tenant: Option<&str>) -> Result<(
             ));
         }
     }
-    Ok(())
+    Ok(at)
 }
 
 fn is_sha256(text: &str) -> bool {
@@ -586,8 +766,27 @@ mod tests {
                 "b".repeat(64)
             );
             let bundle = format!("{header}\n{omitted}\n");
-            let outcome = verify_bundle(bundle.as_bytes(), None);
+            let outcome = verify_bundle(bundle.as_bytes(), Anchors::default());
             assert!(outcome.is_err(), "seq {seq}: {outcome:?}");
+        }
+    }
+
+    #[test]
+    fn a_start_is_seq_colon_sha256_or_the_chains_start() {
+        let genesis = StartAnchor {
+            seq: 0,
+            hash: chain::GENESIS.to_owned(),
+        };
+        assert_eq!("0".parse::<StartAnchor>().unwrap(), genesis);
+        let zeros = format!("0:{}", chain::GENESIS);
+        assert_eq!(zeros.parse::<StartAnchor>().unwrap(), genesis);
+        let hash = "cd".repeat(32);
+        let start: StartAnchor = format!("41:{hash}").parse().unwrap();
+        assert_eq!(start, StartAnchor { seq: 41, hash });
+        let other = format!("0:{}", "a".repeat(64));
+        let negative = format!("-1:{}", "a".repeat(64));
+        for bad in ["", "1", other.as_str(), negative.as_str(), "3:abc"] {
+            assert!(bad.parse::<StartAnchor>().is_err(), "{bad}");
         }
     }
 }

@@ -4,7 +4,7 @@
 use std::collections::BTreeSet;
 use std::io::Write;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use sha2::{Digest, Sha256};
 
 use policy_engine::SourceFile;
@@ -98,6 +98,13 @@ impl AuditStore {
         request: &ExportRequest,
         out: W,
     ) -> Result<ExportSummary, ExportError> {
+        // The database keeps microseconds: the bounds the query compares with are the ones the
+        // header shows, which verify compares every `after` event's time with.
+        let request = &ExportRequest {
+            since: request.since.trunc_subsecs(6),
+            until: request.until.trunc_subsecs(6),
+            ..request.clone()
+        };
         if request.since >= request.until {
             return Err(ExportError::EmptyWindow {
                 since: request.since,
@@ -303,6 +310,7 @@ fn hidden(event: &StoredEvent) -> Hidden {
         hash: event.hash.clone(),
         parts: match event.hash_version {
             HashScheme::Content => Some(Parts {
+                at: event.at,
                 tenant_tag: chain::tenant_tag(row.seq, row.tenant),
                 content_hash: chain::content_hash(&row),
             }),

@@ -75,8 +75,8 @@ pub struct Header {
 }
 
 /// An event shown without its content: its links, and for a scheme-2 event the parts its `hash`
-/// is recomputed from ([`super::chain::link_parts`]). A scheme-1 event has no parts: its `hash`
-/// can only be taken as given.
+/// is recomputed from ([`super::chain::link_parts`]), its time among them. A scheme-1 event has
+/// no parts: its `hash` (and so its time) can only be taken as given.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Hidden {
@@ -91,6 +91,9 @@ pub struct Hidden {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Parts {
+    /// The event's time: with the line's `seq`, what [`super::chain::stamp`] hashes, so it is
+    /// proven (an event after the window shows it is not of the window).
+    pub at: DateTime<Utc>,
     /// [`super::chain::tenant_tag`]: checked against the bundle's tenant.
     pub tenant_tag: String,
     /// [`super::chain::content_hash`].
