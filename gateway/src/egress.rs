@@ -273,6 +273,13 @@ impl ExecutionEgress {
             .map(SandboxTrust::for_inspection)
             .unwrap_or_default();
         let socket = dir.join("egress.sock");
+        // The sandbox's home made this directory; a runtime without a host mount (the fake one
+        // of the orchestration tests) may not have kept it, and every execution now gets a
+        // listener, granted or not.
+        std::fs::create_dir_all(dir).map_err(|err| EgressError::Dir {
+            path: dir.to_owned(),
+            err,
+        })?;
         let listener = proxy
             .serve_execution(&socket, grant, shutdown)
             .map_err(EgressError::Listen)?;
