@@ -2,7 +2,7 @@
 //! with a throwaway CA, and a header-echoing plain HTTP server. Each logs every accepted
 //! connection before reading from it, so a test can prove that no byte reached it.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -253,4 +253,65 @@ pub async fn tls_upstream() -> Upstream {
 pub fn echo_upstream() -> Upstream {
     netns_up();
     start_upstream("echo", 0, tempfile::tempdir().unwrap(), None)
+}
+
+/// A Python upstream script (given `UPSTREAM` and its directory) run in the test namespace with
+/// this module's certificates, holding the port-443 lock; killed on drop. The script writes
+/// `ready` when it listens and logs what it saw to `events.log`.
+pub struct ScriptedUpstream {
+    child: Child,
+    root: tempfile::TempDir,
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl Drop for ScriptedUpstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl ScriptedUpstream {
+    pub async fn start(script: &str) -> ScriptedUpstream {
+        netns_up();
+        let lock = lock_port_443().await;
+        let root = tempfile::tempdir().unwrap();
+        make_certificates(root.path());
+        std::fs::write(root.path().join("server.py"), script).unwrap();
+        let stderr = std::fs::File::create(root.path().join("server.stderr")).unwrap();
+        let child = Command::new("ip")
+            .args(["netns", "exec", "sgtest", "python3"])
+            .arg(root.path().join("server.py"))
+            .arg(UPSTREAM)
+            .arg(root.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .unwrap();
+        let mut upstream = ScriptedUpstream {
+            child,
+            root,
+            _lock: lock,
+        };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !upstream.root.path().join("ready").exists() {
+            if let Some(status) = upstream.child.try_wait().unwrap() {
+                let stderr = std::fs::read_to_string(upstream.root.path().join("server.stderr"));
+                panic!("the upstream exited ({status}): {stderr:?}");
+            }
+            assert!(Instant::now() < deadline, "the upstream did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        upstream
+    }
+
+    /// What the script logged, a line each.
+    pub fn events(&self) -> Vec<String> {
+        read_lines(&self.root.path().join("events.log"))
+    }
+
+    pub fn ca_file(&self) -> PathBuf {
+        self.root.path().join("ca.pem")
+    }
 }

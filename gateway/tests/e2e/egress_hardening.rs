@@ -7,13 +7,10 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::egress::netns_up;
-use common::upstream::{lock_port_443, make_certificates, read_lines, SECURE_HOST, UPSTREAM};
+use common::upstream::{ScriptedUpstream, SECURE_HOST, UPSTREAM};
 use common::{copy_of_shipped, fresh_database, TestGateway};
 
 const CREDENTIAL: &str = "testcred";
@@ -70,64 +67,6 @@ for server in servers[1:]:
 open(os.path.join(root, "ready"), "w").close()
 servers[0].serve_forever()
 "#;
-
-/// The upstream process, killed on drop (before the port-443 lock is released).
-struct Upstream {
-    child: Child,
-    root: tempfile::TempDir,
-    _lock: nix::fcntl::Flock<std::fs::File>,
-}
-
-impl Drop for Upstream {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Upstream {
-    async fn start() -> Upstream {
-        netns_up();
-        let lock = lock_port_443().await;
-        let root = tempfile::tempdir().unwrap();
-        make_certificates(root.path());
-        std::fs::write(root.path().join("server.py"), SERVER_PY).unwrap();
-        let stderr = std::fs::File::create(root.path().join("server.stderr")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", "sgtest", "python3"])
-            .arg(root.path().join("server.py"))
-            .arg(UPSTREAM)
-            .arg(root.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let mut upstream = Upstream {
-            child,
-            root,
-            _lock: lock,
-        };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !upstream.root.path().join("ready").exists() {
-            if let Some(status) = upstream.child.try_wait().unwrap() {
-                let stderr = std::fs::read_to_string(upstream.root.path().join("server.stderr"));
-                panic!("the upstream exited ({status}): {stderr:?}");
-            }
-            assert!(Instant::now() < deadline, "the upstream did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        upstream
-    }
-
-    fn events(&self) -> Vec<String> {
-        read_lines(&self.root.path().join("events.log"))
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.root.path().join("ca.pem")
-    }
-}
 
 /// The shipped bundle plus tenant `hardtest`: `secure.test` inspected on 443, 8443 and 8080,
 /// `GET /repos/` with the credential, `GET /ws/` that may upgrade to websocket; and the method
@@ -256,8 +195,17 @@ fn new_secret(dir: &Path) -> (String, PathBuf) {
 /// Runs `cases` (a Python dict expression of calls) in a sandbox of tenant `hardtest` granted
 /// secure.test on 443, 8443 and 8080; returns the answers, the execution id and the upstream's
 /// log.
-async fn run(cases: &str) -> (Value, String, Vec<String>, String, TestGateway, Upstream) {
-    let upstream = Upstream::start().await;
+async fn run(
+    cases: &str,
+) -> (
+    Value,
+    String,
+    Vec<String>,
+    String,
+    TestGateway,
+    ScriptedUpstream,
+) {
+    let upstream = ScriptedUpstream::start(SERVER_PY).await;
     let policies = bundle();
     let secrets = tempfile::tempdir().unwrap();
     let (secret, secret_file) = new_secret(secrets.path());

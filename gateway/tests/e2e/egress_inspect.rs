@@ -7,15 +7,10 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use common::egress::netns_up;
-use common::upstream::{
-    echo_upstream, lock_port_443, make_certificates, read_lines, SECURE_HOST, UPSTREAM,
-};
+use common::upstream::{echo_upstream, make_certificates, ScriptedUpstream, SECURE_HOST, UPSTREAM};
 use common::{copy_of_shipped, fresh_database, TestGateway};
 
 /// The credential's name in config and grant.
@@ -72,67 +67,6 @@ server.socket = context.wrap_socket(server.socket, server_side=True)
 open(os.path.join(root, "ready"), "w").close()
 server.serve_forever()
 "#;
-
-/// The HTTPS upstream process, killed on drop (before the port-443 lock is released).
-struct Https {
-    child: Child,
-    root: tempfile::TempDir,
-    _lock: nix::fcntl::Flock<std::fs::File>,
-}
-
-impl Drop for Https {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Https {
-    async fn start() -> Https {
-        netns_up();
-        let lock = lock_port_443().await;
-        let root = tempfile::tempdir().unwrap();
-        make_certificates(root.path());
-        std::fs::write(root.path().join("server.py"), HTTPS_PY).unwrap();
-        let stderr = std::fs::File::create(root.path().join("server.stderr")).unwrap();
-        let child = Command::new("ip")
-            .args(["netns", "exec", "sgtest", "python3"])
-            .arg(root.path().join("server.py"))
-            .arg(UPSTREAM)
-            .arg(root.path())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .spawn()
-            .unwrap();
-        let mut https = Https {
-            child,
-            root,
-            _lock: lock,
-        };
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while !https.root.path().join("ready").exists() {
-            if let Some(status) = https.child.try_wait().unwrap() {
-                let stderr = std::fs::read_to_string(https.root.path().join("server.stderr"));
-                panic!("the HTTPS upstream exited ({status}): {stderr:?}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the HTTPS upstream did not start"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        https
-    }
-
-    fn requests(&self) -> Vec<String> {
-        read_lines(&self.root.path().join("events.log"))
-    }
-
-    fn ca_file(&self) -> PathBuf {
-        self.root.path().join("ca.pem")
-    }
-}
 
 /// The shipped bundle plus tenant `inspecttest`: `secure.test:443` inspected, with `testcred`
 /// attached to `GET /repos/...`, `GET /public/...` allowed without it, nothing else; and the
@@ -248,7 +182,7 @@ def leaks():
 /// row and one audit event, and no row holds the value.
 #[tokio::test(flavor = "multi_thread")]
 async fn inspected_requests_are_decided_one_by_one_and_the_credential_never_enters_the_sandbox() {
-    let https = Https::start().await;
+    let https = ScriptedUpstream::start(HTTPS_PY).await;
     let echo = echo_upstream();
     let policies = bundle(echo.port);
     let secrets = tempfile::tempdir().unwrap();
@@ -340,7 +274,7 @@ print(json.dumps(out))
     // pip trusts the execution's CA through PIP_CERT: its index request arrived, credential and
     // all (the "index" has no links, so pip then finds no distribution, which is fine here).
     let (pip, seen): (Vec<String>, Vec<String>) = https
-        .requests()
+        .events()
         .into_iter()
         .partition(|line| line.contains(" /repos/simple/"));
     assert!(
@@ -436,7 +370,7 @@ print(json.dumps(out))
 /// pinning client does not) fails its handshake, and that is recorded too.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unverified_upstream_and_a_pinning_client_both_fail_closed_and_are_recorded() {
-    let https = Https::start().await;
+    let https = ScriptedUpstream::start(HTTPS_PY).await;
     let echo = echo_upstream();
     let policies = bundle(echo.port);
     let secrets = tempfile::tempdir().unwrap();
@@ -484,7 +418,7 @@ print(json.dumps(out))
             .contains("CERTIFICATE_VERIFY_FAILED"),
         "{out:#}"
     );
-    assert!(https.requests().is_empty(), "{:?}", https.requests());
+    assert!(https.events().is_empty(), "{:?}", https.events());
 
     let id = body["id"].as_str().unwrap();
     let pool = gw.pool().await;
@@ -526,7 +460,7 @@ print(json.dumps(out))
 /// upstream's `101`, and the two sides are then relayed as they are. Both have a request row.
 #[tokio::test(flavor = "multi_thread")]
 async fn websocket_upgrades_are_decided_as_requests_and_relayed_once_allowed() {
-    let https = Https::start().await;
+    let https = ScriptedUpstream::start(HTTPS_PY).await;
     let echo = echo_upstream();
     let policies = bundle(echo.port);
     let secrets = tempfile::tempdir().unwrap();
@@ -582,7 +516,7 @@ print(json.dumps({{"allowed": ws("/repos/ws"), "denied": ws("/ws"),
         "{out:#}"
     );
     assert_eq!(
-        https.requests(),
+        https.events(),
         vec![format!("upgrade GET /repos/ws auth=Bearer {secret}")],
         "only the allowed upgrade reached the upstream"
     );
