@@ -157,14 +157,24 @@ impl App {
             .run_turn(&row, held, program, (&live, stream), &runnable)
             .await;
         drop(running);
-        let closes = match &ran {
-            Ok(ran) if ran.ending.session_lives() => None,
-            Ok(TurnRan {
-                ending: TurnEnding::Ended(Ending::Oom { .. }),
-                ..
-            }) => Some(ClosedReason::Oom),
-            _ => Some(ClosedReason::Crashed),
-        };
+        let closes = closes(&ran);
+        let output = (
+            held.home.output.dir().to_owned(),
+            runnable.limits.output_bytes,
+        );
+        let stored = self.finish_turn(row, ran, output).await;
+        drop(live);
+        Ok((stored, closes))
+    }
+
+    /// Completes a turn's record: its `/output`, its `result`, its stream closed once the
+    /// record it summarises is stored (as for any execution).
+    async fn finish_turn(
+        &self,
+        row: ExecutionRow,
+        ran: Result<TurnRan, crate::runtime::RuntimeError>,
+        (output_dir, output_budget): (std::path::PathBuf, u64),
+    ) -> ExecutionRow {
         let result = match &ran {
             Ok(TurnRan {
                 ending: TurnEnding::Exited { result, .. },
@@ -177,9 +187,8 @@ impl App {
             .map(|ran| ran.special_files.clone())
             .unwrap_or_default();
         let mut done = completion(ran);
-        let output_dir = held.home.output.dir().to_owned();
         done.outputs = self
-            .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
+            .collect_session_output(output_dir, &row.id, output_budget)
             .await;
         self.save_stream_layout(&row.id).await;
         crate::outputs::add_special_files(&mut done.outputs, &special_files);
@@ -190,13 +199,11 @@ impl App {
             }
             stored.result = Some(result);
         }
-        // As for any execution: the stream ends once the record it summarises is stored.
         if let Some(stream) = self.streams.get(&stored.id) {
             stream.close(super::executions::exit_summary(&stored));
         }
         self.streams.remove(&stored.id);
-        drop(live);
-        Ok((stored, closes))
+        stored
     }
 
     /// `/output` as the execution left it, collected while the sandbox may still run
@@ -347,6 +354,18 @@ fn turn_job(
         files: job_files,
         proxy: None,
         exit_nonce: None,
+    }
+}
+
+/// Why a turn's ending closes its session, if it does.
+fn closes(ran: &Result<TurnRan, crate::runtime::RuntimeError>) -> Option<ClosedReason> {
+    match ran {
+        Ok(ran) if ran.ending.session_lives() => None,
+        Ok(TurnRan {
+            ending: TurnEnding::Ended(Ending::Oom { .. }),
+            ..
+        }) => Some(ClosedReason::Oom),
+        _ => Some(ClosedReason::Crashed),
     }
 }
 

@@ -289,20 +289,26 @@ impl Record for SessionRecord {
             Held::SessionsFull(full) => {
                 return Err(AppError::RateLimited(format!("{full}; close one first")))
             }
-            Held::Full(why) => {
-                let reason = Reason {
-                    code: Refusal::PendingApprovalLimit.code().to_owned(),
-                    message: why.clone(),
-                };
-                event.kind = api_types::EventKind::SessionDenied;
-                event.allow = Some(false);
-                event.reasons = json!([reason]);
-                app.audit.record_event(&event).await?;
-                return Err(AppError::RateLimited(why));
-            }
+            Held::Full(why) => return Err(refuse_held_session(app, event, why).await),
         }
         tracing::info!(session_id = %row.id, approval_id = %approval.id, "session held for review");
         Ok(row)
+    }
+}
+
+/// A session the pending caps refuse to hold: `session.denied` (its decision event, naming the
+/// cap), and 429.
+async fn refuse_held_session(app: &App, mut event: NewEvent, why: String) -> AppError {
+    let reason = Reason {
+        code: Refusal::PendingApprovalLimit.code().to_owned(),
+        message: why.clone(),
+    };
+    event.kind = api_types::EventKind::SessionDenied;
+    event.allow = Some(false);
+    event.reasons = json!([reason]);
+    match app.audit.record_event(&event).await {
+        Ok(_) => AppError::RateLimited(why),
+        Err(err) => err.into(),
     }
 }
 
