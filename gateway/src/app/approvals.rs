@@ -17,6 +17,7 @@ use serde_json::{json, Value};
 
 use policy_engine::Reason;
 
+use super::approved::Admission;
 use super::floor::Runnable;
 use super::{App, AppError};
 use crate::audit::approvals::{
@@ -171,6 +172,34 @@ impl App {
         } else {
             None
         };
+        // From the commit on, a task of its own: a reviewer whose connection goes away never
+        // leaves the subject approved but not started (an execution launched, a session
+        // opened, or closed `start_failed`).
+        let app = Arc::clone(self);
+        let (reviewer, comment) = (caller.clone(), comment.map(str::to_owned));
+        self.tasks
+            .spawn(async move {
+                let review = (approve, comment.as_deref());
+                app.commit_review(&reviewer, approval, review, admitted)
+                    .await
+            })
+            .await
+            .map_err(|err| AppError::Internal(format!("deciding approval {id} failed: {err}")))?
+    }
+
+    /// Commits the review with its events (an approval decided meanwhile is a conflict), then
+    /// acts on it (`approved.rs`).
+    async fn commit_review(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        approval: ApprovalRow,
+        (approve, comment): (bool, Option<&str>),
+        admitted: Option<Admission>,
+    ) -> Result<(ApprovalRow, Reviewed), AppError> {
+        let id = approval.id.as_str();
+        let subject = approval
+            .subject()
+            .ok_or_else(|| AppError::Internal(format!("approval {id} holds no subject")))?;
         let verdict = self.verdict(caller, approve, comment);
         let reason = &verdict.reason;
         let mut events = vec![review_event(caller, &approval, approve, comment, reason)];

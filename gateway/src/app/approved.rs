@@ -62,8 +62,9 @@ impl App {
         })
     }
 
-    /// Acts on a committed review: an approved execution is launched, an approved session
-    /// opened. Answers the approval and its subject as they then are.
+    /// Acts on a committed review (in the review's own task, `approvals.rs`): an approved
+    /// execution is launched, an approved session opened. Answers the approval and its subject
+    /// as they then are.
     pub(super) async fn act_on_review(
         self: &Arc<Self>,
         reviewer: &ApiKey,
@@ -74,22 +75,9 @@ impl App {
         if let Some(session) = decided.session {
             let row = match admitted {
                 Some(Admission::Session(runnable, ticket, live, share)) => {
-                    // Its own task: a reviewer whose connection goes away does not leave the
-                    // session approved but never started (it opens, or closes `start_failed`).
-                    let app = Arc::clone(self);
-                    let (reviewer, approval) = (reviewer.clone(), approval.clone());
                     let admitted = (runnable, ticket, live, share);
-                    self.tasks
-                        .spawn(async move {
-                            app.open_approved(&reviewer, &approval, session, admitted)
-                                .await
-                        })
-                        .await
-                        .map_err(|err| {
-                            AppError::Internal(format!(
-                                "opening the approved session failed: {err}"
-                            ))
-                        })??
+                    self.open_approved(reviewer, approval, session, admitted)
+                        .await?
                 }
                 _ => session,
             };
