@@ -18,6 +18,7 @@ mod execution;
 mod policy;
 mod role;
 mod session;
+mod session_files;
 mod status;
 mod stored;
 mod text_forms;
@@ -35,6 +36,10 @@ pub use execution::{
 };
 pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
 pub use role::Role;
+pub use session_files::{
+    SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,
+    SessionFileWritten,
+};
 pub use session::{
     ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
     TurnLimits,

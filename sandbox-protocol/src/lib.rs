@@ -24,8 +24,15 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod files;
 mod session;
 mod trailer;
+
+pub use files::{
+    file_answer, locate, FileAnswer, FileAnswerTaker, FileEntry, FileFailure, FileKind, FileLine,
+    FileRequest, InPlace, FILE_ANSWER_PREFIX, FILE_PLACES, MAX_ANSWER_BYTES, MAX_FILE_BYTES,
+    MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+};
 
 pub use session::{
     bash_turn, end_marker, parse_report, python_cell, runner_report, EndMarker, RunnerReport,

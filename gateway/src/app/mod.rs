@@ -25,6 +25,7 @@ pub mod replicas;
 pub mod request;
 pub mod scheduler;
 pub mod session_approvals;
+pub mod session_files;
 mod session_owner;
 mod session_relay;
 mod session_runs;

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use policy_engine::Limits;
-pub use sandbox_protocol::{ExitTrailer, Job, JobFile, JobProxy};
+pub use sandbox_protocol::{ExitTrailer, FileAnswer, FileRequest, Job, JobFile, JobProxy};
 
 /// Label carried by a sandbox started for one execution; its value is the execution id.
 pub const EXECUTION_LABEL: &str = "sandgate.execution";
@@ -314,6 +314,20 @@ pub trait Sandbox: Send + std::fmt::Debug {
         control: RunControl,
     ) -> BoxFuture<'_, Result<TurnRan, RuntimeError>> {
         let _ = (job, control);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no sessions".into(),
+            ))
+        }
+        .boxed()
+    }
+    /// A session sandbox between turns: one file operation, performed by its init (never by
+    /// anything the program could have changed) and answered (`sandbox_protocol`'s `files`).
+    fn file_op(
+        &mut self,
+        request: FileRequest,
+    ) -> BoxFuture<'_, Result<FileAnswer, RuntimeError>> {
+        let _ = request;
         async {
             Err(RuntimeError::Unavailable(
                 "this runtime has no sessions".into(),

@@ -1,0 +1,33 @@
+//! `session.file_written`, `session.file_moved`, `session.file_removed`: a change an agent
+//! made through the session's file API (`app::session_files`), committed before the sandbox's
+//! init carries it out. Paths are normalised, and bounded as in refusals (a long one keeps its
+//! first 128 bytes, its length and its SHA-256).
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `session.file_written`'s input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileWritten {
+    pub session_id: String,
+    pub path: Value,
+    pub bytes: u64,
+    pub sha256: String,
+    /// Permission bits asked for; `null`: the default (new file) or unchanged.
+    pub mode: Option<u32>,
+}
+
+/// `session.file_moved`'s input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileMoved {
+    pub session_id: String,
+    pub from: Value,
+    pub to: Value,
+}
+
+/// `session.file_removed`'s input (a directory with everything under it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileRemoved {
+    pub session_id: String,
+    pub path: Value,
+}
