@@ -278,7 +278,9 @@ pub async fn mkdir(
 ) -> Result<Json<SessionFileEntry>, ApiError> {
     caller.require_role(&[Role::Agent])?;
     let ApiJson(request) = ApiJson::<SessionFileMkdir>::from_request(body, &app).await?;
-    let entry = app.session_file_mkdir(&caller.0, &id, &request.path).await?;
+    let entry = app
+        .session_file_mkdir(&caller.0, &id, &request.path)
+        .await?;
     Ok(Json(view(entry)))
 }
 

@@ -126,7 +126,9 @@ impl App {
         id: &str,
         path: &str,
     ) -> Answer<FileEntry> {
-        let request = FileRequest::Stat { path: placed(path)? };
+        let request = FileRequest::Stat {
+            path: placed(path)?,
+        };
         entry(self.file_op(caller, id, request, None).await?)
     }
 
@@ -161,7 +163,9 @@ impl App {
         id: &str,
         path: &str,
     ) -> Answer<FileEntry> {
-        let request = FileRequest::Mkdir { path: placed(path)? };
+        let request = FileRequest::Mkdir {
+            path: placed(path)?,
+        };
         entry(self.file_op(caller, id, request, None).await?)
     }
 
@@ -231,7 +235,10 @@ impl App {
                 decision: json!({}),
                 policy_revision: None,
             };
-            self.audit.record_event(&event).await.map_err(AppError::from)?;
+            self.audit
+                .record_event(&event)
+                .await
+                .map_err(AppError::from)?;
         }
         let answer = held.sandbox.file_op(request).await;
         *open

@@ -323,10 +323,7 @@ pub trait Sandbox: Send + std::fmt::Debug {
     }
     /// A session sandbox between turns: one file operation, performed by its init (never by
     /// anything the program could have changed) and answered (`sandbox_protocol`'s `files`).
-    fn file_op(
-        &mut self,
-        request: FileRequest,
-    ) -> BoxFuture<'_, Result<FileAnswer, RuntimeError>> {
+    fn file_op(&mut self, request: FileRequest) -> BoxFuture<'_, Result<FileAnswer, RuntimeError>> {
         let _ = request;
         async {
             Err(RuntimeError::Unavailable(

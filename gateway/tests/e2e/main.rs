@@ -72,6 +72,7 @@ mod replicas;
 mod review_page;
 mod routes;
 mod sandbox_ends;
+mod session_files;
 mod session_forgery;
 mod session_limits;
 mod session_limits_replicas;
