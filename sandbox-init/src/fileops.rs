@@ -55,6 +55,8 @@ fn from_errno(errno: Errno, what: &str) -> Refused {
         Errno::EISDIR => FileFailure::IsADirectory,
         Errno::ELOOP => FileFailure::Symlink,
         Errno::EEXIST | Errno::ENOTEMPTY => FileFailure::Exists,
+        // The places are separate file systems: a move between two of them is refused.
+        Errno::EXDEV => FileFailure::Invalid,
         Errno::EACCES | Errno::EPERM | Errno::EROFS => FileFailure::Denied,
         Errno::EFBIG | Errno::ENOSPC | Errno::EDQUOT => FileFailure::TooLarge,
         _ => FileFailure::Io,
@@ -105,16 +107,38 @@ const DIR_FLAGS: OFlag = OFlag::O_RDONLY
     .union(OFlag::O_NOFOLLOW)
     .union(OFlag::O_CLOEXEC);
 
-/// Opens `name` in `parent` as a directory, never through a symlink.
+/// Opens `name` in `parent` as a directory, never through a symlink. `O_NOFOLLOW` is not
+/// enough: gVisor follows a final symlink to a directory when `O_DIRECTORY` is given (seen
+/// with runsc here), so the entry is `lstat`ed first and the directory opened must be that
+/// very one (same device and inode): a symlink there, or swapped in meanwhile, is refused.
 fn open_dir_at(parent: RawFd, name: &str, shown: &str) -> Done<Dir> {
-    Dir::openat(Some(parent), name, DIR_FLAGS, Mode::empty()).map_err(|errno| {
-        match fstatat(Some(parent), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(st) if kind_of(&st) == FileKind::Symlink => {
-                refused(FileFailure::Symlink, format!("{shown} is a symlink"))
-            }
-            _ => from_errno(errno, shown),
+    let entry = fstatat(Some(parent), name, AtFlags::AT_SYMLINK_NOFOLLOW)
+        .map_err(|errno| from_errno(errno, shown))?;
+    match kind_of(&entry) {
+        FileKind::Dir => {}
+        FileKind::Symlink => {
+            return Err(refused(
+                FileFailure::Symlink,
+                format!("{shown} is a symlink (not followed)"),
+            ))
         }
-    })
+        _ => {
+            return Err(refused(
+                FileFailure::NotADirectory,
+                format!("{shown} is not a directory"),
+            ))
+        }
+    }
+    let dir = Dir::openat(Some(parent), name, DIR_FLAGS, Mode::empty())
+        .map_err(|errno| from_errno(errno, shown))?;
+    let opened = fstat(dir.as_raw_fd()).map_err(|errno| from_errno(errno, shown))?;
+    if (opened.st_dev, opened.st_ino) != (entry.st_dev, entry.st_ino) {
+        return Err(refused(
+            FileFailure::Symlink,
+            format!("{shown} changed while it was opened (a symlink is not followed)"),
+        ));
+    }
+    Ok(dir)
 }
 
 /// The directory holding `names` (component by component from the place), open.

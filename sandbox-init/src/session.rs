@@ -39,8 +39,8 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, FileLine,
-    InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
+    bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, turn_end_marker,
+    FileLine, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
     REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
@@ -367,7 +367,7 @@ impl Channel {
         };
         // Everything the runner wrote before it reported is in the pipes now.
         pipes.drain();
-        let marker = end_marker(&turn.nonce, report.end.code, &report.end.result_b64);
+        let marker = turn_end_marker(&turn.nonce, &report.end);
         let _ = streams::write_all(Host::Stdout, &marker);
         let _ = streams::write_all(Host::Stderr, &marker);
     }

@@ -70,7 +70,8 @@ pub enum FileRequest {
     Mkdir {
         path: String,
     },
-    /// Moves or renames; an existing destination file is replaced, a directory is not.
+    /// Moves or renames within one place (each place is a file system of its own: a move
+    /// between two is refused as `invalid`); an existing destination file is replaced.
     Rename {
         from: String,
         to: String,

@@ -28,6 +28,7 @@ pub mod session_approvals;
 pub mod session_files;
 mod session_owner;
 mod session_relay;
+pub mod session_results;
 mod session_runs;
 pub mod sessions;
 pub mod stream;

@@ -269,12 +269,15 @@ impl App {
             }) => Some(ClosedReason::Oom),
             _ => Some(ClosedReason::Crashed),
         };
-        let result = match &ran {
+        let (result, rich) = match &ran {
             Ok(TurnRan {
-                ending: TurnEnding::Exited { result, .. },
+                ending:
+                    TurnEnding::Exited {
+                        result, results, ..
+                    },
                 ..
-            }) => result.clone(),
-            _ => None,
+            }) => (result.clone(), results.clone()),
+            _ => (None, None),
         };
         let special_files = ran
             .as_ref()
@@ -293,6 +296,13 @@ impl App {
                 tracing::warn!(execution_id = %stored.id, error = %err, "result not stored");
             }
             stored.result = Some(result);
+        }
+        if let Some(rich) = rich {
+            let results = super::session_results::cell_results(rich, runnable.limits.output_bytes);
+            if let Err(err) = self.audit.set_results(&stored.id, &results).await {
+                tracing::warn!(execution_id = %stored.id, error = %err, "results not stored");
+            }
+            stored.results = Some(sqlx::types::Json(results));
         }
         // As for any execution: the stream ends once the record it summarises is stored.
         if let Some(stream) = self.streams.get(&stored.id) {

@@ -77,6 +77,7 @@ mod session_forgery;
 mod session_limits;
 mod session_limits_replicas;
 mod session_owner;
+mod session_results;
 mod session_review;
 mod session_runner;
 mod sessions;

@@ -192,20 +192,18 @@ async fn bytes_round_trip_and_list_stat_mkdir_move_remove_are_audited() {
     );
     assert_eq!(listing["truncated"], false);
 
-    let (status, moved) = gw
-        .post(
-            &key,
-            &format!("/v1/sessions/{id}/files/move"),
-            &json!({"from": "/workspace/data/sub/bin.dat", "to": "/tmp/moved.dat"}),
-        )
-        .await;
+    // Each place is a file system of its own: a move between two is refused, within one done.
+    let moving = format!("/v1/sessions/{id}/files/move");
+    let across = json!({"from": "/workspace/data/sub/bin.dat", "to": "/tmp/moved.dat"});
+    let (status, refused) = gw.post(&key, &moving, &across).await;
+    assert_eq!(status, 400, "{refused}");
+    let within = json!({"from": "/workspace/data/sub/bin.dat", "to": "/workspace/moved.dat"});
+    let (status, moved) = gw.post(&key, &moving, &within).await;
     assert_eq!(status, 200, "{moved}");
-    assert_eq!(moved["path"], "/tmp/moved.dat");
-    assert_eq!(
-        stat(&gw, &key, &id, "/workspace/data/sub/bin.dat").await.0,
-        404
-    );
-    let (status, entry) = stat(&gw, &key, &id, "/tmp/moved.dat").await;
+    assert_eq!(moved["path"], "/workspace/moved.dat");
+    let (status, _) = stat(&gw, &key, &id, "/workspace/data/sub/bin.dat").await;
+    assert_eq!(status, 404);
+    let (status, entry) = stat(&gw, &key, &id, "/workspace/moved.dat").await;
     assert_eq!((status, entry["size"].clone()), (200, json!(2)), "{entry}");
 
     assert_eq!(remove(&gw, &key, &id, "/workspace/data").await, 204);
@@ -218,18 +216,21 @@ async fn bytes_round_trip_and_list_stat_mkdir_move_remove_are_audited() {
         gw.key("agent", "acme").await,
         gw.key("agent", "globex").await,
     ] {
-        assert_eq!(read(&gw, &other, &id, "/tmp/moved.dat").await.0, 404);
+        assert_eq!(read(&gw, &other, &id, "/workspace/moved.dat").await.0, 404);
         assert_eq!(
             write(&gw, &other, &id, "/tmp/x", b"x".to_vec(), None)
                 .await
                 .0,
             404
         );
-        assert_eq!(remove(&gw, &other, &id, "/tmp/moved.dat").await, 404);
+        assert_eq!(remove(&gw, &other, &id, "/workspace/moved.dat").await, 404);
     }
     let reviewer = gw.key("reviewer", "acme").await;
-    assert_eq!(read(&gw, &reviewer, &id, "/tmp/moved.dat").await.0, 403);
-    assert_eq!(stat(&gw, &key, &id, "/tmp/moved.dat").await.0, 200);
+    assert_eq!(
+        read(&gw, &reviewer, &id, "/workspace/moved.dat").await.0,
+        403
+    );
+    assert_eq!(stat(&gw, &key, &id, "/workspace/moved.dat").await.0, 200);
 
     let written = events(&gw, "session.file_written").await;
     assert_eq!(written.len(), 2, "{written:?}");
@@ -238,10 +239,11 @@ async fn bytes_round_trip_and_list_stat_mkdir_move_remove_are_audited() {
     assert_eq!(written[0]["bytes"], 300_000);
     assert_eq!(written[0]["sha256"], sha);
     assert_eq!(written[0]["mode"], 0o640);
+    // Both moves were asked for (recorded before they are carried out); the second one ran.
     let moved = events(&gw, "session.file_moved").await;
-    assert_eq!(moved.len(), 1, "{moved:?}");
-    assert_eq!(moved[0]["from"], "/workspace/data/sub/bin.dat");
-    assert_eq!(moved[0]["to"], "/tmp/moved.dat");
+    assert_eq!(moved.len(), 2, "{moved:?}");
+    assert_eq!(moved[1]["from"], "/workspace/data/sub/bin.dat");
+    assert_eq!(moved[1]["to"], "/workspace/moved.dat");
     // The second removal found nothing, but was asked for (recorded before it is carried out).
     let removed = events(&gw, "session.file_removed").await;
     assert_eq!(removed.len(), 2, "{removed:?}");
