@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 
 use base64::Engine as _;
-use nix::dir::{Dir, Type};
+use nix::dir::Dir;
 use nix::errno::Errno;
 use nix::fcntl::{readlinkat, renameat, AtFlags, OFlag};
 use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
@@ -437,13 +437,10 @@ fn remove_at(dir: &Dir, name: &str, shown: &str, depth: usize) -> Done<()> {
         let entry = entry.map_err(|errno| from_errno(errno, shown))?;
         let bytes = entry.file_name().to_bytes();
         if bytes != b"." && bytes != b".." {
-            names.push((
-                String::from_utf8_lossy(bytes).into_owned(),
-                entry.file_type(),
-            ));
+            names.push(String::from_utf8_lossy(bytes).into_owned());
         }
     }
-    for (inner, _kind) in names.iter().map(|(n, t)| (n, t.unwrap_or(Type::File))) {
+    for inner in &names {
         remove_at(&child, inner, &format!("{shown}/{inner}"), depth + 1)?;
     }
     unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::RemoveDir)

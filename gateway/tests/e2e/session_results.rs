@@ -138,3 +138,35 @@ async fn results_beyond_output_bytes_are_left_out_whole_and_flagged() {
     assert_eq!(results[1]["text"], "xxxxxxxxxx");
     assert_eq!(results[1]["is_main_result"], true);
 }
+
+/// A cell that replaces what the runner might use to build results (`repr`, `base64`, `json`)
+/// changes nothing of a later cell's results: the runner holds its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_cannot_change_what_later_cells_report_as_results() {
+    let gw = TestGateway::start().await;
+    let key = gw.key("agent", "acme").await;
+    let path = open(&gw, &key, json!({"language": "python"})).await;
+    cell(
+        &gw,
+        &key,
+        &path,
+        "import base64, builtins, json\n\
+         builtins.repr = lambda value: 'forged'\n\
+         base64.b64encode = lambda *args, **kwargs: b'Zm9yZ2Vk'\n\
+         json.dumps = lambda *args, **kwargs: '\"forged\"'\n\
+         json.JSONEncoder.encode = lambda self, value: '\"forged\"'",
+    )
+    .await;
+    let later = cell(
+        &gw,
+        &key,
+        &path,
+        "class J:\n    def _repr_json_(self):\n        return {'k': 1}\n    def __repr__(self):\n        return 'J()'\nJ()",
+    )
+    .await;
+    assert_eq!(later["result"], "J()", "{later}");
+    assert_eq!(
+        later["results"],
+        json!([{"is_main_result": true, "text": "J()", "json": {"k": 1}}])
+    );
+}
