@@ -231,7 +231,12 @@ pub fn file_answer(nonce: &str, answer: &FileAnswer) -> Vec<u8> {
 #[derive(Debug)]
 pub struct FileAnswerTaker {
     prefix: Vec<u8>,
+    /// Before the prefix: what could still begin it; after: the answer so far.
     held: Vec<u8>,
+    /// The prefix came; `held` holds what follows it.
+    started: bool,
+    /// How much of `held` is known to hold no newline (each byte is looked at once).
+    scanned: usize,
 }
 
 impl FileAnswerTaker {
@@ -242,30 +247,35 @@ impl FileAnswerTaker {
         FileAnswerTaker {
             prefix,
             held: Vec::new(),
+            started: false,
+            scanned: 0,
         }
     }
 
     /// Feeds a stderr chunk; the answer once it is complete (`Err`: one that does not parse).
     pub fn feed(&mut self, chunk: &[u8]) -> Option<Result<FileAnswer, String>> {
         self.held.extend_from_slice(chunk);
-        let Some(start) = find(&self.held, &self.prefix) else {
-            // Keep only what could still begin the prefix.
-            let keep = self.prefix.len().saturating_sub(1).min(self.held.len());
-            self.held.drain(..self.held.len() - keep);
-            return None;
-        };
-        self.held.drain(..start);
-        let body = &self.held[self.prefix.len()..];
-        match body.iter().position(|byte| *byte == b'\n') {
-            Some(end) => Some(
-                serde_json::from_slice(&body[..end]).map_err(|err| format!("bad answer: {err}")),
-            ),
-            None if body.len() > MAX_ANSWER_BYTES => {
-                self.held.clear();
-                Some(Err("the answer is longer than its limit".to_owned()))
-            }
-            None => None,
+        if !self.started {
+            let Some(start) = find(&self.held, &self.prefix) else {
+                // Keep only what could still begin the prefix.
+                let keep = self.prefix.len().saturating_sub(1).min(self.held.len());
+                self.held.drain(..self.held.len() - keep);
+                return None;
+            };
+            self.held.drain(..start + self.prefix.len());
+            self.started = true;
         }
+        if let Some(offset) = self.held[self.scanned..].iter().position(|b| *b == b'\n') {
+            let line = &self.held[..self.scanned + offset];
+            return Some(serde_json::from_slice(line).map_err(|err| format!("bad answer: {err}")));
+        }
+        self.scanned = self.held.len();
+        if self.held.len() > MAX_ANSWER_BYTES {
+            self.held.clear();
+            self.scanned = 0;
+            return Some(Err("the answer is longer than its limit".to_owned()));
+        }
+        None
     }
 }
 

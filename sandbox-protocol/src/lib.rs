@@ -14,7 +14,9 @@
 //!   preceded on stdout by the [`end_marker`] for the same nonce (with no result): each stream
 //!   is in order, so a gateway that saw both has all of the program's output and knows it no
 //!   longer runs ([`EndMarker`] takes it out of stdout).
-//! - Sessions ([`SESSION_MODE`], turns, [`end_marker`]): see the `session` module.
+//! - Sessions ([`SESSION_MODE`], turns, [`end_marker`], a python cell's [`RichResults`]): see
+//!   the `session` module; a session's file operations ([`FileLine`], [`FileAnswer`]): the
+//!   `files` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
 //! this crate only names the fields. Serde only: no I/O, no processes.

@@ -350,7 +350,17 @@ async fn traversal_planted_symlinks_fifos_oversize_and_a_busy_session_are_refuse
         "{untouched}"
     );
 
-    // Over the limit: 413, nothing written, nothing recorded.
+    // At the limit: written and read back whole. Over it: 413, nothing written or recorded.
+    let limit: Vec<u8> = (0..16 * 1024 * 1024).map(|i| (i % 251) as u8).collect();
+    let (status, body) = write(&gw, &key, &id, "/tmp/limit", limit.clone(), None).await;
+    assert_eq!(status, 200, "{body}");
+    let (status, back) = read(&gw, &key, &id, "/tmp/limit").await;
+    assert_eq!(status, 200);
+    assert!(
+        back == limit,
+        "16 MiB did not come back whole ({} bytes)",
+        back.len()
+    );
     let big = vec![b'x'; 16 * 1024 * 1024 + 1];
     let (status, body) = write(&gw, &key, &id, "/workspace/big", big, None).await;
     assert_eq!(status, 413, "{body}");
