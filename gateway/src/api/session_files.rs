@@ -28,10 +28,6 @@ use axum::Json;
 use serde::Deserialize;
 use sha2::Digest as _;
 
-use api_types::{
-    SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,
-    SessionFileWritten,
-};
 use sandbox_protocol::{FileEntry, FileFailure, FileKind, MAX_FILE_BYTES};
 
 use super::auth::Caller;
@@ -41,6 +37,10 @@ use super::query::ApiQuery;
 use crate::app::session_files::SessionFileError;
 use crate::app::App;
 use crate::role::Role;
+use crate::session_wire::{
+    SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,
+    SessionFileWritten,
+};
 
 /// `?path=`.
 #[derive(Debug, Deserialize)]

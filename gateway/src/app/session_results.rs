@@ -8,8 +8,9 @@
 
 use base64::Engine as _;
 
-use api_types::{CellResult, CellResults};
 use sandbox_protocol::{RichResult, RichResults};
+
+use crate::session_wire::{CellResult, CellResults};
 
 /// The MIME types kept, in the order they are given room.
 const KEPT: [&str; 10] = [

@@ -31,3 +31,32 @@ pub struct FileRemoved {
     pub session_id: String,
     pub path: Value,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// The documented form (docs/audit.md), key for key: an absent mode is `null`.
+    #[test]
+    fn payloads_have_the_documented_keys() {
+        let written = FileWritten {
+            session_id: "ss_1".into(),
+            path: json!("/workspace/a"),
+            bytes: 2,
+            sha256: "ab".into(),
+            mode: None,
+        };
+        assert_eq!(
+            super::super::column(&written).to_string(),
+            r#"{"bytes":2,"mode":null,"path":"/workspace/a","session_id":"ss_1","sha256":"ab"}"#
+        );
+        let moved = FileMoved {
+            session_id: "ss_1".into(),
+            from: json!("/tmp/a"),
+            to: json!({"prefix": "/tmp/b", "bytes": 300, "sha256": "cd"}),
+        };
+        let back: FileMoved = serde_json::from_value(super::super::column(&moved)).unwrap();
+        assert_eq!(back, moved);
+    }
+}
