@@ -2,6 +2,7 @@
 //! policy engine, the audit store and the runtime, in that order.
 
 pub mod approvals;
+mod approved;
 pub mod executions;
 pub mod floor;
 pub mod home;
@@ -10,6 +11,7 @@ pub mod launch;
 pub mod listing;
 pub mod overflow;
 pub mod payloads;
+mod pipeline;
 pub mod policy;
 mod policy_follow;
 pub mod policy_revisions;
@@ -24,7 +26,6 @@ pub mod replay;
 pub mod replicas;
 pub mod request;
 pub mod scheduler;
-pub mod session_approvals;
 pub mod session_files;
 mod session_owner;
 mod session_relay;
@@ -32,6 +33,7 @@ pub mod session_results;
 mod session_runs;
 pub mod sessions;
 pub mod stream;
+mod subjects;
 pub mod validate;
 
 use std::path::PathBuf;
