@@ -67,8 +67,11 @@
     reject.type = 'button';
     reject.id = 'proposal-reject';
     const act = (verb) => async () => {
-      const reply = await api('POST', '/v1/policy/proposals/' + encodeURIComponent(p.id) + '/' + verb,
-        { comment: comment.value || undefined });
+      // An approval names the candidate shown here: if the proposal was rebased since, it is
+      // refused (409) and the page shows the new evidence.
+      const body = { comment: comment.value || undefined };
+      if (verb === 'approve') body.candidate_revision = p.candidate_revision;
+      const reply = await api('POST', '/v1/policy/proposals/' + encodeURIComponent(p.id) + '/' + verb, body);
       if (reply.status === 200) say('Proposal ' + p.id + ' ' + (verb === 'approve' ? 'approved' : 'rejected') + '.');
       else say(verb + ' ' + p.id + ': ' + errorText(reply));
       await refresh();

@@ -11,6 +11,7 @@ pub mod listing;
 pub mod overflow;
 pub mod payloads;
 pub mod policy;
+mod policy_dir;
 mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;
