@@ -133,7 +133,9 @@ async fn run(
     // The revision this replica starts with is the last activated (If-Match and proposal
     // approvals compare against it across replicas: `app::policy`).
     if active.state.error().is_none() {
-        audit.record_startup_revision(active.state.revision()).await?;
+        audit
+            .record_startup_revision(active.state.revision())
+            .await?;
     }
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
     let instance = instance_id(&config.data_dir).map_err(|err| ServeError::DataDir {

@@ -252,7 +252,11 @@ pub async fn reload(
 /// (`W/"..."`) never matches If-Match (strong comparison), so a list of only weak tags always
 /// fails. A tag that is not a revision (`sha256:...`) is refused (400).
 fn if_match(body: &axum::extract::Request) -> Result<Option<Precondition>, ApiError> {
-    let mut values = body.headers().get_all(axum::http::header::IF_MATCH).iter().peekable();
+    let mut values = body
+        .headers()
+        .get_all(axum::http::header::IF_MATCH)
+        .iter()
+        .peekable();
     if values.peek().is_none() {
         return Ok(None);
     }

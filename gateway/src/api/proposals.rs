@@ -300,7 +300,10 @@ pub async fn approve(
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(DECIDERS)?;
     let approval: Approval = super::policy::optional_body(body).await?;
-    let comment = approval.comment.map(|c| bounded("comment", c)).transpose()?;
+    let comment = approval
+        .comment
+        .map(|c| bounded("comment", c))
+        .transpose()?;
     let reviewed = approval
         .candidate_revision
         .filter(|revision| !revision.is_empty())

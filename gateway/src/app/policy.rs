@@ -255,7 +255,8 @@ impl PolicyHandle {
             _ => Some(audit.begin_activation().await.map_err(AppError::from)?),
         };
         if let Some(activation) = activation.as_mut() {
-            self.check_guard(audit, &context, activation, &guard).await?;
+            self.check_guard(audit, &context, activation, &guard)
+                .await?;
         }
         let (dir, engine) = self.load_source(audit, &context, &source).await?;
         let revision = engine.revision().to_owned();
@@ -323,7 +324,10 @@ impl PolicyHandle {
             return Ok(());
         };
         let local = context.previous.as_str();
-        let cluster = activation.active.clone().unwrap_or_else(|| local.to_owned());
+        let cluster = activation
+            .active
+            .clone()
+            .unwrap_or_else(|| local.to_owned());
         let failed = [local, cluster.as_str()]
             .into_iter()
             .find(|revision| !precondition.matches(revision));

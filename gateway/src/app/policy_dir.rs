@@ -21,21 +21,31 @@ const MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Replaces `policy_dir` with a copy of itself in which `files` (relative paths) are written,
 /// if that copy reads as `revision`.
-pub fn replace(policy_dir: &Path, files: &[(String, Vec<u8>)], revision: &str) -> Result<(), String> {
+pub fn replace(
+    policy_dir: &Path,
+    files: &[(String, Vec<u8>)],
+    revision: &str,
+) -> Result<(), String> {
     let (parent, name) = match (policy_dir.parent(), policy_dir.file_name()) {
         (Some(parent), Some(name)) => (parent, name.to_string_lossy()),
         _ => return Err(format!("{} has no parent directory", policy_dir.display())),
     };
     let staging = parent.join(format!(".{name}.sandgate-{}", uuid::Uuid::new_v4()));
     let result = stage(policy_dir, &staging, files, revision).and_then(|()| {
-        renameat2(None, &staging, None, policy_dir, RenameFlags::RENAME_EXCHANGE)
-            .map_err(|err| {
-                format!(
-                    "cannot exchange {} with the new bundle atomically ({err}); the policy \
+        renameat2(
+            None,
+            &staging,
+            None,
+            policy_dir,
+            RenameFlags::RENAME_EXCHANGE,
+        )
+        .map_err(|err| {
+            format!(
+                "cannot exchange {} with the new bundle atomically ({err}); the policy \
                      directory must be a directory in a writable parent on the same file system",
-                    policy_dir.display()
-                )
-            })?;
+                policy_dir.display()
+            )
+        })?;
         sync_dir(parent)
     });
     // After the exchange `staging` holds the old bundle; before it, the unfinished new one.
@@ -70,8 +80,12 @@ fn stage(
         }
         std::fs::write(&path, bytes).map_err(io(&path))?;
     }
-    let engine = policy_engine::PolicyEngine::load(staging)
-        .map_err(|err| format!("the patched policy directory does not load: {}", super::error_chain(&err)))?;
+    let engine = policy_engine::PolicyEngine::load(staging).map_err(|err| {
+        format!(
+            "the patched policy directory does not load: {}",
+            super::error_chain(&err)
+        )
+    })?;
     if engine.revision() != revision {
         return Err(format!(
             "the policy directory does not hold the proposal's base (patched, it reads as {}, \
@@ -92,13 +106,17 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut (usize, u64)) -> Result<(), St
     };
     let meta = std::fs::metadata(from).map_err(io(from))?;
     std::fs::create_dir(to).map_err(io(to))?;
-    std::fs::set_permissions(to, std::fs::Permissions::from_mode(meta.permissions().mode()))
-        .map_err(io(to))?;
+    std::fs::set_permissions(
+        to,
+        std::fs::Permissions::from_mode(meta.permissions().mode()),
+    )
+    .map_err(io(to))?;
     for entry in std::fs::read_dir(from).map_err(io(from))? {
         let entry = entry.map_err(io(from))?;
-        budget.0 = budget.0.checked_sub(1).ok_or_else(|| {
-            format!("{} holds more than {MAX_ENTRIES} entries", from.display())
-        })?;
+        budget.0 = budget
+            .0
+            .checked_sub(1)
+            .ok_or_else(|| format!("{} holds more than {MAX_ENTRIES} entries", from.display()))?;
         let (source, target) = (entry.path(), to.join(entry.file_name()));
         let kind = entry.file_type().map_err(io(&source))?;
         if kind.is_dir() {
@@ -108,9 +126,10 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut (usize, u64)) -> Result<(), St
             std::os::unix::fs::symlink(link, &target).map_err(io(&target))?;
         } else if kind.is_file() {
             let bytes = std::fs::copy(&source, &target).map_err(io(&source))?;
-            budget.1 = budget.1.checked_sub(bytes).ok_or_else(|| {
-                format!("{} holds more than {MAX_BYTES} bytes", from.display())
-            })?;
+            budget.1 = budget
+                .1
+                .checked_sub(bytes)
+                .ok_or_else(|| format!("{} holds more than {MAX_BYTES} bytes", from.display()))?;
         }
     }
     Ok(())
@@ -122,7 +141,9 @@ fn sync_tree(dir: &Path) -> Result<(), String> {
     while let Some(dir) = pending.pop() {
         for entry in std::fs::read_dir(&dir).map_err(|err| format!("{}: {err}", dir.display()))? {
             let entry = entry.map_err(|err| format!("{}: {err}", dir.display()))?;
-            let kind = entry.file_type().map_err(|err| format!("{}: {err}", dir.display()))?;
+            let kind = entry
+                .file_type()
+                .map_err(|err| format!("{}: {err}", dir.display()))?;
             if kind.is_dir() {
                 pending.push(entry.path());
             } else if kind.is_file() {

@@ -244,15 +244,17 @@ pub fn cap_limits(
             continue;
         };
         let now = &current[name.as_str()]["limits"];
-        limits.retain(|limit, value| match (ceiling(ceilings, limit), value.as_f64()) {
-            (Some(ceiling), Some(asked)) => {
-                let capped = asked.min(ceiling);
-                *value = number(capped, value);
-                now[limit.as_str()].as_f64().is_none_or(|now| capped > now)
-            }
-            // Not a limit the gateway bounds (or not a number): not suggested.
-            _ => false,
-        });
+        limits.retain(
+            |limit, value| match (ceiling(ceilings, limit), value.as_f64()) {
+                (Some(ceiling), Some(asked)) => {
+                    let capped = asked.min(ceiling);
+                    *value = number(capped, value);
+                    now[limit.as_str()].as_f64().is_none_or(|now| capped > now)
+                }
+                // Not a limit the gateway bounds (or not a number): not suggested.
+                _ => false,
+            },
+        );
         if limits.is_empty() {
             if let Some(change) = change.as_object_mut() {
                 change.remove("limits");

@@ -382,9 +382,9 @@ impl App {
         (reviewed, comment): (String, Option<String>),
     ) -> Result<(ProposalRow, Value), AppError> {
         let (app, caller, id) = (Arc::clone(self), caller.clone(), id.to_owned());
-        let task = self.tasks.spawn(async move {
-            app.apply_proposal(&caller, &id, (reviewed, comment)).await
-        });
+        let task = self
+            .tasks
+            .spawn(async move { app.apply_proposal(&caller, &id, (reviewed, comment)).await });
         task.await
             .map_err(|err| AppError::Internal(format!("approval task: {err}")))?
     }
