@@ -44,6 +44,10 @@
     const box = el('div', null, 'detail-part');
     box.appendChild(el('h3', 'Replay over the last ' + r.days + ' days (' + r.total + ' decisions, '
       + r.unchanged + ' unchanged)'));
+    if (r.truncated) {
+      box.appendChild(el('p', 'Only the newest ' + r.limit + ' decisions of the window were replayed; '
+        + 'older ones were not.', 'warning'));
+    }
     box.appendChild(bucket('allow -> deny', r.allow_to_deny));
     box.appendChild(bucket('deny -> allow', r.deny_to_allow));
     box.appendChild(bucket('review changes', r.review_changes));

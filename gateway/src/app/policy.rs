@@ -269,21 +269,10 @@ impl PolicyHandle {
             .await
             .map_err(AppError::from)?;
         let event = context.event(&dir, Some(&revision), None);
-        let mut events = vec![&event];
-        events.extend(guard.proposal.as_ref().map(|claim| &claim.event));
-        match activation {
-            Some(activation) => {
-                let active = Activated {
-                    revision: &revision,
-                    loaded_by,
-                    source: context.source,
-                    proposal: context.proposal.as_deref(),
-                };
-                activation.commit(&active, &events).await
-            }
-            None => audit.record_event(&event).await.map(drop),
-        }
-        .map_err(AppError::from)?;
+        let approval = guard.proposal.as_ref().map(|claim| &claim.event);
+        context
+            .commit(audit, activation, &revision, (&event, approval))
+            .await?;
         self.swap_in(engine, loaded_by);
         tracing::info!(loaded_by, %revision, %previous, "policy reloaded");
         let policy_dir = match &guard.proposal {
@@ -571,6 +560,31 @@ impl ReloadContext {
             event.input["proposal"] = serde_json::Value::from(proposal.as_str());
         }
         event
+    }
+
+    /// Commits an accepted reload: under an activation, the revision as the last activated
+    /// with its event and the approval's, together; a followed one (no activation), its event.
+    async fn commit(
+        &self,
+        audit: &AuditStore,
+        activation: Option<Activation>,
+        revision: &str,
+        (event, approval): (&NewEvent, Option<&NewEvent>),
+    ) -> Result<(), ReloadError> {
+        let committed = match activation {
+            Some(activation) => {
+                let active = Activated {
+                    revision,
+                    loaded_by: &self.loaded_by,
+                    source: self.source,
+                    proposal: self.proposal.as_deref(),
+                };
+                let events: Vec<&NewEvent> = std::iter::once(event).chain(approval).collect();
+                activation.commit(&active, &events).await
+            }
+            None => audit.record_event(event).await.map(drop),
+        };
+        committed.map_err(|err| ReloadError::App(AppError::from(err)))
     }
 
     /// Audits the refusal and says why; the active bundle stays.

@@ -348,22 +348,23 @@ impl App {
         } else {
             codes.join(", ")
         };
-        let none = || {
+        let none = |why: &str| {
             AppError::NoSuggestion(format!(
-                "the policy bundle ({}) suggests no change for execution {id} (reasons: {codes}) \
-                 within the gateway's ceilings",
+                "the policy bundle ({}) suggests no change for execution {id} (reasons: \
+                 {codes}){why}",
                 policy_engine::SUGGEST_RULE,
             ))
         };
         match engine.suggest(&input, &reasons) {
             Ok(Some(Value::Object(mut patch))) => {
-                proposal_candidate::cap_limits(&mut patch, engine.sources(), &self.config.ceilings);
+                let ceilings = &self.config.ceilings;
+                proposal_candidate::cap_limits(&mut patch, engine.sources(), ceilings);
                 if patch.is_empty() {
-                    return Err(none());
+                    return Err(none(" within the gateway's ceilings"));
                 }
                 Ok((patch, reasons))
             }
-            Ok(_) => Err(none()),
+            Ok(_) => Err(none("")),
             Err(err) => Err(AppError::NoSuggestion(format!(
                 "{} failed for execution {id}: {err}",
                 policy_engine::SUGGEST_RULE
