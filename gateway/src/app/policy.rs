@@ -712,3 +712,41 @@ pub fn scratch_dir(root: &Path, prefix: &str) -> Result<tempfile::TempDir, Strin
         .tempdir_in(root)
         .map_err(|err| format!("{}: {err}", root.display()))
 }
+
+/// Removes what a process that stopped abruptly left in `root` (`<data_dir>/policy-incoming/`:
+/// candidates', uploads' and followed bundles' copies). Called at start-up, before anything
+/// creates one. Returns how many entries went.
+pub fn sweep_scratch(root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(err) => {
+                tracing::warn!(path = %path.display(), error = %err, "cannot remove a left scratch copy")
+            }
+        }
+    }
+    removed
+}
+
+/// At start-up: the scratch copies and policy-directory staging copies a process that stopped
+/// abruptly left behind are removed (nothing creates one yet).
+pub fn sweep_at_startup(data_dir: &Path, policy_dir: &Path) {
+    let scratch = sweep_scratch(&data_dir.join("policy-incoming"));
+    let staging = super::policy_dir::sweep(policy_dir);
+    if scratch + staging > 0 {
+        tracing::info!(
+            scratch,
+            staging,
+            "removed copies an earlier run left behind"
+        );
+    }
+}

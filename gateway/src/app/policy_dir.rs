@@ -135,6 +135,25 @@ fn copy_tree(from: &Path, to: &Path, budget: &mut (usize, u64)) -> Result<(), St
     Ok(())
 }
 
+/// Removes the staging copies of `policy_dir` (`.<name>.sandgate-<uuid>` beside it) a process
+/// that stopped abruptly during [`replace`] left. Called at start-up. Returns how many went.
+pub fn sweep(policy_dir: &Path) -> usize {
+    let (Some(parent), Some(name)) = (policy_dir.parent(), policy_dir.file_name()) else {
+        return 0;
+    };
+    let prefix = format!(".{}.sandgate-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return 0;
+    };
+    let left = entries.flatten().filter(|entry| {
+        let name = entry.file_name();
+        name.to_str().is_some_and(|name| name.starts_with(&prefix))
+            && entry.file_type().is_ok_and(|kind| kind.is_dir())
+    });
+    left.filter(|entry| std::fs::remove_dir_all(entry.path()).is_ok())
+        .count()
+}
+
 /// fsyncs every regular file and directory of a tree (not following links).
 fn sync_tree(dir: &Path) -> Result<(), String> {
     let mut pending: Vec<PathBuf> = vec![dir.to_owned()];

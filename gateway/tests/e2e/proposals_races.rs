@@ -531,3 +531,26 @@ async fn a_client_that_goes_away_leaves_no_half_approval_and_no_scratch_director
     .await;
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_left_by_an_abrupt_stop_are_removed_at_start_up() {
+    let policy = copy_of_shipped();
+    let data = tempfile::tempdir().unwrap();
+    let scratch = data.path().join("policy-incoming/proposal-left");
+    std::fs::create_dir_all(scratch.join("data")).unwrap();
+    std::fs::write(scratch.join("data/tenants.yaml"), "tenants: {}\n").unwrap();
+    let name = policy.path().file_name().unwrap().to_string_lossy();
+    let staging = policy
+        .path()
+        .parent()
+        .unwrap()
+        .join(format!(".{name}.sandgate-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(staging.join("data")).unwrap();
+    let url = fresh_database().await;
+    let dir = policy.path().to_owned();
+    let gw = TestGateway::start_in(Some(url), data, move |config| config.policy_dir = dir).await;
+    assert!(!scratch.exists(), "a scratch copy survived the start");
+    assert!(!staging.exists(), "a staging copy survived the start");
+    assert!(policy.path().join("data/tenants.yaml").is_file());
+    gw.stop().await;
+}
