@@ -137,6 +137,7 @@ async fn run(
             .record_startup_revision(active.state.revision())
             .await?;
     }
+    app::policy::sweep_at_startup(&config.data_dir, &config.policy_dir);
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
     let instance = instance_id(&config.data_dir).map_err(|err| ServeError::DataDir {
         path: config.data_dir.clone(),

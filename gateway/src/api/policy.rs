@@ -38,17 +38,23 @@ use crate::role::Role;
 pub async fn show(
     State(app): State<Arc<App>>,
     caller: Caller,
-) -> Result<Json<PolicyView>, ApiError> {
+) -> Result<([(axum::http::HeaderName, String); 1], Json<PolicyView>), ApiError> {
     caller.require_role(&[Role::Admin, Role::Reviewer, Role::Auditor])?;
     let active = app.policy.current();
-    Ok(Json(PolicyView {
+    // The revision as a strong entity tag, for `If-Match` on `POST /v1/policy/reload`.
+    let etag = [(
+        axum::http::header::ETAG,
+        format!("\"{}\"", active.state.revision()),
+    )];
+    let view = Json(PolicyView {
         error: active.state.error().map(str::to_owned),
         files: active.state.files().to_vec(),
         kept: app.policy.kept(),
         loaded_at: active.loaded_at,
         loaded_by: active.loaded_by.clone(),
         revision: active.state.revision().to_owned(),
-    }))
+    });
+    Ok((etag, view))
 }
 
 /// `GET /v1/policy`: the active bundle. (Fields alphabetical, as the answer always had them.)
