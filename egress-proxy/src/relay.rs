@@ -316,6 +316,16 @@ where
             tokio::select! {
                 result = &mut up, if !up_done => { result?; up_done = true; }
                 result = &mut down, if !down_done => { result?; down_done = true; }
+                // A tunnel the sandbox had already closed when its execution ended completed:
+                // only the upstream's own close was still on its way (a program that closes
+                // its socket and exits at once races the end of its execution here).
+                () = cancel.cancelled() => {
+                    return if up_done && wait_for_up {
+                        Ok(())
+                    } else {
+                        Err(Ended::new(ReasonCode::Shutdown, None))
+                    };
+                }
             }
             if down_done && (up_done || !wait_for_up) {
                 return Ok(());
@@ -328,7 +338,6 @@ where
             ReasonCode::IdleTimeout,
             format!("no byte in either direction for {} s", idle.as_secs()),
         )),
-        () = cancel.cancelled() => Err(Ended::new(ReasonCode::Shutdown, None)),
     }
 }
 
@@ -379,6 +388,51 @@ mod tests {
         let (result, ()) = tokio::join!(relay, peers);
         assert_eq!(result, Ok(()));
         assert_eq!((meter.bytes_up(), meter.bytes_down()), (4, 5));
+    }
+
+    /// The execution ends: a tunnel the sandbox already closed completed, one it still holds
+    /// open was cut by the shutdown.
+    #[tokio::test]
+    async fn an_ended_execution_cuts_only_tunnels_the_sandbox_still_holds() {
+        for sandbox_closed in [true, false] {
+            let budget = Budget::new(1 << 20);
+            let meter = Meter::new(&budget);
+            let (mut sandbox, proxy_client) = tokio::io::duplex(1024);
+            let (proxy_upstream, mut server) = tokio::io::duplex(1024);
+            let (mut cr, mut cw) = tokio::io::split(proxy_client);
+            let (mut ur, mut uw) = tokio::io::split(proxy_upstream);
+            let cancel = CancellationToken::new();
+            let relay = relay(
+                (&mut cr, &mut cw),
+                (&mut ur, &mut uw),
+                &meter,
+                Upward::Tunnel,
+                Duration::from_secs(5),
+                &cancel,
+            );
+            let peers = async {
+                sandbox.write_all(b"ping").await.unwrap();
+                if sandbox_closed {
+                    sandbox.shutdown().await.unwrap();
+                }
+                let mut got = Vec::new();
+                if sandbox_closed {
+                    // The sandbox's close reached the upstream, whose own close is still to come.
+                    server.read_to_end(&mut got).await.unwrap();
+                } else {
+                    got.resize(4, 0);
+                    server.read_exact(&mut got).await.unwrap();
+                }
+                assert_eq!(got, b"ping");
+                cancel.cancel();
+            };
+            let (result, ()) = tokio::join!(relay, peers);
+            if sandbox_closed {
+                assert_eq!(result, Ok(()));
+            } else {
+                assert_eq!(result.unwrap_err().reason, ReasonCode::Shutdown);
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

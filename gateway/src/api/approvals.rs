@@ -15,7 +15,7 @@ use super::executions::ExecutionView;
 use super::json::ApiJson;
 use super::listing::{non_empty, DEFAULT_LIMIT, MAX_LIMIT};
 use super::query::page_size;
-use crate::app::approvals::{Review, Subject};
+use crate::app::approvals::{Review, Reviewed};
 use crate::app::App;
 use crate::audit::approvals::ApprovalRow;
 use crate::role::Role;
@@ -174,12 +174,12 @@ pub async fn decide(
     let (approval, subject) = app.decide_approval(&caller.0, &id, review).await?;
     let approval = ApprovalView::from(approval);
     Ok(Json(match subject {
-        Subject::Execution(execution) => DecidedApproval {
+        Reviewed::Execution(execution) => DecidedApproval {
             approval,
             execution: Some(ExecutionView::from(*execution)),
             session: None,
         },
-        Subject::Session(session) => DecidedApproval {
+        Reviewed::Session(session) => DecidedApproval {
             approval,
             execution: None,
             session: Some(super::sessions::view(*session)?),

@@ -1,24 +1,28 @@
-//! Human review: an allowed decision with `require_approval` is held (`pending_approval`) with
-//! its floor-checked, runnable form and the request payload, until a reviewer of another
-//! principal approves it (it then runs exactly as reviewed, through the normal queue), rejects
-//! it (`denied`, `approval.rejected`) or it expires (`denied`, `approval.expired`).
+//! Human review, one flow for every subject the pipeline holds (`pipeline.rs`): an allowed
+//! decision with `require_approval` is held (`pending_approval`) with its floor-checked,
+//! runnable form and what acting on it needs, until a reviewer of another principal approves
+//! it, rejects it, or it expires; its agent may withdraw it meanwhile. Approved, it runs exactly
+//! as reviewed (`approved.rs`): an execution through the normal queue, a session's sandbox
+//! started on the deciding replica. Rejected or expired, an execution ends `denied`, a session
+//! `closed` (`denied` / `expired`).
 //!
-//! Every step is committed with its audit event before anything else happens.
+//! Every step is committed with its audit events before anything else happens
+//! (`audit::approvals`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-use serde_json::json;
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
 
-use policy_engine::{PolicyInput, Reason};
+use policy_engine::Reason;
 
+use super::approved::Admission;
 use super::floor::Runnable;
-use super::overflow::Refusal;
-use super::request::{ExecutionRequest, FileUpload};
-use super::validate::decode_files;
 use super::{App, AppError};
-use crate::audit::approvals::{ApprovalRow, Held, NewApproval, PendingCaps, Verdict};
+use crate::audit::approvals::{
+    ApprovalRow, ApprovalSubject, Held, NewApproval, Pending, PendingCaps, Verdict, Withdrawn,
+};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 
@@ -29,9 +33,9 @@ pub const MAX_LIST: i64 = 500;
 /// Longest time between two expiry sweeps.
 const EXPIRY_INTERVAL: Duration = Duration::from_secs(5);
 
-/// What an approval held: an execution or a session, as it is once decided.
+/// What a decided approval held, as it now is: an execution or a session.
 #[derive(Debug)]
-pub enum Subject {
+pub enum Reviewed {
     Execution(Box<ExecutionRow>),
     Session(Box<SessionRow>),
 }
@@ -39,81 +43,58 @@ pub enum Subject {
 /// `POST /v1/approvals/{id}` body, and where an approval is.
 pub use api_types::{ApprovalStatus, Review, ReviewDecision};
 
-/// What is kept of a held request to run it later: the parts not in the policy input.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-struct StoredRequest {
-    language: String,
-    code: String,
-    files: Vec<FileUpload>,
+/// A subject held for review, as its approval keeps it.
+pub(super) struct Hold<'a> {
+    pub(super) caller: &'a ApiKey,
+    /// When it was asked for: the approval expires `approval_ttl_s` after.
+    pub(super) asked_at: DateTime<Utc>,
+    pub(super) reasons: Vec<Reason>,
+    /// What runs once approved, exactly as reviewed.
+    pub(super) runnable: &'a Runnable,
+    /// What reviewers see of the request (the policy input's request part).
+    pub(super) summary: Value,
+    /// What acting on the approval needs that the policy input does not keep; counted against
+    /// the pending caps, cleared once decided.
+    pub(super) stored: Value,
 }
 
 impl App {
-    /// Holds an allowed, floor-checked decision for review: the execution row
-    /// (`pending_approval`), the approval (with the runnable decision and the payload), the
-    /// decision event and `approval.requested`, in one transaction. Returns the row and the
-    /// approval id; nothing runs.
-    pub(super) async fn hold_for_review(
-        &self,
-        caller: &ApiKey,
-        request: &ExecutionRequest,
-        input: &PolicyInput,
-        (mut row, decision_event): (ExecutionRow, NewEvent),
-        runnable: &Runnable,
-    ) -> Result<(ExecutionRow, String), AppError> {
-        row.status = crate::status::ExecutionStatus::PendingApproval;
+    /// The approval of a subject to hold (not stored yet).
+    pub(super) fn new_approval(&self, hold: Hold<'_>) -> Result<NewApproval, AppError> {
         let ttl = chrono::Duration::seconds(
             i64::try_from(self.config.approval_ttl_s).unwrap_or(i64::MAX / 1000),
         );
-        let stored = json!(StoredRequest {
-            language: request.language.clone(),
-            code: request.code.clone(),
-            files: request.files.clone(),
-        });
-        let request_bytes = serde_json::to_vec(&stored).map_or(i64::MAX, |bytes| {
+        let request_bytes = serde_json::to_vec(&hold.stored).map_or(i64::MAX, |bytes| {
             i64::try_from(bytes.len()).unwrap_or(i64::MAX)
         });
-        let approval = NewApproval {
+        Ok(NewApproval {
             id: crate::ids::new("ap"),
-            expires_at: row.created_at + ttl,
-            requester_key_id: caller.id.clone(),
-            requester_principal: caller.principal.clone(),
-            reasons: row.reasons.0.clone(),
-            runnable: serde_json::to_value(runnable)
+            expires_at: hold.asked_at + ttl,
+            requester_key_id: hold.caller.id.clone(),
+            requester_principal: hold.caller.principal.clone(),
+            reasons: hold.reasons,
+            runnable: serde_json::to_value(hold.runnable)
                 .map_err(|err| AppError::Internal(format!("runnable decision: {err}")))?,
-            summary: json!(input.request),
-            request: stored,
+            summary: hold.summary,
+            request: hold.stored,
             request_bytes,
-        };
-        let requested = NewEvent {
-            kind: api_types::EventKind::ApprovalRequested,
-            execution_id: Some(row.id.clone()),
-            key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
-            decision_id: Some(row.decision_id.clone()),
-            allow: Some(true),
-            reasons: json!(row.reasons.0),
-            input: json!({
-                "approval_id": approval.id,
-                "requested_by": {"key_id": caller.id, "principal": caller.principal},
-            }),
-            decision: json!({"status": "pending", "expires_at": approval.expires_at}),
-            policy_revision: Some(row.policy_revision.clone()),
-        };
-        let events = [decision_event, requested];
+        })
+    }
+
+    /// Commits the subject's pending row, its approval and `events` in one transaction, within
+    /// the configured caps on what may wait (`Held::Full` / `Held::SessionsFull`: nothing
+    /// stored; the subject records the refusal).
+    pub(super) async fn commit_hold(
+        &self,
+        pending: Pending<'_>,
+        approval: &NewApproval,
+        events: &[NewEvent],
+    ) -> Result<Held, AppError> {
         let caps = self.pending_caps();
-        let held = self
+        Ok(self
             .audit
-            .record_pending_execution(&row, &approval, &events, &caps)
-            .await?;
-        if let Held::Full(why) = held {
-            let [decision_event, _] = events;
-            let refusal = Refusal::PendingApprovalLimit;
-            return Err(self
-                .refuse_after_decision((row, decision_event), refusal, why)
-                .await);
-        }
-        tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
-        Ok((row, approval.id))
+            .record_pending(pending, approval, events, &caps)
+            .await?)
     }
 
     /// The configured bounds on what may wait for review.
@@ -159,15 +140,16 @@ impl App {
     }
 
     /// Approves or rejects. Never by the requesting key nor by a key of the requesting
-    /// principal (403); a decided or expired approval is a conflict (409). On approval an
-    /// execution runs its stored, reviewed decision through the queue (the returned row is then
-    /// `queued`); a session's sandbox is started (`session_approvals.rs`).
+    /// principal (403); a decided or expired approval is a conflict (409). Approved, the
+    /// subject runs as reviewed (`approved.rs`): an execution through the queue (the answer is
+    /// then `queued`), a session's sandbox started here (`ready`, or `closed` `start_failed`).
+    /// Rejected: the execution `denied`, the session `closed` (`denied`).
     pub async fn decide_approval(
         self: &Arc<Self>,
         caller: &ApiKey,
         id: &str,
         review: Review,
-    ) -> Result<(ApprovalRow, Subject), AppError> {
+    ) -> Result<(ApprovalRow, Reviewed), AppError> {
         let comment = review.comment.as_deref().filter(|c| !c.is_empty());
         if let Some(comment) = comment {
             check_comment(comment)?;
@@ -181,51 +163,61 @@ impl App {
         }
         self.refuse_self_review(caller, &approval, review.decision)
             .await?;
-        let Some(execution_id) = approval.execution_id.clone() else {
-            let (approval, session) = self
-                .decide_session_approval(caller, &approval, &review)
-                .await?;
-            return Ok((approval, Subject::Session(Box::new(session))));
-        };
+        let subject = approval
+            .subject()
+            .ok_or_else(|| AppError::Internal(format!("approval {id} holds no subject")))?;
         let approve = review.decision == ReviewDecision::Approve;
-        let runnable = if approve {
-            Some(self.reviewed_runnable(&approval)?)
+        let admitted = if approve {
+            Some(self.admit_approved(&approval, subject)?)
         } else {
             None
         };
-        // A slot in the queue and a place in the live set before the approval commits: a full
-        // queue refuses (429) with the approval still pending, and the reaper never closes the
-        // run between the commit and its start.
-        let admitted = if runnable.is_some() {
-            let ticket = self
-                .scheduler
-                .admit(&approval.tenant.clone().unwrap_or_default())
-                .map_err(|full| AppError::RateLimited(full.to_string()))?;
-            let live = self.live.try_track(&execution_id).ok_or_else(|| {
-                AppError::Conflict(format!("approval {id} is being decided by another request"))
-            })?;
-            Some((ticket, live))
-        } else {
-            None
-        };
+        // From the commit on, a task of its own: a reviewer whose connection goes away never
+        // leaves the subject approved but not started (an execution launched, a session
+        // opened, or closed `start_failed`).
+        let app = Arc::clone(self);
+        let (reviewer, comment) = (caller.clone(), comment.map(str::to_owned));
+        self.tasks
+            .spawn(async move {
+                let review = (approve, comment.as_deref());
+                app.commit_review(&reviewer, approval, review, admitted)
+                    .await
+            })
+            .await
+            .map_err(|err| AppError::Internal(format!("deciding approval {id} failed: {err}")))?
+    }
+
+    /// Commits the review with its events (an approval decided meanwhile is a conflict), then
+    /// acts on it (`approved.rs`).
+    async fn commit_review(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        approval: ApprovalRow,
+        (approve, comment): (bool, Option<&str>),
+        admitted: Option<Admission>,
+    ) -> Result<(ApprovalRow, Reviewed), AppError> {
+        let id = approval.id.as_str();
+        let subject = approval
+            .subject()
+            .ok_or_else(|| AppError::Internal(format!("approval {id} holds no subject")))?;
         let verdict = self.verdict(caller, approve, comment);
         let reason = &verdict.reason;
-        let event = review_event(caller, &approval, approve, comment, reason);
-        let Some(decided) = self.audit.decide_approval(id, &verdict, &event).await? else {
+        let mut events = vec![review_event(caller, &approval, approve, comment, reason)];
+        if let (ApprovalSubject::Session(session_id), false) = (subject, approve) {
+            events.push(session_denied_event(caller, &approval, session_id, reason));
+        }
+        let decided = self
+            .audit
+            .decide_approval(id, subject, &verdict, &events)
+            .await?;
+        let Some(decided) = decided else {
             return Err(AppError::Conflict(format!(
-                "approval {id} is no longer pending (decided or expired meanwhile)"
+                "approval {id} is no longer pending (decided, expired or withdrawn meanwhile)"
             )));
         };
-        tracing::info!(approval_id = %id, execution_id = %execution_id, approve, "approval decided");
-        let row = self
-            .audit
-            .get_execution(&execution_id)
-            .await?
-            .ok_or(AppError::NotFound)?;
-        if let Some((ticket, live)) = admitted {
-            self.launch_approved(row.clone(), &decided, ticket, live)?;
-        }
-        Ok((decided.approval, Subject::Execution(Box::new(row))))
+        tracing::info!(approval_id = %id, subject = ?subject, approve, "approval decided");
+        self.act_on_review(caller, &approval, decided, admitted)
+            .await
     }
 
     /// The decision a reviewer approves, as stored, if it can still run here (409 if not).
@@ -280,44 +272,6 @@ impl App {
         Err(AppError::Forbidden(message.to_owned()))
     }
 
-    /// Starts an approved execution with the decision that was reviewed, not a new one.
-    fn launch_approved(
-        self: &Arc<Self>,
-        row: ExecutionRow,
-        decided: &crate::audit::approvals::Decided,
-        ticket: super::scheduler::Ticket,
-        live: super::reaper::LiveGuard,
-    ) -> Result<(), AppError> {
-        let broken = |what: &str, err: &dyn std::fmt::Display| {
-            // The row stays `queued` without a live run: the reaper closes it as `error`.
-            AppError::Internal(format!("approved execution {}: {what}: {err}", row.id))
-        };
-        let runnable: Runnable = decided
-            .runnable
-            .clone()
-            .ok_or_else(|| broken("runnable", &"missing"))
-            .and_then(|v| serde_json::from_value(v).map_err(|err| broken("runnable", &err)))?;
-        let stored: StoredRequest = decided
-            .request
-            .clone()
-            .ok_or_else(|| broken("request", &"missing"))
-            .and_then(|v| serde_json::from_value(v).map_err(|err| broken("request", &err)))?;
-        let files = decode_files(&stored.files)?;
-        let program = super::launch::Program {
-            language: stored.language,
-            code: stored.code,
-            files,
-        };
-        self.launch(super::launch::Launch {
-            row,
-            program,
-            runnable,
-            live,
-            ticket,
-        });
-        Ok(())
-    }
-
     /// Closes every pending approval past its expiry (`denied`, `approval.expired`).
     pub async fn expire_approvals(&self) -> Result<usize, AppError> {
         let expired = self.audit.expire_approvals().await?;
@@ -346,30 +300,8 @@ impl App {
         caller: &ApiKey,
         row: &ExecutionRow,
     ) -> Result<ExecutionRow, AppError> {
-        let reason = Reason {
-            code: "approval.withdrawn".to_owned(),
-            message: format!(
-                "withdrawn by {} ({}) before review",
-                caller.principal, caller.id
-            ),
-        };
-        let event = NewEvent {
-            kind: api_types::EventKind::ApprovalWithdrawn,
-            execution_id: Some(row.id.clone()),
-            key_id: Some(caller.id.clone()),
-            tenant: Some(row.tenant.clone()),
-            decision_id: None,
-            allow: Some(false),
-            reasons: json!([reason]),
-            input: json!({}),
-            decision: json!({"status": "withdrawn"}),
-            policy_revision: None,
-        };
-        match self
-            .audit
-            .withdraw_approval(&row.id, &reason, &event)
-            .await?
-        {
+        let subject = ApprovalSubject::Execution(&row.id);
+        match self.withdraw(caller, subject, &row.tenant).await? {
             Some(_) => self.get_execution(caller, &row.id).await,
             None => {
                 let now = self.get_execution(caller, &row.id).await?;
@@ -380,10 +312,72 @@ impl App {
             }
         }
     }
+
+    /// `DELETE /v1/sessions/{id}` while it waits for review: the approval is withdrawn and the
+    /// session closed (`deleted`). `None`: it was no longer waiting (decided meanwhile).
+    pub(super) async fn withdraw_session(
+        &self,
+        caller: &ApiKey,
+        row: &SessionRow,
+    ) -> Result<Option<SessionRow>, AppError> {
+        let subject = ApprovalSubject::Session(&row.id);
+        let withdrawn = self.withdraw(caller, subject, &row.tenant).await?;
+        if let Some(closed) = withdrawn.and_then(|withdrawn| withdrawn.session) {
+            return Ok(Some(closed));
+        }
+        // Approved already, its sandbox still starting: closed now, the start finds it closed
+        // and removes what it started.
+        let reason = Reason {
+            code: "session.deleted".to_owned(),
+            message: format!(
+                "deleted by {} ({}) while its approved sandbox was starting",
+                caller.principal, caller.id
+            ),
+        };
+        Ok(self
+            .audit
+            .close_unstarted_session(&row.id, crate::session_wire::ClosedReason::Deleted, &reason)
+            .await?)
+    }
+
+    /// Withdraws the pending approval of `subject` at `caller`'s request (`approval.withdrawn`).
+    /// `None`: nothing was pending.
+    async fn withdraw(
+        &self,
+        caller: &ApiKey,
+        subject: ApprovalSubject<'_>,
+        tenant: &str,
+    ) -> Result<Option<Withdrawn>, AppError> {
+        let reason = Reason {
+            code: "approval.withdrawn".to_owned(),
+            message: format!(
+                "withdrawn by {} ({}) before review",
+                caller.principal, caller.id
+            ),
+        };
+        let execution_id = match subject {
+            ApprovalSubject::Execution(id) => Some(id.to_owned()),
+            ApprovalSubject::Session(_) => None,
+        };
+        let event = NewEvent {
+            kind: api_types::EventKind::ApprovalWithdrawn,
+            execution_id,
+            key_id: Some(caller.id.clone()),
+            tenant: Some(tenant.to_owned()),
+            decision_id: None,
+            allow: Some(false),
+            reasons: json!([reason]),
+            input: json!({}),
+            decision: json!({"status": "withdrawn"}),
+            policy_revision: None,
+        };
+        Ok(self
+            .audit
+            .withdraw_approval(subject, &reason, &event)
+            .await?)
+    }
 }
 
-/// The reason added to the execution: `approval.approved` / `approval.rejected`, naming the
-/// reviewer's principal and carrying the comment.
 impl App {
     /// This gateway's verdict on an approval, by `caller` (the execution's or session's
     /// reasons gain `approval.approved` / `approval.rejected`).
@@ -415,7 +409,7 @@ fn verdict_reason(approve: bool, principal: &str, comment: Option<&str>) -> Reas
     }
 }
 
-pub(super) fn review_event(
+fn review_event(
     caller: &ApiKey,
     approval: &ApprovalRow,
     approve: bool,
@@ -445,6 +439,31 @@ pub(super) fn review_event(
             "comment": comment,
         }),
         decision: json!({"status": verb(approve), "runnable": approval.runnable}),
+        policy_revision: None,
+    }
+}
+
+/// `session.denied` of a rejected session, naming the reviewer.
+fn session_denied_event(
+    reviewer: &ApiKey,
+    approval: &ApprovalRow,
+    session_id: &str,
+    reason: &Reason,
+) -> NewEvent {
+    NewEvent {
+        kind: api_types::EventKind::SessionDenied,
+        execution_id: None,
+        key_id: approval.requester_key_id.clone(),
+        tenant: approval.tenant.clone(),
+        decision_id: None,
+        allow: Some(false),
+        reasons: json!([reason]),
+        input: json!({
+            "session_id": session_id,
+            "approval_id": approval.id,
+            "reviewer": {"key_id": reviewer.id, "principal": reviewer.principal},
+        }),
+        decision: json!({"status": "rejected", "closed_reason": "denied"}),
         policy_revision: None,
     }
 }

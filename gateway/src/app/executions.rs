@@ -1,23 +1,20 @@
-//! The execution use case: decide -> audit (commit) -> run -> complete. This is the only path
-//! to a sandbox, so no handler can run code without a committed decision.
+//! The execution use case: decide (the pipeline) -> audit (commit) -> run -> complete. This is
+//! the only path to a sandbox of its own, so no handler can run code without a committed
+//! decision.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use sha2::{Digest, Sha256};
-use sqlx::types::Json;
 
-use policy_engine::{Decision, Environment, FileInput, PolicyInput, Principal, RequestInput};
-
-use super::floor::Runnable;
 use super::launch::{command_for, Launch, Program};
+use super::pipeline::{Ask, Outcome, Subject};
 pub use super::request::{ExecutionRequest, FileUpload, MAX_CODE_BYTES};
+use super::subjects::ExecutionRecord;
 use super::validate::check_fields;
 use super::{App, AppError};
 use crate::audit::{events, ApiKey, ExecutionRow, NewEvent};
 use crate::role::Role;
-use crate::status::ExecutionStatus;
 
 /// How long (in 100 ms steps) a cancel request waits for the record to close.
 const CANCEL_WAIT_STEPS: u32 = 100;
@@ -38,89 +35,44 @@ pub enum Created {
 }
 
 impl App {
+    /// An execution through the pipeline (`pipeline.rs`): denied, held for review, or
+    /// admitted: queued, its decision committed, then launched.
     pub async fn create_execution(
         self: &Arc<Self>,
         caller: &ApiKey,
         request: ExecutionRequest,
     ) -> Result<Created, AppError> {
-        let files = self.checked_uploads(caller, &request.files).await?;
-        check_fields(&request)?;
-        let (_, program_path) = command_for(&request.language);
-        if let Some((name, _)) = files
-            .iter()
-            .find(|(name, _)| program_path.strip_prefix("/workspace/") == Some(name.as_str()))
-        {
-            return Err(AppError::Invalid(format!(
-                "file {name:?}: /workspace/{name} is where the program itself goes; upload it under another name"
-            )));
-        }
-        if request.code.len() > MAX_CODE_BYTES {
-            return Err(AppError::Invalid(format!(
-                "code is {} bytes; the limit is {MAX_CODE_BYTES}",
-                request.code.len()
-            )));
-        }
-        let input = self.policy_input(caller, &request, &files);
-        let policy = self.policy.current();
-        let revision = policy.state.revision();
-        // The audit row keeps what the policy said (replay compares against it); the
-        // execution row and the event's allow/reasons say what the gateway then did.
-        let said = policy.state.decide(&input);
-        let mut decision = said.clone();
-        let runnable = self.enforce_floor(&request.language, &mut decision);
-
-        let row = new_row(
+        let files = self.checked_request(caller, &request).await?;
+        let ask = Ask {
             caller,
-            &request,
-            &input,
-            &decision,
-            runnable.as_ref(),
-            (revision, &self.instance),
-        );
+            subject: Subject::Execution,
+            request: &request,
+            files: &files,
+        };
+        let (ExecutionRecord { row, event }, runnable) =
+            match self.pipeline::<ExecutionRecord>(&ask).await? {
+                Outcome::Denied(record) => return Ok(Created::Denied(record.row)),
+                Outcome::Held((row, approval_id)) => {
+                    return Ok(Created::PendingApproval { row, approval_id })
+                }
+                Outcome::Admitted(record, runnable) => (record, runnable),
+            };
         // Tracked before the commit, so the reaper never closes it while it is in flight.
         let live = self.live.track(&row.id);
-        let event = NewEvent {
-            kind: api_types::EventKind::ExecutionDecision,
-            execution_id: Some(row.id.clone()),
-            key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
-            decision_id: Some(row.decision_id.clone()),
-            allow: Some(decision.allow),
-            reasons: json!(decision.reasons),
-            input: json!(input),
-            decision: json!(said),
-            policy_revision: Some(row.policy_revision.clone()),
-        };
-        // Sent to review: held (committed, fail closed), nothing runs until a reviewer approves.
-        if let (Some(runnable), true) = (&runnable, decision.require_approval) {
-            let held = (row, event);
-            let (row, approval_id) = self
-                .hold_for_review(caller, &request, &input, held, runnable)
-                .await?;
-            return Ok(Created::PendingApproval { row, approval_id });
-        }
         // A place in the queue before anything runs: a full queue refuses (429), and the
         // refusal is recorded with the decision (app::overflow).
-        let ticket = match &runnable {
-            Some(_) => match self.scheduler.admit(&caller.tenant) {
-                Ok(ticket) => Some(ticket),
-                Err(full) => {
-                    let refusal = super::overflow::Refusal::QueueFull;
-                    let held = (row, event);
-                    return Err(self
-                        .refuse_after_decision(held, refusal, full.to_string())
-                        .await);
-                }
-            },
-            None => None,
+        let ticket = match self.scheduler.admit(&caller.tenant) {
+            Ok(ticket) => ticket,
+            Err(full) => {
+                let refusal = super::overflow::Refusal::QueueFull;
+                return Err(self
+                    .refuse_after_decision((row, event), refusal, full.to_string())
+                    .await);
+            }
         };
         // Fail closed: without a committed decision nothing runs.
         self.audit.record_execution_decision(&row, &event).await?;
-        tracing::info!(execution_id = %row.id, allow = decision.allow, "decision recorded");
-
-        let (Some(runnable), Some(ticket)) = (runnable, ticket) else {
-            return Ok(Created::Denied(row));
-        };
+        tracing::info!(execution_id = %row.id, allow = true, "decision recorded");
         let task = self.launch(Launch {
             row: row.clone(),
             program: Program {
@@ -138,6 +90,32 @@ impl App {
         task.await
             .map(Created::Finished)
             .map_err(|err| AppError::Internal(format!("execution task failed: {err}")))
+    }
+
+    /// The request's uploads, decoded, once its fields are checked (400 before any decision).
+    async fn checked_request(
+        &self,
+        caller: &ApiKey,
+        request: &ExecutionRequest,
+    ) -> Result<Vec<(String, Vec<u8>)>, AppError> {
+        let files = self.checked_uploads(caller, &request.files).await?;
+        check_fields(request)?;
+        let (_, program_path) = command_for(&request.language);
+        if let Some((name, _)) = files
+            .iter()
+            .find(|(name, _)| program_path.strip_prefix("/workspace/") == Some(name.as_str()))
+        {
+            return Err(AppError::Invalid(format!(
+                "file {name:?}: /workspace/{name} is where the program itself goes; upload it under another name"
+            )));
+        }
+        if request.code.len() > MAX_CODE_BYTES {
+            return Err(AppError::Invalid(format!(
+                "code is {} bytes; the limit is {MAX_CODE_BYTES}",
+                request.code.len()
+            )));
+        }
+        Ok(files)
     }
 
     pub async fn get_execution(&self, caller: &ApiKey, id: &str) -> Result<ExecutionRow, AppError> {
@@ -218,44 +196,6 @@ impl App {
         }
         self.get_execution(caller, id).await
     }
-
-    pub(super) fn policy_input(
-        &self,
-        caller: &ApiKey,
-        request: &ExecutionRequest,
-        files: &[(String, Vec<u8>)],
-    ) -> PolicyInput {
-        PolicyInput {
-            principal: Principal {
-                key_id: caller.id.clone(),
-                tenant: caller.tenant.clone(),
-                role: caller.role.as_str().to_owned(),
-            },
-            request: RequestInput {
-                language: request.language.clone(),
-                code_sha256: hex::encode(Sha256::digest(request.code.as_bytes())),
-                code_bytes: request.code.len() as u64,
-                files: files
-                    .iter()
-                    .map(|(path, content)| FileInput {
-                        path: path.clone(),
-                        bytes: content.len() as u64,
-                    })
-                    .collect(),
-                network: request.network.clone(),
-                mounts: request.mounts.clone(),
-                limits: request.limits.clone(),
-                labels: request.labels.clone(),
-                kind: policy_engine::RequestKind::Execution,
-                session: None,
-            },
-            environment: Environment {
-                backends: self.config.backends.keys().cloned().collect(),
-                datasets: self.config.datasets.keys().cloned().collect(),
-                now: crate::ids::now_micros().to_rfc3339(),
-            },
-        }
-    }
 }
 
 /// What the `exit` event of a stream carries: how the execution ended.
@@ -274,56 +214,4 @@ pub fn exit_summary(row: &ExecutionRow) -> serde_json::Value {
         outputs_truncated: row.outputs_truncated,
         stream_truncated: false,
     })
-}
-
-pub(super) fn new_row(
-    caller: &ApiKey,
-    request: &ExecutionRequest,
-    input: &PolicyInput,
-    decision: &Decision,
-    runnable: Option<&Runnable>,
-    (policy_revision, instance): (&str, &str),
-) -> ExecutionRow {
-    let now = crate::ids::now_micros();
-    ExecutionRow {
-        id: crate::ids::new("ex"),
-        tenant: caller.tenant.clone(),
-        key_id: caller.id.clone(),
-        language: request.language.clone(),
-        code_sha256: input.request.code_sha256.clone(),
-        code_bytes: i64::try_from(request.code.len()).unwrap_or(i64::MAX),
-        labels: Json(json!(request.labels)),
-        status: if runnable.is_some() {
-            ExecutionStatus::Queued
-        } else {
-            ExecutionStatus::Denied
-        },
-        decision_id: crate::ids::new("dc"),
-        allow: decision.allow,
-        reasons: Json(decision.reasons.clone()),
-        backend: runnable.map(|r| r.backend.clone()),
-        runtime: runnable.map(|r| r.runtime.clone()),
-        image: runnable.map(|r| r.image.clone()),
-        limits: runnable.map(|r| Json(r.limits.clone())),
-        policy_revision: policy_revision.to_owned(),
-        created_at: now,
-        started_at: None,
-        finished_at: runnable.is_none().then_some(now),
-        exit_code: None,
-        duration_ms: None,
-        stdout: None,
-        stderr: None,
-        stdout_truncated: false,
-        stderr_truncated: false,
-        outputs: Json(json!([])),
-        error: None,
-        instance: Some(instance.to_owned()),
-        outputs_skipped: Json(json!([])),
-        outputs_truncated: false,
-        purged_at: None,
-        start: None,
-        container: None,
-        session_id: None,
-        result: None,
-    }
 }

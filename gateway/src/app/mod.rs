@@ -2,6 +2,7 @@
 //! policy engine, the audit store and the runtime, in that order.
 
 pub mod approvals;
+mod approved;
 pub mod executions;
 pub mod floor;
 pub mod home;
@@ -10,6 +11,7 @@ pub mod launch;
 pub mod listing;
 pub mod overflow;
 pub mod payloads;
+mod pipeline;
 pub mod policy;
 mod policy_dir;
 mod policy_follow;
@@ -25,12 +27,12 @@ pub mod replay;
 pub mod replicas;
 pub mod request;
 pub mod scheduler;
-pub mod session_approvals;
 mod session_owner;
 mod session_relay;
 mod session_runs;
 pub mod sessions;
 pub mod stream;
+mod subjects;
 pub mod validate;
 
 use std::path::PathBuf;

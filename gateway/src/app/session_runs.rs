@@ -6,48 +6,21 @@
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
-use serde_json::json;
-
-use policy_engine::{RequestKind, RequestedLimits};
+use policy_engine::RequestedLimits;
 
 use super::floor::Runnable;
+use super::pipeline::{Ask, InSession, Outcome, Subject};
 use super::reaper::LiveGuard;
-use super::request::ExecutionRequest;
+use super::request::{ExecutionRequest, MAX_CODE_BYTES};
 use super::sessions::{Held, SessionExecutionRequest};
+use super::subjects::ExecutionRecord;
 use super::{App, AppError};
 use crate::audit::sessions::SessionRow;
-use crate::audit::{ApiKey, Completion, ExecutionRow, NewEvent};
+use crate::audit::{ApiKey, Completion, ExecutionRow};
 use crate::outputs::Collected;
 use crate::runtime::{Ending, Job, JobFile, TurnEnding, TurnRan};
 use crate::session_wire::{ClosedReason, SessionStatus};
 use crate::status::ExecutionStatus;
-
-/// What a decision in a session needs of it (shareable across awaits, unlike the sandbox).
-struct Facts<'a> {
-    language: &'a str,
-    executions: u64,
-    runnable: &'a Runnable,
-}
-
-impl<'a> Facts<'a> {
-    fn of(held: &'a Held) -> Facts<'a> {
-        Facts {
-            language: &held.language,
-            executions: held.executions,
-            runnable: &held.runnable,
-        }
-    }
-}
-
-/// A session execution, decided and ready to record.
-struct InSession {
-    code: String,
-    files: Vec<(String, Vec<u8>)>,
-    row: ExecutionRow,
-    event: NewEvent,
-    /// `None`: denied, nothing runs.
-    runnable: Option<Runnable>,
-}
 
 impl App {
     /// One execution in a session: decided, recorded, run as a turn, completed. It runs as the
@@ -138,94 +111,8 @@ impl App {
         Ok(record)
     }
 
-    /// The execution's request, uploads, record and decision event, and what may run (the
-    /// session's runnable with this call's deadline), or `None` when it is denied.
-    async fn decide_in_session(
-        &self,
-        caller: &ApiKey,
-        session_row: &SessionRow,
-        session: &Facts<'_>,
-        request: SessionExecutionRequest,
-    ) -> Result<InSession, AppError> {
-        let session_id = session_row.id.as_str();
-        let files = self.checked_uploads(caller, &request.files).await?;
-        let as_execution = ExecutionRequest {
-            language: session.language.to_owned(),
-            code: request.code,
-            files: request.files,
-            network: Vec::new(),
-            mounts: Vec::new(),
-            limits: RequestedLimits {
-                timeout_ms: request.limits.timeout_ms,
-                ..RequestedLimits::default()
-            },
-            labels: Default::default(),
-            wait: true,
-        };
-        if as_execution.code.len() > super::request::MAX_CODE_BYTES {
-            return Err(AppError::Invalid(format!(
-                "code is {} bytes; the limit is {}",
-                as_execution.code.len(),
-                super::request::MAX_CODE_BYTES
-            )));
-        }
-        let mut input = self.policy_input(caller, &as_execution, &files);
-        input.request.kind = RequestKind::SessionExecution;
-        let owner = self.session_party(&session_row.key_id).await?;
-        input.request.session = Some(Self::session_input(
-            caller,
-            session_row,
-            session.executions,
-            owner,
-        ));
-        let policy = self.policy.current();
-        let said = policy.state.decide(&input);
-        if session_row.key_id != caller.id && !super::session_owner::shares(&said) {
-            // Shared for this key in general, not for this execution: still not its session.
-            return Err(AppError::NotFound);
-        }
-        let mut decision = said.clone();
-        let allowed = self
-            .enforce_floor(session.language, &mut decision)
-            .filter(|_| !decision.require_approval);
-        // The session's limits stay those decided at creation; only the deadline is per call.
-        let timeout_ms = allowed
-            .as_ref()
-            .map_or(0, |r| r.limits.timeout_ms)
-            .min(session.runnable.limits.timeout_ms);
-        let mut runnable = session.runnable.clone();
-        runnable.limits.timeout_ms = timeout_ms;
-        let mut row = super::executions::new_row(
-            caller,
-            &as_execution,
-            &input,
-            &decision,
-            allowed.is_some().then_some(&runnable),
-            (policy.state.revision(), &self.instance),
-        );
-        row.session_id = Some(session_id.to_owned());
-        let event = NewEvent {
-            kind: api_types::EventKind::ExecutionDecision,
-            execution_id: Some(row.id.clone()),
-            key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
-            decision_id: Some(row.decision_id.clone()),
-            allow: Some(decision.allow && allowed.is_some()),
-            reasons: json!(decision.reasons),
-            input: json!(input),
-            decision: json!(said),
-            policy_revision: Some(row.policy_revision.clone()),
-        };
-        Ok(InSession {
-            code: as_execution.code,
-            files,
-            row,
-            event,
-            runnable: allowed.map(|_| runnable),
-        })
-    }
-
-    /// Decide, record, run; says why the session must close, if it must.
+    /// Decide (the pipeline, `request.kind` `session_execution`), record, run; says why the
+    /// session must close, if it must.
     async fn run_in_session(
         self: &Arc<Self>,
         caller: &ApiKey,
@@ -235,20 +122,28 @@ impl App {
         started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
     ) -> Result<(ExecutionRow, Option<ClosedReason>), AppError> {
         let session_id = session_row.id.as_str();
-        let InSession {
-            code,
-            files,
-            row,
-            event,
-            runnable,
-        } = self
-            .decide_in_session(caller, session_row, &Facts::of(held), request)
-            .await?;
+        let files = self.checked_uploads(caller, &request.files).await?;
+        let as_execution = as_execution(&held.language, request)?;
+        let ask = Ask {
+            caller,
+            subject: Subject::SessionExecution(InSession {
+                row: session_row,
+                executions: held.executions,
+                owner: self.session_party(&session_row.key_id).await?,
+                runnable: &held.runnable,
+            }),
+            request: &as_execution,
+            files: &files,
+        };
+        let (ExecutionRecord { row, event }, runnable) =
+            match self.pipeline::<ExecutionRecord>(&ask).await? {
+                Outcome::Denied(record) => return Ok((record.row, None)),
+                // Never: a turn sent to review is denied (`pipeline::Subject::may_wait`).
+                Outcome::Held((row, _)) => return Ok((row, None)),
+                Outcome::Admitted(record, runnable) => (record, runnable),
+            };
         let live = self.live.track(&row.id);
         self.audit.record_execution_decision(&row, &event).await?;
-        let Some(runnable) = runnable else {
-            return Ok((row, None));
-        };
         held.executions += 1;
         let stream = self.streams.open(&row.id);
         if let Some(started) = started {
@@ -257,18 +152,29 @@ impl App {
             let _ = started.send(running);
         }
         let running = crate::egress::Running::start(&self.session_cursors, session_id, &row.id);
+        let program = (as_execution.code, files);
         let ran = self
-            .run_turn(&row, held, (code, files), (&live, stream), &runnable)
+            .run_turn(&row, held, program, (&live, stream), &runnable)
             .await;
         drop(running);
-        let closes = match &ran {
-            Ok(ran) if ran.ending.session_lives() => None,
-            Ok(TurnRan {
-                ending: TurnEnding::Ended(Ending::Oom { .. }),
-                ..
-            }) => Some(ClosedReason::Oom),
-            _ => Some(ClosedReason::Crashed),
-        };
+        let closes = closes(&ran);
+        let output = (
+            held.home.output.dir().to_owned(),
+            runnable.limits.output_bytes,
+        );
+        let stored = self.finish_turn(row, ran, output).await;
+        drop(live);
+        Ok((stored, closes))
+    }
+
+    /// Completes a turn's record: its `/output`, its `result`, its stream closed once the
+    /// record it summarises is stored (as for any execution).
+    async fn finish_turn(
+        &self,
+        row: ExecutionRow,
+        ran: Result<TurnRan, crate::runtime::RuntimeError>,
+        (output_dir, output_budget): (std::path::PathBuf, u64),
+    ) -> ExecutionRow {
         let result = match &ran {
             Ok(TurnRan {
                 ending: TurnEnding::Exited { result, .. },
@@ -281,9 +187,8 @@ impl App {
             .map(|ran| ran.special_files.clone())
             .unwrap_or_default();
         let mut done = completion(ran);
-        let output_dir = held.home.output.dir().to_owned();
         done.outputs = self
-            .collect_session_output(output_dir, &row.id, runnable.limits.output_bytes)
+            .collect_session_output(output_dir, &row.id, output_budget)
             .await;
         self.save_stream_layout(&row.id).await;
         crate::outputs::add_special_files(&mut done.outputs, &special_files);
@@ -294,13 +199,11 @@ impl App {
             }
             stored.result = Some(result);
         }
-        // As for any execution: the stream ends once the record it summarises is stored.
         if let Some(stream) = self.streams.get(&stored.id) {
             stream.close(super::executions::exit_summary(&stored));
         }
         self.streams.remove(&stored.id);
-        drop(live);
-        Ok((stored, closes))
+        stored
     }
 
     /// `/output` as the execution left it, collected while the sandbox may still run
@@ -395,6 +298,33 @@ fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
     ))
 }
 
+/// An execution in a session, asked in an execution's terms: the session's language, this
+/// call's code, uploads and deadline (the rest is the session's).
+fn as_execution(
+    language: &str,
+    request: SessionExecutionRequest,
+) -> Result<ExecutionRequest, AppError> {
+    if request.code.len() > MAX_CODE_BYTES {
+        return Err(AppError::Invalid(format!(
+            "code is {} bytes; the limit is {MAX_CODE_BYTES}",
+            request.code.len()
+        )));
+    }
+    Ok(ExecutionRequest {
+        language: language.to_owned(),
+        code: request.code,
+        files: request.files,
+        network: Vec::new(),
+        mounts: Vec::new(),
+        limits: RequestedLimits {
+            timeout_ms: request.limits.timeout_ms,
+            ..RequestedLimits::default()
+        },
+        labels: Default::default(),
+        wait: true,
+    })
+}
+
 /// A turn: the cell under `/tmp/sandgate-cells/` (named by the execution), the uploads in
 /// `/workspace`.
 fn turn_job(
@@ -424,6 +354,18 @@ fn turn_job(
         files: job_files,
         proxy: None,
         exit_nonce: None,
+    }
+}
+
+/// Why a turn's ending closes its session, if it does.
+fn closes(ran: &Result<TurnRan, crate::runtime::RuntimeError>) -> Option<ClosedReason> {
+    match ran {
+        Ok(ran) if ran.ending.session_lives() => None,
+        Ok(TurnRan {
+            ending: TurnEnding::Ended(Ending::Oom { .. }),
+            ..
+        }) => Some(ClosedReason::Oom),
+        _ => Some(ClosedReason::Crashed),
     }
 }
 

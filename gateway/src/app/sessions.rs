@@ -1,5 +1,6 @@
 //! Sessions: one sandbox kept alive across an agent's executions. Opening one is a
-//! policy decision (`request.kind` `"session"`), audited (`session.created` / `session.denied`);
+//! policy decision through the pipeline (`pipeline.rs`, `request.kind` `"session"`), audited
+//! (`session.created` / `session.denied`, or held for review: `approvals.rs`);
 //! each execution in it is decided again (`session_execution`) and recorded like any other,
 //! then runs as one turn of the session's resident runner (see `runtime::Sandbox::turn`). One
 //! execution at a time (409), idle and total lifetime capped by the config's ceilings, open
@@ -16,15 +17,17 @@ use serde_json::json;
 use sqlx::types::Json;
 use tokio_util::sync::CancellationToken;
 
-use policy_engine::{Decision, RequestKind};
+use policy_engine::Decision;
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::launch::{sandbox_env, with_egress};
+use super::pipeline::{Ask, Outcome, Subject};
 use super::pool::Shape;
 use super::reaper::LiveGuard;
 use super::request::ExecutionRequest;
 use super::scheduler::Slot;
+use super::subjects::SessionRecord;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::{ApiKey, NewEvent};
@@ -153,58 +156,31 @@ impl App {
                 max: self.config.max_sessions,
             }));
         }
-        let as_execution = ExecutionRequest {
-            language: request.language.clone(),
-            code: String::new(),
-            files: Vec::new(),
-            network: request.network.clone(),
-            mounts: request.mounts.clone(),
-            limits: request.limits.clone(),
-            labels: request.labels.clone(),
-            wait: true,
+        let ask = Ask {
+            caller,
+            subject: Subject::Session(&request),
+            request: &as_execution(&request),
+            files: &[],
         };
-        let mut input = self.policy_input(caller, &as_execution, &[]);
-        input.request.kind = RequestKind::Session;
-        let said = self.policy.current().state.decide(&input);
-        let mut decision = said.clone();
-        let runnable = self.enforce_floor(&request.language, &mut decision);
-        let id = crate::ids::new("ss");
-        let decision_id = crate::ids::new("dc");
-        let revision = self.policy.current().state.revision().to_owned();
-        let recorded = decision_record(&decision_id, &revision, &decision);
-        let event = |kind| NewEvent {
-            kind,
-            execution_id: None,
-            key_id: Some(caller.id.clone()),
-            tenant: Some(caller.tenant.clone()),
-            decision_id: Some(decision_id.clone()),
-            allow: Some(decision.allow),
-            reasons: json!(decision.reasons),
-            input: json!({"session_id": id, "request": input}),
-            decision: json!(said),
-            policy_revision: Some(revision.clone()),
-        };
-        let runnable = match runnable {
-            Some(runnable) if !decision.require_approval => runnable,
-            Some(runnable) => {
-                let held = super::session_approvals::HeldSession {
-                    id: &id,
-                    request: &request,
-                    input: &input,
-                    decision: &decision,
-                    recorded: &recorded,
-                    runnable: &runnable,
-                    event: event(api_types::EventKind::ApprovalRequested),
-                };
-                return self.hold_session(caller, held).await;
+        match self.pipeline::<SessionRecord>(&ask).await? {
+            Outcome::Denied(record) => Ok(Opened::Denied(record.decision)),
+            Outcome::Held(row) => Ok(Opened::PendingApproval(row)),
+            Outcome::Admitted(record, runnable) => {
+                let admitted = (runner, record, runnable);
+                self.open_admitted(caller, &request, admitted).await
             }
-            None => {
-                self.audit
-                    .record_event(&event(api_types::EventKind::SessionDenied))
-                    .await?;
-                return Ok(Opened::Denied(decision));
-            }
-        };
+        }
+    }
+
+    /// Opens a session the pipeline admitted: its place in the sessions' share and the queue,
+    /// its sandbox, then its row and `session.created`.
+    async fn open_admitted(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        request: &SessionRequest,
+        (runner, record, runnable): (SessionRunner, SessionRecord, Runnable),
+    ) -> Result<Opened, AppError> {
+        let id = record.id.clone();
         let share = self.session_share()?;
         let ticket = self
             .scheduler
@@ -214,7 +190,7 @@ impl App {
             .slot()
             .await
             .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
-        let (idle, ttl) = self.session_lifetimes(&request);
+        let (idle, ttl) = self.session_lifetimes(request);
         let live = self.live.track(&id);
         let held = self
             .start_session(
@@ -234,7 +210,7 @@ impl App {
             language: request.language.clone(),
             status: SessionStatus::Ready,
             closed_reason: None,
-            decision: Json(recorded),
+            decision: Json(record.recorded.clone()),
             limits: Json(json!(held.runnable.limits)),
             idle_timeout_s: i64::try_from(idle).unwrap_or(i64::MAX),
             ttl_s: i64::try_from(ttl).unwrap_or(i64::MAX),
@@ -247,7 +223,7 @@ impl App {
             closed_at: None,
             approval_id: None,
         };
-        let created = event(api_types::EventKind::SessionCreated);
+        let created = record.event(api_types::EventKind::SessionCreated);
         let held = self.register_session(&row, &created, held).await?;
         self.keep_open(id, held, (idle, ttl));
         Ok(Opened::Ready(row))
@@ -568,15 +544,18 @@ fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64) -> Job<'static> {
     }
 }
 
-/// The session's decision as stored and shown: the policy's decision with the `id` and
-/// `policy_revision` an execution's decision carries (DESIGN 10: a session carries its
-/// decision like an execution), so one names it in the audit log (`decision_id` of its
-/// `session.created` or `approval.requested` event).
-pub(super) fn decision_record(id: &str, revision: &str, decision: &Decision) -> serde_json::Value {
-    let mut recorded = json!(decision);
-    recorded["id"] = json!(id);
-    recorded["policy_revision"] = json!(revision);
-    recorded
+/// A session's opening, asked in an execution's terms: no code, no files.
+fn as_execution(request: &SessionRequest) -> ExecutionRequest {
+    ExecutionRequest {
+        language: request.language.clone(),
+        code: String::new(),
+        files: Vec::new(),
+        network: request.network.clone(),
+        mounts: request.mounts.clone(),
+        limits: request.limits.clone(),
+        labels: request.labels.clone(),
+        wait: true,
+    }
 }
 
 fn sessions_full(full: SessionsFull) -> AppError {

@@ -1,6 +1,11 @@
 //! The `approvals` table: executions and sessions held for human review. Every change of an
-//! approval and of its execution (or session, `session_approvals.rs`) row commits together with
-//! its audit event. An approval has exactly one subject: `execution_id` or `session_id`.
+//! approval and of its subject's row (the execution, or the session) commits together with its
+//! audit events. An approval has exactly one subject: `execution_id` or `session_id`.
+//!
+//! A pending session belongs to no replica: its `instance` is [`UNOWNED`] and its lease never
+//! lapses (`lease_until = 'infinity'`), since nothing of it runs anywhere; a restart does not
+//! close it. Approving hands it to the deciding replica (its instance, a real lease) while that
+//! replica starts the sandbox; a replica that dies meanwhile has its lease expire as usual.
 
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
@@ -8,10 +13,17 @@ use sqlx::types::Json;
 
 use policy_engine::Reason;
 
+use super::sessions::{session_room, SessionRow, SessionsFull};
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
 use crate::metrics::DecisionOutcome;
+use crate::session_wire::ClosedReason;
 use crate::status::ExecutionStatus;
 use api_types::ApprovalStatus;
+
+/// The `instance` of a session no replica holds (pending review).
+pub const UNOWNED: &str = "";
+
+type Tx<'a> = sqlx::Transaction<'a, sqlx::Postgres>;
 
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -40,8 +52,8 @@ pub struct ApprovalRow {
     pub code_preview: Option<String>,
 }
 
-/// What deciding takes from the row: execution id, stored request, runnable decision.
-type Taken = (String, Option<Json<Value>>, Option<Json<Value>>);
+/// What deciding takes from the approval: the stored request, the runnable decision.
+type Taken = (Option<Json<Value>>, Option<Json<Value>>);
 
 /// Selected columns; the code preview is the first 8192 characters of the program.
 pub(super) const COLUMNS: &str =
@@ -49,7 +61,7 @@ pub(super) const COLUMNS: &str =
      created_at, expires_at, decided_at, reviewer_key_id, reviewer_principal, comment, reasons, \
      runnable, summary, left(request->>'code', 8192) AS code_preview";
 
-/// A new approval, inserted with its execution row.
+/// A new approval, inserted with its subject's row.
 #[derive(Debug, Clone)]
 pub struct NewApproval {
     pub id: String,
@@ -80,6 +92,48 @@ pub enum Held {
     Held,
     /// Nothing was stored: a cap is reached (the message says which).
     Full(String),
+    /// Nothing was stored: the tenant already has `max_sessions` sessions not closed.
+    SessionsFull(SessionsFull),
+}
+
+/// A subject's row as held for review, inserted with its approval.
+#[derive(Debug, Clone, Copy)]
+pub enum Pending<'a> {
+    /// `pending_approval`, counted in the pending caps.
+    Execution(&'a ExecutionRow),
+    /// `pending_approval`, counted in the pending caps and against `max_sessions` as for an
+    /// open session.
+    Session {
+        row: &'a SessionRow,
+        max_sessions: usize,
+    },
+}
+
+/// What an approval holds: the execution or the session of that id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApprovalSubject<'a> {
+    Execution(&'a str),
+    Session(&'a str),
+}
+
+impl ApprovalSubject<'_> {
+    fn column(self) -> (&'static str, String) {
+        match self {
+            ApprovalSubject::Execution(id) => ("execution_id", id.to_owned()),
+            ApprovalSubject::Session(id) => ("session_id", id.to_owned()),
+        }
+    }
+}
+
+impl ApprovalRow {
+    /// What the approval holds; `None` for a row with neither (never written by the gateway).
+    pub fn subject(&self) -> Option<ApprovalSubject<'_>> {
+        match (&self.execution_id, &self.session_id) {
+            (Some(id), None) => Some(ApprovalSubject::Execution(id)),
+            (None, Some(id)) => Some(ApprovalSubject::Session(id)),
+            _ => None,
+        }
+    }
 }
 
 /// Advisory lock class serialising the pending-cap check per tenant ("sgap" in ASCII); the
@@ -108,33 +162,65 @@ pub struct Decided {
     pub approval: ApprovalRow,
     pub request: Option<Value>,
     pub runnable: Option<Value>,
+    /// A session's row as it now is: handed to the deciding instance (approved, still
+    /// `pending_approval` until its sandbox starts) or `closed` (`denied`). `None` for an
+    /// execution.
+    pub session: Option<SessionRow>,
+}
+
+/// What withdrawing took back: the approval, and a session's row as it was closed.
+#[derive(Debug, Clone)]
+pub struct Withdrawn {
+    pub approval_id: String,
+    pub session: Option<SessionRow>,
 }
 
 impl AuditStore {
-    /// Commits the execution row (`pending_approval`), its approval, the decision event and the
-    /// `approval.requested` event in one transaction, unless the tenant or the requesting key
-    /// already has `caps` worth of pending approvals (then nothing is stored: [`Held::Full`]).
-    /// Nothing is held before this returns `Ok(Held::Held)`.
-    pub async fn record_pending_execution(
+    /// Commits the subject's `pending_approval` row, its approval and `events` (the decision
+    /// and `approval.requested`) in one transaction, unless the tenant or the requesting key
+    /// already has `caps` worth of pending approvals ([`Held::Full`]), or, for a session, the
+    /// tenant `max_sessions` sessions not closed, counted under its lock as for an open session
+    /// ([`Held::SessionsFull`]); then nothing is stored. Nothing is held before this returns
+    /// `Ok(Held::Held)`.
+    pub async fn record_pending(
         &self,
-        row: &ExecutionRow,
+        pending: Pending<'_>,
         approval: &NewApproval,
         events: &[NewEvent],
         caps: &PendingCaps,
     ) -> Result<Held, AuditError> {
         let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
-        if let Some(full) = pending_cap_reached(&mut tx, &row.tenant, approval, caps).await? {
+        let (tenant, created_at) = match pending {
+            Pending::Execution(row) => (&row.tenant, row.created_at),
+            Pending::Session { row, max_sessions } => {
+                if let Err(full) = session_room(&mut tx, &row.tenant, max_sessions).await? {
+                    return Ok(Held::SessionsFull(full));
+                }
+                (&row.tenant, row.created_at)
+            }
+        };
+        if let Some(full) = pending_cap_reached(&mut tx, tenant, approval, caps).await? {
             return Ok(Held::Full(full));
         }
-        insert_execution(&mut tx, row).await?;
-        let subject = ApprovalSubject::Execution(&row.id);
-        insert_approval(&mut tx, approval, subject, &row.tenant, row.created_at).await?;
+        let subject = match pending {
+            Pending::Execution(row) => {
+                insert_execution(&mut tx, row).await?;
+                ApprovalSubject::Execution(&row.id)
+            }
+            Pending::Session { row, .. } => {
+                insert_pending_session(&mut tx, row, approval).await?;
+                ApprovalSubject::Session(&row.id)
+            }
+        };
+        insert_approval(&mut tx, approval, subject, tenant, created_at).await?;
         for event in events {
             chain::append(&mut tx, event).await?;
         }
         tx.commit().await?;
-        self.metrics.audit_appended(started.elapsed());
+        if let Pending::Execution(_) = pending {
+            self.metrics.audit_appended(started.elapsed());
+        }
         self.metrics.decision(DecisionOutcome::RequireApproval);
         Ok(Held::Held)
     }
@@ -172,57 +258,41 @@ impl AuditStore {
         Ok(rows)
     }
 
-    /// Approves or rejects a pending, unexpired approval of another key and principal, with its
-    /// execution row and audit event, in one transaction. `None`: nothing was pending to decide.
+    /// Approves or rejects a pending, unexpired approval of `subject` by another key and
+    /// principal, with its subject's row and `events`, in one transaction. An execution
+    /// approved is `queued` on `verdict.instance`, rejected `denied`. A session approved is
+    /// handed to `verdict.instance` with a lease, to start it (still `pending_approval`),
+    /// rejected `closed` (`denied`). `None`: nothing was pending to decide.
     pub async fn decide_approval(
         &self,
         id: &str,
+        subject: ApprovalSubject<'_>,
         verdict: &Verdict<'_>,
-        event: &NewEvent,
+        events: &[NewEvent],
     ) -> Result<Option<Decided>, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let status = if verdict.approve {
-            "approved"
-        } else {
-            "rejected"
-        };
-        let taken: Option<Taken> = sqlx::query_as(
-            "WITH old AS (SELECT id, request FROM approvals WHERE id = $1 AND status = 'pending' \
-             AND expires_at > now() FOR UPDATE) \
-             UPDATE approvals a SET status = $2, decided_at = now(), reviewer_key_id = $3, \
-             reviewer_principal = $4, comment = $5, request = NULL FROM old \
-             WHERE a.id = old.id AND a.requester_key_id IS DISTINCT FROM $3 \
-             AND sandgate_principal(a.requester_principal) IS DISTINCT FROM sandgate_principal($4) \
-             RETURNING a.execution_id, old.request, a.runnable",
-        )
-        .bind(id)
-        .bind(status)
-        .bind(verdict.reviewer_key_id)
-        .bind(verdict.reviewer_principal)
-        .bind(verdict.comment)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((execution_id, request, runnable)) = taken else {
+        let Some((request, runnable)) = take_pending(&mut tx, id, subject, verdict).await? else {
             return Ok(None);
         };
-        let denied = if verdict.approve {
-            // The reviewer's approval joins the reasons, so the record says who let it run.
-            sqlx::query(
-                "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
-                 instance = $3, lease_until = now() + $4 * interval '1 millisecond' \
-                 WHERE id = $1 AND status = 'pending_approval'",
-            )
-            .bind(&execution_id)
-            .bind(Json(json!([verdict.reason])))
-            .bind(verdict.instance)
-            .bind(verdict.lease_ms as f64)
-            .execute(&mut *tx)
-            .await?;
-            false
-        } else {
-            deny_execution(&mut tx, &execution_id, &verdict.reason).await?
-        };
-        chain::append(&mut tx, event).await?;
+        let (mut denied, mut session) = (false, None);
+        match subject {
+            ApprovalSubject::Execution(execution_id) if verdict.approve => {
+                queue_approved(&mut tx, execution_id, verdict).await?;
+            }
+            ApprovalSubject::Execution(execution_id) => {
+                denied = deny_execution(&mut tx, execution_id, &verdict.reason).await?;
+            }
+            ApprovalSubject::Session(session_id) => {
+                session = decide_session(&mut tx, session_id, verdict).await?;
+                if session.is_none() {
+                    // The approval and its session disagree: nothing is decided (rolled back).
+                    return Ok(None);
+                }
+            }
+        }
+        for event in events {
+            chain::append(&mut tx, event).await?;
+        }
         tx.commit().await?;
         if denied {
             self.metrics.execution_finished(ExecutionStatus::Denied);
@@ -239,44 +309,58 @@ impl AuditStore {
                 None
             },
             runnable: runnable.map(|r| r.0),
+            session,
         }))
     }
 
-    /// Withdraws the pending approval of `execution_id` at its agent's request: the approval
-    /// becomes `withdrawn` (its payload cleared), the execution `cancelled` with `reason`, and
-    /// `event` is appended, in one transaction. `None`: nothing was pending (decided, expired,
-    /// or withdrawn already).
+    /// Withdraws the pending approval of `subject` at its agent's request: the approval becomes
+    /// `withdrawn` (its payload cleared) and `event` is appended; an execution ends `cancelled`
+    /// with `reason`, a session `closed` (`deleted`, with `session.closed`); in one transaction.
+    /// `None`: nothing was pending (decided, expired, or withdrawn already).
     pub async fn withdraw_approval(
         &self,
-        execution_id: &str,
+        subject: ApprovalSubject<'_>,
         reason: &Reason,
         event: &NewEvent,
-    ) -> Result<Option<String>, AuditError> {
+    ) -> Result<Option<Withdrawn>, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let approval: Option<String> = sqlx::query_scalar(
+        let (column, subject_id) = subject.column();
+        let approval: Option<String> = sqlx::query_scalar(&format!(
             "UPDATE approvals SET status = 'withdrawn', decided_at = now(), request = NULL \
-             WHERE execution_id = $1 AND status = 'pending' RETURNING id",
-        )
-        .bind(execution_id)
+             WHERE {column} = $1 AND status = 'pending' RETURNING id"
+        ))
+        .bind(&subject_id)
         .fetch_optional(&mut *tx)
         .await?;
-        let Some(approval) = approval else {
+        let Some(approval_id) = approval else {
             return Ok(None);
         };
-        sqlx::query(
-            "UPDATE executions SET status = 'cancelled', reasons = reasons || $2::jsonb, \
-             finished_at = now() WHERE id = $1 AND status = 'pending_approval'",
-        )
-        .bind(execution_id)
-        .bind(Json(json!([reason])))
-        .execute(&mut *tx)
-        .await?;
         let mut event = event.clone();
-        event.input = json!({"approval_id": approval, "requested_by": event.key_id});
-        chain::append(&mut tx, &event).await?;
+        let session = match subject {
+            ApprovalSubject::Execution(execution_id) => {
+                cancel_execution(&mut tx, execution_id, reason).await?;
+                event.input = json!({"approval_id": approval_id, "requested_by": event.key_id});
+                chain::append(&mut tx, &event).await?;
+                None
+            }
+            ApprovalSubject::Session(session_id) => {
+                event.input = json!({
+                    "approval_id": approval_id,
+                    "session_id": session_id,
+                    "requested_by": event.key_id,
+                });
+                chain::append(&mut tx, &event).await?;
+                close_held(&mut tx, session_id, ClosedReason::Deleted, reason).await?
+            }
+        };
         tx.commit().await?;
-        self.metrics.execution_finished(ExecutionStatus::Cancelled);
-        Ok(Some(approval))
+        if let ApprovalSubject::Execution(_) = subject {
+            self.metrics.execution_finished(ExecutionStatus::Cancelled);
+        }
+        Ok(Some(Withdrawn {
+            approval_id,
+            session,
+        }))
     }
 
     /// Expires every pending approval past its `expires_at`: the approval becomes `expired`,
@@ -319,7 +403,7 @@ impl AuditStore {
             chain::append(&mut tx, &event).await?;
             if let Some(session_id) = session_id {
                 let expired = crate::session_wire::ClosedReason::Expired;
-                super::session_approvals::close_held(&mut tx, session_id, expired, &reason).await?;
+                close_held(&mut tx, session_id, expired, &reason).await?;
             }
         }
         tx.commit().await?;
@@ -345,27 +429,15 @@ type Expired = (
     DateTime<Utc>,
 );
 
-/// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
-/// `approval.request_bytes` would pass. Expired but unswept approvals do not count.
-/// What a new approval holds: the row of the execution or of the session it is for.
-#[derive(Debug, Clone, Copy)]
-pub(super) enum ApprovalSubject<'a> {
-    Execution(&'a str),
-    Session(&'a str),
-}
-
 /// Inserts a `pending` approval of `subject` (created with it, at `created_at`).
-pub(super) async fn insert_approval(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+async fn insert_approval(
+    tx: &mut Tx<'_>,
     approval: &NewApproval,
     subject: ApprovalSubject<'_>,
     tenant: &str,
     created_at: DateTime<Utc>,
 ) -> Result<(), AuditError> {
-    let (column, id) = match subject {
-        ApprovalSubject::Execution(id) => ("execution_id", id),
-        ApprovalSubject::Session(id) => ("session_id", id),
-    };
+    let (column, id) = subject.column();
     sqlx::query(&format!(
         "INSERT INTO approvals (id, {column}, status, created_at, expires_at, tenant, \
          requester_key_id, requester_principal, reasons, runnable, summary, request, \
@@ -389,8 +461,10 @@ pub(super) async fn insert_approval(
     Ok(())
 }
 
-pub(super) async fn pending_cap_reached(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+/// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
+/// `approval.request_bytes` would pass. Expired but unswept approvals do not count.
+async fn pending_cap_reached(
+    tx: &mut Tx<'_>,
     tenant: &str,
     approval: &NewApproval,
     caps: &PendingCaps,
@@ -435,7 +509,7 @@ pub(super) async fn pending_cap_reached(
 
 /// Ends a held execution as `denied`, adding `reason` to its reasons. `true`: it was held.
 async fn deny_execution(
-    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    tx: &mut Tx<'_>,
     execution_id: &str,
     reason: &Reason,
 ) -> Result<bool, AuditError> {
@@ -449,4 +523,220 @@ async fn deny_execution(
     .execute(&mut **tx)
     .await?;
     Ok(done.rows_affected() == 1)
+}
+
+/// Marks the pending, unexpired approval `id` of `subject` decided by another key and
+/// principal, its payload cleared. `None`: nothing was pending to decide.
+async fn take_pending(
+    tx: &mut Tx<'_>,
+    id: &str,
+    subject: ApprovalSubject<'_>,
+    verdict: &Verdict<'_>,
+) -> Result<Option<Taken>, AuditError> {
+    let status = if verdict.approve {
+        "approved"
+    } else {
+        "rejected"
+    };
+    let (column, subject_id) = subject.column();
+    Ok(sqlx::query_as(&format!(
+        "WITH old AS (SELECT id, request FROM approvals WHERE id = $1 AND status = 'pending' \
+         AND {column} = $6 AND expires_at > now() FOR UPDATE) \
+         UPDATE approvals a SET status = $2, decided_at = now(), reviewer_key_id = $3, \
+         reviewer_principal = $4, comment = $5, request = NULL FROM old \
+         WHERE a.id = old.id AND a.requester_key_id IS DISTINCT FROM $3 \
+         AND sandgate_principal(a.requester_principal) IS DISTINCT FROM sandgate_principal($4) \
+         RETURNING old.request, a.runnable"
+    ))
+    .bind(id)
+    .bind(status)
+    .bind(verdict.reviewer_key_id)
+    .bind(verdict.reviewer_principal)
+    .bind(verdict.comment)
+    .bind(subject_id)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// An approved execution: `queued` on the deciding instance, under its lease. The reviewer's
+/// approval joins the reasons, so the record says who let it run.
+async fn queue_approved(
+    tx: &mut Tx<'_>,
+    execution_id: &str,
+    verdict: &Verdict<'_>,
+) -> Result<(), AuditError> {
+    sqlx::query(
+        "UPDATE executions SET status = 'queued', reasons = reasons || $2::jsonb, \
+         instance = $3, lease_until = now() + $4 * interval '1 millisecond' \
+         WHERE id = $1 AND status = 'pending_approval'",
+    )
+    .bind(execution_id)
+    .bind(Json(json!([verdict.reason])))
+    .bind(verdict.instance)
+    .bind(verdict.lease_ms as f64)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// A decided session: approved, handed to the deciding instance with a lease (still
+/// `pending_approval` until its sandbox starts); rejected, `closed` (`denied`). `None`: it was
+/// not pending.
+async fn decide_session(
+    tx: &mut Tx<'_>,
+    session_id: &str,
+    verdict: &Verdict<'_>,
+) -> Result<Option<SessionRow>, AuditError> {
+    if !verdict.approve {
+        return close_pending(tx, session_id, ClosedReason::Denied).await;
+    }
+    Ok(sqlx::query_as(
+        "UPDATE sessions SET instance = $2, \
+         lease_until = now() + $3 * interval '1 millisecond' \
+         WHERE id = $1 AND status = 'pending_approval' RETURNING *",
+    )
+    .bind(session_id)
+    .bind(verdict.instance)
+    .bind(verdict.lease_ms as f64)
+    .fetch_optional(&mut **tx)
+    .await?)
+}
+
+/// A withdrawn execution: `cancelled`, with `reason`; nothing ever ran.
+async fn cancel_execution(
+    tx: &mut Tx<'_>,
+    execution_id: &str,
+    reason: &Reason,
+) -> Result<(), AuditError> {
+    sqlx::query(
+        "UPDATE executions SET status = 'cancelled', reasons = reasons || $2::jsonb, \
+         finished_at = now() WHERE id = $1 AND status = 'pending_approval'",
+    )
+    .bind(execution_id)
+    .bind(Json(json!([reason])))
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+/// Inserts a session held for review: no replica ([`UNOWNED`]), a lease that never lapses,
+/// expiring with its approval.
+async fn insert_pending_session(
+    tx: &mut Tx<'_>,
+    row: &SessionRow,
+    approval: &NewApproval,
+) -> Result<(), AuditError> {
+    sqlx::query(
+        "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
+         idle_timeout_s, ttl_s, instance, created_at, last_used_at, expires_at, \
+         lease_until, approval_id) \
+         VALUES ($1, $2, $3, $4, 'pending_approval', $5, $6, $7, $8, $9, $10, $10, $11, \
+         'infinity', $12)",
+    )
+    .bind(&row.id)
+    .bind(&row.tenant)
+    .bind(&row.key_id)
+    .bind(&row.language)
+    .bind(&row.decision)
+    .bind(&row.limits)
+    .bind(row.idle_timeout_s)
+    .bind(row.ttl_s)
+    .bind(UNOWNED)
+    .bind(row.created_at)
+    .bind(approval.expires_at)
+    .bind(&approval.id)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+impl AuditStore {
+    /// An approved session's sandbox started: `ready` in `container`, its idle and lifetime
+    /// clocks starting now, and `event` (`session.created`), in one transaction. `None`: the
+    /// session is no longer this instance's to open (closed meanwhile); nothing was recorded.
+    pub async fn session_started(
+        &self,
+        id: &str,
+        instance: &str,
+        container: &str,
+        event: &NewEvent,
+    ) -> Result<Option<SessionRow>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let row: Option<SessionRow> = sqlx::query_as(
+            "UPDATE sessions SET status = 'ready', container = $3, last_used_at = now(), \
+             expires_at = now() + ttl_s * interval '1 second' \
+             WHERE id = $1 AND instance = $2 AND status = 'pending_approval' RETURNING *",
+        )
+        .bind(id)
+        .bind(instance)
+        .bind(container)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if row.is_some() {
+            chain::append(&mut tx, event).await?;
+            tx.commit().await?;
+        }
+        Ok(row)
+    }
+
+    /// Closes an approved session whose sandbox has not started (`start_failed` when it could
+    /// not, `deleted` when its agent deleted it meanwhile), with `session.closed` saying why.
+    /// `None`: it was no longer waiting for its sandbox.
+    pub async fn close_unstarted_session(
+        &self,
+        id: &str,
+        closed: ClosedReason,
+        why: &Reason,
+    ) -> Result<Option<SessionRow>, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let row = close_held(&mut tx, id, closed, why).await?;
+        tx.commit().await?;
+        Ok(row)
+    }
+}
+
+/// Closes a session that has no sandbox (pending, or approved and not started) with `closed`
+/// and appends `session.closed` with `why`. `None`: it was not in that state.
+pub(super) async fn close_held(
+    tx: &mut Tx<'_>,
+    session_id: &str,
+    closed: ClosedReason,
+    why: &Reason,
+) -> Result<Option<SessionRow>, AuditError> {
+    let Some(row) = close_pending(tx, session_id, closed).await? else {
+        return Ok(None);
+    };
+    let event = NewEvent {
+        kind: api_types::EventKind::SessionClosed,
+        execution_id: None,
+        key_id: Some(row.key_id.clone()),
+        tenant: Some(row.tenant.clone()),
+        decision_id: None,
+        allow: None,
+        reasons: json!([why]),
+        input: json!({"session_id": row.id, "approval_id": row.approval_id}),
+        decision: json!({
+            "closed_reason": row.closed_reason,
+            "executions": row.executions,
+            "created_at": row.created_at,
+        }),
+        policy_revision: None,
+    };
+    chain::append(tx, &event).await?;
+    Ok(Some(row))
+}
+
+async fn close_pending(
+    tx: &mut Tx<'_>,
+    session_id: &str,
+    closed: ClosedReason,
+) -> Result<Option<SessionRow>, AuditError> {
+    Ok(sqlx::query_as(
+        "UPDATE sessions SET status = 'closed', closed_reason = $2, closed_at = now() \
+         WHERE id = $1 AND status = 'pending_approval' RETURNING *",
+    )
+    .bind(session_id)
+    .bind(closed.as_str())
+    .fetch_optional(&mut **tx)
+    .await?)
 }

@@ -12,8 +12,8 @@ use sqlx::{Postgres, Transaction};
 
 use policy_engine::Reason;
 
+use super::approvals::close_held;
 use super::keys::ApiKey;
-use super::session_approvals::close_held;
 use super::{chain, AuditError, NewEvent};
 use crate::session_wire::ClosedReason;
 

@@ -16,7 +16,6 @@ pub mod proposals;
 pub mod read;
 pub mod replicas;
 pub mod review;
-pub mod session_approvals;
 pub mod session_turns;
 pub mod sessions;
 pub mod unknown_value;

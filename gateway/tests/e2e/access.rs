@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use common::TestGateway;
-use gateway::audit::approvals::Verdict;
+use gateway::audit::approvals::{ApprovalSubject, Verdict};
 use gateway::audit::{AuditStore, NewEvent};
 
 /// A destination acme's allowlist does not cover: the shipped policy sends it to review.
@@ -208,7 +208,12 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
         policy_revision: None,
     };
     let decided = store
-        .decide_approval(&approval, &verdict, &event)
+        .decide_approval(
+            &approval,
+            ApprovalSubject::Execution(held["id"].as_str().unwrap()),
+            &verdict,
+            std::slice::from_ref(&event),
+        )
         .await
         .unwrap();
     assert!(

@@ -60,6 +60,7 @@ mod openapi;
 mod orchestration;
 mod output_kept;
 mod output_kept_cli;
+mod pipeline;
 mod policy;
 mod policy_reload;
 mod proposals;

@@ -1,0 +1,226 @@
+//! What runs once a reviewer approves (`approvals.rs`): the subject, exactly as reviewed, never
+//! decided again. An execution runs its stored decision and program through the normal queue.
+//! A session's sandbox is started on the deciding replica and the session becomes `ready`
+//! (`session.created`, naming the approval and the reviewer); its idle and lifetime clocks
+//! start then. A sandbox that cannot start closes it (`start_failed`), the event saying why.
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use policy_engine::Reason;
+
+use super::approvals::Reviewed;
+use super::floor::Runnable;
+use super::launch::{Launch, Program};
+use super::reaper::LiveGuard;
+use super::scheduler::Ticket;
+use super::sessions::{release, SessionShare};
+use super::subjects::StoredRequest;
+use super::validate::decode_files;
+use super::{error_chain, App, AppError};
+use crate::audit::approvals::{ApprovalRow, ApprovalSubject, Decided};
+use crate::audit::sessions::SessionRow;
+use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::runtime::SessionRunner;
+use crate::session_wire::ClosedReason;
+
+/// What approving takes before it commits: the reviewed decision (still runnable here), a
+/// place in the queue (a full queue refuses, 429, with the approval still pending) and a live
+/// entry (the reaper never closes the subject between the commit and its start); a session
+/// also its place in the sessions' share.
+pub(super) enum Admission {
+    Execution(Runnable, Ticket, LiveGuard),
+    Session(Runnable, Ticket, LiveGuard, SessionShare),
+}
+
+impl App {
+    pub(super) fn admit_approved(
+        &self,
+        approval: &ApprovalRow,
+        subject: ApprovalSubject<'_>,
+    ) -> Result<Admission, AppError> {
+        let runnable = self.reviewed_runnable(approval)?;
+        let (id, share) = match subject {
+            ApprovalSubject::Execution(id) => (id, None),
+            ApprovalSubject::Session(id) => (id, Some(self.session_share()?)),
+        };
+        let tenant = approval.tenant.clone().unwrap_or_default();
+        let ticket = self
+            .scheduler
+            .admit(&tenant)
+            .map_err(|full| AppError::RateLimited(full.to_string()))?;
+        let live = self.live.try_track(id).ok_or_else(|| {
+            AppError::Conflict(format!(
+                "approval {} is being decided by another request",
+                approval.id
+            ))
+        })?;
+        Ok(match share {
+            None => Admission::Execution(runnable, ticket, live),
+            Some(share) => Admission::Session(runnable, ticket, live, share),
+        })
+    }
+
+    /// Acts on a committed review (in the review's own task, `approvals.rs`): an approved
+    /// execution is launched, an approved session opened. Answers the approval and its subject
+    /// as they then are.
+    pub(super) async fn act_on_review(
+        self: &Arc<Self>,
+        reviewer: &ApiKey,
+        approval: &ApprovalRow,
+        decided: Decided,
+        admitted: Option<Admission>,
+    ) -> Result<(ApprovalRow, Reviewed), AppError> {
+        if let Some(session) = decided.session {
+            let row = match admitted {
+                Some(Admission::Session(runnable, ticket, live, share)) => {
+                    let admitted = (runnable, ticket, live, share);
+                    self.open_approved(reviewer, approval, session, admitted)
+                        .await?
+                }
+                _ => session,
+            };
+            let approval = self
+                .audit
+                .get_approval(&approval.id)
+                .await?
+                .ok_or(AppError::NotFound)?;
+            return Ok((approval, Reviewed::Session(Box::new(row))));
+        }
+        let execution_id = approval.execution_id.as_deref().unwrap_or_default();
+        let row = self
+            .audit
+            .get_execution(execution_id)
+            .await?
+            .ok_or(AppError::NotFound)?;
+        if let Some(Admission::Execution(runnable, ticket, live)) = admitted {
+            self.launch_approved(row.clone(), &decided, runnable, (ticket, live))?;
+        }
+        Ok((decided.approval, Reviewed::Execution(Box::new(row))))
+    }
+
+    /// Starts an approved execution with the decision and program that were reviewed.
+    fn launch_approved(
+        self: &Arc<Self>,
+        row: ExecutionRow,
+        decided: &Decided,
+        runnable: Runnable,
+        (ticket, live): (Ticket, LiveGuard),
+    ) -> Result<(), AppError> {
+        let broken = |what: &str, err: &dyn std::fmt::Display| {
+            // The row stays `queued` without a live run: the reaper closes it as `error`.
+            AppError::Internal(format!("approved execution {}: {what}: {err}", row.id))
+        };
+        let stored: StoredRequest = decided
+            .request
+            .clone()
+            .ok_or_else(|| broken("request", &"missing"))
+            .and_then(|v| serde_json::from_value(v).map_err(|err| broken("request", &err)))?;
+        let files = decode_files(&stored.files)?;
+        let program = Program {
+            language: stored.language,
+            code: stored.code,
+            files,
+        };
+        self.launch(Launch {
+            row,
+            program,
+            runnable,
+            live,
+            ticket,
+        });
+        Ok(())
+    }
+
+    /// Starts an approved session's sandbox with the reviewed decision and marks it `ready`;
+    /// when that fails it is closed (`start_failed`) and the answer says so.
+    async fn open_approved(
+        self: &Arc<Self>,
+        reviewer: &ApiKey,
+        approval: &ApprovalRow,
+        row: SessionRow,
+        (runnable, ticket, live, share): (Runnable, Ticket, LiveGuard, SessionShare),
+    ) -> Result<SessionRow, AppError> {
+        let started = async {
+            let runner = SessionRunner::for_language(&row.language).ok_or_else(|| {
+                AppError::Internal(format!("language {:?} has no session runner", row.language))
+            })?;
+            let slot = ticket
+                .slot()
+                .await
+                .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
+            let (id, tenant, language) = (&row.id, &row.tenant, &row.language);
+            self.start_session(id, tenant, runner, language, runnable, (slot, live, share))
+                .await
+        };
+        let held = match started.await {
+            Ok(held) => held,
+            Err(err) => return self.start_failed(&row.id, &err).await,
+        };
+        let event = created_event(reviewer, approval, &row);
+        let marked = self
+            .audit
+            .session_started(&row.id, &self.instance, held.sandbox.name(), &event)
+            .await;
+        match marked {
+            Ok(Some(ready)) => {
+                let lifetimes = (
+                    u64::try_from(ready.idle_timeout_s).unwrap_or(1),
+                    u64::try_from(ready.ttl_s).unwrap_or(1),
+                );
+                self.keep_open(ready.id.clone(), held, lifetimes);
+                Ok(ready)
+            }
+            Ok(None) => {
+                // Closed meanwhile (its lease was taken as lapsed): it must not run.
+                release(held).await;
+                self.audit
+                    .get_session(&row.id)
+                    .await?
+                    .ok_or(AppError::NotFound)
+            }
+            Err(err) => {
+                release(held).await;
+                self.start_failed(&row.id, &AppError::from(err)).await
+            }
+        }
+    }
+
+    /// Closes an approved session that could not start (`start_failed`, the event says why).
+    async fn start_failed(&self, id: &str, err: &AppError) -> Result<SessionRow, AppError> {
+        let why = Reason {
+            code: "session.start_failed".to_owned(),
+            message: format!("the approved session could not start: {}", error_chain(err)),
+        };
+        tracing::error!(session_id = %id, error = %why.message, "approved session not started");
+        match self
+            .audit
+            .close_unstarted_session(id, ClosedReason::StartFailed, &why)
+            .await?
+        {
+            Some(row) => Ok(row),
+            None => self.audit.get_session(id).await?.ok_or(AppError::NotFound),
+        }
+    }
+}
+
+/// `session.created` of an approved session: the agent's, naming the approval and reviewer.
+fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) -> NewEvent {
+    NewEvent {
+        kind: api_types::EventKind::SessionCreated,
+        execution_id: None,
+        key_id: Some(row.key_id.clone()),
+        tenant: Some(row.tenant.clone()),
+        decision_id: None,
+        allow: Some(true),
+        reasons: json!(approval.reasons.0),
+        input: json!({
+            "session_id": row.id,
+            "approval_id": approval.id,
+            "reviewer": {"key_id": reviewer.id, "principal": reviewer.principal},
+        }),
+        decision: row.decision.0.clone(),
+        policy_revision: None,
+    }
+}
