@@ -2,6 +2,11 @@
 //! (the lock is held only to clone it, never while evaluating); a reload builds a candidate,
 //! runs the bundle's own test cases, records the revision and only then swaps it in. A bundle
 //! that failed to load still answers: every decision is a deny with `policy.error`.
+//!
+//! Across replicas: every activation but following another replica holds the database's policy
+//! lock from its precondition check to its commit, and records its revision as the one last
+//! activated (`policy_active`, written at start-up too), so `If-Match` and a proposal's base are
+//! compared with what any replica activated last, not only with this process's bundle.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
