@@ -48,6 +48,8 @@ pub enum EventKind {
     PolicyEvaluate,
     #[serde(rename = "policy.proposal.approved")]
     PolicyProposalApproved,
+    #[serde(rename = "policy.proposal.rebased")]
+    PolicyProposalRebased,
     #[serde(rename = "policy.proposal.rejected")]
     PolicyProposalRejected,
     #[serde(rename = "policy.proposed")]
@@ -103,6 +105,7 @@ crate::text_forms::text_forms!(EventKind {
     KeyRotate => "key.rotate",
     PolicyEvaluate => "policy.evaluate",
     PolicyProposalApproved => "policy.proposal.approved",
+    PolicyProposalRebased => "policy.proposal.rebased",
     PolicyProposalRejected => "policy.proposal.rejected",
     PolicyProposed => "policy.proposed",
     PolicyReload => "policy.reload",

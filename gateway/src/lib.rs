@@ -130,6 +130,14 @@ async fn run(
     audit
         .record_policy_sources(active.state.revision(), active.state.sources())
         .await?;
+    // The revision this replica starts with is the last activated (If-Match and proposal
+    // approvals compare against it across replicas: `app::policy`).
+    if active.state.error().is_none() {
+        audit
+            .record_startup_revision(active.state.revision())
+            .await?;
+    }
+    app::policy::sweep_at_startup(&config.data_dir, &config.policy_dir);
     let grace = Duration::from_millis(config.ceilings.timeout_ms) + SHUTDOWN_GRACE;
     let instance = instance_id(&config.data_dir).map_err(|err| ServeError::DataDir {
         path: config.data_dir.clone(),

@@ -221,6 +221,24 @@ async fn credential_values_are_read_again_on_reload_and_never_reach_the_database
         format!("Bearer {second}")
     );
 
+    // A reload refused by its If-Match (409) changes nothing: the rotated value is not read.
+    let unread = secret("unread");
+    write(&token, &unread);
+    let refused = gw
+        .http
+        .post(format!("{}/v1/policy/reload", gw.url))
+        .bearer_auth(&admin)
+        .header("if-match", format!("\"sha256:{}\"", "0".repeat(64)))
+        .json(&json!({}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status().as_u16(), 409);
+    assert_eq!(
+        fetch(&gw, &key, &files, "/hello.txt?2b").await,
+        format!("Bearer {second}")
+    );
+
     // Rotated again, read again on SIGHUP (the reload's audit event marks its end).
     let third = secret("third");
     write(&token, &third);
@@ -260,7 +278,7 @@ async fn credential_values_are_read_again_on_reload_and_never_reach_the_database
         format!("Bearer {third}")
     );
 
-    // Nowhere at rest or in the logs: a pg_dump of the whole database (its rows hold the four
+    // Nowhere at rest or in the logs: a pg_dump of the whole database (its rows hold the five
     // requests, each naming the credential) and every line logged at debug level.
     let dump = pg_dump(gw.database_url.as_deref().unwrap());
     assert!(
@@ -274,7 +292,7 @@ async fn credential_values_are_read_again_on_reload_and_never_reach_the_database
         "the debug log was not captured: {} bytes",
         logs.len()
     );
-    for value in [&first, &second, &third] {
+    for value in [&first, &second, &unread, &third] {
         assert!(
             !dump.contains(value.as_str()),
             "pg_dump holds a credential's value"

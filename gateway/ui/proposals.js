@@ -44,6 +44,10 @@
     const box = el('div', null, 'detail-part');
     box.appendChild(el('h3', 'Replay over the last ' + r.days + ' days (' + r.total + ' decisions, '
       + r.unchanged + ' unchanged)'));
+    if (r.truncated) {
+      box.appendChild(el('p', 'Only the newest ' + r.limit + ' decisions of the window were replayed; '
+        + 'older ones were not.', 'warning'));
+    }
     box.appendChild(bucket('allow -> deny', r.allow_to_deny));
     box.appendChild(bucket('deny -> allow', r.deny_to_allow));
     box.appendChild(bucket('review changes', r.review_changes));
@@ -67,8 +71,11 @@
     reject.type = 'button';
     reject.id = 'proposal-reject';
     const act = (verb) => async () => {
-      const reply = await api('POST', '/v1/policy/proposals/' + encodeURIComponent(p.id) + '/' + verb,
-        { comment: comment.value || undefined });
+      // An approval names the candidate shown here: if the proposal was rebased since, it is
+      // refused (409) and the page shows the new evidence.
+      const body = { comment: comment.value || undefined };
+      if (verb === 'approve') body.candidate_revision = p.candidate_revision;
+      const reply = await api('POST', '/v1/policy/proposals/' + encodeURIComponent(p.id) + '/' + verb, body);
       if (reply.status === 200) say('Proposal ' + p.id + ' ' + (verb === 'approve' ? 'approved' : 'rejected') + '.');
       else say(verb + ' ' + p.id + ': ' + errorText(reply));
       await refresh();

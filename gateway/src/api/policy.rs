@@ -14,7 +14,7 @@ use policy_engine::{EgressInput, Reason};
 use super::auth::Caller;
 use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
-use crate::app::policy::{Guard, ReloadError, Source};
+use crate::app::policy::{Guard, Precondition, ReloadError, Source};
 use crate::app::policy_revisions::KeptRevision;
 use crate::app::policy_upload::MAX_UPLOAD_BYTES;
 use crate::app::refusals::bounded_json;
@@ -38,17 +38,23 @@ use crate::role::Role;
 pub async fn show(
     State(app): State<Arc<App>>,
     caller: Caller,
-) -> Result<Json<PolicyView>, ApiError> {
+) -> Result<([(axum::http::HeaderName, String); 1], Json<PolicyView>), ApiError> {
     caller.require_role(&[Role::Admin, Role::Reviewer, Role::Auditor])?;
     let active = app.policy.current();
-    Ok(Json(PolicyView {
+    // The revision as a strong entity tag, for `If-Match` on `POST /v1/policy/reload`.
+    let etag = [(
+        axum::http::header::ETAG,
+        format!("\"{}\"", active.state.revision()),
+    )];
+    let view = Json(PolicyView {
         error: active.state.error().map(str::to_owned),
         files: active.state.files().to_vec(),
         kept: app.policy.kept(),
         loaded_at: active.loaded_at,
         loaded_by: active.loaded_by.clone(),
         revision: active.state.revision().to_owned(),
-    }))
+    });
+    Ok((etag, view))
 }
 
 /// `GET /v1/policy`: the active bundle. (Fields alphabetical, as the answer always had them.)
@@ -181,8 +187,10 @@ pub struct RollbackRequest {
     tag = "policy",
     operation_id = "policy_reload",
     summary = "Load a candidate bundle: the policy directory again, `{\"dir\": \"/abs/path\"}`, or a gzip'd tar uploaded with content-type application/gzip; the credentials' values are read again.",
-    description = "With `If-Match: <revision>`, only while that revision is active (else 409 \
-        `revision_conflict`, nothing changes). The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
+    description = "With `If-Match: \"<revision>\"` (or `*`, or a list; RFC 9110 strong \
+        comparison, so a weak `W/` tag never matches), only while that revision is active on \
+        this replica and was the last activated on any replica (else 409 `revision_conflict`, \
+        nothing changes, the credentials are not read again). The answer's `credentials` is `{\"reloaded\": N}`, or `{\"error\": ...}` naming \
         the credential whose value could not be read (the previous values then stay).",
     security(("bearer" = ["admin"])),
     request_body(content = serde_json::Value, description = "optional: `{\"dir\": \"/srv/policies-candidate\"}`"),
@@ -202,12 +210,13 @@ pub async fn reload(
         if_match: if_match(&body)?,
         proposal: None,
     };
-    let credentials = Some(match app.reload_credentials(&caller.0.id) {
-        None => json!({"reloaded": 0}),
-        Some(Ok(count)) => json!({"reloaded": count}),
-        Some(Err(err)) => json!({"error": crate::errors::error_chain(&err)}),
-    });
-    if is_gzip(&body) {
+    let reloaded = if is_gzip(&body) {
+        if guard.if_match.is_some() {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                "If-Match is taken with a reload of a directory, not with an upload",
+            ));
+        }
         let bytes = axum::body::to_bytes(body.into_body(), MAX_UPLOAD_BYTES)
             .await
             .map_err(|_| {
@@ -217,40 +226,76 @@ pub async fn reload(
                 )
             })?;
         let incoming = app.config.data_dir.join("policy-incoming");
-        if guard.if_match.is_some() {
-            return Err(ApiError::new(
-                ErrorCode::InvalidRequest,
-                "If-Match is taken with a reload of a directory, not with an upload",
-            ));
-        }
-        let uploaded = app
-            .policy
+        app.policy
             .reload_upload(&app.audit, &caller.0.id, bytes.to_vec(), &incoming)
-            .await;
-        return answer(&app, uploaded, credentials).await;
-    }
-    let request: ReloadRequest = optional_body(body).await?;
-    let source = match request.dir {
-        Some(dir) => Source::Dir(dir),
-        None => Source::Configured,
+            .await
+    } else {
+        let request: ReloadRequest = optional_body(body).await?;
+        let source = match request.dir {
+            Some(dir) => Source::Dir(dir),
+            None => Source::Configured,
+        };
+        app.policy
+            .reload_guarded(&app.audit, &caller.0.id, source, guard)
+            .await
     };
-    let reloaded = app
-        .policy
-        .reload_guarded(&app.audit, &caller.0.id, source, guard)
-        .await;
+    // The credentials' values are read again only once the precondition held: a 409
+    // revision_conflict changes nothing at all.
+    let credentials = match &reloaded {
+        Err(ReloadError::RevisionConflict { .. }) => None,
+        _ => Some(match app.reload_credentials(&caller.0.id) {
+            None => json!({"reloaded": 0}),
+            Some(Ok(count)) => json!({"reloaded": count}),
+            Some(Err(err)) => json!({"error": crate::errors::error_chain(&err)}),
+        }),
+    };
     answer(&app, reloaded, credentials).await
 }
 
-/// `If-Match: <revision>` (quotes allowed, as for an entity tag): reload only while that
-/// revision is active, else 409 `revision_conflict`.
-fn if_match(body: &axum::extract::Request) -> Result<Option<String>, ApiError> {
-    let Some(value) = body.headers().get(axum::http::header::IF_MATCH) else {
+/// `If-Match` (RFC 9110, 13.1.1) with revisions as entity tags: `*` (any loaded revision), or
+/// a comma-separated list of `"<revision>"` (a bare `<revision>` is taken too); the reload
+/// applies only while one of them is active, else 409 `revision_conflict`. A weak tag
+/// (`W/"..."`) never matches If-Match (strong comparison), so a list of only weak tags always
+/// fails. A tag that is not a revision (`sha256:...`) is refused (400).
+fn if_match(body: &axum::extract::Request) -> Result<Option<Precondition>, ApiError> {
+    let mut values = body
+        .headers()
+        .get_all(axum::http::header::IF_MATCH)
+        .iter()
+        .peekable();
+    if values.peek().is_none() {
         return Ok(None);
+    }
+    let invalid = |why: &str| {
+        ApiError::new(
+            ErrorCode::InvalidRequest,
+            format!("If-Match must be * or a list of \"sha256:...\" revisions: {why}"),
+        )
     };
-    let text = value
-        .to_str()
-        .map_err(|_| ApiError::new(ErrorCode::InvalidRequest, "If-Match must be a revision"))?;
-    Ok(Some(text.trim().trim_matches('"').to_owned()))
+    let mut tags = Vec::new();
+    for value in values {
+        let text = value.to_str().map_err(|_| invalid("not text"))?;
+        for tag in text.split(',').map(str::trim).filter(|tag| !tag.is_empty()) {
+            if tag == "*" {
+                return Ok(Some(Precondition::Any));
+            }
+            let (weak, tag) = match tag.strip_prefix("W/") {
+                Some(rest) => (true, rest),
+                None => (false, tag),
+            };
+            let tag = tag
+                .strip_prefix('"')
+                .and_then(|rest| rest.strip_suffix('"'))
+                .unwrap_or(tag);
+            if !tag.starts_with("sha256:") || tag.contains(['"', ' ']) {
+                return Err(invalid(&format!("{tag:?}")));
+            }
+            if !weak {
+                tags.push(tag.to_owned());
+            }
+        }
+    }
+    Ok(Some(Precondition::OneOf(tags)))
 }
 
 #[utoipa::path(
@@ -354,6 +399,7 @@ async fn answer(
         Err(ReloadError::RevisionConflict { message, .. }) => {
             Err(ApiError::new(ErrorCode::RevisionConflict, message))
         }
+        Err(ReloadError::Closed(message)) => Err(ApiError::new(ErrorCode::Conflict, message)),
         Err(ReloadError::App(err)) => Err(err.into()),
     }
 }

@@ -15,7 +15,9 @@ use super::error::{ApiError, ErrorCode};
 use super::json::ApiJson;
 use super::listing::non_empty;
 use super::query::page_size;
-use crate::app::proposals::{Draft, Origin, MAX_DAYS, MAX_LIST, MAX_PATCH_BYTES, MAX_TEXT};
+use crate::app::proposals::{
+    Draft, Origin, Window, MAX_DAYS, MAX_LIST, MAX_PATCH_BYTES, MAX_REPLAY_DECISIONS, MAX_TEXT,
+};
 use crate::app::App;
 use crate::audit::proposals::{ProposalRow, ProposalStatus};
 use crate::role::Role;
@@ -37,12 +39,22 @@ pub struct NewProposal {
     source_approval: Option<String>,
     /// Replay window in days (default 7, at most 90).
     days: Option<u32>,
+    /// Most decisions replayed, the newest of the window (default and at most 20,000).
+    replay_limit: Option<usize>,
 }
 
-/// `approve` / `reject` body.
+/// `reject` body.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Verdict {
+    comment: Option<String>,
+}
+
+/// `approve` body: the candidate revision the reviewer was shown (a rebase changes it).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approval {
+    candidate_revision: Option<String>,
     comment: Option<String>,
 }
 
@@ -51,6 +63,7 @@ pub struct Verdict {
 #[serde(deny_unknown_fields)]
 pub struct Rebase {
     days: Option<u32>,
+    replay_limit: Option<usize>,
 }
 
 /// `POST /v1/executions/{id}/access-request` body.
@@ -82,14 +95,28 @@ fn bounded(field: &str, text: String) -> Result<String, ApiError> {
     Ok(text)
 }
 
-fn days(days: Option<u32>) -> Result<u32, ApiError> {
-    match days.unwrap_or(7) {
-        d @ 1..=MAX_DAYS => Ok(d),
-        _ => Err(ApiError::new(
-            ErrorCode::InvalidRequest,
-            format!("days must be from 1 to {MAX_DAYS}"),
-        )),
-    }
+/// The replay window asked for: `days` (1 to 90, default 7), `replay_limit` (1 to 20,000,
+/// the default).
+fn window(days: Option<u32>, limit: Option<usize>) -> Result<Window, ApiError> {
+    let days = match days.unwrap_or(7) {
+        d @ 1..=MAX_DAYS => d,
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("days must be from 1 to {MAX_DAYS}"),
+            ))
+        }
+    };
+    let limit = match limit.unwrap_or(MAX_REPLAY_DECISIONS) {
+        n @ 1..=MAX_REPLAY_DECISIONS => n,
+        _ => {
+            return Err(ApiError::new(
+                ErrorCode::InvalidRequest,
+                format!("replay_limit must be from 1 to {MAX_REPLAY_DECISIONS}"),
+            ))
+        }
+    };
+    Ok(Window { days, limit })
 }
 
 fn view(row: ProposalRow) -> Value {
@@ -117,7 +144,7 @@ pub async fn create(
 ) -> Result<(axum::http::StatusCode, Json<Value>), ApiError> {
     caller.require_role(DECIDERS)?;
     let ApiJson(request) = ApiJson::<NewProposal>::from_request(body, &app).await?;
-    let days = days(request.days)?;
+    let window = window(request.days, request.replay_limit)?;
     let (patch, title, rationale) = match (request.patch, &request.from_execution) {
         (Some(patch), None) => (patch, request.title, request.rationale),
         (None, Some(id)) => {
@@ -164,7 +191,7 @@ pub async fn create(
         source_approval: request.source_approval,
         justification: None,
         origin: Origin::Reviewer,
-        days,
+        window,
     };
     let row = app.create_proposal(&caller.0, draft).await?;
     Ok((axum::http::StatusCode::CREATED, Json(view(row))))
@@ -256,7 +283,7 @@ pub async fn get(
     path = "/v1/policy/proposals/{id}/approve",
     tag = "policy",
     operation_id = "proposals_approve",
-    summary = "Approve and apply (never by its author's principal; only while its base is the active revision, else 409 revision_conflict; not while its tests fail).",
+    summary = "Approve and apply `{\"candidate_revision\": ...}`, the candidate you reviewed (409 if it was rebased since), never by its author's principal; only while its base is the active revision on every replica, else 409 revision_conflict; not while its tests fail.",
     security(("bearer" = ["reviewer", "admin"])),
     params(("id" = String, Path)),
     request_body = serde_json::Value,
@@ -272,9 +299,23 @@ pub async fn approve(
     body: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(DECIDERS)?;
-    let verdict: Verdict = super::policy::optional_body(body).await?;
-    let comment = verdict.comment.map(|c| bounded("comment", c)).transpose()?;
-    let (row, applied) = app.approve_proposal(&caller.0, &id, comment).await?;
+    let approval: Approval = super::policy::optional_body(body).await?;
+    let comment = approval
+        .comment
+        .map(|c| bounded("comment", c))
+        .transpose()?;
+    let reviewed = approval
+        .candidate_revision
+        .filter(|revision| !revision.is_empty())
+        .ok_or_else(|| {
+            ApiError::new(
+                ErrorCode::InvalidRequest,
+                "approve names the candidate_revision you reviewed (GET /v1/policy/proposals/{id})",
+            )
+        })?;
+    let (row, applied) = app
+        .approve_proposal(&caller.0, &id, (reviewed, comment))
+        .await?;
     Ok(Json(json!({"proposal": view(row), "applied": applied})))
 }
 
@@ -332,7 +373,8 @@ pub async fn rebase(
 ) -> Result<Json<Value>, ApiError> {
     caller.require_role(DECIDERS)?;
     let request: Rebase = super::policy::optional_body(body).await?;
-    let row = app.rebase_proposal(&id, days(request.days)?).await?;
+    let window = window(request.days, request.replay_limit)?;
+    let row = app.rebase_proposal(&caller.0, &id, window).await?;
     Ok(Json(view(row)))
 }
 

@@ -13,6 +13,7 @@ pub mod overflow;
 pub mod payloads;
 mod pipeline;
 pub mod policy;
+mod policy_dir;
 mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;

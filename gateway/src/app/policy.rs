@@ -2,6 +2,11 @@
 //! (the lock is held only to clone it, never while evaluating); a reload builds a candidate,
 //! runs the bundle's own test cases, records the revision and only then swaps it in. A bundle
 //! that failed to load still answers: every decision is a deny with `policy.error`.
+//!
+//! Across replicas: every activation but following another replica holds the database's policy
+//! lock from its precondition check to its commit, and records its revision as the one last
+//! activated (`policy_active`, written at start-up too), so `If-Match` and a proposal's base are
+//! compared with what any replica activated last, not only with this process's bundle.
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -12,6 +17,7 @@ use policy_engine::{Decision, EgressDecision, EgressInput, PolicyEngine, PolicyI
 
 use super::policy_revisions::{KeptRevision, RevisionStore};
 use super::{error_chain, AppError};
+use crate::audit::proposals::{Activated, Activation};
 use crate::audit::{events, AuditStore, NewEvent};
 
 /// Revision named on decisions made while no bundle is loaded.
@@ -107,6 +113,8 @@ pub struct ActivePolicy {
 pub struct ReloadAccepted {
     pub revision: String,
     pub previous: String,
+    /// For an applied proposal: whether the policy directory now holds it, or why not.
+    pub policy_dir: Option<Result<(), String>>,
 }
 
 /// Where a reload takes its candidate from.
@@ -225,9 +233,13 @@ impl PolicyHandle {
             .await
     }
 
-    /// [`PolicyHandle::reload_from`] under `guard`: with `if_match`, only while that revision is
-    /// the active one (checked under the reload lock, so two guarded reloads of one base cannot
-    /// both apply: compare-and-swap); the reload event names `guard.proposal`.
+    /// [`PolicyHandle::reload_from`] under `guard`. Every activation but following another
+    /// replica ([`Source::Stored`]) holds the database's policy lock from its check to its
+    /// commit ([`AuditStore::begin_activation`]): with `if_match`, it applies only while the
+    /// precondition holds for this replica's active revision and for the one last activated
+    /// on any replica (compare-and-swap across replicas); with `proposal`, the proposal is
+    /// claimed first and its approval committed with the revision, or nothing is. The policy
+    /// directory is written (a proposal's) under the reload lock, after the commit.
     pub async fn reload_guarded(
         &self,
         audit: &AuditStore,
@@ -241,18 +253,97 @@ impl PolicyHandle {
             loaded_by: loaded_by.to_owned(),
             source: source_name(&source),
             previous: previous.clone(),
-            proposal: guard.proposal.clone(),
+            proposal: guard.proposal.as_ref().map(|claim| claim.id.clone()),
         };
-        if let Some(expected) = guard.if_match.filter(|expected| *expected != previous) {
-            let message = format!("the active revision is {previous}, not {expected}");
-            let _audited = context.reject(audit, &self.dir, message.clone()).await;
-            return Err(ReloadError::RevisionConflict {
-                message,
-                active_revision: previous,
-            });
+        let mut activation = match source {
+            Source::Stored(..) => None,
+            _ => Some(audit.begin_activation().await.map_err(AppError::from)?),
+        };
+        if let Some(activation) = activation.as_mut() {
+            self.check_guard(audit, &context, activation, &guard)
+                .await?;
         }
-        let resolved = self.resolve(&source, &previous);
-        let (dir, wanted) = match resolved {
+        let (dir, engine) = self.load_source(audit, &context, &source).await?;
+        let revision = engine.revision().to_owned();
+        audit
+            .record_policy_revision(&revision, engine.files(), loaded_by)
+            .await
+            .map_err(AppError::from)?;
+        audit
+            .record_policy_sources(&revision, engine.sources())
+            .await
+            .map_err(AppError::from)?;
+        let event = context.event(&dir, Some(&revision), None);
+        let approval = guard.proposal.as_ref().map(|claim| &claim.event);
+        context
+            .commit(audit, activation, &revision, (&event, approval))
+            .await?;
+        self.swap_in(engine, loaded_by);
+        tracing::info!(loaded_by, %revision, %previous, "policy reloaded");
+        let policy_dir = match &guard.proposal {
+            Some(claim) => Some(self.write_back(claim, &revision).await),
+            None => None,
+        };
+        Ok(ReloadAccepted {
+            revision,
+            previous,
+            policy_dir,
+        })
+    }
+
+    /// Under the policy lock: claims the proposal, then checks `if_match` against this
+    /// replica's active revision and the one last activated on any replica. On a refusal the
+    /// activation is dropped (nothing written but the refusal's event).
+    async fn check_guard(
+        &self,
+        audit: &AuditStore,
+        context: &ReloadContext,
+        activation: &mut Activation,
+        guard: &Guard,
+    ) -> Result<(), ReloadError> {
+        if let Some(claim) = &guard.proposal {
+            let by = (claim.by.as_str(), claim.comment.as_deref());
+            let claimed = activation
+                .claim_proposal(&claim.id, &claim.candidate, by)
+                .await
+                .map_err(AppError::from)?;
+            if claimed.is_none() {
+                return Err(ReloadError::Closed(format!(
+                    "proposal {} is no longer open with candidate {} (it was decided or rebased meanwhile)",
+                    claim.id, claim.candidate
+                )));
+            }
+        }
+        let Some(precondition) = &guard.if_match else {
+            return Ok(());
+        };
+        let local = context.previous.as_str();
+        let cluster = activation
+            .active
+            .clone()
+            .unwrap_or_else(|| local.to_owned());
+        let failed = [local, cluster.as_str()]
+            .into_iter()
+            .find(|revision| !precondition.matches(revision));
+        let Some(active_revision) = failed else {
+            return Ok(());
+        };
+        let message = precondition.refusal(local, &cluster);
+        let _audited = context.reject(audit, &self.dir, message.clone()).await;
+        Err(ReloadError::RevisionConflict {
+            message,
+            active_revision: active_revision.to_owned(),
+        })
+    }
+
+    /// The candidate of `source`, loaded, tested and kept for rollback; refusals are audited.
+    async fn load_source(
+        &self,
+        audit: &AuditStore,
+        context: &ReloadContext,
+        source: &Source,
+    ) -> Result<(PathBuf, PolicyEngine), ReloadError> {
+        let (dir, wanted) = match self.resolve(source, &context.previous) {
             Ok(found) => found,
             Err(message) => return Err(context.reject(audit, &self.dir, message).await),
         };
@@ -267,25 +358,31 @@ impl PolicyHandle {
                 return Err(context.reject(audit, &dir, message).await);
             }
         }
-        let revision = engine.revision().to_owned();
-        audit
-            .record_policy_revision(&revision, engine.files(), loaded_by)
-            .await
-            .map_err(AppError::from)?;
-        audit
-            .record_policy_sources(&revision, engine.sources())
-            .await
-            .map_err(AppError::from)?;
-        let event = context.event(&dir, Some(&revision), None);
-        audit.record_event(&event).await.map_err(AppError::from)?;
+        Ok((dir, engine))
+    }
+
+    fn swap_in(&self, engine: PolicyEngine, loaded_by: &str) {
         let active = Arc::new(ActivePolicy {
             state: PolicyState::Loaded(Box::new(engine)),
             loaded_by: loaded_by.to_owned(),
             loaded_at: crate::ids::now_micros(),
         });
         *self.current.write().unwrap_or_else(PoisonError::into_inner) = active;
-        tracing::info!(loaded_by, %revision, %previous, "policy reloaded");
-        Ok(ReloadAccepted { revision, previous })
+    }
+
+    /// Writes an applied proposal into the policy directory (still under the reload lock, so
+    /// no reload of this replica reads it half-way): `Err` says why it was left as it was.
+    async fn write_back(&self, claim: &ProposalClaim, revision: &str) -> Result<(), String> {
+        let (dir, files, revision) = (self.dir.clone(), claim.files.clone(), revision.to_owned());
+        let written = tokio::task::spawn_blocking(move || {
+            super::policy_dir::replace(&dir, &files, &revision)
+        })
+        .await
+        .unwrap_or_else(|err| Err(format!("write task: {err}")));
+        if let Err(err) = &written {
+            tracing::warn!(policy_dir = %self.dir.display(), error = %err, "an applied proposal was not written to the policy directory; the revision is active and kept");
+        }
+        written
     }
 
     /// Unpacks an uploaded gzip'd tar bundle into a fresh directory under `incoming` and
@@ -298,13 +395,18 @@ impl PolicyHandle {
         bytes: Vec<u8>,
         incoming: &Path,
     ) -> Result<ReloadAccepted, ReloadError> {
-        let dir = incoming.join(uuid::Uuid::new_v4().to_string());
+        // Removed when dropped, on every path (a client that goes away included).
+        let unpacked_dir = match scratch_dir(incoming, "upload-") {
+            Ok(dir) => dir,
+            Err(err) => return Err(ReloadError::App(AppError::Internal(err))),
+        };
+        let dir = unpacked_dir.path().join("bundle");
         let target = dir.clone();
         let unpacked =
             tokio::task::spawn_blocking(move || super::policy_upload::unpack(&bytes, &target))
                 .await
                 .unwrap_or_else(|err| Err(format!("unpack task failed: {err}")));
-        let result = match unpacked {
+        match unpacked {
             Ok(()) => {
                 self.reload_from(audit, loaded_by, Source::Upload(dir.clone()))
                     .await
@@ -319,11 +421,7 @@ impl PolicyHandle {
                 let message = format!("the uploaded bundle was refused: {message}");
                 Err(context.reject(audit, &dir, message).await)
             }
-        };
-        if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
-            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove an unpacked upload");
         }
-        result
     }
 
     /// The directory a source names, and the revision it must be (rollback).
@@ -385,9 +483,62 @@ struct ReloadContext {
 #[derive(Debug, Clone, Default)]
 pub struct Guard {
     /// The revision that must be active (`If-Match`, a proposal's base); else 409.
-    pub if_match: Option<String>,
+    pub if_match: Option<Precondition>,
     /// The approved proposal this reload applies, named in its event.
-    pub proposal: Option<String>,
+    pub proposal: Option<ProposalClaim>,
+}
+
+/// `If-Match` as RFC 9110 (13.1.1) reads it, with revisions as entity tags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Precondition {
+    /// `*`: any loaded revision.
+    Any,
+    /// One of these revisions (strong tags; a weak tag `W/"..."` never matches `If-Match`, so
+    /// it is left out: only weak tags is an empty list, which nothing matches).
+    OneOf(Vec<String>),
+}
+
+impl Precondition {
+    pub fn matches(&self, revision: &str) -> bool {
+        match self {
+            Precondition::Any => revision != NO_REVISION,
+            Precondition::OneOf(tags) => tags.iter().any(|tag| tag == revision),
+        }
+    }
+
+    fn refusal(&self, local: &str, cluster: &str) -> String {
+        let wanted = match self {
+            Precondition::Any => "any loaded revision (*)".to_owned(),
+            Precondition::OneOf(tags) if tags.is_empty() => {
+                "no strong revision (a weak tag W/\"...\" never matches If-Match)".to_owned()
+            }
+            Precondition::OneOf(tags) => tags.join(" or "),
+        };
+        if local == cluster {
+            format!("the active revision is {local}, not {wanted}")
+        } else {
+            format!(
+                "this replica runs {local} and the revision last activated on any replica is \
+                 {cluster}; the precondition wants {wanted}"
+            )
+        }
+    }
+}
+
+/// An approved proposal a reload applies: claimed under the policy lock (it must still be open
+/// with this candidate), its approval event committed with the revision.
+#[derive(Debug, Clone)]
+pub struct ProposalClaim {
+    pub id: String,
+    /// The candidate revision the reviewer approved.
+    pub candidate: String,
+    pub by: String,
+    pub comment: Option<String>,
+    /// `policy.proposal.approved`.
+    pub event: NewEvent,
+    /// The files it changes (data files, the rewritten matrix), relative to the policy
+    /// directory, written there once applied.
+    pub files: Vec<(String, Vec<u8>)>,
 }
 
 fn source_name(source: &Source) -> &'static str {
@@ -414,6 +565,31 @@ impl ReloadContext {
             event.input["proposal"] = serde_json::Value::from(proposal.as_str());
         }
         event
+    }
+
+    /// Commits an accepted reload: under an activation, the revision as the last activated
+    /// with its event and the approval's, together; a followed one (no activation), its event.
+    async fn commit(
+        &self,
+        audit: &AuditStore,
+        activation: Option<Activation>,
+        revision: &str,
+        (event, approval): (&NewEvent, Option<&NewEvent>),
+    ) -> Result<(), ReloadError> {
+        let committed = match activation {
+            Some(activation) => {
+                let active = Activated {
+                    revision,
+                    loaded_by: &self.loaded_by,
+                    source: self.source,
+                    proposal: self.proposal.as_deref(),
+                };
+                let events: Vec<&NewEvent> = std::iter::once(event).chain(approval).collect();
+                activation.commit(&active, &events).await
+            }
+            None => audit.record_event(event).await.map(drop),
+        };
+        committed.map_err(|err| ReloadError::App(AppError::from(err)))
     }
 
     /// Audits the refusal and says why; the active bundle stays.
@@ -464,6 +640,9 @@ pub enum ReloadError {
         message: String,
         active_revision: String,
     },
+    /// The proposal to apply was decided or rebased meanwhile; nothing changed.
+    #[error("{0}")]
+    Closed(String),
     #[error(transparent)]
     App(#[from] AppError),
 }
@@ -526,5 +705,53 @@ fn reload_event(
             previous: previous.to_owned(),
         }),
         policy_revision: Some(accepted.unwrap_or(previous).to_owned()),
+    }
+}
+
+/// A new directory under `root` (created if missing), removed with its contents when the guard
+/// is dropped: a candidate's or an upload's copy goes on every path, a dropped request's too.
+pub fn scratch_dir(root: &Path, prefix: &str) -> Result<tempfile::TempDir, String> {
+    std::fs::create_dir_all(root).map_err(|err| format!("{}: {err}", root.display()))?;
+    tempfile::Builder::new()
+        .prefix(prefix)
+        .tempdir_in(root)
+        .map_err(|err| format!("{}: {err}", root.display()))
+}
+
+/// Removes what a process that stopped abruptly left in `root` (`<data_dir>/policy-incoming/`:
+/// candidates', uploads' and followed bundles' copies). Called at start-up, before anything
+/// creates one. Returns how many entries went.
+pub fn sweep_scratch(root: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return 0;
+    };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let gone = match entry.file_type() {
+            Ok(kind) if kind.is_dir() => std::fs::remove_dir_all(&path),
+            _ => std::fs::remove_file(&path),
+        };
+        match gone {
+            Ok(()) => removed += 1,
+            Err(err) => {
+                tracing::warn!(path = %path.display(), error = %err, "cannot remove a left scratch copy")
+            }
+        }
+    }
+    removed
+}
+
+/// At start-up: the scratch copies and policy-directory staging copies a process that stopped
+/// abruptly left behind are removed (nothing creates one yet).
+pub fn sweep_at_startup(data_dir: &Path, policy_dir: &Path) {
+    let scratch = sweep_scratch(&data_dir.join("policy-incoming"));
+    let staging = super::policy_dir::sweep(policy_dir);
+    if scratch + staging > 0 {
+        tracing::info!(
+            scratch,
+            staging,
+            "removed copies an earlier run left behind"
+        );
     }
 }

@@ -25,31 +25,22 @@ impl App {
         if files.is_empty() {
             return Err("the database holds no files for it".to_owned());
         }
-        let dir = self
-            .config
-            .data_dir
-            .join("policy-incoming")
-            .join(uuid::Uuid::new_v4().to_string());
+        // Removed when dropped, on every path.
+        let root = self.config.data_dir.join("policy-incoming");
+        let scratch = super::policy::scratch_dir(&root, "follow-")?;
+        let dir = scratch.path().join("bundle");
         let target = dir.clone();
         let written = tokio::task::spawn_blocking(move || write_bundle(&target, &files))
             .await
             .unwrap_or_else(|err| Err(format!("writing its files failed: {err}")));
-        let loaded = match written {
-            Ok(()) => {
-                let source = Source::Stored(dir.clone(), revision.to_owned());
-                let loaded_by = format!("replica:{by}");
-                self.policy
-                    .reload_from(&self.audit, &loaded_by, source)
-                    .await
-                    .map(|_| ())
-                    .map_err(|err| super::error_chain(&err))
-            }
-            Err(err) => Err(err),
-        };
-        if let Err(err) = tokio::fs::remove_dir_all(&dir).await {
-            tracing::warn!(dir = %dir.display(), error = %err, "cannot remove a followed bundle's copy");
-        }
-        loaded
+        written?;
+        let source = Source::Stored(dir, revision.to_owned());
+        let loaded_by = format!("replica:{by}");
+        self.policy
+            .reload_from(&self.audit, &loaded_by, source)
+            .await
+            .map(|_| ())
+            .map_err(|err| super::error_chain(&err))
     }
 }
 

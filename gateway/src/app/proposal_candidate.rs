@@ -9,7 +9,7 @@
 //! a data change is expected to change decisions, so approving rewrites the matrix with the
 //! candidate's decisions (what `sandgate policy test --bless` does with a hand edit).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Serialize;
 use serde_json::{Map, Value};
@@ -45,32 +45,54 @@ pub struct TestEvidence {
     pub matrix_diff: String,
 }
 
-/// A built candidate: its engine, the patched data files and what its tests found.
+/// A built candidate: its engine, the patched data files and what its tests found, in its own
+/// directory (removed when the candidate is dropped, whatever path drops it).
 pub struct Candidate {
     pub engine: PolicyEngine,
     pub changed: Vec<SourceFile>,
     pub tests: TestEvidence,
-    pub dir: PathBuf,
+    pub dir: tempfile::TempDir,
 }
 
-/// Builds the candidate of `base` (the base revision's files) patched with `patch` in a new
-/// directory `dir`, with a copy of `tests`. With `bless`, the matrix there is rewritten.
+impl Candidate {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// What applying it writes into the policy directory: the patched data files and, when
+    /// the bundle has one, the golden matrix (rewritten when built with `bless`).
+    pub fn files(&self) -> Vec<(String, Vec<u8>)> {
+        let mut files: Vec<(String, Vec<u8>)> = self
+            .changed
+            .iter()
+            .map(|file| (file.path.clone(), file.contents.clone().into_bytes()))
+            .collect();
+        if let Ok(bytes) = std::fs::read(self.path().join(matrix::MATRIX_FILE)) {
+            files.push((matrix::MATRIX_FILE.to_owned(), bytes));
+        }
+        files
+    }
+}
+
+/// Builds the candidate of `base` (the base revision's files) patched with `patch` in `dir`
+/// (new and empty), with a copy of `tests`. With `bless`, the matrix there is rewritten.
 pub fn build(
     base: &[SourceFile],
     tests: &Path,
     patch: &Map<String, Value>,
-    dir: &Path,
+    dir: tempfile::TempDir,
     bless: bool,
 ) -> Result<Candidate, CandidateError> {
     let changed = patched_files(base, patch)?;
-    write_dir(base, &changed, tests, dir).map_err(CandidateError::Io)?;
-    let engine = PolicyEngine::load(dir).map_err(|err| CandidateError::Load(error_chain(&err)))?;
-    let tests = run_tests(&engine, dir, bless);
+    write_dir(base, &changed, tests, dir.path()).map_err(CandidateError::Io)?;
+    let engine =
+        PolicyEngine::load(dir.path()).map_err(|err| CandidateError::Load(error_chain(&err)))?;
+    let tests = run_tests(&engine, dir.path(), bless);
     Ok(Candidate {
         engine,
         changed,
         tests,
-        dir: dir.to_owned(),
+        dir,
     })
 }
 
@@ -195,4 +217,115 @@ fn run_tests(engine: &PolicyEngine, dir: &Path, bless: bool) -> TestEvidence {
         Err(err) => evidence.matrix_diff = format!("cannot check the matrix: {err}"),
     }
     evidence
+}
+
+/// The tenants' data file, whose `tenants.<name>.limits` a suggestion may raise.
+const TENANTS_FILE: &str = "data/tenants.yaml";
+
+/// Caps each limit a suggestion raises (`data/tenants.yaml` → `tenants.<t>.limits.<name>`) at
+/// the gateway's ceiling of that name: a request asking for more than any sandbox may get must
+/// not become a tenant's limit. A raise that the cap brings to or below the tenant's current
+/// limit is dropped, and so is what it leaves empty (an empty patch: no suggestion).
+pub fn cap_limits(
+    patch: &mut Map<String, Value>,
+    base: &[SourceFile],
+    ceilings: &crate::config::Ceilings,
+) {
+    let Some(tenants) = patch
+        .get_mut(TENANTS_FILE)
+        .and_then(|file| file.get_mut("tenants"))
+        .and_then(Value::as_object_mut)
+    else {
+        return;
+    };
+    let current = current_tenants(base);
+    for (name, change) in tenants.iter_mut() {
+        let Some(limits) = change.get_mut("limits").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let now = &current[name.as_str()]["limits"];
+        limits.retain(
+            |limit, value| match (ceiling(ceilings, limit), value.as_f64()) {
+                (Some(ceiling), Some(asked)) => {
+                    let capped = asked.min(ceiling);
+                    *value = number(capped, value);
+                    now[limit.as_str()].as_f64().is_none_or(|now| capped > now)
+                }
+                // Not a limit the gateway bounds (or not a number): not suggested.
+                _ => false,
+            },
+        );
+        if limits.is_empty() {
+            if let Some(change) = change.as_object_mut() {
+                change.remove("limits");
+            }
+        }
+    }
+    tenants.retain(|_, change| change.as_object().is_none_or(|c| !c.is_empty()));
+    if tenants.is_empty() {
+        patch.remove(TENANTS_FILE);
+    }
+}
+
+fn current_tenants(base: &[SourceFile]) -> Value {
+    base.iter()
+        .find(|file| file.path == TENANTS_FILE)
+        .and_then(|file| serde_yaml_ng::from_str::<serde_yaml_ng::Value>(&file.contents).ok())
+        .and_then(|parsed| serde_json::to_value(parsed).ok())
+        .map(|data| data["tenants"].clone())
+        .unwrap_or(Value::Null)
+}
+
+fn ceiling(ceilings: &crate::config::Ceilings, limit: &str) -> Option<f64> {
+    let value = match limit {
+        "timeout_ms" => ceilings.timeout_ms,
+        "memory_mb" => ceilings.memory_mb,
+        "cpus" => return Some(ceilings.cpus),
+        "pids" => ceilings.pids,
+        "disk_mb" => ceilings.disk_mb,
+        "output_bytes" => ceilings.output_bytes,
+        _ => return None,
+    };
+    Some(value as f64)
+}
+
+/// `capped` as JSON, an integer when the asked value was one.
+fn number(capped: f64, asked: &Value) -> Value {
+    if asked.is_f64() {
+        Value::from(capped)
+    } else {
+        Value::from(capped as u64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_suggested_limit_is_capped_at_the_ceiling_and_dropped_when_not_a_raise() {
+        let base = vec![SourceFile {
+            path: TENANTS_FILE.to_owned(),
+            contents: "tenants:\n  lab:\n    limits: {timeout_ms: 5000, memory_mb: 4096}\n"
+                .to_owned(),
+        }];
+        let ceilings = crate::config::Ceilings::default();
+        let mut patch: Map<String, Value> = serde_json::from_value(serde_json::json!({
+            TENANTS_FILE: {"tenants": {"lab": {"limits": {
+                "timeout_ms": 999_999_999u64, "memory_mb": 999_999u64, "cpus": 64.0, "odd": 1}}}}
+        }))
+        .unwrap();
+        cap_limits(&mut patch, &base, &ceilings);
+        assert_eq!(
+            Value::Object(patch),
+            serde_json::json!({TENANTS_FILE: {"tenants": {"lab": {"limits": {
+                "timeout_ms": ceilings.timeout_ms, "cpus": ceilings.cpus}}}}})
+        );
+        let mut only_memory: Map<String, Value> = serde_json::from_value(serde_json::json!({
+            TENANTS_FILE: {"tenants": {"lab": {"limits": {"memory_mb": 999_999u64}}}}
+        }))
+        .unwrap();
+        cap_limits(&mut only_memory, &base, &ceilings);
+        assert!(only_memory.is_empty(), "{only_memory:?}");
+    }
 }

@@ -1,28 +1,32 @@
 //! Policy changes as reviewed proposals (issue 25): a JSON merge patch per data file of the
 //! bundle, built on the active revision (its base) into a candidate bundle, tested (its YAML
 //! cases and golden matrix) and replayed over recent decisions on creation; approved by a
-//! principal other than its author, which applies it with compare-and-swap on the base
-//! (`PolicyHandle::reload_guarded`), or rejected with a comment.
+//! principal other than its author, naming the candidate revision they were shown, which applies
+//! it with compare-and-swap on the base (`PolicyHandle::reload_guarded`), or rejected with a
+//! comment.
 //!
-//! Applying: the candidate (with its matrix rewritten) is loaded like any reload, as source
-//! `proposal`, so it is kept for rollback, its files are stored with the revision and every
-//! other replica follows it from there; the patched data files (and the matrix) are then written
-//! into the configured policy directory, each atomically (a temporary file renamed over it), so
-//! a restart or SIGHUP loads the same revision. A policy directory the gateway cannot write
-//! (a read-only mount) leaves the revision active and says so in the answer.
+//! Applying runs in a tracked task (a client that goes away does not stop it half-way). Under
+//! the database's policy lock the proposal is claimed first (still open, still that candidate),
+//! the base checked against this replica's and the last activated revision, the candidate (its
+//! matrix rewritten) loaded like any reload as source `proposal` (kept for rollback, its files
+//! stored with the revision, which every other replica follows), and the revision, the reload
+//! event and the approval committed together: a concurrent approval, rejection or rebase, here
+//! or on another replica, waits and then finds it closed. The configured policy directory is
+//! then replaced whole with the new bundle (`app::policy_dir`), so a restart or SIGHUP loads the
+//! same revision; a directory it cannot replace is left as it was and the answer says why.
 
-use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use policy_engine::Reason;
 
-use super::policy::{Guard, PolicyState, ReloadError, Source};
+use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
-use crate::audit::proposals::{ProposalRow, ProposalStatus};
+use crate::audit::proposals::{OpenCounts, ProposalRow, ProposalStatus};
 use crate::audit::{ApiKey, NewEvent};
 
 /// Most example executions kept per kind of change.
@@ -35,6 +39,9 @@ pub const MAX_LIST: u32 = 200;
 pub const MAX_TEXT: usize = 4000;
 /// Largest patch, as JSON text.
 pub const MAX_PATCH_BYTES: usize = 64 * 1024;
+/// Most recorded decisions one replay reads (the newest of its window); the evidence says when
+/// the window held more.
+pub const MAX_REPLAY_DECISIONS: usize = 20_000;
 
 /// Who opened a proposal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -63,7 +70,23 @@ pub struct Draft {
     pub source_approval: Option<String>,
     pub justification: Option<String>,
     pub origin: Origin,
+    pub window: Window,
+}
+
+/// What a proposal's replay reads: the last `days`, at most the newest `limit` decisions.
+#[derive(Debug, Clone, Copy)]
+pub struct Window {
     pub days: u32,
+    pub limit: usize,
+}
+
+impl Default for Window {
+    fn default() -> Window {
+        Window {
+            days: 7,
+            limit: MAX_REPLAY_DECISIONS,
+        }
+    }
 }
 
 /// One replay count with its first examples.
@@ -87,6 +110,10 @@ impl Bucket {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayEvidence {
     pub days: u32,
+    /// The most decisions read (the newest of the window).
+    pub limit: usize,
+    /// Whether the window held more decisions than `limit` (the oldest were not replayed).
+    pub truncated: bool,
     pub total: usize,
     pub unchanged: usize,
     pub allow_to_deny: Bucket,
@@ -99,9 +126,11 @@ pub struct ReplayEvidence {
 }
 
 /// Summarises a replay report as a proposal's evidence.
-pub fn replay_evidence(days: u32, report: &ReplayReport) -> ReplayEvidence {
+pub fn replay_evidence(window: Window, truncated: bool, report: &ReplayReport) -> ReplayEvidence {
     let mut evidence = ReplayEvidence {
-        days,
+        days: window.days,
+        limit: window.limit,
+        truncated,
         total: report.total,
         unchanged: report.unchanged,
         candidate_errors: report.candidate_errors,
@@ -129,17 +158,20 @@ pub fn replay_evidence(days: u32, report: &ReplayReport) -> ReplayEvidence {
 
 impl App {
     /// Builds, tests and replays `draft` on the active revision, then stores it with its
-    /// `policy.proposed` event. Refused: a patch outside the data, a bundle that does not load.
+    /// `policy.proposed` event. Refused: a patch outside the data, a bundle that does not load,
+    /// a source approval that does not exist (or is not of the source execution), an author
+    /// or tenant at its bound of open proposals (counted and inserted atomically).
     pub async fn create_proposal(
         &self,
         caller: &ApiKey,
         draft: Draft,
     ) -> Result<ProposalRow, AppError> {
         self.check_open_bounds(caller).await?;
+        self.check_source_approval(&draft).await?;
         let active = self.policy.current();
         let base = active.state.revision().to_owned();
         let (candidate, evidence) = self
-            .evidence(&active.state, &draft.patch, draft.days)
+            .evidence(&active.state, &draft.patch, draft.window)
             .await?;
         let tests_passed = candidate.tests.passed;
         let row = ProposalRow {
@@ -175,55 +207,99 @@ impl App {
                 "replay": summary(&row.evidence.0["replay"]),
             }),
         );
-        self.audit.insert_proposal(&row, &event).await?;
+        if let Some(open) = self
+            .audit
+            .insert_proposal(&row, &event, self.open_bounds())
+            .await?
+        {
+            return Err(self.bounded(open));
+        }
         tracing::info!(proposal = %row.id, base = %base, candidate = %row.candidate_revision, "policy proposed");
         Ok(row)
     }
 
     /// At most `pending_approvals.per_key` open proposals per author key and `per_tenant` per
-    /// tenant, as for requests waiting for review.
+    /// tenant, as for requests waiting for review. A quick refusal before the candidate is
+    /// built; [`crate::audit::AuditStore::insert_proposal`] holds the bound.
     async fn check_open_bounds(&self, caller: &ApiKey) -> Result<(), AppError> {
         let open = self
             .audit
             .open_proposals(&caller.id, &caller.tenant)
             .await?;
-        let limits = &self.config.pending_approvals;
-        if open.key >= i64::from(limits.per_key) || open.tenant >= i64::from(limits.per_tenant) {
-            return Err(AppError::RateLimited(format!(
-                "too many open proposals (at most {} per key and {} per tenant)",
-                limits.per_key, limits.per_tenant
-            )));
+        let bounds = self.open_bounds();
+        if open.key >= bounds.key || open.tenant >= bounds.tenant {
+            return Err(self.bounded(open));
         }
         Ok(())
     }
 
-    /// The candidate of `patch` on `state` and its evidence: tests and a replay of `days`.
+    fn open_bounds(&self) -> OpenCounts {
+        let limits = &self.config.pending_approvals;
+        OpenCounts {
+            key: i64::from(limits.per_key),
+            tenant: i64::from(limits.per_tenant),
+        }
+    }
+
+    fn bounded(&self, open: OpenCounts) -> AppError {
+        let limits = &self.config.pending_approvals;
+        AppError::RateLimited(format!(
+            "too many open proposals (at most {} per key and {} per tenant; {} and {} are open)",
+            limits.per_key, limits.per_tenant, open.key, open.tenant
+        ))
+    }
+
+    /// A cited approval must exist (reviewers and admins, who open proposals, see every
+    /// tenant's approvals) and, with a source execution, be that execution's.
+    async fn check_source_approval(&self, draft: &Draft) -> Result<(), AppError> {
+        let Some(id) = &draft.source_approval else {
+            return Ok(());
+        };
+        let approval = self
+            .audit
+            .get_approval(id)
+            .await?
+            .ok_or_else(|| AppError::Invalid(format!("source_approval: no approval {id}")))?;
+        match &draft.source_execution {
+            Some(execution) if approval.execution_id.as_ref() != Some(execution) => {
+                Err(AppError::Invalid(format!(
+                    "source_approval {id} is not an approval of execution {execution}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The candidate of `patch` on `state` and its evidence: tests and a replay of `window`.
     async fn evidence(
         &self,
         state: &PolicyState,
         patch: &Map<String, Value>,
-        days: u32,
+        window: Window,
     ) -> Result<(Candidate, Value), AppError> {
         let candidate = self.candidate(state, patch, false).await?;
-        let since = crate::ids::now_micros() - chrono::Duration::days(i64::from(days));
-        let stored = self.audit.execution_decisions_since(since).await?;
+        let since = crate::ids::now_micros() - chrono::Duration::days(i64::from(window.days));
+        let recent = self
+            .audit
+            .execution_decisions_recent(since, window.limit)
+            .await?;
+        let truncated = recent.truncated;
         let (candidate, report) = tokio::task::spawn_blocking(move || {
-            let report = replay::replay(&candidate.engine, &stored);
+            let report = replay::replay(&candidate.engine, &recent.decisions);
             (candidate, report)
         })
         .await
         .map_err(|err| AppError::Internal(format!("replay task: {err}")))?;
-        remove_dir(&candidate.dir).await;
         let evidence = json!({
             "tests": candidate.tests,
-            "replay": replay_evidence(days, &report),
+            "replay": replay_evidence(window, truncated, &report),
             "files": candidate.changed,
         });
         Ok((candidate, evidence))
     }
 
     /// Builds the candidate of `patch` on `state`'s files in a directory of its own under
-    /// `<data_dir>/policy-incoming/` (removed by the caller).
+    /// `<data_dir>/policy-incoming/`, removed when the candidate is dropped.
     async fn candidate(
         &self,
         state: &PolicyState,
@@ -237,26 +313,22 @@ impl App {
         }
         let base = state.sources().to_vec();
         let tests = self.policy.tests_of(state.revision());
-        let dir = incoming(&self.config.data_dir);
-        let (patch, target) = (patch.clone(), dir.clone());
+        let root = self.config.data_dir.join("policy-incoming");
+        let dir = super::policy::scratch_dir(&root, "proposal-").map_err(AppError::Internal)?;
+        let patch = patch.clone();
         let built = tokio::task::spawn_blocking(move || {
-            proposal_candidate::build(&base, &tests, &patch, &target, bless)
+            proposal_candidate::build(&base, &tests, &patch, dir, bless)
         })
         .await
         .map_err(|err| AppError::Internal(format!("candidate task: {err}")))?;
-        match built {
-            Ok(candidate) => Ok(candidate),
-            Err(err) => {
-                remove_dir(&dir).await;
-                Err(match err {
-                    CandidateError::Io(message) => AppError::Internal(message),
-                    other => AppError::Invalid(other.to_string()),
-                })
-            }
-        }
+        built.map_err(|err| match err {
+            CandidateError::Io(message) => AppError::Internal(message),
+            other => AppError::Invalid(other.to_string()),
+        })
     }
 
-    /// The bundle's suggestion for execution `id`'s decision, as a draft's patch.
+    /// The bundle's suggestion for execution `id`'s decision, as a draft's patch, with any
+    /// limit it raises capped at the gateway's ceilings.
     pub async fn suggestion_for(
         &self,
         id: &str,
@@ -271,17 +343,28 @@ impl App {
             return Err(AppError::Conflict("no policy bundle is active".to_owned()));
         };
         let codes: Vec<&str> = reasons.iter().map(|r| r.code.as_str()).collect();
-        match engine.suggest(&input, &reasons) {
-            Ok(Some(Value::Object(patch))) => Ok((patch, reasons)),
-            Ok(_) => Err(AppError::NoSuggestion(format!(
-                "the policy bundle ({}) suggests no change for execution {id} (reasons: {})",
+        let codes = if codes.is_empty() {
+            "none".to_owned()
+        } else {
+            codes.join(", ")
+        };
+        let none = |why: &str| {
+            AppError::NoSuggestion(format!(
+                "the policy bundle ({}) suggests no change for execution {id} (reasons: \
+                 {codes}){why}",
                 policy_engine::SUGGEST_RULE,
-                if codes.is_empty() {
-                    "none".to_owned()
-                } else {
-                    codes.join(", ")
+            ))
+        };
+        match engine.suggest(&input, &reasons) {
+            Ok(Some(Value::Object(mut patch))) => {
+                let ceilings = &self.config.ceilings;
+                proposal_candidate::cap_limits(&mut patch, engine.sources(), ceilings);
+                if patch.is_empty() {
+                    return Err(none(" within the gateway's ceilings"));
                 }
-            ))),
+                Ok((patch, reasons))
+            }
+            Ok(_) => Err(none("")),
             Err(err) => Err(AppError::NoSuggestion(format!(
                 "{} failed for execution {id}: {err}",
                 policy_engine::SUGGEST_RULE
@@ -289,75 +372,37 @@ impl App {
         }
     }
 
-    /// Approves an open proposal whose tests pass, by a principal other than its author, and
-    /// applies it: only while its base is the active revision (else `revision_conflict`).
+    /// Approves an open proposal whose tests pass, by a principal other than its author who
+    /// names the candidate revision they reviewed, and applies it: only while its base is the
+    /// active revision here and on every replica (else `revision_conflict`). Runs to its end
+    /// in a tracked task even if the caller goes away.
     pub async fn approve_proposal(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+        (reviewed, comment): (String, Option<String>),
+    ) -> Result<(ProposalRow, Value), AppError> {
+        let (app, caller, id) = (Arc::clone(self), caller.clone(), id.to_owned());
+        let task = self
+            .tasks
+            .spawn(async move { app.apply_proposal(&caller, &id, (reviewed, comment)).await });
+        task.await
+            .map_err(|err| AppError::Internal(format!("approval task: {err}")))?
+    }
+
+    async fn apply_proposal(
         &self,
         caller: &ApiKey,
         id: &str,
-        comment: Option<String>,
+        (reviewed, comment): (String, Option<String>),
     ) -> Result<(ProposalRow, Value), AppError> {
-        let row = self.open_proposal(caller, id).await?;
-        if !row.tests_passed {
-            return Err(AppError::Conflict(format!(
-                "proposal {id}'s tests fail on its candidate; it cannot be approved (rebase or reject it)"
-            )));
-        }
+        let row = self.open_proposal(caller, id, &reviewed).await?;
         let active = self.policy.current();
         if active.state.revision() != row.base_revision {
             return Err(conflict(&row, active.state.revision()));
         }
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
         let candidate = self.candidate(&active.state, &patch, true).await?;
-        let applied = self.apply(caller, &row, &candidate).await;
-        // The policy dir is written from the candidate (data and blessed matrix) before the
-        // candidate's copy goes.
-        let written = match &applied {
-            Ok(_) => write_policy_dir(self.policy.dir(), &candidate).await,
-            Err(_) => Ok(()),
-        };
-        remove_dir(&candidate.dir).await;
-        let accepted = applied?;
-        let event = proposal_event(
-            api_types::EventKind::PolicyProposalApproved,
-            &row,
-            caller,
-            json!({
-                "status": "approved",
-                "revision": accepted.revision,
-                "previous": accepted.previous,
-                "comment": comment,
-            }),
-        );
-        self.audit
-            .decide_proposal(
-                id,
-                ProposalStatus::Approved,
-                (&caller.id, comment.as_deref()),
-                &event,
-            )
-            .await?;
-        self.announce_policy(&accepted.revision).await;
-        let applied = json!({
-            "revision": accepted.revision,
-            "previous": accepted.previous,
-            "policy_dir_written": written.is_ok(),
-            "policy_dir_error": written.err(),
-        });
-        let row = self
-            .audit
-            .get_proposal(id)
-            .await?
-            .ok_or(AppError::NotFound)?;
-        Ok((row, applied))
-    }
-
-    async fn apply(
-        &self,
-        caller: &ApiKey,
-        row: &ProposalRow,
-        candidate: &Candidate,
-    ) -> Result<super::policy::ReloadAccepted, AppError> {
         if candidate.engine.revision() != row.candidate_revision {
             return Err(AppError::Conflict(format!(
                 "the candidate now reads as {}, not {}; rebase the proposal",
@@ -365,10 +410,50 @@ impl App {
                 row.candidate_revision
             )));
         }
-        let source = Source::Proposal(candidate.dir.clone(), row.candidate_revision.clone());
+        let accepted = self.apply(caller, &row, &candidate, comment).await?;
+        drop(candidate);
+        self.announce_policy(&accepted.revision).await;
+        let written = accepted.policy_dir.clone().unwrap_or(Ok(()));
+        let applied = json!({
+            "revision": accepted.revision,
+            "previous": accepted.previous,
+            "policy_dir_written": written.is_ok(),
+            "policy_dir_error": written.err(),
+        });
+        Ok((self.get_proposal(id).await?, applied))
+    }
+
+    async fn apply(
+        &self,
+        caller: &ApiKey,
+        row: &ProposalRow,
+        candidate: &Candidate,
+        comment: Option<String>,
+    ) -> Result<super::policy::ReloadAccepted, AppError> {
+        let event = proposal_event(
+            api_types::EventKind::PolicyProposalApproved,
+            row,
+            caller,
+            json!({
+                "status": "approved",
+                "revision": row.candidate_revision,
+                "previous": row.base_revision,
+                "comment": comment,
+            }),
+        );
+        let claim = ProposalClaim {
+            id: row.id.clone(),
+            candidate: row.candidate_revision.clone(),
+            by: caller.id.clone(),
+            comment,
+            event,
+            files: candidate.files(),
+        };
+        let dir = candidate.path().to_owned();
+        let source = Source::Proposal(dir, row.candidate_revision.clone());
         let guard = Guard {
-            if_match: Some(row.base_revision.clone()),
-            proposal: Some(row.id.clone()),
+            if_match: Some(Precondition::OneOf(vec![row.base_revision.clone()])),
+            proposal: Some(claim),
         };
         match self
             .policy
@@ -382,6 +467,7 @@ impl App {
             Err(ReloadError::Rejected { message, .. }) => Err(AppError::Conflict(format!(
                 "the candidate was refused when applied: {message}"
             ))),
+            Err(ReloadError::Closed(message)) => Err(AppError::Conflict(message)),
             Err(ReloadError::App(err)) => Err(err),
         }
     }
@@ -413,16 +499,23 @@ impl App {
             )
             .await?;
         if !done {
+            let now = self.get_proposal(id).await?;
             return Err(AppError::Conflict(format!(
                 "proposal {id} is {}, not open",
-                row.status
+                now.status
             )));
         }
         self.get_proposal(id).await
     }
 
-    /// Builds an open proposal again on the active revision: new base, candidate, evidence.
-    pub async fn rebase_proposal(&self, id: &str, days: u32) -> Result<ProposalRow, AppError> {
+    /// Builds an open proposal again on the active revision: new base, candidate, evidence,
+    /// with its `policy.proposal.rebased` event.
+    pub async fn rebase_proposal(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+        window: Window,
+    ) -> Result<ProposalRow, AppError> {
         let mut row = self.get_proposal(id).await?;
         if row.status != ProposalStatus::Open {
             return Err(AppError::Conflict(format!(
@@ -432,12 +525,26 @@ impl App {
         }
         let active = self.policy.current();
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
-        let (candidate, evidence) = self.evidence(&active.state, &patch, days).await?;
+        let (candidate, evidence) = self.evidence(&active.state, &patch, window).await?;
+        let (old_base, old_candidate) = (row.base_revision.clone(), row.candidate_revision.clone());
         row.base_revision = active.state.revision().to_owned();
         row.candidate_revision = candidate.engine.revision().to_owned();
         row.tests_passed = candidate.tests.passed;
         row.evidence = sqlx::types::Json(evidence);
-        if !self.audit.rebase_proposal(&row).await? {
+        let event = proposal_event(
+            api_types::EventKind::PolicyProposalRebased,
+            &row,
+            caller,
+            json!({
+                "status": "open",
+                "previous_base": old_base,
+                "previous_candidate": old_candidate,
+                "candidate_revision": row.candidate_revision,
+                "tests_passed": row.tests_passed,
+                "replay": summary(&row.evidence.0["replay"]),
+            }),
+        );
+        if !self.audit.rebase_proposal(&row, &event).await? {
             return Err(AppError::Conflict(format!(
                 "proposal {id} is no longer open"
             )));
@@ -452,7 +559,14 @@ impl App {
             .ok_or_else(|| AppError::NotFoundWhy(format!("no proposal {id}")))
     }
 
-    async fn open_proposal(&self, caller: &ApiKey, id: &str) -> Result<ProposalRow, AppError> {
+    /// The proposal, if `caller` may approve it as reviewed: open, another principal's, its
+    /// tests passing, and its candidate still the one `reviewed` names.
+    async fn open_proposal(
+        &self,
+        caller: &ApiKey,
+        id: &str,
+        reviewed: &str,
+    ) -> Result<ProposalRow, AppError> {
         let row = self.get_proposal(id).await?;
         if row.status != ProposalStatus::Open {
             return Err(AppError::Conflict(format!(
@@ -464,6 +578,18 @@ impl App {
             return Err(AppError::Forbidden(
                 "a proposal must be approved by a principal other than its author".to_owned(),
             ));
+        }
+        if row.candidate_revision != reviewed {
+            return Err(AppError::Conflict(format!(
+                "proposal {id}'s candidate is now {} (it was rebased), not {reviewed}, the one \
+                 you reviewed; review it again",
+                row.candidate_revision
+            )));
+        }
+        if !row.tests_passed {
+            return Err(AppError::Conflict(format!(
+                "proposal {id}'s tests fail on its candidate; it cannot be approved (rebase or reject it)"
+            )));
         }
         Ok(row)
     }
@@ -519,62 +645,6 @@ fn proposal_event(
     }
 }
 
-fn incoming(data_dir: &Path) -> PathBuf {
-    data_dir
-        .join("policy-incoming")
-        .join(uuid::Uuid::new_v4().to_string())
-}
-
-async fn remove_dir(dir: &Path) {
-    if let Err(err) = tokio::fs::remove_dir_all(dir).await {
-        tracing::warn!(dir = %dir.display(), error = %err, "cannot remove a candidate bundle's copy");
-    }
-}
-
-/// Writes the applied proposal's data files and matrix into `policy_dir`, each atomically.
-async fn write_policy_dir(policy_dir: &Path, candidate: &Candidate) -> Result<(), String> {
-    let mut files: Vec<(PathBuf, Vec<u8>)> = candidate
-        .changed
-        .iter()
-        .map(|file| {
-            (
-                PathBuf::from(&file.path),
-                file.contents.clone().into_bytes(),
-            )
-        })
-        .collect();
-    let matrix = candidate.dir.join(policy_engine::matrix::MATRIX_FILE);
-    if let Ok(bytes) = tokio::fs::read(&matrix).await {
-        files.push((PathBuf::from(policy_engine::matrix::MATRIX_FILE), bytes));
-    }
-    let dir = policy_dir.to_owned();
-    let written = tokio::task::spawn_blocking(move || {
-        files
-            .iter()
-            .try_for_each(|(rel, bytes)| replace_file(&dir.join(rel), bytes))
-    })
-    .await
-    .unwrap_or_else(|err| Err(format!("write task: {err}")));
-    if let Err(err) = &written {
-        tracing::warn!(policy_dir = %policy_dir.display(), error = %err, "an applied proposal could not be written to the policy directory; the revision is active and kept");
-    }
-    written
-}
-
-/// `path`'s contents replaced by a temporary file renamed over it.
-fn replace_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
-    let parent = path
-        .parent()
-        .ok_or_else(|| format!("{} has no parent", path.display()))?;
-    let temp = parent.join(format!(".sandgate-{}", uuid::Uuid::new_v4()));
-    std::fs::write(&temp, bytes)
-        .and_then(|()| std::fs::rename(&temp, path))
-        .map_err(|err| {
-            let _ = std::fs::remove_file(&temp);
-            format!("{}: {err}", path.display())
-        })
-}
-
 impl App {
     /// An agent asks for access after its own denied or held execution `id`: a proposal from
     /// the bundle's suggestion, marked `agent`, with its justification (never trusted). It
@@ -623,7 +693,7 @@ impl App {
             source_approval: None,
             justification: Some(justification),
             origin: Origin::Agent,
-            days: 7,
+            window: Window::default(),
         };
         self.create_proposal(caller, draft).await
     }

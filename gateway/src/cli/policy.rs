@@ -59,7 +59,8 @@ pub enum PolicyCommand {
         /// another machine).
         #[arg(long)]
         upload: Option<PathBuf>,
-        /// Reload only while this revision is active (`If-Match`; else refused, 409).
+        /// Reload only while this revision is active here and was the last activated on any
+        /// replica (`If-Match`, quoted for you; `*`: any loaded revision); else refused, 409.
         #[arg(long, conflicts_with = "upload")]
         if_match: Option<String>,
         #[command(flatten)]
@@ -174,6 +175,15 @@ async fn reload(
     gateway: GatewayArgs,
     config: &Config,
 ) -> anyhow::Result<()> {
+    // An entity tag as RFC 9110 writes it: a bare revision is quoted (`*`, a quoted or weak
+    // tag, or a list, is sent as given).
+    let if_match = if_match.map(|tag| {
+        if tag == "*" || tag.contains('"') {
+            tag
+        } else {
+            format!("\"{tag}\"")
+        }
+    });
     let body = match (upload, dir) {
         (Some(upload), _) => {
             let bytes = crate::app::policy_upload::pack(&upload)

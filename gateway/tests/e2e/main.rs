@@ -65,6 +65,7 @@ mod policy;
 mod policy_reload;
 mod proposals;
 mod proposals_page;
+mod proposals_races;
 mod python_sdk;
 mod records;
 mod refusals;

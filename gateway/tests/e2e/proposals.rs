@@ -12,7 +12,7 @@ use common::{copy_of_shipped, fresh_database, TestGateway};
 /// The shipped bundle with one more tenant, `lab` (python only, no network, no dataset), that
 /// its YAML cases and matrix do not pin: a change for it passes the tests. (A change that
 /// contradicts a shipped case, say bash for `classroom`, fails them, as it should.)
-fn policy_with_lab() -> tempfile::TempDir {
+pub(crate) fn policy_with_lab() -> tempfile::TempDir {
     let policy = copy_of_shipped();
     let tenants = policy.path().join("data/tenants.yaml");
     let mut text = std::fs::read_to_string(&tenants).unwrap();
@@ -27,7 +27,7 @@ fn policy_with_lab() -> tempfile::TempDir {
 
 /// A gateway whose policy directory is a private copy of the shipped bundle (an approved
 /// proposal is written into it), with small bounds on open proposals.
-async fn gateway_on(policy: &Path) -> TestGateway {
+pub(crate) async fn gateway_on(policy: &Path) -> TestGateway {
     let url = fresh_database().await;
     let dir = policy.to_owned();
     TestGateway::start_with(Some(url), move |config| {
@@ -38,7 +38,7 @@ async fn gateway_on(policy: &Path) -> TestGateway {
     .await
 }
 
-async fn events(gw: &TestGateway, admin: &str, kind: &str) -> Vec<Value> {
+pub(crate) async fn events(gw: &TestGateway, admin: &str, kind: &str) -> Vec<Value> {
     let (status, page) = gw
         .get(admin, &format!("/v1/audit/events?kind={kind}&limit=100"))
         .await;
@@ -99,16 +99,18 @@ async fn a_denial_becomes_a_tested_replayed_approved_revision_and_the_request_th
     assert_eq!(evidence["replay"]["allow_to_deny"]["count"], 0);
     let base = proposal["base_revision"].as_str().unwrap().to_owned();
 
+    let candidate = proposal["candidate_revision"].clone();
     let (status, own) = gw
         .post(
             &alice,
             &format!("/v1/policy/proposals/{id}/approve"),
-            &json!({}),
+            &json!({"candidate_revision": candidate}),
         )
         .await;
     assert_eq!(status, 403, "the author approved their own proposal: {own}");
 
-    let approve = json!({"comment": "the lab teaches shell this term"});
+    let approve =
+        json!({"comment": "the lab teaches shell this term", "candidate_revision": candidate});
     let (status, approved) = gw
         .post(
             &bob,
@@ -206,7 +208,8 @@ async fn bad_proposals_are_refused_and_a_stale_base_is_a_conflict_until_rebased(
         "/v1/policy/proposals/{}/approve",
         broken["id"].as_str().unwrap()
     );
-    let (status, refused) = gw.post(&bob, &path, &json!({})).await;
+    let reviewed = |p: &Value| json!({"candidate_revision": p["candidate_revision"]});
+    let (status, refused) = gw.post(&bob, &path, &reviewed(&broken)).await;
     assert_eq!(status, 409, "{refused}");
 
     let first =
@@ -215,9 +218,9 @@ async fn bad_proposals_are_refused_and_a_stale_base_is_a_conflict_until_rebased(
     let (_, first) = gw.post(&alice, "/v1/policy/proposals", &new(first)).await;
     let (_, second) = gw.post(&alice, "/v1/policy/proposals", &new(second)).await;
     let approve = |p: &Value| format!("/v1/policy/proposals/{}/approve", p["id"].as_str().unwrap());
-    let (status, done) = gw.post(&bob, &approve(&first), &json!({})).await;
+    let (status, done) = gw.post(&bob, &approve(&first), &reviewed(&first)).await;
     assert_eq!(status, 200, "{done}");
-    let (status, stale) = gw.post(&bob, &approve(&second), &json!({})).await;
+    let (status, stale) = gw.post(&bob, &approve(&second), &reviewed(&second)).await;
     assert_eq!(status, 409, "{stale}");
     assert_eq!(stale["error"]["code"], "revision_conflict");
 
@@ -229,7 +232,7 @@ async fn bad_proposals_are_refused_and_a_stale_base_is_a_conflict_until_rebased(
     assert_eq!(status, 200, "{rebased}");
     assert_eq!(rebased["base_revision"], done["applied"]["revision"]);
     assert_eq!(rebased["evidence"]["replay"]["days"], 1);
-    let (status, done) = gw.post(&bob, &approve(&second), &json!({})).await;
+    let (status, done) = gw.post(&bob, &approve(&second), &reviewed(&rebased)).await;
     assert_eq!(status, 200, "{done}");
     let tenants = std::fs::read_to_string(policy.path().join("data/tenants.yaml")).unwrap();
     assert!(tenants.contains("ruby"), "{tenants}");
