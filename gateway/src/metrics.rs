@@ -190,11 +190,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Metrics whose warm-pool gauge has a series (at 0) for each of `languages`.
     pub fn new<'a>(languages: impl IntoIterator<Item = &'a str>) -> Metrics {
-        let ready = languages
+        let ready: BTreeMap<String, i64> = languages
             .into_iter()
             .take(MAX_LANGUAGES)
             .map(|language| (language.to_owned(), 0))
             .collect();
+        let warm_languages: Vec<String> = ready.keys().cloned().collect();
         Metrics {
             executions: Default::default(),
             decisions: Default::default(),
@@ -202,7 +203,10 @@ impl Metrics {
             execution_seconds: Histogram::new(EXECUTION_BOUNDS),
             audit_append_seconds: Histogram::new(AUDIT_BOUNDS),
             warm_pool_ready: Mutex::new(ready),
-            warm: Mutex::default(),
+            warm: Mutex::new(WarmSnapshot {
+                waiting: warm_languages.into_iter().map(|l| (l, 0)).collect(),
+                ..WarmSnapshot::default()
+            }),
             sessions_open: AtomicI64::new(0),
         }
     }

@@ -769,3 +769,99 @@ impl Watched {
         self.pool.lock().members.remove(&id);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
+        Runnable {
+            backend: "gvisor".into(),
+            runtime: "runsc".into(),
+            image: "sandgate/python".into(),
+            limits: Limits {
+                timeout_ms: 30_000,
+                memory_mb,
+                cpus: 0.5,
+                pids: 256,
+                disk_mb: 64,
+                output_bytes: 1024,
+            },
+            mounts: mounts
+                .iter()
+                .map(|name| ReadOnlyMount {
+                    source: PathBuf::from(format!("/srv/{name}")),
+                    target: format!("/data/{name}"),
+                })
+                .collect(),
+            network: None,
+        }
+    }
+
+    #[test]
+    fn the_key_is_the_whole_container_and_nothing_else() {
+        let small = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
+        assert_eq!(
+            small.memory_mb, 256,
+            "Python under 512 MB is a key like any other"
+        );
+        assert_eq!(small.nano_cpus, 500_000_000);
+        // The deadline and output cap are the run's, not the container's.
+        let mut later = runnable(256, &[]);
+        later.limits.timeout_ms = 1;
+        later.limits.output_bytes = 1;
+        assert_eq!(PoolKey::of("python", Serves::Execution, &later), small);
+        let census = PoolKey::of("python", Serves::Execution, &runnable(256, &["census"]));
+        assert_ne!(census, small);
+        assert_eq!(census.read_only_mounts().len(), 1);
+        assert_ne!(
+            census,
+            PoolKey::of("python", Serves::Execution, &runnable(256, &["survey"]))
+        );
+        assert_ne!(
+            small,
+            PoolKey::of("python", Serves::Session, &runnable(256, &[]))
+        );
+        assert_eq!(small.shape().limits.cpus, 0.5);
+    }
+
+    #[test]
+    fn the_preload_allowance_is_the_pools_cost_for_python_executions_only() {
+        let pool = WarmPool::new(
+            Sizing {
+                floors: BTreeMap::new(),
+                window: Duration::from_secs(600),
+                budget_mb: 2048,
+                languages: BTreeSet::from(["python".to_owned()]),
+            },
+            vec!["json".to_owned()],
+        );
+        let execution = PoolKey::of("python", Serves::Execution, &runnable(128, &[]));
+        let session = PoolKey::of("python", Serves::Session, &runnable(128, &[]));
+        assert_eq!(pool.cost_mb(&execution), 128 + PRELOAD_MEMORY_MB);
+        assert_eq!(pool.cost_mb(&session), 128);
+    }
+
+    #[tokio::test]
+    async fn claims_are_counted_and_make_their_key_wanted() {
+        let pool = WarmPool::new(
+            Sizing {
+                floors: BTreeMap::new(),
+                window: Duration::from_secs(600),
+                budget_mb: 2048,
+                languages: BTreeSet::from(["python".to_owned()]),
+            },
+            Vec::new(),
+        );
+        let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
+        assert!(pool.claim(&key).await.is_none());
+        assert!(pool.claim(&key).await.is_none());
+        assert_eq!(pool.next_to_start(), Some(key.clone()));
+        let claims = pool.snapshot().claims;
+        assert_eq!(claims[&("python".to_owned(), WarmClaim::MissNewKey)], 1);
+        assert_eq!(claims[&("python".to_owned(), WarmClaim::MissEmpty)], 1);
+        let keys = pool.keys();
+        assert_eq!(keys.len(), 1);
+        assert_eq!((keys[0].waiting, keys[0].target), (0, 2));
+    }
+}

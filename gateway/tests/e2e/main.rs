@@ -84,4 +84,5 @@ mod tls;
 mod toolbox;
 mod types_unknown_values;
 mod warm;
+mod warm_shapes;
 mod withdraw;
