@@ -572,8 +572,11 @@ impl WarmPool {
 
     /// Claims so far, what waits and its memory (for `/metrics` and benches).
     pub fn snapshot(&self) -> WarmSnapshot {
+        // Not in the struct expression: its guard would live to the end of it and `waiting`
+        // would lock again.
+        let claims = self.lock().claims.clone();
         WarmSnapshot {
-            claims: self.lock().claims.clone(),
+            claims,
             waiting: self.waiting(),
             waiting_memory_bytes: self.waiting_memory_bytes(),
         }
