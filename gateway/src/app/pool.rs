@@ -477,7 +477,7 @@ impl WarmPool {
         let next = targets
             .iter()
             .filter(|(key, target)| have.get(*key).copied().unwrap_or(0) < **target)
-            .filter(|(key, _)| !state.retry.get(*key).is_some_and(|(at, _)| now < *at))
+            .filter(|(key, _)| state.retry.get(*key).is_none_or(|(at, _)| now >= *at))
             .filter(|(key, _)| {
                 let floor = self.sizing.floors.get(*key).copied().unwrap_or(0);
                 have.get(*key).copied().unwrap_or(0) < floor
