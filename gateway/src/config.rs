@@ -150,8 +150,15 @@ pub struct Config {
     pub warm_pool: BTreeMap<String, usize>,
     /// Modules the waiting Python interpreter imports (and warms) before its job.
     pub python_preload: Vec<String>,
-    /// The limits pooled sandboxes start with, until requests ask for others.
+    /// The configured default shape: `warm_pool` keeps this many of it waiting whatever the
+    /// demand (its floor).
     pub warm_pool_limits: WarmPoolLimits,
+    /// Seconds of claims the pool sizes itself by: a key claimed within it keeps sandboxes
+    /// waiting in proportion to its claims; a key not claimed within it drains.
+    pub warm_pool_window_s: u64,
+    /// Container memory all waiting sandboxes may hold together, MB (floors are kept even
+    /// beyond it).
+    pub warm_pool_memory_mb: u64,
     /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
     /// a full queue): the aggregation window and the per-source and per-key rates.
     pub refusals: RefusalLimits,
@@ -260,6 +267,8 @@ impl Default for Config {
                 .map(str::to_owned)
                 .to_vec(),
             warm_pool_limits: WarmPoolLimits::default(),
+            warm_pool_window_s: 600,
+            warm_pool_memory_mb: 2048,
             refusals: RefusalLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
@@ -324,6 +333,8 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("warm_pool", EnvValue::Yaml),
     ("python_preload", EnvValue::Yaml),
     ("warm_pool_limits", EnvValue::Yaml),
+    ("warm_pool_window_s", EnvValue::Yaml),
+    ("warm_pool_memory_mb", EnvValue::Yaml),
     ("refusals", EnvValue::Yaml),
     ("egress_ca_file", EnvValue::Text),
     ("credentials", EnvValue::Yaml),
@@ -472,6 +483,12 @@ impl Config {
         if w.memory_mb < 16 || !(w.cpus.is_finite() && w.cpus > 0.0) || w.disk_mb == 0 {
             return invalid(
                 "warm_pool_limits: memory_mb >= 16, a finite cpus > 0 and disk_mb >= 1 are required"
+                    .to_owned(),
+            );
+        }
+        if self.warm_pool_window_s == 0 || self.warm_pool_window_s > 86_400 {
+            return invalid(
+                "warm_pool_window_s must be between 1 and 86400 (a day); 600 is the default"
                     .to_owned(),
             );
         }

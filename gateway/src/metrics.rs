@@ -24,6 +24,40 @@ pub const MAX_LANGUAGES: usize = 64;
 /// The content type of [`Metrics::render`].
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
+/// How a claim on the warm pool went (`sandgate_warm_claims_total{result}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum WarmClaim {
+    /// A waiting sandbox of exactly the decision's key was taken.
+    Hit,
+    /// Nothing of this key was claimed in the window (nor is it a floor): none could wait.
+    MissNewKey,
+    /// A known key, but none waited.
+    MissEmpty,
+}
+
+impl WarmClaim {
+    pub const ALL: [WarmClaim; 3] = [WarmClaim::Hit, WarmClaim::MissNewKey, WarmClaim::MissEmpty];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WarmClaim::Hit => "hit",
+            WarmClaim::MissNewKey => "miss_new_key",
+            WarmClaim::MissEmpty => "miss_empty",
+        }
+    }
+}
+
+/// The warm pool as it is at a scrape (the pool is the source of truth).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct WarmSnapshot {
+    /// Claims since start per (language, result).
+    pub claims: BTreeMap<(String, WarmClaim), u64>,
+    /// Waiting sandboxes per language (every pooled language, 0 included).
+    pub waiting: BTreeMap<String, usize>,
+    /// Container memory all waiting sandboxes hold, bytes.
+    pub waiting_memory_bytes: u64,
+}
+
 /// What the execution policy decided, as the gateway then acted on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecisionOutcome {
@@ -143,6 +177,7 @@ pub struct Metrics {
     execution_seconds: Histogram,
     audit_append_seconds: Histogram,
     warm_pool_ready: Mutex<BTreeMap<String, i64>>,
+    warm: Mutex<WarmSnapshot>,
     sessions_open: AtomicI64,
 }
 
@@ -155,11 +190,12 @@ impl Default for Metrics {
 impl Metrics {
     /// Metrics whose warm-pool gauge has a series (at 0) for each of `languages`.
     pub fn new<'a>(languages: impl IntoIterator<Item = &'a str>) -> Metrics {
-        let ready = languages
+        let ready: BTreeMap<String, i64> = languages
             .into_iter()
             .take(MAX_LANGUAGES)
             .map(|language| (language.to_owned(), 0))
             .collect();
+        let warm_languages: Vec<String> = ready.keys().cloned().collect();
         Metrics {
             executions: Default::default(),
             decisions: Default::default(),
@@ -167,6 +203,10 @@ impl Metrics {
             execution_seconds: Histogram::new(EXECUTION_BOUNDS),
             audit_append_seconds: Histogram::new(AUDIT_BOUNDS),
             warm_pool_ready: Mutex::new(ready),
+            warm: Mutex::new(WarmSnapshot {
+                waiting: warm_languages.into_iter().map(|l| (l, 0)).collect(),
+                ..WarmSnapshot::default()
+            }),
             sessions_open: AtomicI64::new(0),
         }
     }
@@ -214,6 +254,27 @@ impl Metrics {
             return;
         }
         gauges.insert(language.to_owned(), ready);
+    }
+
+    /// The warm pool's claims, waiting sandboxes and their memory (set at each scrape). A
+    /// language beyond [`MAX_LANGUAGES`] is left out, so the series stay bounded.
+    pub fn set_warm(&self, mut snapshot: WarmSnapshot) {
+        let languages: std::collections::BTreeSet<String> = snapshot
+            .waiting
+            .keys()
+            .chain(snapshot.claims.keys().map(|(language, _)| language))
+            .take(MAX_LANGUAGES)
+            .cloned()
+            .collect();
+        snapshot
+            .waiting
+            .retain(|language, _| languages.contains(language));
+        snapshot
+            .claims
+            .retain(|(language, _), _| languages.contains(language));
+        if let Ok(mut warm) = self.warm.lock() {
+            *warm = snapshot;
+        }
     }
 
     /// Sessions open in this gateway.
@@ -299,6 +360,7 @@ impl Metrics {
                 );
             }
         }
+        self.render_warm(out);
         let name = "sandgate_sessions_open";
         let open = self.sessions_open.load(Ordering::Relaxed);
         let _ = writeln!(
@@ -318,6 +380,57 @@ fn counter_family<'a>(
     for (label, value, count) in series {
         let count = count.load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}{{{label}=\"{value}\"}} {count}");
+    }
+}
+
+impl Metrics {
+    fn render_warm(&self, out: &mut String) {
+        let Ok(warm) = self.warm.lock() else {
+            return;
+        };
+        let name = "sandgate_warm_claims_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Claims on the warm pool by language and result.\n# TYPE {name} counter"
+        );
+        let languages: std::collections::BTreeSet<&String> = warm
+            .waiting
+            .keys()
+            .chain(warm.claims.keys().map(|(language, _)| language))
+            .collect();
+        for language in &languages {
+            for result in WarmClaim::ALL {
+                let count = warm
+                    .claims
+                    .get(&((*language).clone(), result))
+                    .copied()
+                    .unwrap_or(0);
+                let _ = writeln!(
+                    out,
+                    "{name}{{language=\"{}\",result=\"{}\"}} {count}",
+                    escape_label(language),
+                    result.as_str()
+                );
+            }
+        }
+        let name = "sandgate_warm_waiting";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Sandboxes waiting in the warm pool, per language (every key).\n# TYPE {name} gauge"
+        );
+        for (language, waiting) in &warm.waiting {
+            let _ = writeln!(
+                out,
+                "{name}{{language=\"{}\"}} {waiting}",
+                escape_label(language)
+            );
+        }
+        let name = "sandgate_warm_waiting_memory_bytes";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Container memory all waiting sandboxes hold together.\n# TYPE {name} gauge\n{name} {}",
+            warm.waiting_memory_bytes
+        );
     }
 }
 
@@ -387,5 +500,40 @@ mod tests {
             .matches("sandgate_warm_pool_ready{")
             .count();
         assert_eq!(series, MAX_LANGUAGES);
+    }
+
+    #[test]
+    fn the_warm_claims_waiting_and_memory_series() {
+        let metrics = Metrics::new(["python"]);
+        metrics.set_warm(WarmSnapshot {
+            claims: BTreeMap::from([
+                (("python".to_owned(), WarmClaim::Hit), 7),
+                (("bash".to_owned(), WarmClaim::MissNewKey), 1),
+            ]),
+            waiting: BTreeMap::from([("python".to_owned(), 3), ("bash".to_owned(), 0)]),
+            waiting_memory_bytes: 3 * 704 * 1024 * 1024,
+        });
+        let text = metrics.render();
+        for line in [
+            "sandgate_warm_claims_total{language=\"python\",result=\"hit\"} 7\n",
+            "sandgate_warm_claims_total{language=\"python\",result=\"miss_empty\"} 0\n",
+            "sandgate_warm_claims_total{language=\"bash\",result=\"miss_new_key\"} 1\n",
+            "sandgate_warm_waiting{language=\"python\"} 3\n",
+            "sandgate_warm_waiting{language=\"bash\"} 0\n",
+            "sandgate_warm_waiting_memory_bytes 2214592512\n",
+        ] {
+            assert!(text.contains(line), "{line} missing in:\n{text}");
+        }
+        let many = WarmSnapshot {
+            waiting: (0..MAX_LANGUAGES * 2)
+                .map(|n| (format!("l{n}"), 1))
+                .collect(),
+            ..WarmSnapshot::default()
+        };
+        metrics.set_warm(many);
+        assert_eq!(
+            metrics.render().matches("sandgate_warm_waiting{").count(),
+            MAX_LANGUAGES
+        );
     }
 }

@@ -72,6 +72,10 @@ def _run():
     from importlib.machinery import SourceFileLoader
 
     ready, modules = sys.argv[1], sys.argv[2:]
+    # What `_finish` imports, imported now: a program that used up its open files (or its
+    # memory) must still end as python3 ends, without the exit path opening a module file.
+    import atexit, io, signal, threading  # noqa: E401,F401
+
     _preload(modules)
     sys.stdout.write(ready + "\n")
     sys.stdout.flush()

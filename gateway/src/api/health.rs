@@ -92,6 +92,13 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
     );
     // Not ready: requests still succeed, cold (the pool's failure is its cause).
     check("warm_pool".to_owned(), app.pool.readiness());
+    if let Some(Value::Object(pool)) = checks.get_mut("warm_pool") {
+        pool.insert("keys".to_owned(), warm_keys(&app));
+        pool.insert(
+            "waiting_memory_bytes".to_owned(),
+            json!(app.pool.waiting_memory_bytes()),
+        );
+    }
     let missing: Vec<&String> = checks
         .iter()
         .filter(|(_, value)| value["ok"] == json!(false))
@@ -111,6 +118,24 @@ pub async fn readyz(State(app): State<Arc<App>>) -> (StatusCode, Json<Value>) {
         "replicas": replicas(&app).await,
     });
     (status, Json(body))
+}
+
+/// Every key the warm pool holds or wants: the container it is, what waits and its target.
+fn warm_keys(app: &App) -> Value {
+    Value::Array(
+        app.pool
+            .keys()
+            .into_iter()
+            .map(|count| {
+                let mut key = count.key.describe();
+                if let Value::Object(fields) = &mut key {
+                    fields.insert("waiting".to_owned(), json!(count.waiting));
+                    fields.insert("target".to_owned(), json!(count.target));
+                }
+                key
+            })
+            .collect(),
+    )
 }
 
 /// Every replica on this database: the policy revision it runs (or why not the one another

@@ -32,9 +32,11 @@ pub async fn scrape(
 ) -> Result<impl IntoResponse, ApiError> {
     caller.require_role(&[Role::Auditor, Role::Admin])?;
     let metrics = app.audit.metrics();
-    for (language, waiting) in app.pool.waiting() {
-        metrics.set_warm_pool_ready(&language, i64::try_from(waiting).unwrap_or(i64::MAX));
+    let warm = app.pool.snapshot();
+    for (language, waiting) in &warm.waiting {
+        metrics.set_warm_pool_ready(language, i64::try_from(*waiting).unwrap_or(i64::MAX));
     }
+    metrics.set_warm(warm);
     // Sessions open on this replica (each replica reports its own; `v_sessions_open` has all).
     metrics.set_sessions_open(i64::try_from(app.sessions.open_here()).unwrap_or(i64::MAX));
     let text = metrics.render();

@@ -16,7 +16,7 @@ use tokio::task::JoinHandle;
 
 use super::floor::Runnable;
 use super::home::SandboxHome;
-use super::pool::{Claimed, Shape};
+use super::pool::{Claimed, PoolKey, Serves, Shape};
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
 use super::stream::Stream;
@@ -26,8 +26,8 @@ use crate::audit::{Completion, ExecutionRow};
 use crate::egress::{self, ExecutionEgress};
 use crate::outputs::Collected;
 use crate::runtime::{
-    Ending, Job, JobFile, JobProxy, Owner, Ran, RunControl, RuntimeError, SandboxPlan, Waits,
-    WORKSPACE,
+    Ending, Job, JobFile, JobProxy, Owner, Ran, RunControl, RuntimeError, SandboxPlan,
+    SessionRunner, Waits, WORKSPACE,
 };
 use crate::status::ExecutionStatus;
 
@@ -128,11 +128,7 @@ impl App {
             Ok(got) => got,
             Err(err) => return failed(&row.id, &err),
         };
-        let Claimed {
-            mut sandbox,
-            home,
-            member,
-        } = claimed;
+        let Claimed { mut sandbox, home } = claimed;
         if let Err(err) = self
             .audit
             .mark_running(
@@ -180,45 +176,62 @@ impl App {
         )
         .await;
         crate::outputs::add_special_files(&mut done.outputs, &special_files);
-        drop(member);
         done
     }
 
-    /// A pooled sandbox of this decision's shape, or a cold one started now.
+    /// A pooled sandbox of exactly this decision's key, or a cold one started now.
     async fn sandbox_for(
         &self,
         execution_id: &str,
         language: &str,
         runnable: &Runnable,
     ) -> Result<(Claimed, Start), RuntimeError> {
-        if let Some(claimed) = self.pool.claim(language, runnable).await {
+        let key = PoolKey::of(language, Serves::Execution, runnable);
+        if let Some(claimed) = self.pool.claim(&key).await {
             return Ok((claimed, Start::Warm));
         }
+        let cold = self.start_cold(execution_id, runnable, Waits::Init).await?;
+        Ok((cold, Start::Cold))
+    }
+
+    /// A session's sandbox (its runner waiting for the opening line): a pooled one of exactly
+    /// this decision's key, or a cold one started now. The session's one call into the pool.
+    pub(super) async fn session_sandbox(
+        &self,
+        session_id: &str,
+        runner: SessionRunner,
+        language: &str,
+        runnable: &Runnable,
+    ) -> Result<(Claimed, Start), RuntimeError> {
+        let key = PoolKey::of(language, Serves::Session, runnable);
+        if let Some(claimed) = self.pool.claim(&key).await {
+            return Ok((claimed, Start::Warm));
+        }
+        let cold = self
+            .start_cold(session_id, runnable, Waits::Session(runner))
+            .await?;
+        Ok((cold, Start::Cold))
+    }
+
+    /// A sandbox started now for this decision, with its dataset mounts.
+    async fn start_cold(
+        &self,
+        id: &str,
+        runnable: &Runnable,
+        waits: Waits,
+    ) -> Result<Claimed, RuntimeError> {
         let shape = Shape::of(runnable);
         let home = SandboxHome::create(
             &self.egress_root,
             &self.scratch_root,
-            execution_id,
+            id,
             shape.limits.disk_mb,
         )
         .map_err(|err| RuntimeError::Unavailable(format!("preparing the sandbox: {err}")))?;
-        let mut plan = self.plan(
-            execution_id,
-            Owner::Execution(execution_id.to_owned()),
-            &shape,
-            &home,
-            Waits::Init,
-        );
+        let mut plan = self.plan(id, Owner::Execution(id.to_owned()), &shape, &home, waits);
         plan.mounts.clone_from(&runnable.mounts);
         match self.runtime.start(plan).await {
-            Ok(sandbox) => Ok((
-                Claimed {
-                    sandbox,
-                    home,
-                    member: None,
-                },
-                Start::Cold,
-            )),
+            Ok(sandbox) => Ok(Claimed { sandbox, home }),
             Err(err) => {
                 home.remove();
                 Err(err)

@@ -18,6 +18,7 @@ mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;
 pub mod pool;
+pub mod pool_sizing;
 mod proposal_candidate;
 pub mod proposals;
 mod purged_outputs;
@@ -113,11 +114,7 @@ impl App {
             let path = config.data_dir.join(name);
             std::path::absolute(&path).unwrap_or(path)
         };
-        let pool = pool::WarmPool::new(
-            config.warm_pool.clone(),
-            config.python_preload.clone(),
-            |language| seed_shape(&config, language),
-        );
+        let pool = pool::WarmPool::new(pool_sizing(&config), config.python_preload.clone());
         App {
             pool,
             egress,
@@ -171,8 +168,35 @@ impl App {
     }
 }
 
-/// The shape a language's pool starts with: its image, the first configured backend's runtime
-/// (`gvisor` if configured), `warm_pool_limits`.
+/// How the warm pool sizes itself: `warm_pool: {}` is no pool; otherwise every language with
+/// an image is pooled on demand, and `warm_pool`'s counts are the floors of the configured
+/// default shape (its image, the first configured backend's runtime, `gvisor` if configured,
+/// `warm_pool_limits` under the ceilings).
+fn pool_sizing(config: &Config) -> pool::Sizing {
+    let languages = if config.warm_pool.is_empty() {
+        std::collections::BTreeSet::new()
+    } else {
+        config.images.keys().cloned().collect()
+    };
+    let floors = config
+        .warm_pool
+        .iter()
+        .filter(|(_, count)| **count > 0)
+        .filter_map(|(language, count)| {
+            let shape = seed_shape(config, language)?;
+            let key = pool::PoolKey::of_shape(language, pool::Serves::Execution, &shape);
+            Some((key, *count))
+        })
+        .collect();
+    pool::Sizing {
+        floors,
+        window: std::time::Duration::from_secs(config.warm_pool_window_s),
+        budget_mb: config.warm_pool_memory_mb,
+        languages,
+    }
+}
+
+/// The configured default shape of a language.
 fn seed_shape(config: &Config, language: &str) -> Option<pool::Shape> {
     let image = config.images.get(language)?.clone();
     let backend = config

@@ -365,6 +365,7 @@ mod tests {
             expires_at: now,
             closed_at: None,
             approval_id: None,
+            start: None,
         }
     }
 }

@@ -23,7 +23,6 @@ use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::launch::{sandbox_env, with_egress};
 use super::pipeline::{Ask, Outcome, Subject};
-use super::pool::Shape;
 use super::reaper::LiveGuard;
 use super::request::ExecutionRequest;
 use super::scheduler::Slot;
@@ -33,7 +32,7 @@ use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
 use crate::role::Role;
-use crate::runtime::{Job, Owner, Sandbox, SessionRunner, Waits};
+use crate::runtime::{Job, Sandbox, SessionRunner};
 use crate::session_wire::{ClosedReason, SessionStatus};
 
 pub use crate::session_wire::{SessionExecutionRequest, SessionRequest, TurnLimits};
@@ -75,6 +74,8 @@ pub(super) struct Held {
     pub(super) _slot: Slot,
     pub(super) _live: LiveGuard,
     pub(super) _share: SessionShare,
+    /// How its sandbox was got (the row's `start`).
+    pub(super) start: super::launch::Start,
 }
 
 /// A session's place in the sessions' share of `max_concurrent` on this replica: sessions
@@ -222,6 +223,7 @@ impl App {
             expires_at: now + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(0)),
             closed_at: None,
             approval_id: None,
+            start: Some(held.start.as_str().to_owned()),
         };
         let created = record.event(api_types::EventKind::SessionCreated);
         let held = self.register_session(&row, &created, held).await?;
@@ -299,29 +301,11 @@ impl App {
         let unavailable = |what: &str, err: &dyn std::fmt::Display| {
             AppError::Internal(format!("starting the session sandbox: {what}: {err}"))
         };
-        let shape = Shape::of(&runnable);
-        let home = SandboxHome::create(
-            &self.egress_root,
-            &self.scratch_root,
-            id,
-            shape.limits.disk_mb,
-        )
-        .map_err(|err| unavailable("its directories", &err))?;
-        let mut plan = self.plan(
-            id,
-            Owner::Execution(id.to_owned()),
-            &shape,
-            &home,
-            Waits::Session(runner),
-        );
-        plan.mounts.clone_from(&runnable.mounts);
-        let mut sandbox = match self.runtime.start(plan).await {
-            Ok(sandbox) => sandbox,
-            Err(err) => {
-                home.remove();
-                return Err(unavailable("the sandbox", &err));
-            }
-        };
+        let (claimed, start) = self
+            .session_sandbox(id, runner, language, &runnable)
+            .await
+            .map_err(|err| unavailable("the sandbox", &err))?;
+        let super::pool::Claimed { mut sandbox, home } = claimed;
         let egress = match self.egress.as_ref() {
             Some(proxy) => {
                 // Named before the first connection can arrive: every row names the session.
@@ -358,6 +342,7 @@ impl App {
                 _slot: slot,
                 _live: live,
                 _share: share,
+                start,
             }),
             Err(err) => {
                 sandbox.discard().await;

@@ -340,6 +340,7 @@ fn pending_row(
         expires_at: approval.expires_at,
         closed_at: None,
         approval_id: Some(approval.id.clone()),
+        start: None,
     }
 }
 

@@ -29,6 +29,8 @@ pub struct SessionRow {
     pub closed_at: Option<DateTime<Utc>>,
     /// Set when it was held for review: its approval.
     pub approval_id: Option<String>,
+    /// `warm` (claimed from the pool) or `cold`; absent until its sandbox started.
+    pub start: Option<String>,
 }
 
 /// A tenant already holds `max_sessions` sessions (open or waiting for review).
@@ -90,8 +92,8 @@ impl AuditStore {
         }
         sqlx::query(
             "INSERT INTO sessions (id, tenant, key_id, language, status, decision, limits, \
-             idle_timeout_s, ttl_s, instance, container, created_at, last_used_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+             idle_timeout_s, ttl_s, instance, container, created_at, last_used_at, expires_at, start) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -107,6 +109,7 @@ impl AuditStore {
         .bind(row.created_at)
         .bind(row.last_used_at)
         .bind(row.expires_at)
+        .bind(&row.start)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

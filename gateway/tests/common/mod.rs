@@ -136,7 +136,7 @@ pub struct TestGateway {
     pub server: JoinHandle<Result<(), gateway::ServeError>>,
     pub database_url: Option<String>,
     pub data_dir: tempfile::TempDir,
-    /// The warm pool's shape per language, in warm mode ([`warm`]).
+    /// What the warm pool had waiting at the last request, in warm mode ([`warm`]).
     pub mirror: warm::Mirror,
 }
 
@@ -357,7 +357,7 @@ impl TestGateway {
             body.extend(extra.clone());
         }
         if self.mirror.pools(language, &body) {
-            warm::wait_for_waiting(&self.http, &self.url, language).await;
+            self.mirror.settle(&self.http, &self.url, language).await;
         }
         let (status, record) = self.post(key, "/v1/executions", &body).await;
         if status == 200 && self.mirror.expect_warm(language, &body, &record) {

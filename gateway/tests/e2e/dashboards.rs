@@ -340,6 +340,7 @@ async fn seed(app: &PgPool) {
             expires_at: created + chrono::Duration::hours(2),
             closed_at: None,
             approval_id: None,
+            start: None,
         };
         store
             .insert_session(&session, usize::MAX)

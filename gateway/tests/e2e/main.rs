@@ -88,4 +88,5 @@ mod tls;
 mod toolbox;
 mod types_unknown_values;
 mod warm;
+mod warm_shapes;
 mod withdraw;

@@ -13,7 +13,7 @@ use serde_json::json;
 use common::egress::{bundle_with_test_tenant, gateway_with};
 use common::TestGateway;
 
-const SERIES: [&str; 7] = [
+const SERIES: [&str; 10] = [
     "sandgate_executions_total",
     "sandgate_decisions_total",
     "sandgate_egress_total",
@@ -21,6 +21,9 @@ const SERIES: [&str; 7] = [
     "sandgate_warm_pool_ready",
     "sandgate_audit_append_seconds",
     "sandgate_sessions_open",
+    "sandgate_warm_claims_total",
+    "sandgate_warm_waiting",
+    "sandgate_warm_waiting_memory_bytes",
 ];
 
 async fn scrape(gw: &TestGateway, key: Option<&str>) -> (u16, String, String) {
