@@ -262,7 +262,7 @@ impl Default for Config {
             retention_days: 30,
             lease_ms: 30_000,
             tls: None,
-            warm_pool: BTreeMap::from([("python".to_owned(), 2), ("bash".to_owned(), 1)]),
+            warm_pool: BTreeMap::from([("python".to_owned(), 1), ("bash".to_owned(), 1)]),
             python_preload: ["numpy", "pandas", "matplotlib"]
                 .map(str::to_owned)
                 .to_vec(),
