@@ -74,6 +74,10 @@ pub enum EventKind {
     SessionCreated,
     #[serde(rename = "session.denied")]
     SessionDenied,
+    #[serde(rename = "session.paused")]
+    SessionPaused,
+    #[serde(rename = "session.resumed")]
+    SessionResumed,
 }
 
 crate::text_forms::text_forms!(EventKind {
@@ -110,6 +114,8 @@ crate::text_forms::text_forms!(EventKind {
     SessionClosed => "session.closed",
     SessionCreated => "session.created",
     SessionDenied => "session.denied",
+    SessionPaused => "session.paused",
+    SessionResumed => "session.resumed",
 });
 
 impl EventKind {

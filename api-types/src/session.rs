@@ -23,6 +23,9 @@ pub enum SessionStatus {
     Ready,
     /// An execution runs; another one gets 409.
     Busy,
+    /// Checkpointed to disk: no sandbox, no memory held; the next execution (or
+    /// `POST /v1/sessions/{id}/resume`) restores it with its state.
+    Paused,
     /// Gone for good (see `closed_reason`).
     Closed,
 }
@@ -58,6 +61,7 @@ crate::text_forms::text_forms!(SessionStatus {
     PendingApproval => "pending_approval",
     Ready => "ready",
     Busy => "busy",
+    Paused => "paused",
     Closed => "closed",
 });
 

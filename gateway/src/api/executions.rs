@@ -94,6 +94,7 @@ impl From<ExecutionRow> for ExecutionView {
             container: row.container,
             session_id: row.session_id,
             result: row.result,
+            resumed: row.resumed,
             files: None,
             grant: None,
             approval_id: None,

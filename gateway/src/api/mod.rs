@@ -20,6 +20,7 @@ pub mod policy;
 pub mod proposals;
 pub mod query;
 pub mod sessions;
+pub mod snapshots;
 pub mod ui;
 
 use std::sync::Arc;
@@ -105,6 +106,8 @@ pub fn routes() -> Vec<Route> {
         get("/v1/sessions/{id}", sessions::get),
         delete("/v1/sessions/{id}", sessions::delete),
         post("/v1/sessions/{id}/executions", sessions::execute),
+        post("/v1/sessions/{id}/pause", snapshots::pause),
+        post("/v1/sessions/{id}/resume", snapshots::resume),
         get("/v1/approvals", approvals::list),
         get("/v1/approvals/{id}", approvals::get),
         post("/v1/approvals/{id}", approvals::decide),

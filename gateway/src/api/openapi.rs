@@ -57,6 +57,8 @@ use super::{
         sessions::get,
         sessions::delete,
         sessions::execute,
+        super::snapshots::pause,
+        super::snapshots::resume,
         payloads::events,
         payloads::download,
         approvals::list,

@@ -325,5 +325,6 @@ pub(super) fn new_row(
         container: None,
         session_id: None,
         result: None,
+        resumed: false,
     }
 }

@@ -29,6 +29,7 @@ mod session_owner;
 mod session_relay;
 mod session_runs;
 pub mod sessions;
+pub mod snapshots;
 pub mod stream;
 pub mod validate;
 

@@ -98,6 +98,8 @@ impl App {
             .sessions
             .get(id)
             .ok_or_else(|| closed_conflict(id, &row))?;
+        // A paused session is restored first (DESIGN 15); its record says so.
+        let resumed = self.resume_paused(&row).await?;
         let Ok(mut guard) = open.held.try_lock() else {
             return Err(AppError::Conflict(format!(
                 "session {id} is busy: one execution at a time"
@@ -135,7 +137,7 @@ impl App {
         if let Some(reason) = closes {
             self.close_session(id, reason).await;
         }
-        Ok(record)
+        Ok(self.said_resumed(record, resumed).await)
     }
 
     /// The execution's request, uploads, record and decision event, and what may run (the

@@ -50,6 +50,8 @@ pub struct Sessions {
     open: Mutex<HashMap<String, Arc<OpenSession>>>,
     /// Places taken in the sessions' share of `max_concurrent` ([`SessionShare`]).
     shares: Arc<AtomicUsize>,
+    /// Open sessions whose sandbox is checkpointed to disk (`app::snapshots`).
+    pub(super) paused: super::snapshots::PausedSessions,
 }
 
 #[derive(Debug)]
@@ -439,6 +441,7 @@ impl App {
         if let Some(held) = held {
             release(held).await;
         }
+        self.sessions.paused.forget(id);
         self.session_cursors.close(id);
         let closed = match self.audit.close_session(id, reason).await {
             Ok(closed) => closed,

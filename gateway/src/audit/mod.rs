@@ -19,6 +19,7 @@ pub mod review;
 pub mod session_approvals;
 pub mod session_turns;
 pub mod sessions;
+pub mod snapshots;
 pub mod unknown_value;
 pub mod verify;
 
@@ -125,6 +126,9 @@ pub struct ExecutionRow {
     /// In a python session: the final expression's `repr`.
     #[sqlx(default)]
     pub result: Option<String>,
+    /// Its session was paused and was restored to run it.
+    #[sqlx(default)]
+    pub resumed: bool,
 }
 
 impl ExecutionRow {

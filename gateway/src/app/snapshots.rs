@@ -1,0 +1,436 @@
+//! Pause and resume of a session (DESIGN 15; docs/snapshots.md). Pausing checkpoints an idle
+//! session's sandbox into an image under the snapshots directory (0700, files 0600), records
+//! the image's sha256, and releases everything the session held: container, egress grant and
+//! socket, its slot and its share of `max_concurrent`. Resuming checks the sha256, restores the
+//! image into a new container with a fresh egress socket directory serving the session's grant,
+//! and holds it open again. A pause while an execution runs answers 409 (it never waits: the
+//! caller chose to pause now, and a turn may run for minutes).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::floor::Runnable;
+use super::home::SandboxHome;
+use super::pool::Shape;
+use super::sessions::{release, Held};
+use super::{error_chain, App, AppError};
+use crate::audit::sessions::SessionRow;
+use crate::audit::{ApiKey, NewEvent};
+use crate::egress::ExecutionEgress;
+use crate::runtime::{Owner, SessionRunner, Waits};
+use crate::session_wire::SessionStatus;
+
+/// Paused sessions of this gateway: what a resume needs to restore each.
+#[derive(Debug, Default)]
+pub struct PausedSessions {
+    map: Mutex<HashMap<String, Paused>>,
+}
+
+/// One paused session's image and what its sandbox was.
+#[derive(Debug)]
+pub(super) struct Paused {
+    image: PathBuf,
+    sha256: String,
+    bytes: u64,
+    runnable: Runnable,
+    language: String,
+    executions: u64,
+}
+
+impl PausedSessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Paused>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&self, id: &str) -> Option<Paused> {
+        self.lock().remove(id)
+    }
+
+    fn put(&self, id: &str, paused: Paused) {
+        self.lock().insert(id.to_owned(), paused);
+    }
+
+    /// Forgets a closed session's pause and removes its image.
+    pub(super) fn forget(&self, id: &str) {
+        if let Some(paused) = self.take(id) {
+            remove_image(&paused.image);
+        }
+    }
+}
+
+/// What a pause, a resume or a restore failed at.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshots are not enabled on this gateway (config `snapshots.enabled`)")]
+    Disabled,
+    #[error("preparing the snapshot directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading the checkpoint image {path}: {source}")]
+    Image {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the checkpoint image {path} does not match its recorded sha256 ({recorded}): it was changed on disk and is not restored")]
+    Corrupt { path: PathBuf, recorded: String },
+}
+
+impl From<SnapshotError> for AppError {
+    fn from(err: SnapshotError) -> AppError {
+        match err {
+            SnapshotError::Disabled => AppError::Conflict(err.to_string()),
+            other => AppError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl App {
+    /// `POST /v1/sessions/{id}/pause`: checkpoints the idle session and releases its sandbox.
+    pub async fn pause_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        if row.is(SessionStatus::Paused) {
+            return Ok(row);
+        }
+        self.pause_held(&row).await?;
+        self.get_session(caller, id).await
+    }
+
+    /// Pauses an open session of this gateway that runs nothing (409 while one runs).
+    pub(super) async fn pause_held(&self, row: &SessionRow) -> Result<(), AppError> {
+        let id = row.id.as_str();
+        let dir = self.snapshot_dir(&row.tenant)?;
+        let open = self.sessions.get(id).ok_or_else(|| not_open(row))?;
+        let Ok(mut guard) = open.held.try_lock() else {
+            return Err(AppError::Conflict(format!(
+                "session {id} is running an execution: pause it once that ended"
+            )));
+        };
+        let Some(held) = guard.as_mut() else {
+            return Err(not_open(row));
+        };
+        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
+        let started = std::time::Instant::now();
+        if let Err(err) = held.sandbox.checkpoint(&image).await {
+            // The image is never kept half-written; the session keeps its sandbox (a dead one
+            // closes it at its next execution).
+            remove_image(&image);
+            return Err(AppError::Internal(format!(
+                "pausing session {id}: {}",
+                error_chain(&err)
+            )));
+        }
+        let (sha256, bytes) = match image_digest(&image) {
+            Ok(digest) => digest,
+            Err(err) => {
+                remove_image(&image);
+                return Err(err.into());
+            }
+        };
+        let Some(held) = guard.take() else {
+            return Err(not_open(row));
+        };
+        let paused = Paused {
+            image,
+            sha256: sha256.clone(),
+            bytes,
+            runnable: held.runnable.clone(),
+            language: held.language.clone(),
+            executions: held.executions,
+        };
+        release(held).await;
+        self.session_cursors.close(id);
+        self.sessions.paused.put(id, paused);
+        let took_ms = started.elapsed().as_millis();
+        self.audit
+            .set_session_status(id, SessionStatus::Paused, false)
+            .await?;
+        let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
+        self.record_session_step(row, api_types::EventKind::SessionPaused, detail)
+            .await;
+        Ok(())
+    }
+
+    /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
+    /// as it is).
+    pub async fn resume_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        self.resume_paused(&row).await?;
+        self.get_session(caller, id).await
+    }
+
+    /// Restores the session if it is paused here; says whether it was.
+    pub(super) async fn resume_paused(&self, row: &SessionRow) -> Result<bool, AppError> {
+        let id = row.id.as_str();
+        let Some(open) = self.sessions.get(id) else {
+            return Ok(false);
+        };
+        let mut guard = open.held.lock().await;
+        if guard.is_some() {
+            return Ok(false);
+        }
+        let Some(paused) = self.sessions.paused.take(id) else {
+            return Ok(false);
+        };
+        match self.restore_held(row, &paused).await {
+            Ok(held) => {
+                *guard = Some(held);
+                drop(guard);
+                remove_image(&paused.image);
+                self.audit
+                    .set_session_status(id, SessionStatus::Ready, false)
+                    .await?;
+                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
+                self.record_session_step(row, api_types::EventKind::SessionResumed, detail)
+                    .await;
+                Ok(true)
+            }
+            Err(err) => {
+                self.sessions.paused.put(id, paused);
+                Err(err)
+            }
+        }
+    }
+
+    /// A new sandbox restored from the image, its grant served on a fresh socket, and the
+    /// session's places (slot, share, live entry) taken again.
+    async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
+        let id = row.id.as_str();
+        check_image(&paused.image, &paused.sha256)?;
+        let runner = SessionRunner::for_language(&paused.language)
+            .ok_or_else(|| AppError::Internal(format!("no runner for {}", paused.language)))?;
+        let share = self.session_share()?;
+        let ticket = self
+            .scheduler
+            .admit(&row.tenant)
+            .map_err(|full| AppError::RateLimited(full.to_string()))?;
+        let slot = ticket
+            .slot()
+            .await
+            .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
+        let live = self.live.track(id);
+        let unavailable = |what: &str, err: &dyn std::fmt::Display| {
+            AppError::Internal(format!("resuming session {id}: {what}: {err}"))
+        };
+        let shape = Shape::of(&paused.runnable);
+        let home = SandboxHome::create(
+            &self.egress_root,
+            &self.scratch_root,
+            id,
+            shape.limits.disk_mb,
+        )
+        .map_err(|err| unavailable("its directories", &err))?;
+        let mut plan = self.plan(
+            id,
+            Owner::Execution(id.to_owned()),
+            &shape,
+            &home,
+            Waits::Session(runner),
+        );
+        plan.mounts.clone_from(&paused.runnable.mounts);
+        // The grant is served before the sandbox runs again: its first connection may come
+        // at once, and it must reach the new socket.
+        let egress = match self.egress.as_ref() {
+            Some(proxy) => {
+                self.session_cursors.open(id);
+                match ExecutionEgress::start(
+                    proxy,
+                    &home.egress_dir,
+                    id,
+                    &row.tenant,
+                    paused.runnable.network.as_ref(),
+                    self.shutdown.child_token(),
+                ) {
+                    Ok(egress) => Some(egress),
+                    Err(err) => {
+                        home.remove();
+                        self.session_cursors.close(id);
+                        return Err(unavailable("its egress grant", &error_chain(&err)));
+                    }
+                }
+            }
+            None => None,
+        };
+        let sandbox = match self.runtime.restore(plan, &paused.image).await {
+            Ok(sandbox) => sandbox,
+            Err(err) => {
+                if let Some(egress) = egress {
+                    egress.finish().await;
+                }
+                home.remove();
+                self.session_cursors.close(id);
+                return Err(unavailable("the sandbox", &error_chain(&err)));
+            }
+        };
+        Ok(Held {
+            sandbox,
+            home,
+            egress,
+            runnable: paused.runnable.clone(),
+            language: paused.language.clone(),
+            executions: paused.executions,
+            _slot: slot,
+            _live: live,
+            _share: share,
+        })
+    }
+
+    /// The record of an execution that restored its paused session says so.
+    pub(super) async fn said_resumed(
+        &self,
+        mut record: crate::audit::ExecutionRow,
+        resumed: bool,
+    ) -> crate::audit::ExecutionRow {
+        if resumed {
+            if let Err(err) = self.audit.mark_resumed(&record.id).await {
+                tracing::error!(execution_id = %record.id, error = %err, "`resumed` not recorded");
+            }
+            record.resumed = true;
+        }
+        record
+    }
+
+    /// The tenant's directory of checkpoint images (0700), created on first use.
+    fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
+        let config = &self.config.snapshots;
+        if !config.enabled {
+            return Err(SnapshotError::Disabled);
+        }
+        let root = config
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.config.data_dir.join("snapshots"));
+        let dir = root.join(hex::encode(tenant.as_bytes()));
+        for path in [&root, &dir] {
+            private_dir(path).map_err(|source| SnapshotError::Directory {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(dir)
+    }
+
+    async fn record_session_step(
+        &self,
+        row: &SessionRow,
+        kind: api_types::EventKind,
+        detail: serde_json::Value,
+    ) {
+        let event = NewEvent {
+            kind,
+            execution_id: None,
+            key_id: Some(row.key_id.clone()),
+            tenant: Some(row.tenant.clone()),
+            decision_id: None,
+            allow: None,
+            reasons: json!([]),
+            input: json!({"session_id": row.id}),
+            decision: detail,
+            policy_revision: None,
+        };
+        if let Err(err) = self.audit.record_event(&event).await {
+            tracing::error!(session_id = %row.id, error = %err, kind = kind.as_str(), "session event not recorded");
+        }
+    }
+}
+
+fn not_open(row: &SessionRow) -> AppError {
+    AppError::Conflict(format!(
+        "session {} is {} and not open on this gateway: nothing to pause",
+        row.id,
+        row.status.as_str()
+    ))
+}
+
+/// A directory only the gateway's user may enter.
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
+/// The sha256 over the image's files (sorted by name: each name, its length, its bytes) and
+/// their total size.
+pub fn image_digest(image: &Path) -> Result<(String, u64), SnapshotError> {
+    let failed = |source| SnapshotError::Image {
+        path: image.to_owned(),
+        source,
+    };
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(image).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
+        if entry.file_type().map_err(failed)?.is_file() {
+            names.push(entry.file_name());
+        }
+    }
+    names.sort();
+    let mut hasher = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    for name in names {
+        let path = image.join(&name);
+        let len = std::fs::metadata(&path).map_err(failed)?.len();
+        hasher.update(name.as_encoded_bytes());
+        hasher.update(len.to_be_bytes());
+        let mut file = std::fs::File::open(&path).map_err(failed)?;
+        loop {
+            let read = file.read(&mut buffer).map_err(failed)?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+        }
+        bytes += len;
+    }
+    Ok((hex::encode(hasher.finalize()), bytes))
+}
+
+/// Refuses an image whose bytes are not the ones recorded when it was written.
+fn check_image(image: &Path, recorded: &str) -> Result<(), SnapshotError> {
+    let (actual, _) = image_digest(image)?;
+    if actual == recorded {
+        return Ok(());
+    }
+    Err(SnapshotError::Corrupt {
+        path: image.to_owned(),
+        recorded: recorded.to_owned(),
+    })
+}
+
+fn remove_image(image: &Path) {
+    if let Err(err) = std::fs::remove_dir_all(image) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(image = %image.display(), error = %err, "checkpoint image left behind");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_byte_changes_the_digest_and_the_check_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("img");
+        std::fs::create_dir(&image).unwrap();
+        std::fs::write(image.join("checkpoint.img"), b"memory of the program").unwrap();
+        let (digest, bytes) = image_digest(&image).unwrap();
+        assert_eq!(bytes, 21);
+        check_image(&image, &digest).unwrap();
+        std::fs::write(image.join("checkpoint.img"), b"memory of the pregram").unwrap();
+        assert!(matches!(
+            check_image(&image, &digest),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+    }
+}
