@@ -78,6 +78,8 @@ pub enum EventKind {
     SessionPaused,
     #[serde(rename = "session.resumed")]
     SessionResumed,
+    #[serde(rename = "snapshot.corrupt")]
+    SnapshotCorrupt,
 }
 
 crate::text_forms::text_forms!(EventKind {
@@ -116,6 +118,7 @@ crate::text_forms::text_forms!(EventKind {
     SessionDenied => "session.denied",
     SessionPaused => "session.paused",
     SessionResumed => "session.resumed",
+    SnapshotCorrupt => "snapshot.corrupt",
 });
 
 impl EventKind {

@@ -85,7 +85,9 @@ pub enum SnapshotError {
 impl From<SnapshotError> for AppError {
     fn from(err: SnapshotError) -> AppError {
         match err {
-            SnapshotError::Disabled => AppError::Conflict(err.to_string()),
+            SnapshotError::Disabled | SnapshotError::Corrupt { .. } => {
+                AppError::Conflict(err.to_string())
+            }
             other => AppError::Internal(other.to_string()),
         }
     }
@@ -202,7 +204,14 @@ impl App {
     /// session's places (slot, share, live entry) taken again.
     async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
         let id = row.id.as_str();
-        check_image(&paused.image, &paused.sha256)?;
+        if let Err(err) = check_image(&paused.image, &paused.sha256) {
+            if matches!(err, SnapshotError::Corrupt { .. }) {
+                let detail = json!({"sha256": paused.sha256, "refused": "resume"});
+                self.record_session_step(row, api_types::EventKind::SnapshotCorrupt, detail)
+                    .await;
+            }
+            return Err(err.into());
+        }
         let runner = SessionRunner::for_language(&paused.language)
             .ok_or_else(|| AppError::Internal(format!("no runner for {}", paused.language)))?;
         let share = self.session_share()?;

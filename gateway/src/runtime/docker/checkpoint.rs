@@ -47,8 +47,11 @@ pub async fn restore(
 ) -> Result<DockerSandbox, RuntimeError> {
     let mut sandbox = DockerSandbox::create(docker.clone(), plan).await?;
     let started = async {
-        let info = bounded("inspect container", docker.inspect_container(&sandbox.name, None))
-            .await?;
+        let info = bounded(
+            "inspect container",
+            docker.inspect_container(&sandbox.name, None),
+        )
+        .await?;
         let id = info.id.unwrap_or_default();
         let root = bounded("docker info", docker.info())
             .await?
