@@ -80,6 +80,10 @@ pub enum EventKind {
     SessionResumed,
     #[serde(rename = "snapshot.corrupt")]
     SnapshotCorrupt,
+    #[serde(rename = "snapshot.created")]
+    SnapshotCreated,
+    #[serde(rename = "snapshot.deleted")]
+    SnapshotDeleted,
 }
 
 crate::text_forms::text_forms!(EventKind {
@@ -119,6 +123,8 @@ crate::text_forms::text_forms!(EventKind {
     SessionPaused => "session.paused",
     SessionResumed => "session.resumed",
     SnapshotCorrupt => "snapshot.corrupt",
+    SnapshotCreated => "snapshot.created",
+    SnapshotDeleted => "snapshot.deleted",
 });
 
 impl EventKind {

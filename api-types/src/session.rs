@@ -131,6 +131,9 @@ pub struct SessionRequest {
     pub idle_timeout_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// `sn_...`: restore the new session from this snapshot (a fork; DESIGN 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
 }
 
 /// The body of `POST /v1/sessions/{id}/executions`. Unknown fields are refused.

@@ -17,7 +17,9 @@ use sha2::{Digest, Sha256};
 use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::pool::Shape;
-use super::sessions::{release, Held};
+use super::reaper::LiveGuard;
+use super::scheduler::Slot;
+use super::sessions::{release, Held, SessionShare};
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -61,6 +63,19 @@ impl PausedSessions {
             remove_image(&paused.image);
         }
     }
+}
+
+/// A session's places on this replica (see `sessions::Held`).
+pub(super) type Places = (Slot, LiveGuard, SessionShare);
+
+/// What a restore starts from, and what the restored session is.
+pub(super) struct Restore<'a> {
+    pub(super) id: &'a str,
+    pub(super) tenant: &'a str,
+    pub(super) image: &'a Path,
+    pub(super) runnable: Runnable,
+    pub(super) language: &'a str,
+    pub(super) executions: u64,
 }
 
 /// What a pause, a resume or a restore failed at.
@@ -200,34 +215,71 @@ impl App {
         }
     }
 
-    /// A new sandbox restored from the image, its grant served on a fresh socket, and the
-    /// session's places (slot, share, live entry) taken again.
+    /// A new sandbox restored from the paused image, with the session's places (slot, share,
+    /// live entry) taken again.
     async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
-        let id = row.id.as_str();
-        if let Err(err) = check_image(&paused.image, &paused.sha256) {
-            if matches!(err, SnapshotError::Corrupt { .. }) {
-                let detail = json!({"sha256": paused.sha256, "refused": "resume"});
-                self.record_session_step(row, api_types::EventKind::SnapshotCorrupt, detail)
-                    .await;
+        self.check_image_of(row, &paused.image, &paused.sha256)
+            .await?;
+        let places = self.take_places(&row.id, &row.tenant).await?;
+        let restore = Restore {
+            id: &row.id,
+            tenant: &row.tenant,
+            image: &paused.image,
+            runnable: paused.runnable.clone(),
+            language: &paused.language,
+            executions: paused.executions,
+        };
+        self.restore_sandbox(restore, places).await
+    }
+
+    /// Refuses (and audits, `snapshot.corrupt`) an image whose bytes changed since written.
+    pub(super) async fn check_image_of(
+        &self,
+        row: &SessionRow,
+        image: &Path,
+        sha256: &str,
+    ) -> Result<(), AppError> {
+        match check_image(image, sha256) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                if matches!(err, SnapshotError::Corrupt { .. }) {
+                    let detail = json!({"sha256": sha256, "refused": "restore"});
+                    self.record_session_step(row, api_types::EventKind::SnapshotCorrupt, detail)
+                        .await;
+                }
+                Err(err.into())
             }
-            return Err(err.into());
         }
-        let runner = SessionRunner::for_language(&paused.language)
-            .ok_or_else(|| AppError::Internal(format!("no runner for {}", paused.language)))?;
+    }
+
+    /// A session's places on this replica: its share, a scheduler slot, its live entry.
+    pub(super) async fn take_places(&self, id: &str, tenant: &str) -> Result<Places, AppError> {
         let share = self.session_share()?;
         let ticket = self
             .scheduler
-            .admit(&row.tenant)
+            .admit(tenant)
             .map_err(|full| AppError::RateLimited(full.to_string()))?;
         let slot = ticket
             .slot()
             .await
             .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
-        let live = self.live.track(id);
+        Ok((slot, self.live.track(id), share))
+    }
+
+    /// A new sandbox restored from `image`: new directories, the grant served on a fresh
+    /// socket before it runs again (its first connection may come at once).
+    pub(super) async fn restore_sandbox(
+        &self,
+        restore: Restore<'_>,
+        (slot, live, share): Places,
+    ) -> Result<Held, AppError> {
+        let id = restore.id;
         let unavailable = |what: &str, err: &dyn std::fmt::Display| {
-            AppError::Internal(format!("resuming session {id}: {what}: {err}"))
+            AppError::Internal(format!("restoring session {id}: {what}: {err}"))
         };
-        let shape = Shape::of(&paused.runnable);
+        let runner = SessionRunner::for_language(restore.language)
+            .ok_or_else(|| unavailable("its runner", &restore.language))?;
+        let shape = Shape::of(&restore.runnable);
         let home = SandboxHome::create(
             &self.egress_root,
             &self.scratch_root,
@@ -242,31 +294,15 @@ impl App {
             &home,
             Waits::Session(runner),
         );
-        plan.mounts.clone_from(&paused.runnable.mounts);
-        // The grant is served before the sandbox runs again: its first connection may come
-        // at once, and it must reach the new socket.
-        let egress = match self.egress.as_ref() {
-            Some(proxy) => {
-                self.session_cursors.open(id);
-                match ExecutionEgress::start(
-                    proxy,
-                    &home.egress_dir,
-                    id,
-                    &row.tenant,
-                    paused.runnable.network.as_ref(),
-                    self.shutdown.child_token(),
-                ) {
-                    Ok(egress) => Some(egress),
-                    Err(err) => {
-                        home.remove();
-                        self.session_cursors.close(id);
-                        return Err(unavailable("its egress grant", &error_chain(&err)));
-                    }
-                }
+        plan.mounts.clone_from(&restore.runnable.mounts);
+        let egress = match self.serve_restored_grant(&restore, &home) {
+            Ok(egress) => egress,
+            Err(err) => {
+                home.remove();
+                return Err(unavailable("its egress grant", &err));
             }
-            None => None,
         };
-        let sandbox = match self.runtime.restore(plan, &paused.image).await {
+        let sandbox = match self.runtime.restore(plan, restore.image).await {
             Ok(sandbox) => sandbox,
             Err(err) => {
                 if let Some(egress) = egress {
@@ -281,12 +317,37 @@ impl App {
             sandbox,
             home,
             egress,
-            runnable: paused.runnable.clone(),
-            language: paused.language.clone(),
-            executions: paused.executions,
+            runnable: restore.runnable,
+            language: restore.language.to_owned(),
+            executions: restore.executions,
             _slot: slot,
             _live: live,
             _share: share,
+        })
+    }
+
+    /// The restored sandbox's grant on the fresh socket in its new egress directory.
+    fn serve_restored_grant(
+        &self,
+        restore: &Restore<'_>,
+        home: &SandboxHome,
+    ) -> Result<Option<ExecutionEgress>, String> {
+        let Some(proxy) = self.egress.as_ref() else {
+            return Ok(None);
+        };
+        self.session_cursors.open(restore.id);
+        ExecutionEgress::start(
+            proxy,
+            &home.egress_dir,
+            restore.id,
+            restore.tenant,
+            restore.runnable.network.as_ref(),
+            self.shutdown.child_token(),
+        )
+        .map(Some)
+        .map_err(|err| {
+            self.session_cursors.close(restore.id);
+            error_chain(&err)
         })
     }
 
@@ -306,7 +367,7 @@ impl App {
     }
 
     /// The tenant's directory of checkpoint images (0700), created on first use.
-    fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
+    pub(super) fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
         let config = &self.config.snapshots;
         if !config.enabled {
             return Err(SnapshotError::Disabled);
@@ -325,7 +386,7 @@ impl App {
         Ok(dir)
     }
 
-    async fn record_session_step(
+    pub(super) async fn record_session_step(
         &self,
         row: &SessionRow,
         kind: api_types::EventKind,
@@ -404,7 +465,7 @@ pub fn image_digest(image: &Path) -> Result<(String, u64), SnapshotError> {
 }
 
 /// Refuses an image whose bytes are not the ones recorded when it was written.
-fn check_image(image: &Path, recorded: &str) -> Result<(), SnapshotError> {
+pub(super) fn check_image(image: &Path, recorded: &str) -> Result<(), SnapshotError> {
     let (actual, _) = image_digest(image)?;
     if actual == recorded {
         return Ok(());
@@ -415,7 +476,7 @@ fn check_image(image: &Path, recorded: &str) -> Result<(), SnapshotError> {
     })
 }
 
-fn remove_image(image: &Path) {
+pub(super) fn remove_image(image: &Path) {
     if let Err(err) = std::fs::remove_dir_all(image) {
         if err.kind() != std::io::ErrorKind::NotFound {
             tracing::warn!(image = %image.display(), error = %err, "checkpoint image left behind");
