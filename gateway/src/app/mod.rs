@@ -4,6 +4,7 @@
 pub mod approvals;
 pub mod executions;
 pub mod floor;
+mod forks;
 pub mod home;
 pub mod keys;
 pub mod launch;

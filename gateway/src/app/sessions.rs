@@ -27,6 +27,7 @@ use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::{SessionRow, SessionsFull};
+use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
 use crate::role::Role;
@@ -165,8 +166,11 @@ impl App {
             labels: request.labels.clone(),
             wait: true,
         };
+        // A fork (DESIGN 15): the snapshot is the caller's to see, and the policy is told.
+        let fork = self.fork_source(caller, &request).await?;
         let mut input = self.policy_input(caller, &as_execution, &[]);
         input.request.kind = RequestKind::Session;
+        input.request.from_snapshot = fork.as_ref().map(SnapshotRow::policy_input);
         let said = self.policy.current().state.decide(&input);
         let mut decision = said.clone();
         let runnable = self.enforce_floor(&request.language, &mut decision);
@@ -218,16 +222,28 @@ impl App {
             .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
         let (idle, ttl) = self.session_lifetimes(&request);
         let live = self.live.track(&id);
-        let held = self
-            .start_session(
-                &id,
-                &caller.tenant,
-                runner,
-                &request.language,
-                runnable,
-                (slot, live, share),
-            )
-            .await?;
+        let held = match &fork {
+            Some(snapshot) => {
+                let whose = super::snapshots::Whose {
+                    id: &id,
+                    tenant: &caller.tenant,
+                    key_id: &caller.id,
+                };
+                self.start_fork(whose, snapshot, runnable, (slot, live, share))
+                    .await?
+            }
+            None => {
+                self.start_session(
+                    &id,
+                    &caller.tenant,
+                    runner,
+                    &request.language,
+                    runnable,
+                    (slot, live, share),
+                )
+                .await?
+            }
+        };
         let now = crate::ids::now_micros();
         let row = SessionRow {
             id: id.clone(),

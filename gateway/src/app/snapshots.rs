@@ -65,6 +65,24 @@ impl PausedSessions {
     }
 }
 
+/// Whose session an event is about.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Whose<'a> {
+    pub(super) id: &'a str,
+    pub(super) tenant: &'a str,
+    pub(super) key_id: &'a str,
+}
+
+impl<'a> From<&'a SessionRow> for Whose<'a> {
+    fn from(row: &'a SessionRow) -> Whose<'a> {
+        Whose {
+            id: &row.id,
+            tenant: &row.tenant,
+            key_id: &row.key_id,
+        }
+    }
+}
+
 /// A session's places on this replica (see `sessions::Held`).
 pub(super) type Places = (Slot, LiveGuard, SessionShare);
 
@@ -169,7 +187,7 @@ impl App {
             .set_session_status(id, SessionStatus::Paused, false)
             .await?;
         let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
-        self.record_session_step(row, api_types::EventKind::SessionPaused, detail)
+        self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
             .await;
         Ok(())
     }
@@ -204,7 +222,7 @@ impl App {
                     .set_session_status(id, SessionStatus::Ready, false)
                     .await?;
                 let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
-                self.record_session_step(row, api_types::EventKind::SessionResumed, detail)
+                self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
             }
@@ -218,7 +236,7 @@ impl App {
     /// A new sandbox restored from the paused image, with the session's places (slot, share,
     /// live entry) taken again.
     async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
-        self.check_image_of(row, &paused.image, &paused.sha256)
+        self.check_image_of(row.into(), &paused.image, &paused.sha256)
             .await?;
         let places = self.take_places(&row.id, &row.tenant).await?;
         let restore = Restore {
@@ -235,7 +253,7 @@ impl App {
     /// Refuses (and audits, `snapshot.corrupt`) an image whose bytes changed since written.
     pub(super) async fn check_image_of(
         &self,
-        row: &SessionRow,
+        who: Whose<'_>,
         image: &Path,
         sha256: &str,
     ) -> Result<(), AppError> {
@@ -244,7 +262,7 @@ impl App {
             Err(err) => {
                 if matches!(err, SnapshotError::Corrupt { .. }) {
                     let detail = json!({"sha256": sha256, "refused": "restore"});
-                    self.record_session_step(row, api_types::EventKind::SnapshotCorrupt, detail)
+                    self.record_session_step(who, api_types::EventKind::SnapshotCorrupt, detail)
                         .await;
                 }
                 Err(err.into())
@@ -388,24 +406,24 @@ impl App {
 
     pub(super) async fn record_session_step(
         &self,
-        row: &SessionRow,
+        who: Whose<'_>,
         kind: api_types::EventKind,
         detail: serde_json::Value,
     ) {
         let event = NewEvent {
             kind,
             execution_id: None,
-            key_id: Some(row.key_id.clone()),
-            tenant: Some(row.tenant.clone()),
+            key_id: Some(who.key_id.to_owned()),
+            tenant: Some(who.tenant.to_owned()),
             decision_id: None,
             allow: None,
             reasons: json!([]),
-            input: json!({"session_id": row.id}),
+            input: json!({"session_id": who.id}),
             decision: detail,
             policy_revision: None,
         };
         if let Err(err) = self.audit.record_event(&event).await {
-            tracing::error!(session_id = %row.id, error = %err, kind = kind.as_str(), "session event not recorded");
+            tracing::error!(session_id = %who.id, error = %err, kind = kind.as_str(), "session event not recorded");
         }
     }
 }
