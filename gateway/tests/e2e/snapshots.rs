@@ -284,3 +284,127 @@ async fn a_pause_during_an_execution_is_refused_with_409() {
     pause(&gw, &agent, &id).await;
     gw.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_forks_of_one_snapshot_diverge_and_other_tenants_see_none_of_it() {
+    let daemon = shared_daemon().await;
+    let gw = gateway_on(&daemon).await;
+    let agent = gw.key("agent", "acme").await;
+    let parent = open(&gw, &agent, "python").await;
+    run(
+        &gw,
+        &agent,
+        &parent,
+        "import json\nbase = [1, 2]\nopen('/workspace/shared.txt', 'w').write('base')",
+    )
+    .await;
+    let (status, snapshot) = gw
+        .post(&agent, &format!("/v1/sessions/{parent}/snapshots"), &json!({}))
+        .await;
+    assert_eq!(status, 201, "{snapshot}");
+    let snapshot_id = snapshot["id"].as_str().unwrap().to_owned();
+    assert!(snapshot_id.starts_with("sn_"), "{snapshot}");
+    assert_eq!(snapshot["session_id"], parent.as_str());
+    assert_eq!(snapshot["sha256"].as_str().unwrap().len(), 64);
+    assert!(snapshot["bytes"].as_i64().unwrap() > 0);
+    assert!(snapshot.get("path").is_none(), "{snapshot}");
+    // The session went on: its state is there and it was never paused.
+    let going_on = run(&gw, &agent, &parent, "base.append(3)\nbase").await;
+    assert_eq!(going_on["result"], "[1, 2, 3]", "{going_on}");
+    assert!(going_on.get("resumed").is_none());
+
+    let mut forks = Vec::new();
+    for _ in 0..3 {
+        let (status, fork) = gw
+            .post(
+                &agent,
+                "/v1/sessions",
+                &json!({"language": "python", "from_snapshot": snapshot_id}),
+            )
+            .await;
+        assert_eq!(status, 201, "{fork}");
+        assert_eq!(fork["status"], "ready", "{fork}");
+        forks.push(fork["id"].as_str().unwrap().to_owned());
+    }
+    for (i, fork) in forks.iter().enumerate() {
+        let code = format!(
+            "base.append({i})\nopen('/workspace/shared.txt', 'a').write('-{i}')\n\
+             (base, open('/workspace/shared.txt').read())"
+        );
+        let record = run(&gw, &agent, fork, &code).await;
+        assert_eq!(
+            record["result"],
+            format!("([1, 2, {i}], 'base-{i}')").as_str(),
+            "{record}"
+        );
+    }
+    // Each went its own way: writing in one changed nothing in another or in the parent.
+    for (i, fork) in forks.iter().enumerate() {
+        let record = run(&gw, &agent, fork, "(base, open('/workspace/shared.txt').read())").await;
+        assert_eq!(
+            record["result"],
+            format!("([1, 2, {i}], 'base-{i}')").as_str()
+        );
+    }
+    let record = run(&gw, &agent, &parent, "(base, open('/workspace/shared.txt').read())").await;
+    assert_eq!(record["result"], "([1, 2, 3], 'base')");
+
+    // Lineage: each fork's session.created names the snapshot and the parent session.
+    let pool = gw.pool().await;
+    for fork in &forks {
+        let input: Value = sqlx::query_scalar(
+            "SELECT input FROM audit_events WHERE kind = 'session.created' \
+             AND input->>'session_id' = $1",
+        )
+        .bind(fork)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        let from = &input["request"]["request"]["from_snapshot"];
+        assert_eq!(from["id"], snapshot_id.as_str(), "{input}");
+        assert_eq!(from["session_id"], parent.as_str(), "{input}");
+    }
+    let created = sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM audit_events WHERE kind = 'snapshot.created' \
+         AND input->>'snapshot_id' = $1 AND decision->>'sha256' = $2",
+    )
+    .bind(&snapshot_id)
+    .bind(snapshot["sha256"].as_str().unwrap())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(created, 1);
+
+    // Another tenant: 404 on the snapshot, on forking it, on deleting it; not in its list.
+    let other = gw.key("agent", "globex").await;
+    let path = format!("/v1/snapshots/{snapshot_id}");
+    assert_eq!(gw.get(&other, &path).await.0, 404);
+    assert_eq!(gw.delete(&other, &path).await.0, 404);
+    let (status, _) = gw
+        .post(
+            &other,
+            "/v1/sessions",
+            &json!({"language": "python", "from_snapshot": snapshot_id}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    let (_, listed) = gw.get(&other, "/v1/snapshots").await;
+    assert_eq!(listed["snapshots"], json!([]), "{listed}");
+    let (_, listed) = gw.get(&agent, "/v1/snapshots").await;
+    assert_eq!(listed["snapshots"][0]["id"], snapshot_id.as_str(), "{listed}");
+
+    // Deleted: its image is gone, and nothing forks from it any more.
+    let (status, deleted) = gw.delete(&agent, &path).await;
+    assert_eq!(status, 200, "{deleted}");
+    assert!(image_files(&gw, &snapshot_id).is_empty());
+    assert_eq!(gw.get(&agent, &path).await.0, 404);
+    let (status, _) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "python", "from_snapshot": snapshot_id}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    gw.stop().await;
+}
