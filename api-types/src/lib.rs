@@ -36,8 +36,8 @@ pub use execution::{
 pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
 pub use role::Role;
 pub use session::{
-    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
-    TurnLimits,
+    ClosedReason, IdleAction, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,
+    SessionView, TurnLimits,
 };
 pub use status::ExecutionStatus;
 pub use stored::{TextSet, UnknownText};

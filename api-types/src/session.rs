@@ -30,6 +30,18 @@ pub enum SessionStatus {
     Closed,
 }
 
+/// What becomes of a session idle for `idle_timeout_s` (DESIGN 15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Checkpointed to disk (`paused`); the next execution resumes it. The default while the
+    /// gateway has snapshots enabled.
+    Pause,
+    /// Closed (`closed_reason: idle`); the default without snapshots.
+    Close,
+}
+
 /// Why a session closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -134,6 +146,9 @@ pub struct SessionRequest {
     /// `sn_...`: restore the new session from this snapshot (a fork; DESIGN 15).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<String>,
+    /// What becomes of it once idle; absent: `pause` while snapshots are enabled, else `close`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
 }
 
 /// The body of `POST /v1/sessions/{id}/executions`. Unknown fields are refused.

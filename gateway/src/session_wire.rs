@@ -4,6 +4,6 @@
 //! server read it back with the same type.
 
 pub use api_types::{
-    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
-    TurnLimits,
+    ClosedReason, IdleAction, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,
+    SessionView, TurnLimits,
 };

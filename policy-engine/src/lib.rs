@@ -39,6 +39,5 @@ pub use types::{
     Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
     HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
     RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty, SnapshotInput,
-    POLICY_ERROR_CODE,
-    SESSION_SHARED_CODE,
+    POLICY_ERROR_CODE, SESSION_SHARED_CODE,
 };

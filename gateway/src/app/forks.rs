@@ -205,7 +205,9 @@ impl App {
         id: &str,
     ) -> Result<SnapshotRow, AppError> {
         self.get_snapshot(caller, id).await?;
-        self.drop_snapshot(id, "deleted").await?.ok_or(AppError::NotFound)
+        self.drop_snapshot(id, "deleted")
+            .await?
+            .ok_or(AppError::NotFound)
     }
 
     /// Removes the snapshots past their `ttl_s` (the reaper's retention sweep).
@@ -316,4 +318,3 @@ impl App {
         self.restore_sandbox(restore, places).await
     }
 }
-

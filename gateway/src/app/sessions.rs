@@ -266,6 +266,9 @@ impl App {
             approval_id: None,
         };
         let created = event(api_types::EventKind::SessionCreated);
+        self.sessions
+            .paused
+            .set_idle_action(&id, self.idle_pauses(&request));
         let held = self.register_session(&row, &created, held).await?;
         self.keep_open(id, held, (idle, ttl));
         Ok(Opened::Ready(row))
@@ -440,6 +443,14 @@ impl App {
                     .last_used
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
+                if reason == ClosedReason::Idle && still == last && app.pause_when_idle(&id).await {
+                    // Paused (DESIGN 15): its idle clock starts again; its lifetime holds.
+                    *open
+                        .last_used
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                    continue;
+                }
                 if reason == ClosedReason::Ttl || still == last {
                     // A busy session closes once its execution ended (the lock waits for it).
                     app.close_session(&id, reason).await;

@@ -27,10 +27,12 @@ use crate::egress::ExecutionEgress;
 use crate::runtime::{Owner, SessionRunner, Waits};
 use crate::session_wire::SessionStatus;
 
-/// Paused sessions of this gateway: what a resume needs to restore each.
+/// Paused sessions of this gateway: what a resume needs to restore each; and the open
+/// sessions that close, rather than pause, once idle.
 #[derive(Debug, Default)]
 pub struct PausedSessions {
     map: Mutex<HashMap<String, Paused>>,
+    close_when_idle: Mutex<std::collections::HashSet<String>>,
 }
 
 /// One paused session's image and what its sandbox was.
@@ -57,8 +59,22 @@ impl PausedSessions {
         self.lock().insert(id.to_owned(), paused);
     }
 
+    /// Notes what the session asked to become once idle (`idle_action`).
+    pub(super) fn set_idle_action(&self, id: &str, pauses: bool) {
+        let mut closing = self
+            .close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pauses {
+            closing.remove(id);
+        } else {
+            closing.insert(id.to_owned());
+        }
+    }
+
     /// Forgets a closed session's pause and removes its image.
     pub(super) fn forget(&self, id: &str) {
+        self.set_idle_action(id, true);
         if let Some(paused) = self.take(id) {
             remove_image(&paused.image);
         }
@@ -367,6 +383,45 @@ impl App {
             self.session_cursors.close(restore.id);
             error_chain(&err)
         })
+    }
+
+    /// Whether the session pauses (`idle_action`) rather than closes once idle.
+    pub(super) fn idle_pauses(&self, request: &crate::session_wire::SessionRequest) -> bool {
+        use crate::session_wire::IdleAction;
+        match request.idle_action {
+            Some(IdleAction::Pause) => true,
+            Some(IdleAction::Close) => false,
+            None => self.config.snapshots.enabled,
+        }
+    }
+
+    /// The idle watcher's seam: pauses an idle session that pauses rather than closes; `true`
+    /// when it is (now, or already) paused, so the watcher keeps it and watches on.
+    pub(super) async fn pause_when_idle(&self, id: &str) -> bool {
+        let closes = self
+            .sessions
+            .paused
+            .close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id);
+        if closes || !self.config.snapshots.enabled {
+            return false;
+        }
+        if self.sessions.paused.lock().contains_key(id) {
+            return true;
+        }
+        let row = match self.audit.get_session(id).await {
+            Ok(Some(row)) => row,
+            _ => return false,
+        };
+        match self.pause_held(&row).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(session_id = %id, error = %err, "idle session not paused: it closes");
+                false
+            }
+        }
     }
 
     /// The record of an execution that restored its paused session says so.

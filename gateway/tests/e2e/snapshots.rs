@@ -299,7 +299,11 @@ async fn three_forks_of_one_snapshot_diverge_and_other_tenants_see_none_of_it() 
     )
     .await;
     let (status, snapshot) = gw
-        .post(&agent, &format!("/v1/sessions/{parent}/snapshots"), &json!({}))
+        .post(
+            &agent,
+            &format!("/v1/sessions/{parent}/snapshots"),
+            &json!({}),
+        )
         .await;
     assert_eq!(status, 201, "{snapshot}");
     let snapshot_id = snapshot["id"].as_str().unwrap().to_owned();
@@ -340,13 +344,25 @@ async fn three_forks_of_one_snapshot_diverge_and_other_tenants_see_none_of_it() 
     }
     // Each went its own way: writing in one changed nothing in another or in the parent.
     for (i, fork) in forks.iter().enumerate() {
-        let record = run(&gw, &agent, fork, "(base, open('/workspace/shared.txt').read())").await;
+        let record = run(
+            &gw,
+            &agent,
+            fork,
+            "(base, open('/workspace/shared.txt').read())",
+        )
+        .await;
         assert_eq!(
             record["result"],
             format!("([1, 2, {i}], 'base-{i}')").as_str()
         );
     }
-    let record = run(&gw, &agent, &parent, "(base, open('/workspace/shared.txt').read())").await;
+    let record = run(
+        &gw,
+        &agent,
+        &parent,
+        "(base, open('/workspace/shared.txt').read())",
+    )
+    .await;
     assert_eq!(record["result"], "([1, 2, 3], 'base')");
 
     // Lineage: each fork's session.created names the snapshot and the parent session.
@@ -391,9 +407,17 @@ async fn three_forks_of_one_snapshot_diverge_and_other_tenants_see_none_of_it() 
     let (_, listed) = gw.get(&other, "/v1/snapshots").await;
     assert_eq!(listed["snapshots"], json!([]), "{listed}");
     let (_, listed) = gw.get(&agent, "/v1/snapshots").await;
-    assert_eq!(listed["snapshots"][0]["id"], snapshot_id.as_str(), "{listed}");
+    assert_eq!(
+        listed["snapshots"][0]["id"],
+        snapshot_id.as_str(),
+        "{listed}"
+    );
 
     // Deleted: its image is gone, and nothing forks from it any more.
+    let (status, _) = gw
+        .delete(&agent, &format!("/v1/sessions/{}", forks[0]))
+        .await;
+    assert_eq!(status, 200, "a place under max_sessions for the last fork");
     let (status, deleted) = gw.delete(&agent, &path).await;
     assert_eq!(status, 200, "{deleted}");
     assert!(image_files(&gw, &snapshot_id).is_empty());
@@ -406,5 +430,105 @@ async fn three_forks_of_one_snapshot_diverge_and_other_tenants_see_none_of_it() 
         )
         .await;
     assert_eq!(status, 404);
+    gw.stop().await;
+}
+
+/// Not a pass/fail bound (DESIGN 8 ratios belong to `make bench`): prints how long a pause, a
+/// resume to the first result, and a fork of a session with pandas loaded and a 100k-row
+/// DataFrame built take, against a cold session building the same, in one run.
+#[tokio::test(flavor = "multi_thread")]
+async fn measure_pause_resume_and_a_pandas_fork_against_a_cold_session() {
+    use std::time::Instant;
+    const BUILD: &str =
+        "import pandas as pd\ndf = pd.DataFrame({'a': range(100000)})\nint(df['a'].sum())";
+    const USE: &str = "int(df['a'].sum())";
+    let daemon = shared_daemon().await;
+    let gw = gateway_on(&daemon).await;
+    let agent = gw.key("agent", "acme").await;
+
+    let cold = Instant::now();
+    let id = open(&gw, &agent, "python").await;
+    let built = run(&gw, &agent, &id, BUILD).await;
+    let cold = cold.elapsed();
+    assert_eq!(built["result"], "4999950000");
+
+    let paused = Instant::now();
+    pause(&gw, &agent, &id).await;
+    let paused = paused.elapsed();
+    let bytes = events(&gw, "session.paused", &id).await[0]["bytes"].clone();
+    let resumed = Instant::now();
+    let first = run(&gw, &agent, &id, USE).await;
+    let resumed = resumed.elapsed();
+    assert_eq!(first["result"], "4999950000");
+
+    let (status, snapshot) = gw
+        .post(&agent, &format!("/v1/sessions/{id}/snapshots"), &json!({}))
+        .await;
+    assert_eq!(status, 201, "{snapshot}");
+    let forked = Instant::now();
+    let (status, fork) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "python", "from_snapshot": snapshot["id"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{fork}");
+    let first = run(&gw, &agent, fork["id"].as_str().unwrap(), USE).await;
+    let forked = forked.elapsed();
+    assert_eq!(first["result"], "4999950000");
+    eprintln!(
+        "snapshots: cold open+build {cold:?}; pause {paused:?} ({bytes} bytes); \
+         resume to first result {resumed:?} ({:.2}x cold); fork to first result {forked:?} \
+         ({:.2}x cold)",
+        resumed.as_secs_f64() / cold.as_secs_f64(),
+        forked.as_secs_f64() / cold.as_secs_f64()
+    );
+    gw.stop().await;
+}
+
+async fn status_becomes(gw: &TestGateway, key: &str, id: &str, wanted: &str) -> Value {
+    let mut seen = Value::Null;
+    for _ in 0..300 {
+        seen = gw.session(key, id).await;
+        if seen["status"] == wanted {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("session {id} never became {wanted}: {seen}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_session_pauses_by_default_and_closes_when_asked() {
+    let daemon = shared_daemon().await;
+    let gw = gateway_on(&daemon).await;
+    let agent = gw.key("agent", "acme").await;
+    let (status, session) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "bash", "idle_timeout_s": 1}),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    run(&gw, &agent, &id, "cd /tmp && X=idle").await;
+    status_becomes(&gw, &agent, &id, "paused").await;
+    assert!(daemon.containers_of(&gw.instance().await).is_empty());
+    let record = run(&gw, &agent, &id, "echo $X $PWD").await;
+    assert_eq!(record["stdout"], "idle /tmp\n", "{record}");
+    assert_eq!(record["resumed"], true);
+
+    let (status, closing) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "bash", "idle_timeout_s": 1, "idle_action": "close"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{closing}");
+    let closed = status_becomes(&gw, &agent, closing["id"].as_str().unwrap(), "closed").await;
+    assert_eq!(closed["closed_reason"], "idle", "{closed}");
     gw.stop().await;
 }
