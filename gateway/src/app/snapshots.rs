@@ -415,8 +415,14 @@ impl App {
             Ok(Some(row)) => row,
             _ => return false,
         };
+        if row.is(SessionStatus::Busy) {
+            // Not idle after all: an execution started as the clock ran out.
+            return true;
+        }
         match self.pause_held(&row).await {
             Ok(()) => true,
+            // An execution holds it: it is not idle, and its end starts the clock again.
+            Err(AppError::Conflict(_)) if self.sessions.get(id).is_some() => true,
             Err(err) => {
                 tracing::warn!(session_id = %id, error = %err, "idle session not paused: it closes");
                 false
