@@ -82,6 +82,16 @@ pub enum EventKind {
     SessionFileRemoved,
     #[serde(rename = "session.file_written")]
     SessionFileWritten,
+    #[serde(rename = "session.paused")]
+    SessionPaused,
+    #[serde(rename = "session.resumed")]
+    SessionResumed,
+    #[serde(rename = "snapshot.corrupt")]
+    SnapshotCorrupt,
+    #[serde(rename = "snapshot.created")]
+    SnapshotCreated,
+    #[serde(rename = "snapshot.deleted")]
+    SnapshotDeleted,
 }
 
 crate::text_forms::text_forms!(EventKind {
@@ -122,6 +132,11 @@ crate::text_forms::text_forms!(EventKind {
     SessionFileMoved => "session.file_moved",
     SessionFileRemoved => "session.file_removed",
     SessionFileWritten => "session.file_written",
+    SessionPaused => "session.paused",
+    SessionResumed => "session.resumed",
+    SnapshotCorrupt => "snapshot.corrupt",
+    SnapshotCreated => "snapshot.created",
+    SnapshotDeleted => "snapshot.deleted",
 });
 
 impl EventKind {

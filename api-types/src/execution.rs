@@ -118,6 +118,9 @@ pub struct ExecutionView {
     /// values are left out, never cut).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub results_truncated: bool,
+    /// Its session was paused and was restored to run it (DESIGN 15).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub resumed: bool,
     /// Set for status `error`; the detail stays in the gateway's log and audit store (except
     /// a record another replica closed: `closed by <instance>: owner <instance> lease expired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -37,8 +37,8 @@ pub use execution::{
 pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
 pub use role::Role;
 pub use session::{
-    ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
-    TurnLimits,
+    ClosedReason, IdleAction, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,
+    SessionView, TurnLimits,
 };
 pub use session_files::{
     SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,

@@ -23,8 +23,23 @@ pub enum SessionStatus {
     Ready,
     /// An execution runs; another one gets 409.
     Busy,
+    /// Checkpointed to disk: no sandbox, no memory held; the next execution (or
+    /// `POST /v1/sessions/{id}/resume`) restores it with its state.
+    Paused,
     /// Gone for good (see `closed_reason`).
     Closed,
+}
+
+/// What becomes of a session idle for `idle_timeout_s` (DESIGN 15).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Checkpointed to disk (`paused`); the next execution resumes it. The default while the
+    /// gateway has snapshots enabled.
+    Pause,
+    /// Closed (`closed_reason: idle`); the default without snapshots.
+    Close,
 }
 
 /// Why a session closed.
@@ -58,6 +73,7 @@ crate::text_forms::text_forms!(SessionStatus {
     PendingApproval => "pending_approval",
     Ready => "ready",
     Busy => "busy",
+    Paused => "paused",
     Closed => "closed",
 });
 
@@ -131,6 +147,12 @@ pub struct SessionRequest {
     pub idle_timeout_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// `sn_...`: restore the new session from this snapshot (a fork; DESIGN 15).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<String>,
+    /// What becomes of it once idle; absent: `pause` while snapshots are enabled, else `close`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_action: Option<IdleAction>,
 }
 
 /// The body of `POST /v1/sessions/{id}/executions`. Unknown fields are refused.

@@ -174,6 +174,32 @@ pub struct Config {
     pub audit_listen: Option<AuditListen>,
     /// Accepted policy bundles kept (under `<data_dir>/policy-revisions/`) for rollback.
     pub policy_keep: usize,
+    /// Paused sessions' checkpoint images (DESIGN 15; docs/snapshots.md).
+    pub snapshots: SnapshotsConfig,
+}
+
+/// `snapshots: {enabled, dir, ttl_s, max_bytes_per_tenant}`: where paused sessions' checkpoint
+/// images live (0700, files 0600), how long they are kept, how many bytes a tenant may hold.
+/// Enabling them needs dockerd in experimental mode (its checkpoint API).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct SnapshotsConfig {
+    pub enabled: bool,
+    /// Absent: `<data_dir>/snapshots`.
+    pub dir: Option<PathBuf>,
+    pub ttl_s: u64,
+    pub max_bytes_per_tenant: u64,
+}
+
+impl Default for SnapshotsConfig {
+    fn default() -> Self {
+        SnapshotsConfig {
+            enabled: false,
+            dir: None,
+            ttl_s: 7 * 24 * 3600,
+            max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+        }
+    }
 }
 
 /// `refusals:`: bounds on the refusals anyone can cause in bulk (`app::refusals` enforces them).
@@ -274,6 +300,7 @@ impl Default for Config {
             credentials: BTreeMap::new(),
             audit_listen: None,
             policy_keep: 10,
+            snapshots: SnapshotsConfig::default(),
         }
     }
 }
@@ -340,6 +367,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("credentials", EnvValue::Yaml),
     ("audit_listen", EnvValue::Yaml),
     ("policy_keep", EnvValue::Yaml),
+    ("snapshots", EnvValue::Yaml),
 ];
 
 /// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,

@@ -5,7 +5,7 @@
 //! server read it back with the same type.
 
 pub use api_types::{
-    CellResult, CellResults, ClosedReason, SessionExecutionRequest, SessionFileEntry,
+    CellResult, CellResults, ClosedReason, IdleAction, SessionExecutionRequest, SessionFileEntry,
     SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove, SessionFileWritten,
     SessionList, SessionRequest, SessionStatus, SessionView, TurnLimits,
 };

@@ -38,6 +38,6 @@ pub use patch::merge_patch;
 pub use types::{
     Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
     HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
-    RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty, POLICY_ERROR_CODE,
-    SESSION_SHARED_CODE,
+    RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty, SnapshotInput,
+    POLICY_ERROR_CODE, SESSION_SHARED_CODE,
 };

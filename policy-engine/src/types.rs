@@ -48,6 +48,19 @@ pub struct RequestInput {
     /// With `kind: session_execution`, the session it runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionInput>,
+    /// With `kind: session`: the snapshot the new session is restored from (a fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<SnapshotInput>,
+}
+
+/// `request.from_snapshot`: the snapshot a session is restored from, and the session it was
+/// taken of (DESIGN 15).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInput {
+    pub id: String,
+    pub session_id: String,
+    /// RFC 3339.
+    pub created_at: String,
 }
 
 /// `request.kind`: lets a policy treat sessions apart.

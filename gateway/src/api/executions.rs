@@ -100,6 +100,7 @@ impl From<ExecutionRow> for ExecutionView {
                 .map(|results| results.0.results.clone())
                 .unwrap_or_default(),
             results_truncated: row.results.is_some_and(|results| results.0.truncated),
+            resumed: row.resumed,
             files: None,
             grant: None,
             approval_id: None,

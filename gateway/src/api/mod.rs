@@ -21,6 +21,7 @@ pub mod proposals;
 pub mod query;
 pub mod session_files;
 pub mod sessions;
+pub mod snapshots;
 pub mod ui;
 
 use std::sync::Arc;
@@ -125,6 +126,12 @@ pub fn routes() -> Vec<Route> {
         put("/v1/sessions/{id}/files/content", session_files::write),
         post("/v1/sessions/{id}/files/mkdir", session_files::mkdir),
         post("/v1/sessions/{id}/files/move", session_files::rename),
+        post("/v1/sessions/{id}/pause", snapshots::pause),
+        post("/v1/sessions/{id}/resume", snapshots::resume),
+        post("/v1/sessions/{id}/snapshots", snapshots::create),
+        get("/v1/snapshots", snapshots::list),
+        get("/v1/snapshots/{id}", snapshots::get),
+        delete("/v1/snapshots/{id}", snapshots::delete),
         get("/v1/approvals", approvals::list),
         get("/v1/approvals/{id}", approvals::get),
         post("/v1/approvals/{id}", approvals::decide),

@@ -48,6 +48,7 @@ impl App {
             subject: Subject::Execution,
             request: &request,
             files: &files,
+            from_snapshot: None,
         };
         let (ExecutionRecord { row, event }, runnable) =
             match self.pipeline::<ExecutionRecord>(&ask).await? {

@@ -55,6 +55,8 @@ pub(super) struct Launch {
 pub enum Start {
     Warm,
     Cold,
+    /// A session's sandbox restored from a checkpoint (a resume or a fork, DESIGN 15).
+    Restored,
 }
 
 impl Start {
@@ -62,6 +64,7 @@ impl Start {
         match self {
             Start::Warm => "warm",
             Start::Cold => "cold",
+            Start::Restored => "restored",
         }
     }
 }

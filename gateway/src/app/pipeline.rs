@@ -76,6 +76,8 @@ pub(super) struct Ask<'a> {
     pub(super) request: &'a ExecutionRequest,
     /// The uploads, decoded and checked.
     pub(super) files: &'a [(String, Vec<u8>)],
+    /// A session restored from this snapshot (a fork, DESIGN 15): the policy is told.
+    pub(super) from_snapshot: Option<policy_engine::SnapshotInput>,
 }
 
 /// A subject decided and put to the floor; nothing recorded yet.
@@ -170,6 +172,7 @@ impl App {
     pub(super) fn decide(&self, ask: &Ask<'_>) -> Result<Decided, AppError> {
         let mut input = self.policy_input(ask.caller, ask.request, ask.files);
         input.request.kind = ask.subject.kind();
+        input.request.from_snapshot.clone_from(&ask.from_snapshot);
         if let Subject::SessionExecution(session) = &ask.subject {
             input.request.session = Some(Self::session_input(
                 ask.caller,
@@ -237,6 +240,7 @@ impl App {
                 labels: request.labels.clone(),
                 kind: RequestKind::Execution,
                 session: None,
+                from_snapshot: None,
             },
             environment: Environment {
                 backends: self.config.backends.keys().cloned().collect(),

@@ -261,5 +261,6 @@ pub async fn sweep(app: &App, first: bool) -> SweepReport {
         Ok(purged) => report.purged = purged,
         Err(err) => tracing::warn!(error = %err, "retention purge failed"),
     }
+    app.expire_snapshots().await;
     report
 }

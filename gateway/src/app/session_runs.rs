@@ -71,6 +71,8 @@ impl App {
             .sessions
             .get(id)
             .ok_or_else(|| closed_conflict(id, &row))?;
+        // A paused session is restored first (DESIGN 15); its record says so.
+        let resumed = self.resume_paused(&row).await?;
         let Ok(mut guard) = open.held.try_lock() else {
             return Err(AppError::Conflict(format!(
                 "session {id} is busy: one execution at a time"
@@ -108,7 +110,7 @@ impl App {
         if let Some(reason) = closes {
             self.close_session(id, reason).await;
         }
-        Ok(record)
+        Ok(self.said_resumed(record, resumed).await)
     }
 
     /// Decide (the pipeline, `request.kind` `session_execution`), record, run; says why the
@@ -134,6 +136,7 @@ impl App {
             }),
             request: &as_execution,
             files: &files,
+            from_snapshot: None,
         };
         let (ExecutionRecord { row, event }, runnable) =
             match self.pipeline::<ExecutionRecord>(&ask).await? {

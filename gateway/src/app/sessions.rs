@@ -29,6 +29,7 @@ use super::scheduler::Slot;
 use super::subjects::SessionRecord;
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::{SessionRow, SessionsFull};
+use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::ExecutionEgress;
 use crate::role::Role;
@@ -52,6 +53,8 @@ pub struct Sessions {
     open: Mutex<HashMap<String, Arc<OpenSession>>>,
     /// Places taken in the sessions' share of `max_concurrent` ([`SessionShare`]).
     shares: Arc<AtomicUsize>,
+    /// Open sessions whose sandbox is checkpointed to disk (`app::snapshots`).
+    pub(super) paused: super::snapshots::PausedSessions,
 }
 
 #[derive(Debug)]
@@ -157,18 +160,22 @@ impl App {
                 max: self.config.max_sessions,
             }));
         }
+        // A fork (DESIGN 15): the snapshot is the caller's to see, and the policy is told.
+        let fork = self.fork_source(caller, &request).await?;
         let ask = Ask {
             caller,
             subject: Subject::Session(&request),
             request: &as_execution(&request),
             files: &[],
+            from_snapshot: fork.as_ref().map(SnapshotRow::policy_input),
         };
         match self.pipeline::<SessionRecord>(&ask).await? {
             Outcome::Denied(record) => Ok(Opened::Denied(record.decision)),
             Outcome::Held(row) => Ok(Opened::PendingApproval(row)),
             Outcome::Admitted(record, runnable) => {
                 let admitted = (runner, record, runnable);
-                self.open_admitted(caller, &request, admitted).await
+                self.open_admitted(caller, &request, fork.as_ref(), admitted)
+                    .await
             }
         }
     }
@@ -179,6 +186,7 @@ impl App {
         self: &Arc<Self>,
         caller: &ApiKey,
         request: &SessionRequest,
+        fork: Option<&SnapshotRow>,
         (runner, record, runnable): (SessionRunner, SessionRecord, Runnable),
     ) -> Result<Opened, AppError> {
         let id = record.id.clone();
@@ -193,16 +201,28 @@ impl App {
             .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
         let (idle, ttl) = self.session_lifetimes(request);
         let live = self.live.track(&id);
-        let held = self
-            .start_session(
-                &id,
-                &caller.tenant,
-                runner,
-                &request.language,
-                runnable,
-                (slot, live, share),
-            )
-            .await?;
+        let held = match fork {
+            Some(snapshot) => {
+                let whose = super::snapshots::Whose {
+                    id: &id,
+                    tenant: &caller.tenant,
+                    key_id: &caller.id,
+                };
+                self.start_fork(whose, snapshot, runnable, (slot, live, share))
+                    .await?
+            }
+            None => {
+                self.start_session(
+                    &id,
+                    &caller.tenant,
+                    runner,
+                    &request.language,
+                    runnable,
+                    (slot, live, share),
+                )
+                .await?
+            }
+        };
         let now = crate::ids::now_micros();
         let row = SessionRow {
             id: id.clone(),
@@ -226,6 +246,9 @@ impl App {
             start: Some(held.start.as_str().to_owned()),
         };
         let created = record.event(api_types::EventKind::SessionCreated);
+        self.sessions
+            .paused
+            .set_idle_action(&id, self.idle_pauses(request));
         let held = self.register_session(&row, &created, held).await?;
         self.keep_open(id, held, (idle, ttl));
         Ok(Opened::Ready(row))
@@ -383,6 +406,14 @@ impl App {
                     .last_used
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner);
+                if reason == ClosedReason::Idle && still == last && app.pause_when_idle(&id).await {
+                    // Paused (DESIGN 15): its idle clock starts again; its lifetime holds.
+                    *open
+                        .last_used
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                    continue;
+                }
                 if reason == ClosedReason::Ttl || still == last {
                     // A busy session closes once its execution ended (the lock waits for it).
                     app.close_session(&id, reason).await;
@@ -400,6 +431,7 @@ impl App {
         if let Some(held) = held {
             release(held).await;
         }
+        self.sessions.paused.forget(id);
         self.session_cursors.close(id);
         let closed = match self.audit.close_session(id, reason).await {
             Ok(closed) => closed,

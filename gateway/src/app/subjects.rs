@@ -178,6 +178,7 @@ fn execution_row(ask: &Ask<'_>, decided: &Decided, instance: &str) -> ExecutionR
         session_id: None,
         result: None,
         results: None,
+        resumed: false,
     }
 }
 

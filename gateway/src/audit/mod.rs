@@ -18,6 +18,7 @@ pub mod replicas;
 pub mod review;
 pub mod session_turns;
 pub mod sessions;
+pub mod snapshots;
 pub mod unknown_value;
 pub mod verify;
 
@@ -127,6 +128,9 @@ pub struct ExecutionRow {
     /// In a python session: what the cell displayed (`app::session_results`).
     #[sqlx(default)]
     pub results: Option<Json<api_types::CellResults>>,
+    /// Its session was paused and was restored to run it.
+    #[sqlx(default)]
+    pub resumed: bool,
 }
 
 impl ExecutionRow {

@@ -10,7 +10,7 @@
 pub mod docker;
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -339,6 +339,19 @@ pub trait Sandbox: Send + std::fmt::Debug {
         }
         .boxed()
     }
+
+    /// Checkpoints a session sandbox that runs nothing into the directory `image` (which must
+    /// not exist yet; its parent must): its memory, kernel state and tmpfs mounts. The sandbox
+    /// is stopped after it (also when it fails: runsc loses it); [`Sandbox::discard`] it.
+    fn checkpoint<'a>(&'a mut self, image: &'a Path) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        let _ = image;
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no checkpoints".into(),
+            ))
+        }
+        .boxed()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -388,6 +401,22 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>>;
     /// Kills and removes one container, however wedged.
     fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// Starts a sandbox for `plan` restored from a checkpoint image ([`Sandbox::checkpoint`]):
+    /// it goes on where the checkpointed one stopped, in a new container with the plan's own
+    /// egress socket directory and output area. A session sandbox needs no opening line.
+    fn restore<'a>(
+        &'a self,
+        plan: SandboxPlan,
+        image: &'a Path,
+    ) -> BoxFuture<'a, Result<Box<dyn Sandbox>, RuntimeError>> {
+        let _ = (plan, image);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no checkpoints".into(),
+            ))
+        }
+        .boxed()
+    }
 }
 
 #[cfg(test)]

@@ -31,13 +31,24 @@ pub struct PrivateDockerd {
 impl PrivateDockerd {
     /// Starts a private daemon with the machine daemon's runsc entry.
     pub fn start() -> PrivateDockerd {
+        PrivateDockerd::start_configured(false)
+    }
+
+    /// The same in experimental mode: its checkpoint API (snapshots, DESIGN 15).
+    #[allow(dead_code)] // the e2e binary's snapshots area; dockerd_restart.rs does not use it
+    pub fn start_experimental() -> PrivateDockerd {
+        PrivateDockerd::start_configured(true)
+    }
+
+    fn start_configured(experimental: bool) -> PrivateDockerd {
         let dir = tempfile::Builder::new()
             .prefix("sgd")
             .tempdir_in("/tmp")
             .expect("a directory in /tmp")
             .keep();
         let runsc = main_daemon_runsc();
-        let config = format!("{{\"runtimes\":{{\"runsc\":{runsc}}}}}");
+        let config =
+            format!("{{\"experimental\":{experimental},\"runtimes\":{{\"runsc\":{runsc}}}}}");
         std::fs::write(dir.join("daemon.json"), config).unwrap();
         let bridge = own_bridge();
         let mut daemon = PrivateDockerd {

@@ -144,6 +144,7 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         session_id: None,
         result: None,
         results: None,
+        resumed: false,
     }
 }
 

@@ -84,6 +84,7 @@ mod session_review;
 mod session_runner;
 mod sessions;
 mod situations;
+mod snapshots;
 mod tls;
 mod toolbox;
 mod types_unknown_values;

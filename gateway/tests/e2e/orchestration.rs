@@ -321,6 +321,7 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         session_id: None,
         result: None,
         results: None,
+        resumed: false,
     };
     let event = gateway::audit::NewEvent {
         kind: api_types::EventKind::ExecutionDecision,

@@ -5,6 +5,7 @@
 
 mod body;
 mod call;
+mod checkpoint;
 pub mod cleanup;
 mod oom;
 mod run;
@@ -141,5 +142,24 @@ impl SandboxRuntime for DockerRuntime {
 
     fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         async move { cleanup::remove(self.client().await?, container_id).await }.boxed()
+    }
+
+    fn restore<'a>(
+        &'a self,
+        plan: SandboxPlan,
+        image: &'a Path,
+    ) -> BoxFuture<'a, Result<Box<dyn Sandbox>, RuntimeError>> {
+        async move {
+            if !plan.init_binary.is_file() {
+                return Err(RuntimeError::MissingInit {
+                    path: plan.init_binary.clone(),
+                });
+            }
+            let docker = self.client().await?.clone();
+            let socket = checkpoint::daemon_socket(self.socket.as_deref());
+            let sandbox = checkpoint::restore(docker, &socket, &plan, image).await?;
+            Ok(Box::new(sandbox) as Box<dyn Sandbox>)
+        }
+        .boxed()
     }
 }

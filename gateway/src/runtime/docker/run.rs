@@ -352,6 +352,13 @@ impl Sandbox for DockerSandbox {
     ) -> BoxFuture<'_, Result<crate::runtime::FileAnswer, RuntimeError>> {
         super::session_files::file_op(self, request).boxed()
     }
+
+    fn checkpoint<'a>(
+        &'a mut self,
+        image: &'a std::path::Path,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        super::checkpoint::checkpoint(&self.docker, &self.name, image).boxed()
+    }
 }
 
 /// Output kept under the cap, handed to the live sink as it arrives, the init's end marker

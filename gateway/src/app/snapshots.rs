@@ -1,0 +1,586 @@
+//! Pause and resume of a session (DESIGN 15; docs/snapshots.md). Pausing checkpoints an idle
+//! session's sandbox into an image under the snapshots directory (0700, files 0600), records
+//! the image's sha256, and releases everything the session held: container, egress grant and
+//! socket, its slot and its share of `max_concurrent`. Resuming checks the sha256, restores the
+//! image into a new container with a fresh egress socket directory serving the session's grant,
+//! and holds it open again. A pause while an execution runs answers 409 (it never waits: the
+//! caller chose to pause now, and a turn may run for minutes).
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use super::floor::Runnable;
+use super::home::SandboxHome;
+use super::pool::Shape;
+use super::reaper::LiveGuard;
+use super::scheduler::Slot;
+use super::sessions::{release, Held, SessionShare};
+use super::{error_chain, App, AppError};
+use crate::audit::sessions::SessionRow;
+use crate::audit::{ApiKey, NewEvent};
+use crate::egress::ExecutionEgress;
+use crate::runtime::{Owner, SessionRunner, Waits};
+use crate::session_wire::SessionStatus;
+
+/// Paused sessions of this gateway: what a resume needs to restore each; and the open
+/// sessions that close, rather than pause, once idle.
+#[derive(Debug, Default)]
+pub struct PausedSessions {
+    map: Mutex<HashMap<String, Paused>>,
+    close_when_idle: Mutex<std::collections::HashSet<String>>,
+}
+
+/// One paused session's image and what its sandbox was.
+#[derive(Debug)]
+pub(super) struct Paused {
+    image: PathBuf,
+    sha256: String,
+    bytes: u64,
+    runnable: Runnable,
+    language: String,
+    executions: u64,
+}
+
+impl PausedSessions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Paused>> {
+        self.map.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn take(&self, id: &str) -> Option<Paused> {
+        self.lock().remove(id)
+    }
+
+    fn put(&self, id: &str, paused: Paused) {
+        self.lock().insert(id.to_owned(), paused);
+    }
+
+    /// Notes what the session asked to become once idle (`idle_action`).
+    pub(super) fn set_idle_action(&self, id: &str, pauses: bool) {
+        let mut closing = self
+            .close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pauses {
+            closing.remove(id);
+        } else {
+            closing.insert(id.to_owned());
+        }
+    }
+
+    /// Forgets a closed session's pause and removes its image.
+    pub(super) fn forget(&self, id: &str) {
+        self.set_idle_action(id, true);
+        if let Some(paused) = self.take(id) {
+            remove_image(&paused.image);
+        }
+    }
+}
+
+/// Whose session an event is about.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Whose<'a> {
+    pub(super) id: &'a str,
+    pub(super) tenant: &'a str,
+    pub(super) key_id: &'a str,
+}
+
+impl<'a> From<&'a SessionRow> for Whose<'a> {
+    fn from(row: &'a SessionRow) -> Whose<'a> {
+        Whose {
+            id: &row.id,
+            tenant: &row.tenant,
+            key_id: &row.key_id,
+        }
+    }
+}
+
+/// A session's places on this replica (see `sessions::Held`).
+pub(super) type Places = (Slot, LiveGuard, SessionShare);
+
+/// What a restore starts from, and what the restored session is.
+pub(super) struct Restore<'a> {
+    pub(super) id: &'a str,
+    pub(super) tenant: &'a str,
+    pub(super) image: &'a Path,
+    pub(super) runnable: Runnable,
+    pub(super) language: &'a str,
+    pub(super) executions: u64,
+}
+
+/// What a pause, a resume or a restore failed at.
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("snapshots are not enabled on this gateway (config `snapshots.enabled`)")]
+    Disabled,
+    #[error("preparing the snapshot directory {path}: {source}")]
+    Directory {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading the checkpoint image {path}: {source}")]
+    Image {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the checkpoint image {path} does not match its recorded sha256 ({recorded}): it was changed on disk and is not restored")]
+    Corrupt { path: PathBuf, recorded: String },
+}
+
+impl From<SnapshotError> for AppError {
+    fn from(err: SnapshotError) -> AppError {
+        match err {
+            SnapshotError::Disabled | SnapshotError::Corrupt { .. } => {
+                AppError::Conflict(err.to_string())
+            }
+            other => AppError::Internal(other.to_string()),
+        }
+    }
+}
+
+impl App {
+    /// `POST /v1/sessions/{id}/pause`: checkpoints the idle session and releases its sandbox.
+    pub async fn pause_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        if row.is(SessionStatus::Paused) {
+            return Ok(row);
+        }
+        self.pause_held(&row).await?;
+        self.get_session(caller, id).await
+    }
+
+    /// Pauses an open session of this gateway that runs nothing (409 while one runs).
+    pub(super) async fn pause_held(&self, row: &SessionRow) -> Result<(), AppError> {
+        let id = row.id.as_str();
+        let dir = self.snapshot_dir(&row.tenant)?;
+        let open = self.sessions.get(id).ok_or_else(|| not_open(row))?;
+        let Ok(mut guard) = open.held.try_lock() else {
+            return Err(AppError::Conflict(format!(
+                "session {id} is running an execution: pause it once that ended"
+            )));
+        };
+        let Some(held) = guard.as_mut() else {
+            return Err(not_open(row));
+        };
+        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
+        let started = std::time::Instant::now();
+        if let Err(err) = held.sandbox.checkpoint(&image).await {
+            // The image is never kept half-written; the session keeps its sandbox (a dead one
+            // closes it at its next execution).
+            remove_image(&image);
+            return Err(AppError::Internal(format!(
+                "pausing session {id}: {}",
+                error_chain(&err)
+            )));
+        }
+        let (sha256, bytes) = match image_digest(&image) {
+            Ok(digest) => digest,
+            Err(err) => {
+                remove_image(&image);
+                return Err(err.into());
+            }
+        };
+        let Some(held) = guard.take() else {
+            return Err(not_open(row));
+        };
+        let paused = Paused {
+            image,
+            sha256: sha256.clone(),
+            bytes,
+            runnable: held.runnable.clone(),
+            language: held.language.clone(),
+            executions: held.executions,
+        };
+        release(held).await;
+        self.session_cursors.close(id);
+        self.sessions.paused.put(id, paused);
+        let took_ms = started.elapsed().as_millis();
+        self.audit
+            .set_session_status(id, SessionStatus::Paused, false)
+            .await?;
+        let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
+        self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
+            .await;
+        Ok(())
+    }
+
+    /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
+    /// as it is).
+    pub async fn resume_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+        let row = self.get_session(caller, id).await?;
+        self.resume_paused(&row).await?;
+        self.get_session(caller, id).await
+    }
+
+    /// Restores the session if it is paused here; says whether it was.
+    pub(super) async fn resume_paused(&self, row: &SessionRow) -> Result<bool, AppError> {
+        let id = row.id.as_str();
+        let Some(open) = self.sessions.get(id) else {
+            return Ok(false);
+        };
+        let mut guard = open.held.lock().await;
+        if guard.is_some() {
+            return Ok(false);
+        }
+        let Some(paused) = self.sessions.paused.take(id) else {
+            return Ok(false);
+        };
+        match self.restore_held(row, &paused).await {
+            Ok(held) => {
+                *guard = Some(held);
+                drop(guard);
+                remove_image(&paused.image);
+                self.audit
+                    .set_session_status(id, SessionStatus::Ready, false)
+                    .await?;
+                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
+                self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
+                    .await;
+                Ok(true)
+            }
+            Err(err) => {
+                self.sessions.paused.put(id, paused);
+                Err(err)
+            }
+        }
+    }
+
+    /// A new sandbox restored from the paused image, with the session's places (slot, share,
+    /// live entry) taken again.
+    async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
+        self.check_image_of(row.into(), &paused.image, &paused.sha256)
+            .await?;
+        let places = self.take_places(&row.id, &row.tenant).await?;
+        let restore = Restore {
+            id: &row.id,
+            tenant: &row.tenant,
+            image: &paused.image,
+            runnable: paused.runnable.clone(),
+            language: &paused.language,
+            executions: paused.executions,
+        };
+        self.restore_sandbox(restore, places).await
+    }
+
+    /// Refuses (and audits, `snapshot.corrupt`) an image whose bytes changed since written.
+    pub(super) async fn check_image_of(
+        &self,
+        who: Whose<'_>,
+        image: &Path,
+        sha256: &str,
+    ) -> Result<(), AppError> {
+        match check_image(image, sha256) {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                if matches!(err, SnapshotError::Corrupt { .. }) {
+                    let detail = json!({"sha256": sha256, "refused": "restore"});
+                    self.record_session_step(who, api_types::EventKind::SnapshotCorrupt, detail)
+                        .await;
+                }
+                Err(err.into())
+            }
+        }
+    }
+
+    /// A session's places on this replica: its share, a scheduler slot, its live entry.
+    pub(super) async fn take_places(&self, id: &str, tenant: &str) -> Result<Places, AppError> {
+        let share = self.session_share()?;
+        let ticket = self
+            .scheduler
+            .admit(tenant)
+            .map_err(|full| AppError::RateLimited(full.to_string()))?;
+        let slot = ticket
+            .slot()
+            .await
+            .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
+        Ok((slot, self.live.track(id), share))
+    }
+
+    /// A new sandbox restored from `image`: new directories, the grant served on a fresh
+    /// socket before it runs again (its first connection may come at once).
+    pub(super) async fn restore_sandbox(
+        &self,
+        restore: Restore<'_>,
+        (slot, live, share): Places,
+    ) -> Result<Held, AppError> {
+        let id = restore.id;
+        let unavailable = |what: &str, err: &dyn std::fmt::Display| {
+            AppError::Internal(format!("restoring session {id}: {what}: {err}"))
+        };
+        let runner = SessionRunner::for_language(restore.language)
+            .ok_or_else(|| unavailable("its runner", &restore.language))?;
+        let shape = Shape::of(&restore.runnable);
+        let home = SandboxHome::create(
+            &self.egress_root,
+            &self.scratch_root,
+            id,
+            shape.limits.disk_mb,
+        )
+        .map_err(|err| unavailable("its directories", &err))?;
+        let mut plan = self.plan(
+            id,
+            Owner::Execution(id.to_owned()),
+            &shape,
+            &home,
+            Waits::Session(runner),
+        );
+        plan.mounts.clone_from(&restore.runnable.mounts);
+        let egress = match self.serve_restored_grant(&restore, &home) {
+            Ok(egress) => egress,
+            Err(err) => {
+                home.remove();
+                return Err(unavailable("its egress grant", &err));
+            }
+        };
+        let sandbox = match self.runtime.restore(plan, restore.image).await {
+            Ok(sandbox) => sandbox,
+            Err(err) => {
+                if let Some(egress) = egress {
+                    egress.finish().await;
+                }
+                home.remove();
+                self.session_cursors.close(id);
+                return Err(unavailable("the sandbox", &error_chain(&err)));
+            }
+        };
+        Ok(Held {
+            sandbox,
+            home,
+            egress,
+            runnable: restore.runnable,
+            language: restore.language.to_owned(),
+            executions: restore.executions,
+            _slot: slot,
+            _live: live,
+            _share: share,
+            start: super::launch::Start::Restored,
+        })
+    }
+
+    /// The restored sandbox's grant on the fresh socket in its new egress directory.
+    fn serve_restored_grant(
+        &self,
+        restore: &Restore<'_>,
+        home: &SandboxHome,
+    ) -> Result<Option<ExecutionEgress>, String> {
+        let Some(proxy) = self.egress.as_ref() else {
+            return Ok(None);
+        };
+        self.session_cursors.open(restore.id);
+        ExecutionEgress::start(
+            proxy,
+            &home.egress_dir,
+            restore.id,
+            restore.tenant,
+            restore.runnable.network.as_ref(),
+            self.shutdown.child_token(),
+        )
+        .map(Some)
+        .map_err(|err| {
+            self.session_cursors.close(restore.id);
+            error_chain(&err)
+        })
+    }
+
+    /// Whether the session pauses (`idle_action`) rather than closes once idle.
+    pub(super) fn idle_pauses(&self, request: &crate::session_wire::SessionRequest) -> bool {
+        use crate::session_wire::IdleAction;
+        match request.idle_action {
+            Some(IdleAction::Pause) => true,
+            Some(IdleAction::Close) => false,
+            None => self.config.snapshots.enabled,
+        }
+    }
+
+    /// The idle watcher's seam: pauses an idle session that pauses rather than closes; `true`
+    /// when it is (now, or already) paused, so the watcher keeps it and watches on.
+    pub(super) async fn pause_when_idle(&self, id: &str) -> bool {
+        let closes = self
+            .sessions
+            .paused
+            .close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id);
+        if closes || !self.config.snapshots.enabled {
+            return false;
+        }
+        if self.sessions.paused.lock().contains_key(id) {
+            return true;
+        }
+        let row = match self.audit.get_session(id).await {
+            Ok(Some(row)) => row,
+            _ => return false,
+        };
+        if row.is(SessionStatus::Busy) {
+            // Not idle after all: an execution started as the clock ran out.
+            return true;
+        }
+        match self.pause_held(&row).await {
+            Ok(()) => true,
+            // An execution holds it: it is not idle, and its end starts the clock again.
+            Err(AppError::Conflict(_)) if self.sessions.get(id).is_some() => true,
+            Err(err) => {
+                tracing::warn!(session_id = %id, error = %err, "idle session not paused: it closes");
+                false
+            }
+        }
+    }
+
+    /// The record of an execution that restored its paused session says so.
+    pub(super) async fn said_resumed(
+        &self,
+        mut record: crate::audit::ExecutionRow,
+        resumed: bool,
+    ) -> crate::audit::ExecutionRow {
+        if resumed {
+            if let Err(err) = self.audit.mark_resumed(&record.id).await {
+                tracing::error!(execution_id = %record.id, error = %err, "`resumed` not recorded");
+            }
+            record.resumed = true;
+        }
+        record
+    }
+
+    /// The tenant's directory of checkpoint images (0700), created on first use.
+    pub(super) fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
+        let config = &self.config.snapshots;
+        if !config.enabled {
+            return Err(SnapshotError::Disabled);
+        }
+        let root = config
+            .dir
+            .clone()
+            .unwrap_or_else(|| self.config.data_dir.join("snapshots"));
+        let dir = root.join(hex::encode(tenant.as_bytes()));
+        for path in [&root, &dir] {
+            private_dir(path).map_err(|source| SnapshotError::Directory {
+                path: path.clone(),
+                source,
+            })?;
+        }
+        Ok(dir)
+    }
+
+    pub(super) async fn record_session_step(
+        &self,
+        who: Whose<'_>,
+        kind: api_types::EventKind,
+        detail: serde_json::Value,
+    ) {
+        let event = NewEvent {
+            kind,
+            execution_id: None,
+            key_id: Some(who.key_id.to_owned()),
+            tenant: Some(who.tenant.to_owned()),
+            decision_id: None,
+            allow: None,
+            reasons: json!([]),
+            input: json!({"session_id": who.id}),
+            decision: detail,
+            policy_revision: None,
+        };
+        if let Err(err) = self.audit.record_event(&event).await {
+            tracing::error!(session_id = %who.id, error = %err, kind = kind.as_str(), "session event not recorded");
+        }
+    }
+}
+
+fn not_open(row: &SessionRow) -> AppError {
+    AppError::Conflict(format!(
+        "session {} is {} and not open on this gateway: nothing to pause",
+        row.id,
+        row.status.as_str()
+    ))
+}
+
+/// A directory only the gateway's user may enter.
+fn private_dir(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
+}
+
+/// The sha256 over the image's files (sorted by name: each name, its length, its bytes) and
+/// their total size.
+pub fn image_digest(image: &Path) -> Result<(String, u64), SnapshotError> {
+    let failed = |source| SnapshotError::Image {
+        path: image.to_owned(),
+        source,
+    };
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(image).map_err(failed)? {
+        let entry = entry.map_err(failed)?;
+        if entry.file_type().map_err(failed)?.is_file() {
+            names.push(entry.file_name());
+        }
+    }
+    names.sort();
+    let mut hasher = Sha256::new();
+    let mut bytes = 0u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    for name in names {
+        let path = image.join(&name);
+        let len = std::fs::metadata(&path).map_err(failed)?.len();
+        hasher.update(name.as_encoded_bytes());
+        hasher.update(len.to_be_bytes());
+        let mut file = std::fs::File::open(&path).map_err(failed)?;
+        loop {
+            let read = file.read(&mut buffer).map_err(failed)?;
+            if read == 0 {
+                break;
+            }
+            hasher.update(&buffer[..read]);
+        }
+        bytes += len;
+    }
+    Ok((hex::encode(hasher.finalize()), bytes))
+}
+
+/// Refuses an image whose bytes are not the ones recorded when it was written.
+pub(super) fn check_image(image: &Path, recorded: &str) -> Result<(), SnapshotError> {
+    let (actual, _) = image_digest(image)?;
+    if actual == recorded {
+        return Ok(());
+    }
+    Err(SnapshotError::Corrupt {
+        path: image.to_owned(),
+        recorded: recorded.to_owned(),
+    })
+}
+
+pub(super) fn remove_image(image: &Path) {
+    if let Err(err) = std::fs::remove_dir_all(image) {
+        if err.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(image = %image.display(), error = %err, "checkpoint image left behind");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_changed_byte_changes_the_digest_and_the_check_refuses_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("img");
+        std::fs::create_dir(&image).unwrap();
+        std::fs::write(image.join("checkpoint.img"), b"memory of the program").unwrap();
+        let (digest, bytes) = image_digest(&image).unwrap();
+        assert_eq!(bytes, 21);
+        check_image(&image, &digest).unwrap();
+        std::fs::write(image.join("checkpoint.img"), b"memory of the pregram").unwrap();
+        assert!(matches!(
+            check_image(&image, &digest),
+            Err(SnapshotError::Corrupt { .. })
+        ));
+    }
+}

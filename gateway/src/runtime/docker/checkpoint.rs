@@ -1,0 +1,189 @@
+//! Checkpoint and restore of a session's sandbox through dockerd's checkpoint API (experimental
+//! mode; docs/snapshots.md says why this and not runsc driven directly). A checkpoint stops the
+//! container (runsc 20221219 panics on `--leave-running`); a restore is a NEW container from a
+//! plan like the first one's (its own egress socket directory and output area) whose own
+//! checkpoint directory under dockerd's root receives a copy of the image, started with
+//! `?checkpoint=`: dockerd refuses a custom checkpoint directory on start.
+
+use std::path::{Path, PathBuf};
+
+use bollard::container::CreateCheckpointOptions;
+use bollard::Docker;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use super::call::{bounded, API_TIMEOUT};
+use super::run::DockerSandbox;
+use crate::runtime::{RuntimeError, Sandbox, SandboxPlan};
+
+/// The checkpoint's name inside a restored container's own checkpoint directory.
+const RESTORE_NAME: &str = "sandgate";
+/// Most bytes of dockerd's answer to the start call that are read (its error message).
+const MAX_ANSWER: u64 = 64 * 1024;
+
+/// Checkpoints the running container into `image` (created by dockerd; its parent must exist)
+/// and leaves it stopped. The image's files are made 0600: it holds the program's memory.
+pub async fn checkpoint(docker: &Docker, name: &str, image: &Path) -> Result<(), RuntimeError> {
+    let (parent, id) = split_image_path(image)?;
+    let options = CreateCheckpointOptions {
+        checkpoint_id: id,
+        checkpoint_dir: Some(parent.to_string_lossy().into_owned()),
+        exit: true,
+    };
+    bounded(
+        "checkpoint container",
+        docker.create_checkpoint(name, options),
+    )
+    .await?;
+    restrict(image).map_err(|err| io_error("restrict the checkpoint image", &err))
+}
+
+/// Creates the plan's container, gives it the image and starts it restored.
+pub async fn restore(
+    docker: Docker,
+    socket: &Path,
+    plan: &SandboxPlan,
+    image: &Path,
+) -> Result<DockerSandbox, RuntimeError> {
+    let mut sandbox = DockerSandbox::create(docker.clone(), plan).await?;
+    let started = async {
+        let info = bounded(
+            "inspect container",
+            docker.inspect_container(&sandbox.name, None),
+        )
+        .await?;
+        let id = info.id.unwrap_or_default();
+        let root = bounded("docker info", docker.info())
+            .await?
+            .docker_root_dir
+            .unwrap_or_else(|| "/var/lib/docker".to_owned());
+        let target = PathBuf::from(root)
+            .join("containers")
+            .join(&id)
+            .join("checkpoints")
+            .join(RESTORE_NAME);
+        copy_image(image, &target).map_err(|err| io_error("hand the image to dockerd", &err))?;
+        start_restored(socket, &sandbox.name).await
+    };
+    match started.await {
+        Ok(()) => {
+            sandbox.watch_oom().await;
+            Ok(sandbox)
+        }
+        Err(err) => {
+            Box::new(sandbox).discard().await;
+            Err(err)
+        }
+    }
+}
+
+/// `POST /containers/{name}/start?checkpoint=...`: bollard's start has no such parameter.
+async fn start_restored(socket: &Path, name: &str) -> Result<(), RuntimeError> {
+    let call = async {
+        let mut stream = UnixStream::connect(socket).await?;
+        let request = format!(
+            "POST /containers/{name}/start?checkpoint={RESTORE_NAME} HTTP/1.1\r\n\
+             Host: docker\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.take(MAX_ANSWER).read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = match tokio::time::timeout(API_TIMEOUT, call).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(err)) => return Err(io_error("start restored container", &err)),
+        Err(_) => {
+            return Err(RuntimeError::Timeout {
+                operation: "start restored container",
+                seconds: API_TIMEOUT.as_secs(),
+            })
+        }
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let status = text.split_whitespace().nth(1).unwrap_or_default();
+    if status == "204" {
+        return Ok(());
+    }
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();
+    Err(RuntimeError::Docker {
+        operation: "start restored container",
+        message: format!("dockerd answered {status}: {}", body.trim()),
+    })
+}
+
+/// The socket dockerd listens on: the runtime's, else `DOCKER_HOST`'s, else the default.
+pub fn daemon_socket(configured: Option<&Path>) -> PathBuf {
+    if let Some(socket) = configured {
+        return socket.to_owned();
+    }
+    std::env::var("DOCKER_HOST")
+        .ok()
+        .and_then(|host| host.strip_prefix("unix://").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("/var/run/docker.sock"))
+}
+
+fn split_image_path(image: &Path) -> Result<(PathBuf, String), RuntimeError> {
+    match (image.parent(), image.file_name()) {
+        (Some(parent), Some(id)) => Ok((parent.to_owned(), id.to_string_lossy().into_owned())),
+        _ => Err(RuntimeError::Docker {
+            operation: "checkpoint container",
+            message: format!("{} names no image directory", image.display()),
+        }),
+    }
+}
+
+/// The image directory 0700 and its files 0600.
+fn restrict(image: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(image, std::fs::Permissions::from_mode(0o700))?;
+    for entry in std::fs::read_dir(image)? {
+        let path = entry?.path();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+    }
+    Ok(())
+}
+
+/// Copies the image's files (a flat directory) into `target`, 0600 under 0700.
+fn copy_image(image: &Path, target: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(target)?;
+    for entry in std::fs::read_dir(image)? {
+        let entry = entry?;
+        if entry.file_type()?.is_file() {
+            std::fs::copy(entry.path(), target.join(entry.file_name()))?;
+        }
+    }
+    restrict(target)
+}
+
+fn io_error(operation: &'static str, err: &std::io::Error) -> RuntimeError {
+    RuntimeError::Docker {
+        operation,
+        message: err.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_path_splits_into_dockerds_directory_and_checkpoint_id() {
+        let (parent, id) = split_image_path(Path::new("/snap/ss_1/pause")).unwrap();
+        assert_eq!(parent, Path::new("/snap/ss_1"));
+        assert_eq!(id, "pause");
+        assert!(split_image_path(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn a_configured_socket_wins() {
+        assert_eq!(
+            daemon_socket(Some(Path::new("/tmp/d.sock"))),
+            Path::new("/tmp/d.sock")
+        );
+    }
+}
