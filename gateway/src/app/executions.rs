@@ -248,6 +248,7 @@ impl App {
                 labels: request.labels.clone(),
                 kind: policy_engine::RequestKind::Execution,
                 session: None,
+                e2b: None,
             },
             environment: Environment {
                 backends: self.config.backends.keys().cloned().collect(),

@@ -171,6 +171,8 @@ impl App {
         }
         let mut input = self.policy_input(caller, &as_execution, &files);
         input.request.kind = RequestKind::SessionExecution;
+        // E2B layer (`crate::e2b`): the SDK call, for the policy.
+        input.request.e2b = request.e2b;
         let owner = self.session_party(&session_row.key_id).await?;
         input.request.session = Some(Self::session_input(
             caller,

@@ -165,6 +165,8 @@ impl App {
         };
         let mut input = self.policy_input(caller, &as_execution, &[]);
         input.request.kind = RequestKind::Session;
+        // E2B layer (`crate::e2b`): the template and `allow_internet_access`, for the policy.
+        input.request.e2b.clone_from(&request.e2b);
         let said = self.policy.current().state.decide(&input);
         let mut decision = said.clone();
         let runnable = self.enforce_floor(&request.language, &mut decision);
