@@ -127,6 +127,9 @@ pub struct SessionRequest {
     pub idle_timeout_s: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_s: Option<u64>,
+    /// Set only by the E2B layer (`/e2b`), for the policy input's `request.e2b`; never on the wire.
+    #[serde(skip)]
+    pub e2b: Option<crate::E2bInput>,
 }
 
 /// The body of `POST /v1/sessions/{id}/executions`. Unknown fields are refused.
@@ -143,6 +146,9 @@ pub struct SessionExecutionRequest {
     /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<bool>,
+    /// Set only by the E2B layer (`/e2b`), for the policy input's `request.e2b`; never on the wire.
+    #[serde(skip)]
+    pub e2b: Option<crate::E2bInput>,
 }
 
 /// What one execution in a session may ask for (the rest was decided at creation).

@@ -167,6 +167,41 @@ pub struct Config {
     pub audit_listen: Option<AuditListen>,
     /// Accepted policy bundles kept (under `<data_dir>/policy-revisions/`) for rollback.
     pub policy_keep: usize,
+    /// The E2B-compatible API under `/e2b` (docs/e2b.md).
+    pub e2b: E2bConfig,
+}
+
+/// `e2b:`: the E2B-compatible API (`/e2b` on the main listener, DESIGN section 14).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct E2bConfig {
+    /// `false`: every `/e2b` path answers 404.
+    pub enabled: bool,
+    /// E2B template name -> what a sandbox of it is. Unknown templates are refused (404).
+    pub templates: BTreeMap<String, E2bTemplate>,
+}
+
+/// One E2B template: the session's language, hence its image (`images`) and its runner.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct E2bTemplate {
+    /// `bash` or `python` (the session runners).
+    pub language: String,
+}
+
+impl Default for E2bConfig {
+    fn default() -> Self {
+        let template = |language: &str| E2bTemplate {
+            language: language.to_owned(),
+        };
+        E2bConfig {
+            enabled: true,
+            templates: BTreeMap::from([
+                ("base".to_owned(), template("bash")),
+                ("code-interpreter-v1".to_owned(), template("python")),
+            ]),
+        }
+    }
 }
 
 /// `refusals:`: bounds on the refusals anyone can cause in bulk (`app::refusals` enforces them).
@@ -265,6 +300,7 @@ impl Default for Config {
             credentials: BTreeMap::new(),
             audit_listen: None,
             policy_keep: 10,
+            e2b: E2bConfig::default(),
         }
     }
 }
@@ -329,6 +365,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("credentials", EnvValue::Yaml),
     ("audit_listen", EnvValue::Yaml),
     ("policy_keep", EnvValue::Yaml),
+    ("e2b", EnvValue::Yaml),
 ];
 
 /// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Shared with the HTTP API, whose wire types they are.
-pub use api_types::{HostPort, Limits, Reason, RequestedLimits};
+pub use api_types::{E2bCall, E2bInput, HostPort, Limits, Reason, RequestedLimits};
 
 /// Everything the policy may look at for one execution request (`input` in Rego).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -48,6 +48,10 @@ pub struct RequestInput {
     /// With `kind: session_execution`, the session it runs in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionInput>,
+    /// Requests through the E2B-compatible API (`/e2b`): the template, `allow_internet_access`
+    /// and the SDK call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b: Option<E2bInput>,
 }
 
 /// `request.kind`: lets a policy treat sessions apart.

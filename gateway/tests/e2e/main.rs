@@ -43,6 +43,7 @@ mod audit_page;
 mod cli;
 mod cli_cancel;
 mod dashboards;
+mod e2b;
 mod egress;
 mod egress_hardening;
 mod egress_inspect;
