@@ -74,6 +74,12 @@ pub enum EventKind {
     SessionCreated,
     #[serde(rename = "session.denied")]
     SessionDenied,
+    #[serde(rename = "session.file_moved")]
+    SessionFileMoved,
+    #[serde(rename = "session.file_removed")]
+    SessionFileRemoved,
+    #[serde(rename = "session.file_written")]
+    SessionFileWritten,
 }
 
 crate::text_forms::text_forms!(EventKind {
@@ -110,6 +116,9 @@ crate::text_forms::text_forms!(EventKind {
     SessionClosed => "session.closed",
     SessionCreated => "session.created",
     SessionDenied => "session.denied",
+    SessionFileMoved => "session.file_moved",
+    SessionFileRemoved => "session.file_removed",
+    SessionFileWritten => "session.file_written",
 });
 
 impl EventKind {

@@ -110,6 +110,14 @@ pub struct ExecutionView {
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<String>,
+    /// In a python session: what the cell displayed, as E2B's code interpreter gives it (the
+    /// final expression's MIME bundle with `is_main_result`, figures from `plt.show()` as PNG).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<CellResult>,
+    /// `results` left out values that did not fit the execution's `output_bytes` (whole
+    /// values are left out, never cut).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub results_truncated: bool,
     /// Set for status `error`; the detail stays in the gateway's log and audit store (except
     /// a record another replica closed: `closed by <instance>: owner <instance> lease expired`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -126,6 +134,43 @@ pub struct ExecutionView {
     /// `pending_approval` answers to `POST /v1/executions`: the approval a reviewer decides.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
+}
+
+/// One displayed value of a cell, with E2B's `Result` field names (each MIME type's value
+/// as E2B carries it: `png`, `jpeg` and `pdf` in base64, `json` as JSON, the rest text).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CellResult {
+    /// The cell's final expression (`true`), or something it displayed.
+    pub is_main_result: bool,
+    /// `text/plain` (a string's quotes removed, as E2B does).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub html: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub markdown: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub svg: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub png: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jpeg: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pdf: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub latex: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub javascript: Option<String>,
+}
+
+/// A cell's results as stored with its record.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CellResults {
+    pub results: Vec<CellResult>,
+    pub truncated: bool,
 }
 
 /// The policy's decision on an execution.

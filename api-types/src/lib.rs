@@ -19,6 +19,7 @@ mod execution;
 mod policy;
 mod role;
 mod session;
+mod session_files;
 mod status;
 mod stored;
 mod text_forms;
@@ -32,14 +33,18 @@ pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use event_kind::EventKind;
 pub use events::{ExitEvent, OutputEvent, StreamEventName};
 pub use execution::{
-    DecisionView, ExecutionPage, ExecutionRequest, ExecutionView, FileUpload, OutputFile,
-    SkippedOutput,
+    CellResult, CellResults, DecisionView, ExecutionPage, ExecutionRequest, ExecutionView,
+    FileUpload, OutputFile, SkippedOutput,
 };
 pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
 pub use role::Role;
 pub use session::{
     ClosedReason, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus, SessionView,
     TurnLimits,
+};
+pub use session_files::{
+    SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,
+    SessionFileWritten,
 };
 pub use status::ExecutionStatus;
 pub use stored::{TextSet, UnknownText};

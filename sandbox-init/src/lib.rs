@@ -93,6 +93,7 @@
 
 pub mod bridge;
 pub mod exec;
+pub mod fileops;
 pub mod files;
 pub mod identity;
 pub mod leftovers;

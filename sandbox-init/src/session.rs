@@ -25,7 +25,9 @@
 //! and the program's leftovers may run while a turn's files are written: writing never follows
 //! a symlink as the file itself, and a parent swapped for a symlink could only make the init
 //! write where the program itself may write anyway. A line whose `argv` is exactly
-//! [`REPORT_REQUEST`] is answered with the special files in `/output` ([`crate::leftovers`]).
+//! [`REPORT_REQUEST`] is answered with the special files in `/output` ([`crate::leftovers`]);
+//! a file operation line (`sandbox_protocol::FileLine`) is performed by the init itself and
+//! answered on stderr ([`crate::fileops`]).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -37,9 +39,9 @@ use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
-    bash_turn, end_marker, exit_trailer, parse_report, python_cell, InitReport, BASH_PRELUDE,
-    MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH,
-    SESSION_PYTHON,
+    bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, turn_end_marker,
+    FileLine, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
+    REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
 
@@ -260,8 +262,12 @@ impl Session {
         })
     }
 
-    /// Writes a turn's files and hands its cell to the runner.
+    /// Writes a turn's files and hands its cell to the runner; a file operation line is
+    /// answered here ([`crate::fileops`]).
     fn turn(&mut self, line: &[u8]) -> Result<(), InitError> {
+        if let Ok(file) = serde_json::from_slice::<FileLine>(line) {
+            return file_operation(&file);
+        }
         let job = spec::parse_job(line).map_err(|err| session_err(SessionError::Spec(err)))?;
         let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
             return Err(session_err(SessionError::Turn));
@@ -361,10 +367,23 @@ impl Channel {
         };
         // Everything the runner wrote before it reported is in the pipes now.
         pipes.drain();
-        let marker = end_marker(&turn.nonce, report.end.code, &report.end.result_b64);
+        let marker = turn_end_marker(&turn.nonce, &report.end);
         let _ = streams::write_all(Host::Stdout, &marker);
         let _ = streams::write_all(Host::Stderr, &marker);
     }
+}
+
+/// Performs a file operation and answers it on stderr with the line's nonce.
+fn file_operation(line: &FileLine) -> Result<(), InitError> {
+    let nonce = &line.exit_nonce;
+    let plain = (spec::MIN_NONCE..=spec::MAX_NONCE).contains(&nonce.len())
+        && nonce.bytes().all(|byte| byte.is_ascii_alphanumeric());
+    if !plain {
+        return Err(session_err(SessionError::Spec(SpecError::ExitNonce)));
+    }
+    let answer = crate::fileops::perform(&line.file);
+    let _ = streams::write_all(Host::Stderr, &file_answer(nonce, &answer));
+    Ok(())
 }
 
 /// Answers a report request: the exit trailer's form, with the request's nonce, on stderr.

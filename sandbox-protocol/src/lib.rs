@@ -14,7 +14,9 @@
 //!   preceded on stdout by the [`end_marker`] for the same nonce (with no result): each stream
 //!   is in order, so a gateway that saw both has all of the program's output and knows it no
 //!   longer runs ([`EndMarker`] takes it out of stdout).
-//! - Sessions ([`SESSION_MODE`], turns, [`end_marker`]): see the `session` module.
+//! - Sessions ([`SESSION_MODE`], turns, [`end_marker`], a python cell's [`RichResults`]): see
+//!   the `session` module; a session's file operations ([`FileLine`], [`FileAnswer`]): the
+//!   `files` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
 //! this crate only names the fields. Serde only: no I/O, no processes.
@@ -24,14 +26,21 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod files;
 mod session;
 mod trailer;
 
+pub use files::{
+    file_answer, locate, FileAnswer, FileAnswerTaker, FileEntry, FileFailure, FileKind, FileLine,
+    FileRequest, InPlace, FILE_ANSWER_PREFIX, FILE_PLACES, MAX_ANSWER_BYTES, MAX_FILE_BYTES,
+    MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+};
+
 pub use session::{
-    bash_turn, end_marker, parse_report, python_cell, runner_report, EndMarker, RunnerReport,
-    TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX, MAX_REPORT_LINE, MAX_RESULT_BYTES,
-    PYTHON_SESSION_RUNNER, REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_MODE,
-    SESSION_PYTHON,
+    bash_turn, end_marker, parse_report, python_cell, runner_report, turn_end_marker, EndMarker,
+    RichResult, RichResults, RunnerReport, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
+    MAX_REPORT_LINE, MAX_RESULTS_BYTES, MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
+    REPORT_REQUEST, SESSION_BASH, SESSION_MODE, SESSION_PYTHON,
 };
 pub use trailer::{
     exit_trailer, ExitTrailer, InitReport, EXIT_TRAILER_PREFIX, MAX_REPORT_BYTES, MAX_SPECIAL_FILES,

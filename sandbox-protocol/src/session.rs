@@ -21,12 +21,16 @@
 //!   made by the init, one line), then one [`python_cell`] line per cell (`<seq> <path>`);
 //!   bash: [`BASH_PRELUDE`], then one [`bash_turn`] command per cell (it carries the key);
 //! - runner → init: one [`runner_report`] line per cell:
-//!   `\n<key>:<seq>:<code>:<result_b64>\n`. The init takes a report only with the session's
+//!   `\n<key>:<seq>:<code>:<result_b64>[:<results_b64>]\n` (`results_b64`: the cell's rich
+//!   results, [`RichResults`] as JSON in base64; python only). The init takes a report only with the session's
 //!   key and the sequence number of the turn it is waiting for ([`parse_report`]); anything
 //!   else on the socket is dropped.
 //!
 //! - python ([`PYTHON_SESSION_RUNNER`]): one interpreter; each cell is executed in one globals
-//!   dict; a final expression's `repr` is the report's `result`; an exception prints its
+//!   dict; a final expression's `repr` is the report's `result`; its MIME bundle (`text/plain`,
+//!   and what its `_repr_html_`, `_repr_json_`, `_repr_png_`, ... give) and the figures the
+//!   cell displayed through matplotlib (`plt.show()`, and those left open at its end, as PNG)
+//!   are its rich results, at most [`MAX_RESULTS_BYTES`]; an exception prints its
 //!   traceback and ends the turn with code 1; SIGINT (timeout, cancel) raises
 //!   `KeyboardInterrupt` in the cell (code 130). The loop that reads cells and reports holds
 //!   every function it uses from before the first cell ran, and keeps the key in its own frame:
@@ -42,6 +46,8 @@
 //! in the record (SECURITY.md). It cannot write an end marker itself, read a nonce, or reach
 //! another session.
 
+use serde::{Deserialize, Serialize};
+
 /// A line whose `argv` is exactly this (and which writes no file) is not a turn but a report
 /// request: the init answers at once on stderr with an exit trailer for the line's nonce
 /// (code 0) carrying its [`crate::InitReport`] (what is in `/output` that the host cannot
@@ -55,18 +61,48 @@ pub const SESSION_MODE: &str = "session";
 pub const SESSION_PYTHON: &str = "python";
 pub const SESSION_BASH: &str = "bash";
 
-/// Starts a turn's end marker: `\0sandgate-end:<nonce>:<code>:<result>\n`, where `result` is
-/// the base64 of the UTF-8 `repr` (empty: none).
+/// Starts a turn's end marker: `\0sandgate-end:<nonce>:<code>:<result>[:<results>]\n`, where
+/// `result` is the base64 of the UTF-8 `repr` (empty: none) and `results` the base64 of the
+/// [`RichResults`] JSON (absent or empty: none).
 pub const END_MARKER_PREFIX: &[u8] = b"\0sandgate-end:";
 /// Longest `repr` a marker carries, in bytes (the runner cuts it).
 pub const MAX_RESULT_BYTES: usize = 64 * 1024;
-/// Longest marker payload after the nonce: code, colon, base64 of the result, newline.
-const MAX_PAYLOAD: usize = 4 + 1 + MAX_RESULT_BYTES.div_ceil(3) * 4 + 1;
+/// Longest rich results a marker carries, in bytes of JSON (the runner leaves out whole MIME
+/// values that would not fit, and says so with `truncated`).
+pub const MAX_RESULTS_BYTES: usize = 4 * 1024 * 1024;
+/// Base64 lengths of both.
+const RESULT_B64: usize = MAX_RESULT_BYTES.div_ceil(3) * 4;
+const RESULTS_B64: usize = MAX_RESULTS_BYTES.div_ceil(3) * 4;
+/// Longest marker payload after the nonce: code, colon, the result, colon, the results,
+/// newline.
+const MAX_PAYLOAD: usize = 4 + 1 + RESULT_B64 + 1 + RESULTS_B64 + 1;
 
 /// Length of the session's report key, in hex digits.
 pub const REPORT_KEY_LEN: usize = 32;
-/// Longest report line the init reads (key, sequence number, code, result, separators).
-pub const MAX_REPORT_LINE: usize = REPORT_KEY_LEN + 20 + 4 + MAX_RESULT_BYTES.div_ceil(3) * 4 + 8;
+/// Longest report line the init reads (key, sequence number, code, result, results,
+/// separators).
+pub const MAX_REPORT_LINE: usize = REPORT_KEY_LEN + 20 + 4 + RESULT_B64 + RESULTS_B64 + 8;
+
+/// A cell's rich results, as the Python runner reports them (base64 JSON in the report's last
+/// field): what Jupyter would display, in order: figures shown while the cell ran, the final
+/// expression's MIME bundle (`main`), figures still open at its end.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RichResults {
+    pub results: Vec<RichResult>,
+    /// The runner left out MIME values that did not fit [`MAX_RESULTS_BYTES`].
+    #[serde(default)]
+    pub truncated: bool,
+}
+
+/// One displayed value: MIME type → the base64 of the UTF-8 value as E2B's code interpreter
+/// carries it (`image/png`: the PNG's base64 text; `application/json`: JSON text).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RichResult {
+    pub main: bool,
+    pub data: std::collections::BTreeMap<String, String>,
+}
 
 /// What the init hands the Python session runner per cell: `<seq> <program>\n`. The program is
 /// a validated path (no control character).
@@ -87,15 +123,20 @@ pub fn runner_report(key: &str, seq: u64, code: u8, result_b64: &str) -> Vec<u8>
     format!("\n{key}:{seq}:{code}:{result_b64}\n").into_bytes()
 }
 
+fn fits_b64(field: &str, most: usize) -> bool {
+    field.len() <= most && field.bytes().all(is_b64)
+}
+
 /// Parses one report line (without its newlines); `None` unless it carries `key`.
 pub fn parse_report(key: &str, line: &[u8]) -> Option<RunnerReport> {
     let text = std::str::from_utf8(line).ok()?;
-    let mut fields = text.splitn(4, ':');
-    let (given, seq, code, result_b64) = (
+    let mut fields = text.splitn(5, ':');
+    let (given, seq, code, result_b64, results_b64) = (
         fields.next()?,
         fields.next()?,
         fields.next()?,
         fields.next()?,
+        fields.next().unwrap_or(""),
     );
     let digits = |field: &str, most: usize| {
         !field.is_empty() && field.len() <= most && field.bytes().all(|b| b.is_ascii_digit())
@@ -103,8 +144,8 @@ pub fn parse_report(key: &str, line: &[u8]) -> Option<RunnerReport> {
     if !constant_time_eq(given.as_bytes(), key.as_bytes())
         || !digits(seq, 20)
         || !digits(code, 3)
-        || result_b64.len() > MAX_RESULT_BYTES.div_ceil(3) * 4
-        || !result_b64.bytes().all(is_b64)
+        || !fits_b64(result_b64, RESULT_B64)
+        || !fits_b64(results_b64, RESULTS_B64)
     {
         return None;
     }
@@ -113,6 +154,7 @@ pub fn parse_report(key: &str, line: &[u8]) -> Option<RunnerReport> {
         end: TurnEnd {
             code: code.parse().ok()?,
             result_b64: result_b64.to_owned(),
+            results_b64: results_b64.to_owned(),
         },
     })
 }
@@ -122,10 +164,28 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-/// The end marker of a turn (what the init writes; [`EndMarker`] takes it out).
+/// The end marker of a turn without rich results (what the init writes; [`EndMarker`] takes
+/// it out).
 pub fn end_marker(nonce: &str, code: u8, result_b64: &str) -> Vec<u8> {
+    turn_end_marker(
+        nonce,
+        &TurnEnd {
+            code,
+            result_b64: result_b64.to_owned(),
+            results_b64: String::new(),
+        },
+    )
+}
+
+/// The end marker of a turn, with its rich results when it has some.
+pub fn turn_end_marker(nonce: &str, end: &TurnEnd) -> Vec<u8> {
     let mut marker = END_MARKER_PREFIX.to_vec();
-    marker.extend_from_slice(format!("{nonce}:{code}:{result_b64}\n").as_bytes());
+    marker.extend_from_slice(format!("{nonce}:{}:{}", end.code, end.result_b64).as_bytes());
+    if !end.results_b64.is_empty() {
+        marker.push(b':');
+        marker.extend_from_slice(end.results_b64.as_bytes());
+    }
+    marker.push(b'\n');
     marker
 }
 
@@ -153,6 +213,8 @@ pub struct TurnEnd {
     pub code: u8,
     /// The base64 of the final expression's `repr`; empty: none.
     pub result_b64: String,
+    /// The base64 of the cell's [`RichResults`] JSON; empty: none.
+    pub results_b64: String,
 }
 
 /// Takes one turn's end marker out of a stream (stdout or stderr). Bytes that might begin the
@@ -217,13 +279,20 @@ fn complete(prefix: &[u8], bytes: &[u8]) -> Option<TurnEnd> {
     let rest = bytes.strip_prefix(prefix)?;
     let line = &rest[..rest.iter().position(|byte| *byte == b'\n')?];
     let text = std::str::from_utf8(line).ok()?;
-    let (code, result_b64) = text.split_once(':')?;
-    if code.is_empty() || code.len() > 3 || !result_b64.bytes().all(is_b64) {
+    let mut fields = text.splitn(3, ':');
+    let (code, result_b64, results_b64) = (fields.next()?, fields.next()?, fields.next());
+    let results_b64 = results_b64.unwrap_or("");
+    if code.is_empty()
+        || code.len() > 3
+        || !fits_b64(result_b64, RESULT_B64)
+        || !fits_b64(results_b64, RESULTS_B64)
+    {
         return None;
     }
     Some(TurnEnd {
         code: code.parse().ok()?,
         result_b64: result_b64.to_owned(),
+        results_b64: results_b64.to_owned(),
     })
 }
 
@@ -265,6 +334,7 @@ mod tests {
         let want = TurnEnd {
             code: 0,
             result_b64: "NDI=".into(),
+            results_b64: String::new(),
         };
         for split in 0..stream.len() {
             let (before, after) = stream.split_at(split);
@@ -304,15 +374,27 @@ mod tests {
             end: TurnEnd {
                 code: 1,
                 result_b64: "NDI=".into(),
+                results_b64: String::new(),
             },
         };
-        assert_eq!(parse_report(&key, line.trim_ascii()), Some(want));
+        assert_eq!(parse_report(&key, line.trim_ascii()), Some(want.clone()));
+        let rich = format!("{key}:3:1:NDI=:e30=");
+        let mut with = want;
+        with.end.results_b64 = "e30=".into();
+        assert_eq!(parse_report(&key, rich.as_bytes()), Some(with.clone()));
+        // What the init writes for it, the gateway takes out whole.
+        let mut marker = EndMarker::new("n0nce");
+        let mut stream = b"out".to_vec();
+        stream.extend(turn_end_marker("n0nce", &with.end));
+        assert_eq!(marker.feed(&stream), b"out");
+        assert_eq!(marker.end(), Some(&with.end));
         let other = "j".repeat(REPORT_KEY_LEN);
         for bad in [
             runner_report(&other, 3, 1, "NDI="),
             format!("{key}:3:1234:").into_bytes(),
             format!("{key}:x:1:").into_bytes(),
             format!("{key}:3:1:a b").into_bytes(),
+            format!("{key}:3:1::a:b").into_bytes(),
             format!("{key}:3:1").into_bytes(),
             b"".to_vec(),
         ] {
@@ -322,7 +404,7 @@ mod tests {
 
     #[test]
     fn the_python_runner_reads_the_turn_fields() {
-        for name in ["def serve", "read(channel", "\\n%s:%s:%d:%s\\n"] {
+        for name in ["def serve", "read(channel", "\\n%s:%s:%d:%s:%s\\n"] {
             assert!(
                 PYTHON_SESSION_RUNNER.contains(name),
                 "session.py lost {name}"

@@ -94,6 +94,12 @@ impl From<ExecutionRow> for ExecutionView {
             container: row.container,
             session_id: row.session_id,
             result: row.result,
+            results: row
+                .results
+                .as_ref()
+                .map(|results| results.0.results.clone())
+                .unwrap_or_default(),
+            results_truncated: row.results.is_some_and(|results| results.0.truncated),
             files: None,
             grant: None,
             approval_id: None,

@@ -19,6 +19,7 @@ pub mod payloads;
 pub mod policy;
 pub mod proposals;
 pub mod query;
+pub mod session_files;
 pub mod sessions;
 pub mod ui;
 
@@ -84,6 +85,18 @@ where
     }
 }
 
+fn put<H, T>(path: &'static str, handler: H) -> Route
+where
+    H: Handler<T, Arc<App>>,
+    T: 'static,
+{
+    Route {
+        method: Method::PUT,
+        path,
+        handler: routing::put(handler),
+    }
+}
+
 /// Every route. Who may call each one is decided in its handler (`Caller::require_role`, and
 /// tenant scoping in `app`); `tests/routes.table` states it for every route and role.
 pub fn routes() -> Vec<Route> {
@@ -105,6 +118,13 @@ pub fn routes() -> Vec<Route> {
         get("/v1/sessions/{id}", sessions::get),
         delete("/v1/sessions/{id}", sessions::delete),
         post("/v1/sessions/{id}/executions", sessions::execute),
+        get("/v1/sessions/{id}/files", session_files::list),
+        delete("/v1/sessions/{id}/files", session_files::remove),
+        get("/v1/sessions/{id}/files/stat", session_files::stat),
+        get("/v1/sessions/{id}/files/content", session_files::read),
+        put("/v1/sessions/{id}/files/content", session_files::write),
+        post("/v1/sessions/{id}/files/mkdir", session_files::mkdir),
+        post("/v1/sessions/{id}/files/move", session_files::rename),
         get("/v1/approvals", approvals::list),
         get("/v1/approvals/{id}", approvals::get),
         post("/v1/approvals/{id}", approvals::decide),

@@ -20,7 +20,7 @@ use utoipa::{Modify, OpenApi};
 use super::error::ErrorBody;
 use super::{
     approvals, audit, charts, executions, health, keys, listing, mcp, me, metrics, payloads,
-    policy, proposals, sessions, ui,
+    policy, proposals, session_files, sessions, ui,
 };
 
 #[derive(OpenApi)]
@@ -57,6 +57,13 @@ use super::{
         sessions::get,
         sessions::delete,
         sessions::execute,
+        session_files::list,
+        session_files::stat,
+        session_files::read,
+        session_files::write,
+        session_files::mkdir,
+        session_files::rename,
+        session_files::remove,
         payloads::events,
         payloads::download,
         approvals::list,

@@ -177,12 +177,15 @@ impl App {
         ran: Result<TurnRan, crate::runtime::RuntimeError>,
         (output_dir, output_budget): (std::path::PathBuf, u64),
     ) -> ExecutionRow {
-        let result = match &ran {
+        let (result, rich) = match &ran {
             Ok(TurnRan {
-                ending: TurnEnding::Exited { result, .. },
+                ending:
+                    TurnEnding::Exited {
+                        result, results, ..
+                    },
                 ..
-            }) => result.clone(),
-            _ => None,
+            }) => (result.clone(), results.clone()),
+            _ => (None, None),
         };
         let special_files = ran
             .as_ref()
@@ -201,6 +204,14 @@ impl App {
             }
             stored.result = Some(result);
         }
+        if let Some(rich) = rich {
+            let results = super::session_results::cell_results(rich, output_budget);
+            if let Err(err) = self.audit.set_results(&stored.id, &results).await {
+                tracing::warn!(execution_id = %stored.id, error = %err, "results not stored");
+            }
+            stored.results = Some(sqlx::types::Json(results));
+        }
+        // As for any execution: the stream ends once the record it summarises is stored.
         if let Some(stream) = self.streams.get(&stored.id) {
             stream.close(super::executions::exit_summary(&stored));
         }

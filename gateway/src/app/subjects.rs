@@ -177,6 +177,7 @@ fn execution_row(ask: &Ask<'_>, decided: &Decided, instance: &str) -> ExecutionR
         container: None,
         session_id: None,
         result: None,
+        results: None,
     }
 }
 

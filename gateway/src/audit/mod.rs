@@ -125,6 +125,9 @@ pub struct ExecutionRow {
     /// In a python session: the final expression's `repr`.
     #[sqlx(default)]
     pub result: Option<String>,
+    /// In a python session: what the cell displayed (`app::session_results`).
+    #[sqlx(default)]
+    pub results: Option<Json<api_types::CellResults>>,
 }
 
 impl ExecutionRow {
@@ -287,7 +290,7 @@ impl AuditStore {
     pub async fn purge_payloads(&self, ids: &[String], event: &NewEvent) -> Result<(), AuditError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
-            "UPDATE executions SET stdout = NULL, stderr = NULL, purged_at = now() \
+            "UPDATE executions SET stdout = NULL, stderr = NULL, results = NULL, purged_at = now() \
              WHERE id = ANY($1) AND purged_at IS NULL",
         )
         .bind(ids)

@@ -197,6 +197,20 @@ impl AuditStore {
         .await?)
     }
 
+    /// Stores what a session execution's cell displayed.
+    pub async fn set_results(
+        &self,
+        execution_id: &str,
+        results: &api_types::CellResults,
+    ) -> Result<(), AuditError> {
+        sqlx::query("UPDATE executions SET results = $2 WHERE id = $1")
+            .bind(execution_id)
+            .bind(sqlx::types::Json(results))
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Stores the final expression's `repr` of a session execution.
     pub async fn set_result(&self, execution_id: &str, result: &str) -> Result<(), AuditError> {
         sqlx::query("UPDATE executions SET result = $2 WHERE id = $1")

@@ -21,7 +21,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use policy_engine::Limits;
-pub use sandbox_protocol::{ExitTrailer, Job, JobFile, JobProxy};
+pub use sandbox_protocol::{
+    ExitTrailer, FileAnswer, FileRequest, Job, JobFile, JobProxy, RichResults,
+};
 
 /// Label carried by a sandbox started for one execution; its value is the execution id.
 pub const EXECUTION_LABEL: &str = "sandgate.execution";
@@ -221,8 +223,13 @@ pub enum Ending {
 /// How one turn of a session ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TurnEnding {
-    /// The runner answered: the cell's code and, for python, its final expression's `repr`.
-    Exited { code: u8, result: Option<String> },
+    /// The runner answered: the cell's code and, for python, its final expression's `repr`
+    /// and what the cell displayed.
+    Exited {
+        code: u8,
+        result: Option<String>,
+        results: Option<RichResults>,
+    },
     /// The deadline passed and the cell was interrupted (SIGINT); `recovered`: the runner
     /// answered within the grace and the session goes on, else the sandbox was killed.
     TimedOut { recovered: bool },
@@ -314,6 +321,17 @@ pub trait Sandbox: Send + std::fmt::Debug {
         control: RunControl,
     ) -> BoxFuture<'_, Result<TurnRan, RuntimeError>> {
         let _ = (job, control);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no sessions".into(),
+            ))
+        }
+        .boxed()
+    }
+    /// A session sandbox between turns: one file operation, performed by its init (never by
+    /// anything the program could have changed) and answered (`sandbox_protocol`'s `files`).
+    fn file_op(&mut self, request: FileRequest) -> BoxFuture<'_, Result<FileAnswer, RuntimeError>> {
+        let _ = request;
         async {
             Err(RuntimeError::Unavailable(
                 "this runtime has no sessions".into(),

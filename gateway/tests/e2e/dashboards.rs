@@ -143,6 +143,7 @@ fn execution(id: &str, tenant: &str, allow: bool, status: &str) -> ExecutionRow 
         container: None,
         session_id: None,
         result: None,
+        results: None,
     }
 }
 

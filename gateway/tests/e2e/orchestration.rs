@@ -320,6 +320,7 @@ async fn reaper_removes_orphans_and_closes_their_records_at_start() {
         container: None,
         session_id: None,
         result: None,
+        results: None,
     };
     let event = gateway::audit::NewEvent {
         kind: api_types::EventKind::ExecutionDecision,

@@ -114,26 +114,22 @@ impl Session {
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// The code and result of an answered turn (its rich results: `session_results.rs`).
+fn exited(ending: &TurnEnding) -> (u8, Option<String>) {
+    match ending {
+        TurnEnding::Exited { code, result, .. } => (*code, result.clone()),
+        other => panic!("the turn was not answered: {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn python_state_persists_and_the_last_expression_is_the_result() {
     let mut session = open("python", 512).await;
     let first = session.run("x = 41\nprint('set')", 30 * SECOND).await;
-    assert_eq!(
-        first.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: None
-        }
-    );
+    assert_eq!(exited(&first.ending), (0, None));
     assert_eq!(first.stdout.text(), "set\n");
     let second = session.run("x + 1", 30 * SECOND).await;
-    assert_eq!(
-        second.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: Some("42".into())
-        }
-    );
+    assert_eq!(exited(&second.ending), (0, Some("42".into())));
     assert_eq!(second.stdout.text(), "");
     // Imports and files persist.
     session
@@ -148,22 +144,10 @@ async fn python_state_persists_and_the_last_expression_is_the_result() {
             30 * SECOND,
         )
         .await;
-    assert_eq!(
-        used.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: Some("3".into())
-        }
-    );
+    assert_eq!(exited(&used.ending), (0, Some("3".into())));
     // An exception fails the turn, with its traceback, and the session goes on.
     let failed = session.run("1 / 0", 30 * SECOND).await;
-    assert_eq!(
-        failed.ending,
-        TurnEnding::Exited {
-            code: 1,
-            result: None
-        }
-    );
+    assert_eq!(exited(&failed.ending), (1, None));
     assert!(
         failed.stderr.text().contains("ZeroDivisionError"),
         "{}",
@@ -171,13 +155,7 @@ async fn python_state_persists_and_the_last_expression_is_the_result() {
     );
     assert!(!failed.stderr.text().contains("sandgate-end"));
     let after = session.run("x", 30 * SECOND).await;
-    assert_eq!(
-        after.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: Some("41".into())
-        }
-    );
+    assert_eq!(exited(&after.ending), (0, Some("41".into())));
     session.close().await;
 }
 
@@ -190,13 +168,7 @@ async fn a_python_timeout_interrupts_the_cell_and_the_session_survives() {
     assert!(spun.stderr.text().contains("KeyboardInterrupt"));
     let alive = session.run("print('alive')\nx", 30 * SECOND).await;
     assert_eq!(alive.stdout.text(), "alive\n");
-    assert_eq!(
-        alive.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: Some("7".into())
-        }
-    );
+    assert_eq!(exited(&alive.ending), (0, Some("7".into())));
     session.close().await;
 }
 
@@ -206,24 +178,12 @@ async fn bash_cwd_variables_and_functions_persist() {
     let first = session
         .run("cd /tmp; export A=1; greet() { echo hi $1; }", 30 * SECOND)
         .await;
-    assert_eq!(
-        first.ending,
-        TurnEnding::Exited {
-            code: 0,
-            result: None
-        }
-    );
+    assert_eq!(exited(&first.ending), (0, None));
     let second = session
         .run("pwd; echo $A; greet you; false", 30 * SECOND)
         .await;
     assert_eq!(second.stdout.text(), "/tmp\n1\nhi you\n");
-    assert_eq!(
-        second.ending,
-        TurnEnding::Exited {
-            code: 1,
-            result: None
-        }
-    );
+    assert_eq!(exited(&second.ending), (1, None));
     let slept = session.run("sleep 30", SECOND).await;
     assert_eq!(slept.ending, TurnEnding::TimedOut { recovered: true });
     let third = session.run("echo $A", 30 * SECOND).await;

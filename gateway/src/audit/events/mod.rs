@@ -17,6 +17,7 @@ pub mod keys;
 pub mod policy;
 pub mod refusals;
 pub mod retention;
+pub mod session_files;
 
 use serde::Serialize;
 use serde_json::Value;

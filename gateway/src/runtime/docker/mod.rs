@@ -8,6 +8,7 @@ mod call;
 pub mod cleanup;
 mod oom;
 mod run;
+mod session_files;
 mod turn;
 
 use std::path::{Path, PathBuf};

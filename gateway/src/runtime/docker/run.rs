@@ -345,6 +345,13 @@ impl Sandbox for DockerSandbox {
     ) -> BoxFuture<'_, Result<crate::runtime::TurnRan, RuntimeError>> {
         super::turn::turn(self, job, control).boxed()
     }
+
+    fn file_op(
+        &mut self,
+        request: crate::runtime::FileRequest,
+    ) -> BoxFuture<'_, Result<crate::runtime::FileAnswer, RuntimeError>> {
+        super::session_files::file_op(self, request).boxed()
+    }
 }
 
 /// Output kept under the cap, handed to the live sink as it arrives, the init's end marker

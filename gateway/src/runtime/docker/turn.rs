@@ -8,7 +8,7 @@ use base64::Engine as _;
 use bollard::container::LogOutput;
 use bollard::query_parameters::KillContainerOptionsBuilder;
 use futures_util::StreamExt;
-use sandbox_protocol::{EndMarker, ExitTrailer, TurnEnd, REPORT_REQUEST};
+use sandbox_protocol::{EndMarker, ExitTrailer, RichResults, TurnEnd, REPORT_REQUEST};
 use tokio::io::AsyncWriteExt;
 
 use super::call::bounded;
@@ -183,7 +183,26 @@ fn answered(end: TurnEnd, interrupted: Option<Interrupt>) -> TurnEnding {
             TurnEnding::Exited {
                 code: end.code,
                 result,
+                results: rich_results(&end.results_b64),
             }
+        }
+    }
+}
+
+/// The cell's rich results, from the runner's report; ones that do not decode are dropped
+/// (they are the interpreter's, as the `repr` is).
+fn rich_results(results_b64: &str) -> Option<RichResults> {
+    if results_b64.is_empty() {
+        return None;
+    }
+    let json = base64::engine::general_purpose::STANDARD
+        .decode(results_b64)
+        .ok()?;
+    match serde_json::from_slice(&json) {
+        Ok(results) => Some(results),
+        Err(err) => {
+            tracing::warn!(error = %err, "a cell's rich results did not decode");
+            None
         }
     }
 }
@@ -299,12 +318,18 @@ mod tests {
         let end = TurnEnd {
             code: 0,
             result_b64: "NDI=".into(),
+            // {"results":[],"truncated":true}
+            results_b64: "eyJyZXN1bHRzIjpbXSwidHJ1bmNhdGVkIjp0cnVlfQ==".into(),
         };
         assert_eq!(
             answered(end.clone(), None),
             TurnEnding::Exited {
                 code: 0,
-                result: Some("42".into())
+                result: Some("42".into()),
+                results: Some(RichResults {
+                    results: Vec::new(),
+                    truncated: true
+                }),
             }
         );
         assert_eq!(
