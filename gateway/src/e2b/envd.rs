@@ -36,22 +36,22 @@ use policy_engine::{E2bCall, E2bInput};
 
 /// The working directory E2B's SDKs assume, when it exists in the image; else the
 /// sandbox's writable `/workspace`.
-const E2B_HOME: &str = "/home/user";
+pub(super) const E2B_HOME: &str = "/home/user";
 /// How often a running command's record is looked at.
 const POLL: Duration = Duration::from_millis(50);
 /// Largest data event (E2B's envd sends small chunks too).
 const CHUNK: usize = 64 * 1024;
 
-type LiveState = Extension<Arc<Live>>;
+pub(super) type LiveState = Extension<Arc<Live>>;
 
 /// A call's sandbox, by its id and access token.
-struct Reached {
-    id: String,
-    key: ApiKey,
-    sandbox: Arc<LiveSandbox>,
+pub(super) struct Reached {
+    pub(super) id: String,
+    pub(super) key: ApiKey,
+    pub(super) sandbox: Arc<LiveSandbox>,
 }
 
-async fn reach(app: &App, live: &Arc<Live>, parts: &Parts) -> Result<Reached, ConnectError> {
+pub(super) async fn reach(app: &App, live: &Arc<Live>, parts: &Parts) -> Result<Reached, ConnectError> {
     let header = |name| {
         parts
             .headers
@@ -186,46 +186,8 @@ pub async fn process(
     }
 }
 
-/// `filesystem.Filesystem/*`: not built here yet (501 as Connect's `unimplemented`).
-pub async fn filesystem(Path(method): Path<String>, parts: Parts) -> Response {
-    let streaming = method == "WatchDir";
-    let err = ConnectError::new(
-        Code::Unimplemented,
-        format!(
-            "filesystem.Filesystem/{method} is not supported by sandgate's E2B API yet: file \
-             operations in sessions are being added to sandgate's own API first (docs/e2b.md)"
-        ),
-    );
-    let _ = parts;
-    answer_error(&err, streaming)
-}
-
-/// `/files` (upload, download): not built yet (501, E2B's error shape).
-pub async fn files() -> Response {
-    super::error::E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "/files (upload and download) is not supported by sandgate's E2B API yet: file \
-         operations in sessions are being added to sandgate's own API first (docs/e2b.md)",
-    )
-    .into_response()
-}
-
-/// The code interpreter's `/execute` and `/contexts`: not built yet (501).
-pub async fn code_interpreter(parts: Parts) -> Response {
-    super::error::E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} (the code interpreter's run_code and contexts) is not supported by sandgate's \
-             E2B API yet: rich cell results in sessions are being added to sandgate's own API \
-             first (docs/e2b.md)",
-            parts.uri.path()
-        ),
-    )
-    .into_response()
-}
-
 /// Only Connect's JSON codec: what the E2B SDKs send.
-fn json_codec(parts: &Parts, streaming: bool) -> Result<(), ConnectError> {
+pub(super) fn json_codec(parts: &Parts, streaming: bool) -> Result<(), ConnectError> {
     let content_type = parts
         .headers
         .get(CONTENT_TYPE)
@@ -508,7 +470,7 @@ fn python_wrapper(script: &str) -> String {
 }
 
 /// Single-quoted for bash.
-fn quote(text: &str) -> String {
+pub(super) fn quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', r"'\''"))
 }
 
@@ -532,7 +494,7 @@ fn keepalive_interval(parts: &Parts) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
-fn connect_error(err: AppError) -> ConnectError {
+pub(super) fn connect_error(err: AppError) -> ConnectError {
     let code = match &err {
         AppError::Invalid(_) | AppError::NoSuggestion(_) => Code::InvalidArgument,
         AppError::NotFound | AppError::NotFoundWhy(_) => Code::NotFound,
@@ -551,7 +513,7 @@ fn connect_error(err: AppError) -> ConnectError {
     ConnectError::new(code, message)
 }
 
-fn unary<T: serde::Serialize>(value: &T) -> Response {
+pub(super) fn unary<T: serde::Serialize>(value: &T) -> Response {
     (
         StatusCode::OK,
         [(CONTENT_TYPE, UNARY_CONTENT_TYPE)],
@@ -560,7 +522,7 @@ fn unary<T: serde::Serialize>(value: &T) -> Response {
         .into_response()
 }
 
-fn unary_error(err: &ConnectError) -> Response {
+pub(super) fn unary_error(err: &ConnectError) -> Response {
     (
         err.code.http_status(),
         [(CONTENT_TYPE, UNARY_CONTENT_TYPE)],
@@ -570,7 +532,7 @@ fn unary_error(err: &ConnectError) -> Response {
 }
 
 /// A stream's error is its end-of-stream message, with HTTP 200 (Connect's streaming rule).
-fn answer_error(err: &ConnectError, streaming: bool) -> Response {
+pub(super) fn answer_error(err: &ConnectError, streaming: bool) -> Response {
     if !streaming {
         return unary_error(err);
     }

@@ -15,6 +15,9 @@ pub mod connect;
 mod control;
 mod envd;
 pub mod error;
+mod files;
+mod filesystem;
+mod interpreter;
 mod live;
 pub mod wire;
 
@@ -49,11 +52,11 @@ pub fn router() -> Router<Arc<App>> {
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))
         .route("/process.Process/{method}", post(envd::process))
-        .route("/filesystem.Filesystem/{method}", post(envd::filesystem))
-        .route("/files", any(envd::files))
-        .route("/execute", any(envd::code_interpreter))
-        .route("/contexts", any(envd::code_interpreter))
-        .route("/contexts/{*rest}", any(envd::code_interpreter))
+        .route("/filesystem.Filesystem/{method}", post(filesystem::filesystem))
+        .route("/files", get(files::download).post(files::upload))
+        .route("/execute", post(interpreter::execute))
+        .route("/contexts", any(interpreter::contexts))
+        .route("/contexts/{*rest}", any(interpreter::contexts))
         .fallback(control::no_such_route)
         .layer(Extension(Arc::new(live::Live::default())))
 }
