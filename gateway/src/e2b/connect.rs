@@ -39,6 +39,7 @@ pub enum Code {
     Internal,
     ResourceExhausted,
     DeadlineExceeded,
+    AlreadyExists,
 }
 
 impl Code {
@@ -54,6 +55,7 @@ impl Code {
             Code::Internal => "internal",
             Code::ResourceExhausted => "resource_exhausted",
             Code::DeadlineExceeded => "deadline_exceeded",
+            Code::AlreadyExists => "already_exists",
         }
     }
 
@@ -69,6 +71,7 @@ impl Code {
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+            Code::AlreadyExists => StatusCode::CONFLICT,
         }
     }
 }

@@ -51,7 +51,11 @@ pub(super) struct Reached {
     pub(super) sandbox: Arc<LiveSandbox>,
 }
 
-pub(super) async fn reach(app: &App, live: &Arc<Live>, parts: &Parts) -> Result<Reached, ConnectError> {
+pub(super) async fn reach(
+    app: &App,
+    live: &Arc<Live>,
+    parts: &Parts,
+) -> Result<Reached, ConnectError> {
     let header = |name| {
         parts
             .headers

@@ -49,7 +49,11 @@ pub async fn download(
             .into_response();
     };
     let read = app
-        .session_file_read(&reached.key, &reached.id, &absolute(path))
+        .session_file_read(
+            &reached.key,
+            &reached.id,
+            &absolute(&app, &reached, path).await,
+        )
         .await;
     match read {
         Ok((_, bytes)) => (
@@ -100,7 +104,7 @@ async fn upload_files(
     let files = uploaded(parts, params, &body)?;
     let mut written = Vec::with_capacity(files.len());
     for (path, content) in files {
-        let path = absolute(&path);
+        let path = absolute(app, reached, &path).await;
         make_parent(app, reached, &path).await?;
         let entry = app
             .session_file_write(&reached.key, &reached.id, &path, content, None)
@@ -130,7 +134,10 @@ fn uploaded<'a>(
     let media = content_type.split(';').next().unwrap_or("").trim();
     if media.eq_ignore_ascii_case("application/octet-stream") {
         let path = query_path.ok_or_else(|| {
-            E2bError::new(StatusCode::BAD_REQUEST, "no path: where to write the upload?")
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                "no path: where to write the upload?",
+            )
         })?;
         return Ok(vec![(path, body)]);
     }
@@ -141,14 +148,20 @@ fn uploaded<'a>(
         ));
     }
     let boundary = boundary(content_type).ok_or_else(|| {
-        E2bError::new(StatusCode::BAD_REQUEST, "multipart/form-data without a boundary")
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "multipart/form-data without a boundary",
+        )
     })?;
     let mut files = multipart(body, &boundary)?;
     if let (Some(path), [only]) = (query_path, files.as_mut_slice()) {
         only.0 = path;
     }
     if files.is_empty() {
-        return Err(E2bError::new(StatusCode::BAD_REQUEST, "the upload has no file part"));
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "the upload has no file part",
+        ));
     }
     Ok(files)
 }
@@ -166,24 +179,29 @@ fn boundary(content_type: &str) -> Option<String> {
 /// The `file` parts of a multipart body (RFC 7578): (filename, content).
 fn multipart<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<(String, &'a [u8])>, E2bError> {
     let malformed = |why: &str| {
-        E2bError::new(StatusCode::BAD_REQUEST, format!("malformed multipart body: {why}"))
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("malformed multipart body: {why}"),
+        )
     };
     let delimiter = format!("--{boundary}");
     let next = format!("\r\n--{boundary}");
-    let mut at = find(body, delimiter.as_bytes()).ok_or_else(|| malformed("no boundary"))?
-        + delimiter.len();
+    let mut at =
+        find(body, delimiter.as_bytes()).ok_or_else(|| malformed("no boundary"))? + delimiter.len();
     let mut files = Vec::new();
     loop {
         let rest = &body[at..];
         if rest.starts_with(b"--") {
             return Ok(files);
         }
-        let rest = rest.strip_prefix(b"\r\n").ok_or_else(|| malformed("boundary line"))?;
+        let rest = rest
+            .strip_prefix(b"\r\n")
+            .ok_or_else(|| malformed("boundary line"))?;
         let head_end = find(rest, b"\r\n\r\n").ok_or_else(|| malformed("part headers"))?;
         let head = String::from_utf8_lossy(&rest[..head_end]);
         let content_start = head_end + 4;
-        let content_len =
-            find(&rest[content_start..], next.as_bytes()).ok_or_else(|| malformed("unended part"))?;
+        let content_len = find(&rest[content_start..], next.as_bytes())
+            .ok_or_else(|| malformed("unended part"))?;
         let content = &rest[content_start..content_start + content_len];
         if let Some(name) = filename(&head) {
             files.push((name, content));
@@ -224,7 +242,10 @@ async fn make_parent(app: &App, reached: &Reached, path: &str) -> Result<(), E2b
         // The write itself refuses it, with the places named.
         return Ok(());
     }
-    match app.session_file_mkdir(&reached.key, &reached.id, parent).await {
+    match app
+        .session_file_mkdir(&reached.key, &reached.id, parent)
+        .await
+    {
         Ok(_) => Ok(()),
         Err(err) => Err(file_error(err)),
     }

@@ -5,7 +5,8 @@
 //! symlink). The watchers (`WatchDir`, `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`)
 //! answer `unimplemented`: the sandbox's init has no file-system events to give.
 //!
-//! Relative paths are taken from `/home/user`, as E2B's envd does. The SDK's user (an
+//! Relative paths are taken from the sandbox's home (`/home/user` where the image has it,
+//! else `/workspace`), as E2B's envd takes them from the user's home. The SDK's user (an
 //! `Authorization: Basic` header) changes nothing: every operation runs as the sandbox's one
 //! unprivileged user.
 
@@ -56,20 +57,22 @@ async fn call(
     match method {
         "Stat" => {
             let request: PathRequest = decode(body)?;
-            let entry = app.session_file_stat(key, id, &absolute(&request.path)).await;
+            let path = absolute(app, reached, &request.path).await;
+            let entry = app.session_file_stat(key, id, &path).await;
             Ok(unary(&EntryResponse::from(entry.map_err(file_error)?)))
         }
         "MakeDir" => make_dir(app, reached, decode(body)?).await,
         "Move" => {
             let request: MoveRequest = decode(body)?;
-            let (from, to) = (absolute(&request.source), absolute(&request.destination));
+            let from = absolute(app, reached, &request.source).await;
+            let to = absolute(app, reached, &request.destination).await;
             let entry = app.session_file_rename(key, id, &from, &to).await;
             Ok(unary(&EntryResponse::from(entry.map_err(file_error)?)))
         }
         "ListDir" => list_dir(app, reached, decode(body)?).await,
         "Remove" => {
             let request: PathRequest = decode(body)?;
-            let path = absolute(&request.path);
+            let path = absolute(app, reached, &request.path).await;
             app.session_file_remove(key, id, &path)
                 .await
                 .map_err(file_error)?;
@@ -99,7 +102,7 @@ async fn make_dir(
     reached: &Reached,
     request: PathRequest,
 ) -> Result<Response, ConnectError> {
-    let path = absolute(&request.path);
+    let path = absolute(app, reached, &request.path).await;
     let (key, id) = (&reached.key, reached.id.as_str());
     match app.session_file_stat(key, id, &path).await {
         Ok(entry) if entry.kind == FileKind::Dir => {
@@ -137,7 +140,7 @@ async fn list_dir(
             format!("depth {depth} is over sandgate's limit of {MAX_LIST_DEPTH}"),
         ));
     }
-    let path = absolute(&request.path);
+    let path = absolute(app, reached, &request.path).await;
     let listing = app
         .session_file_list(&reached.key, &reached.id, &path, depth)
         .await
@@ -146,14 +149,29 @@ async fn list_dir(
     Ok(unary(&ListDirResponse { entries }))
 }
 
-/// `path` as an absolute path: a relative one is under `/home/user` (envd's rule).
-pub(super) fn absolute(path: &str) -> String {
+/// `path` as an absolute path: a relative one (or `~/...`) is under the sandbox's home
+/// (envd's rule), [`home`].
+pub(super) async fn absolute(app: &App, reached: &Reached, path: &str) -> String {
     if path.starts_with('/') {
-        path.to_owned()
-    } else if let Some(rest) = path.strip_prefix("~/") {
-        format!("{}/{rest}", super::envd::E2B_HOME)
-    } else {
-        format!("{}/{path}", super::envd::E2B_HOME)
+        return path.to_owned();
+    }
+    let home = home(app, reached).await;
+    joined(home, path)
+}
+
+fn joined(home: &str, path: &str) -> String {
+    let rest = path.strip_prefix("~/").unwrap_or(path);
+    let rest = if rest == "~" { "" } else { rest };
+    format!("{home}/{rest}").trim_end_matches('/').to_owned()
+}
+
+/// `/home/user` where the image has it (E2B's home, where commands start too), else the
+/// sandbox's writable `/workspace`.
+async fn home(app: &App, reached: &Reached) -> &'static str {
+    let home = super::envd::E2B_HOME;
+    match app.session_file_stat(&reached.key, &reached.id, home).await {
+        Ok(entry) if entry.kind == FileKind::Dir => home,
+        _ => crate::runtime::WORKSPACE,
     }
 }
 
@@ -170,8 +188,8 @@ fn file_error(err: SessionFileError) -> ConnectError {
                     Code::PermissionDenied
                 }
                 FileFailure::Exists => Code::AlreadyExists,
-                FileFailure::TooLarge => Code::ResourceExhausted,
-                FileFailure::NotADirectory
+                FileFailure::TooLarge
+                | FileFailure::NotADirectory
                 | FileFailure::IsADirectory
                 | FileFailure::NotAFile
                 | FileFailure::Invalid => Code::InvalidArgument,
@@ -291,11 +309,14 @@ mod tests {
 
     #[test]
     fn relative_paths_are_under_home_user() {
-        assert_eq!(absolute("a.txt"), "/home/user/a.txt");
-        assert_eq!(absolute("~/d/a"), "/home/user/d/a");
-        assert_eq!(absolute("/tmp/x"), "/tmp/x");
+        assert_eq!(joined("/home/user", "a.txt"), "/home/user/a.txt");
+        assert_eq!(joined("/workspace", "~/d/a"), "/workspace/d/a");
+        assert_eq!(joined("/workspace", "~"), "/workspace");
         // `..` is the path rules' matter (`sandbox_protocol::locate`): this only joins.
-        assert_eq!(absolute("../../etc/passwd"), "/home/user/../../etc/passwd");
+        assert_eq!(
+            joined("/workspace", "../../etc/passwd"),
+            "/workspace/../../etc/passwd"
+        );
     }
 
     #[test]

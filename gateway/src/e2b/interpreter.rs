@@ -92,9 +92,16 @@ pub async fn contexts(parts: Parts) -> Response {
 }
 
 /// Decides, records and runs the cell; its finished record.
-async fn run_cell(app: &Arc<App>, reached: &Reached, body: &[u8]) -> Result<ExecutionRow, E2bError> {
+async fn run_cell(
+    app: &Arc<App>,
+    reached: &Reached,
+    body: &[u8],
+) -> Result<ExecutionRow, E2bError> {
     let request: ExecuteRequest = serde_json::from_slice(body).map_err(|err| {
-        E2bError::new(StatusCode::BAD_REQUEST, format!("malformed /execute body: {err}"))
+        E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!("malformed /execute body: {err}"),
+        )
     })?;
     if request.context_id.as_deref().is_some_and(|c| !c.is_empty()) {
         return Err(E2bError::new(
@@ -241,7 +248,10 @@ mod tests {
         assert_eq!(cell_language(None).unwrap(), CellLanguage::Python);
         assert_eq!(cell_language(Some("bash")).unwrap(), CellLanguage::Bash);
         assert!(cell_language(Some("r")).is_err());
-        assert_eq!(cell_code(CellLanguage::Python, "python", "1".into()).unwrap(), "1");
+        assert_eq!(
+            cell_code(CellLanguage::Python, "python", "1".into()).unwrap(),
+            "1"
+        );
         assert!(cell_code(CellLanguage::Bash, "python", "echo 'a'".into())
             .unwrap()
             .contains("['/bin/bash', '-c', \"echo 'a'\"]"));

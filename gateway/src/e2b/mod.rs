@@ -52,7 +52,10 @@ pub fn router() -> Router<Arc<App>> {
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))
         .route("/process.Process/{method}", post(envd::process))
-        .route("/filesystem.Filesystem/{method}", post(filesystem::filesystem))
+        .route(
+            "/filesystem.Filesystem/{method}",
+            post(filesystem::filesystem),
+        )
         .route("/files", get(files::download).post(files::upload))
         .route("/execute", post(interpreter::execute))
         .route("/contexts", any(interpreter::contexts))
