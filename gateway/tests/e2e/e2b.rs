@@ -222,12 +222,16 @@ async fn audited(gw: &TestGateway, id: &str) {
 }
 
 async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
+    run_script(AGENT, url, agent, other).await
+}
+
+async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -> Value {
     let python = python_venv().join("bin/python");
     let e2b = format!("{url}/e2b");
     let (agent, other) = (agent.to_owned(), other.to_owned());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-c", AGENT])
+            .args(["-c", script])
             .env("E2B_API_URL", &e2b)
             .env("E2B_SANDBOX_URL", &e2b)
             .env("E2B_API_KEY", agent)
@@ -247,4 +251,78 @@ async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
     );
     serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+}
+
+/// The copy's network part, with sessions labelled `purpose: review` sent to a reviewer first.
+const HOLD_RULE: &str = r#"network_part := {"require_approval": true, "reasons": [{"code": "e2b.review", "message": "E2B sandboxes for purpose review need a reviewer"}]} if {
+	input.request.kind == "session"
+	input.request.labels.purpose == "review"
+} else := {"require_approval": false, "reasons": []} if {"#;
+
+/// Asks for a sandbox the policy holds; prints what the SDK raised.
+const HELD_CREATE: &str = r#"
+import json
+from e2b import Sandbox, SandboxException
+from e2b.exceptions import ServiceBusyException
+try:
+    Sandbox.create(template="base", metadata={"purpose": "review"})
+    print(json.dumps({"raised": "nothing"}))
+except ServiceBusyException as e:
+    print(json.dumps({"raised": "ServiceBusyException", "message": str(e)}))
+"#;
+
+/// Once approved: connects to the held sandbox by id and runs a command in it.
+const AFTER_REVIEW: &str = r#"
+import json, os
+from e2b import Sandbox
+sbx = Sandbox.connect(os.environ["OTHER_KEY"])
+r = sbx.commands.run("echo approved")
+print(json.dumps({"stdout": r.stdout, "info": sbx.get_info().state}))
+sbx.kill()
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_e2b_create_is_not_ready_until_a_reviewer_approves_it() {
+    common::require_docker();
+    let policies = common::copy_of_shipped();
+    let rego = policies.path().join("execution.rego");
+    let text = std::fs::read_to_string(&rego).unwrap();
+    let anchor = "network_part := {\"require_approval\": false, \"reasons\": []} if {";
+    assert!(text.contains(anchor));
+    std::fs::write(&rego, text.replacen(anchor, HOLD_RULE, 1)).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let reviewer = gw.key("reviewer", "acme").await;
+
+    let said = run_script(HELD_CREATE, &gw.url, &agent, "").await;
+    assert_eq!(said["raised"], "ServiceBusyException", "{said}");
+    let message = said["message"].as_str().unwrap();
+    assert!(message.contains("held for human review"), "{message}");
+    assert!(message.contains("E2B sandboxes for purpose review need a reviewer"), "{message}");
+    let approval = word_after(message, "(approval ");
+    let sandbox = word_after(message, "sandbox ");
+    assert!(approval.starts_with("ap_") && sandbox.starts_with("ss_"), "{message}");
+
+    let (status, body) = gw
+        .post(
+            &reviewer,
+            &format!("/v1/approvals/{approval}"),
+            &serde_json::json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The sandbox id rides in OTHER_KEY: the script's one free parameter.
+    let said = run_script(AFTER_REVIEW, &gw.url, &agent, &sandbox).await;
+    assert_eq!(said["stdout"], "approved\n", "{said}");
+    gw.stop().await;
+}
+
+/// The word after `marker` in `text` (up to a space, `)` or `:`).
+fn word_after(text: &str, marker: &str) -> String {
+    let rest = &text[text.find(marker).unwrap() + marker.len()..];
+    rest.split([' ', ')', ':']).next().unwrap().to_owned()
 }
