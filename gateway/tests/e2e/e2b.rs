@@ -54,6 +54,14 @@ try:
 except SandboxException as e:
     out["command_denied"] = str(e)
 out["processes"] = len(sbx.commands.list())
+bg = sbx.commands.run("sleep 30", background=True)
+out["bg_listed"] = [p.pid for p in sbx.commands.list()] == [bg.pid]
+out["bg_killed"] = bg.kill()
+try:
+    bg.wait()
+    out["bg_end"] = "no exception"
+except CommandExitException as e:
+    out["bg_end"] = "exited" if e.exit_code != 0 else "exit 0"
 out["running"] = sbx.is_running()
 info = sbx.get_info()
 out["info"] = {"id": info.sandbox_id, "template": info.template_id, "metadata": info.metadata, "state": str(info.state)}
@@ -140,6 +148,15 @@ async fn the_e2b_python_sdk_runs_commands_in_sandgate_sessions() {
         "{denied}"
     );
     assert_eq!(said["processes"], 0);
+    assert_eq!(
+        said["bg_listed"], true,
+        "a background command is listed while it runs"
+    );
+    assert_eq!(said["bg_killed"], true);
+    assert_eq!(
+        said["bg_end"], "exited",
+        "a killed command ends without success"
+    );
     assert_eq!(said["running"], true);
     assert_eq!(said["info"]["id"], id.as_str());
     assert_eq!(said["info"]["template"], "base");
@@ -192,12 +209,16 @@ async fn audited(gw: &TestGateway, id: &str) {
     let exits: Vec<Option<i32>> = rows.iter().map(|r| r.2).collect();
     assert_eq!(
         exits,
-        vec![Some(0), Some(0), Some(0), Some(3), None],
+        vec![Some(0), Some(0), Some(0), Some(3), None, None],
         "{rows:?}"
     );
     assert!(
         !rows[4].1,
         "the denied command is recorded as denied: {rows:?}"
+    );
+    assert_eq!(
+        rows[5].0, "cancelled",
+        "the killed one is recorded cancelled: {rows:?}"
     );
     let decided: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM audit_events a JOIN executions e ON e.id = a.execution_id \
@@ -208,7 +229,7 @@ async fn audited(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(decided, 5, "each command's decision names the SDK call");
+    assert_eq!(decided, 6, "each command's decision names the SDK call");
     let template: String = sqlx::query_scalar(
         "SELECT input -> 'request' -> 'request' -> 'e2b' ->> 'template' FROM audit_events \
          WHERE kind = 'session.created' AND input ->> 'session_id' = $1",
@@ -302,10 +323,16 @@ async fn a_held_e2b_create_is_not_ready_until_a_reviewer_approves_it() {
     assert_eq!(said["raised"], "ServiceBusyException", "{said}");
     let message = said["message"].as_str().unwrap();
     assert!(message.contains("held for human review"), "{message}");
-    assert!(message.contains("E2B sandboxes for purpose review need a reviewer"), "{message}");
+    assert!(
+        message.contains("E2B sandboxes for purpose review need a reviewer"),
+        "{message}"
+    );
     let approval = word_after(message, "(approval ");
     let sandbox = word_after(message, "sandbox ");
-    assert!(approval.starts_with("ap_") && sandbox.starts_with("ss_"), "{message}");
+    assert!(
+        approval.starts_with("ap_") && sandbox.starts_with("ss_"),
+        "{message}"
+    );
 
     let (status, body) = gw
         .post(
