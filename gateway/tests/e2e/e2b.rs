@@ -353,3 +353,30 @@ fn word_after(text: &str, marker: &str) -> String {
     let rest = &text[text.find(marker).unwrap() + marker.len()..];
     rest.split([' ', ')', ':']).next().unwrap().to_owned()
 }
+
+/// `e2b.enabled: false`: nothing answers under `/e2b` but the API's own 404.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_e2b_disabled_its_paths_are_not_found() {
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+        config.e2b.enabled = false;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let response = gw
+        .http
+        .post(format!("{}/e2b/v2/sandboxes", gw.url))
+        .header("x-api-key", &agent)
+        .json(&serde_json::json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+        .fetch_one(&gw.pool().await)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0);
+    gw.stop().await;
+}
