@@ -107,6 +107,20 @@ try:
 except AuthenticationException as e:
     out["bad_key"] = "refused"
 
+from e2b_code_interpreter import Sandbox as CodeInterpreter
+ci = CodeInterpreter.create()
+try:
+    ci.commands.run("echo from-python; exit 4")
+    out["ci_command"] = "exit 0"
+except CommandExitException as e:
+    out["ci_command"] = [e.stdout, e.exit_code]
+try:
+    ci.run_code("1 + 1")
+    out["run_code"] = "ran"
+except Exception as e:
+    out["run_code"] = str(e)
+ci.kill()
+
 out["killed"] = sbx.kill()
 out["running_after_kill"] = sbx.is_running()
 out["killed_again"] = Sandbox.kill(sbx.sandbox_id)
@@ -186,6 +200,13 @@ async fn the_e2b_python_sdk_runs_commands_in_sandgate_sessions() {
     assert!(unknown.contains("base, code-interpreter-v1"), "{unknown}");
     assert_eq!(said["bad_key"], "refused");
 
+    assert_eq!(
+        said["ci_command"],
+        serde_json::json!(["from-python\n", 4]),
+        "commands run in the code-interpreter template's Python session too"
+    );
+    let run_code = said["run_code"].as_str().unwrap();
+    assert!(run_code.contains("not supported by sandgate"), "{run_code}");
     assert_eq!(said["killed"], true);
     assert_eq!(said["running_after_kill"], false);
     assert_eq!(said["killed_again"], false);
