@@ -539,7 +539,7 @@ impl Config {
                     .to_owned(),
             );
         }
-        Ok(())
+        validate_e2b(&self.e2b, &self.images)
     }
 
     /// The `sandbox-init` binary to mount into every sandbox.
@@ -573,6 +573,22 @@ fn type_error(err: &serde_path_to_error::Error<serde_yaml_ng::Error>, from_env: 
 }
 
 /// A credential's name and settings; its value is only read later, at start-up.
+/// Each E2B template names a language with a session runner and a configured image.
+fn validate_e2b(e2b: &E2bConfig, images: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (name, template) in &e2b.templates {
+        let language = &template.language;
+        if !matches!(language.as_str(), "bash" | "python") || !images.contains_key(language) {
+            return Err(ConfigError::Invalid {
+                message: format!(
+                    "e2b.templates.{name}.language: {language:?} must be bash or python, with an \
+                     image configured for it (images.{language})"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn validate_credential(name: &str, credential: &CredentialConfig) -> Result<(), ConfigError> {
     let invalid = |why: &str| {
         Err(ConfigError::Invalid {
@@ -619,6 +635,21 @@ mod tests {
     fn empty_file_gives_defaults() {
         let config = Config::from_yaml_and_env("", no_env).unwrap();
         assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn e2b_templates_need_a_session_language_with_an_image() {
+        let yaml = "e2b: {enabled: false, templates: {r: {language: ruby}}}\n";
+        let err = Config::from_yaml_and_env(yaml, no_env).unwrap_err();
+        assert!(
+            err.to_string().contains("e2b.templates.r.language"),
+            "{err}"
+        );
+        let config =
+            Config::from_yaml_and_env("e2b: {templates: {mine: {language: bash}}}\n", no_env)
+                .unwrap();
+        assert!(config.e2b.enabled);
+        assert_eq!(config.e2b.templates.len(), 1);
     }
 
     #[test]

@@ -51,26 +51,23 @@ pub(super) struct Reached {
     pub(super) sandbox: Arc<LiveSandbox>,
 }
 
-pub(super) async fn reach(
-    app: &App,
-    live: &Arc<Live>,
-    parts: &Parts,
-) -> Result<Reached, ConnectError> {
-    let header = |name| {
-        parts
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-    };
-    let Some(id) = header("e2b-sandbox-id") else {
+fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
+    parts
+        .headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+}
+
+pub(super) async fn reach(app: &App, live: &Arc<Live>, parts: &Parts) -> Result<Reached, ConnectError> {
+    let Some(id) = header(parts, "e2b-sandbox-id") else {
         return Err(ConnectError::new(
             Code::InvalidArgument,
             "no E2b-Sandbox-Id header: which sandbox is this call for?",
         ));
     };
-    let Some(token) = header("x-access-token") else {
+    let Some(token) = header(parts, "x-access-token") else {
         let _ = refuse(
             app,
             parts,
@@ -287,21 +284,7 @@ async fn prepare(
     body: &[u8],
 ) -> Result<(u32, ExecutionRow), ConnectError> {
     let request: StartRequest = decode(single_envelope(body)?)?;
-    if request.pty.as_ref().is_some_and(|pty| !pty.is_null()) {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "PTY processes are not supported by sandgate's E2B API yet",
-        ));
-    }
-    if request.stdin == Some(true) {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "commands with stdin are not supported by sandgate's E2B API yet: run them with stdin=False",
-        ));
-    }
-    let config = request
-        .process
-        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "StartRequest has no process"))?;
+    let (config, tag) = supported(request)?;
     let script = command_script(&config, &reached.sandbox.envs)?;
     let language = app
         .get_session(&reached.key, &reached.id)
@@ -325,7 +308,7 @@ async fn prepare(
         }),
         ..SessionExecutionRequest::default()
     };
-    let pid = reached.sandbox.start(config, request.tag);
+    let pid = reached.sandbox.start(config, tag);
     let row = app
         .create_session_execution(&reached.key, &reached.id, execution)
         .await;
@@ -349,6 +332,26 @@ async fn prepare(
     };
     reached.sandbox.started_as(pid, &row.id);
     Ok((pid, row))
+}
+
+/// The process of a start request, and its tag, when sandgate can run it.
+fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), ConnectError> {
+    if request.pty.as_ref().is_some_and(|pty| !pty.is_null()) {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "PTY processes are not supported by sandgate's E2B API yet",
+        ));
+    }
+    if request.stdin == Some(true) {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "commands with stdin are not supported by sandgate's E2B API yet: run them with stdin=False",
+        ));
+    }
+    let config = request
+        .process
+        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "StartRequest has no process"))?;
+    Ok((config, request.tag))
 }
 
 /// Sends the start event, keepalives while the command runs, then its output and end.

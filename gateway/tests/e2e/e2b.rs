@@ -54,6 +54,14 @@ try:
 except SandboxException as e:
     out["command_denied"] = str(e)
 out["processes"] = len(sbx.commands.list())
+bg = sbx.commands.run("sleep 30", background=True)
+out["bg_listed"] = [p.pid for p in sbx.commands.list()] == [bg.pid]
+out["bg_killed"] = bg.kill()
+try:
+    bg.wait()
+    out["bg_end"] = "no exception"
+except CommandExitException as e:
+    out["bg_end"] = "exited" if e.exit_code != 0 else "exit 0"
 out["running"] = sbx.is_running()
 info = sbx.get_info()
 out["info"] = {"id": info.sandbox_id, "template": info.template_id, "metadata": info.metadata, "state": str(info.state)}
@@ -99,6 +107,19 @@ try:
 except AuthenticationException as e:
     out["bad_key"] = "refused"
 
+from e2b_code_interpreter import Sandbox as CodeInterpreter
+ci = CodeInterpreter.create()
+try:
+    ci.commands.run("echo from-python; exit 4")
+    out["ci_command"] = "exit 0"
+except CommandExitException as e:
+    out["ci_command"] = [e.stdout, e.exit_code]
+try:
+    out["run_code"] = ci.run_code("1 + 1").text
+except Exception as e:
+    out["run_code"] = str(e)
+ci.kill()
+
 out["killed"] = sbx.kill()
 out["running_after_kill"] = sbx.is_running()
 out["killed_again"] = Sandbox.kill(sbx.sandbox_id)
@@ -140,6 +161,15 @@ async fn the_e2b_python_sdk_runs_commands_in_sandgate_sessions() {
         "{denied}"
     );
     assert_eq!(said["processes"], 0);
+    assert_eq!(
+        said["bg_listed"], true,
+        "a background command is listed while it runs"
+    );
+    assert_eq!(said["bg_killed"], true);
+    assert_eq!(
+        said["bg_end"], "exited",
+        "a killed command ends without success"
+    );
     assert_eq!(said["running"], true);
     assert_eq!(said["info"]["id"], id.as_str());
     assert_eq!(said["info"]["template"], "base");
@@ -169,6 +199,13 @@ async fn the_e2b_python_sdk_runs_commands_in_sandgate_sessions() {
     assert!(unknown.contains("base, code-interpreter-v1"), "{unknown}");
     assert_eq!(said["bad_key"], "refused");
 
+    assert_eq!(
+        said["ci_command"],
+        serde_json::json!(["from-python\n", 4]),
+        "commands run in the code-interpreter template's Python session too"
+    );
+    // Wired in e2b/interpreter.rs (e2e: e2b_files::).
+    assert_eq!(said["run_code"], "2");
     assert_eq!(said["killed"], true);
     assert_eq!(said["running_after_kill"], false);
     assert_eq!(said["killed_again"], false);
@@ -192,12 +229,16 @@ async fn audited(gw: &TestGateway, id: &str) {
     let exits: Vec<Option<i32>> = rows.iter().map(|r| r.2).collect();
     assert_eq!(
         exits,
-        vec![Some(0), Some(0), Some(0), Some(3), None],
+        vec![Some(0), Some(0), Some(0), Some(3), None, None],
         "{rows:?}"
     );
     assert!(
         !rows[4].1,
         "the denied command is recorded as denied: {rows:?}"
+    );
+    assert_eq!(
+        rows[5].0, "cancelled",
+        "the killed one is recorded cancelled: {rows:?}"
     );
     let decided: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM audit_events a JOIN executions e ON e.id = a.execution_id \
@@ -208,7 +249,7 @@ async fn audited(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(decided, 5, "each command's decision names the SDK call");
+    assert_eq!(decided, 6, "each command's decision names the SDK call");
     let template: String = sqlx::query_scalar(
         "SELECT input -> 'request' -> 'request' -> 'e2b' ->> 'template' FROM audit_events \
          WHERE kind = 'session.created' AND input ->> 'session_id' = $1",
@@ -222,12 +263,16 @@ async fn audited(gw: &TestGateway, id: &str) {
 }
 
 async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
+    run_script(AGENT, url, agent, other).await
+}
+
+async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -> Value {
     let python = python_venv().join("bin/python");
     let e2b = format!("{url}/e2b");
     let (agent, other) = (agent.to_owned(), other.to_owned());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-c", AGENT])
+            .args(["-c", script])
             .env("E2B_API_URL", &e2b)
             .env("E2B_SANDBOX_URL", &e2b)
             .env("E2B_API_KEY", agent)
@@ -247,4 +292,111 @@ async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
     );
     serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+}
+
+/// The copy's network part, with sessions labelled `purpose: review` sent to a reviewer first.
+const HOLD_RULE: &str = r#"network_part := {"require_approval": true, "reasons": [{"code": "e2b.review", "message": "E2B sandboxes for purpose review need a reviewer"}]} if {
+	input.request.kind == "session"
+	input.request.labels.purpose == "review"
+} else := {"require_approval": false, "reasons": []} if {"#;
+
+/// Asks for a sandbox the policy holds; prints what the SDK raised.
+const HELD_CREATE: &str = r#"
+import json
+from e2b import Sandbox, SandboxException
+from e2b.exceptions import ServiceBusyException
+try:
+    Sandbox.create(template="base", metadata={"purpose": "review"})
+    print(json.dumps({"raised": "nothing"}))
+except ServiceBusyException as e:
+    print(json.dumps({"raised": "ServiceBusyException", "message": str(e)}))
+"#;
+
+/// Once approved: connects to the held sandbox by id and runs a command in it.
+const AFTER_REVIEW: &str = r#"
+import json, os
+from e2b import Sandbox
+sbx = Sandbox.connect(os.environ["OTHER_KEY"])
+r = sbx.commands.run("echo approved")
+print(json.dumps({"stdout": r.stdout, "info": sbx.get_info().state}))
+sbx.kill()
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_held_e2b_create_is_not_ready_until_a_reviewer_approves_it() {
+    common::require_docker();
+    let policies = common::copy_of_shipped();
+    let rego = policies.path().join("execution.rego");
+    let text = std::fs::read_to_string(&rego).unwrap();
+    let anchor = "network_part := {\"require_approval\": false, \"reasons\": []} if {";
+    assert!(text.contains(anchor));
+    std::fs::write(&rego, text.replacen(anchor, HOLD_RULE, 1)).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let reviewer = gw.key("reviewer", "acme").await;
+
+    let said = run_script(HELD_CREATE, &gw.url, &agent, "").await;
+    assert_eq!(said["raised"], "ServiceBusyException", "{said}");
+    let message = said["message"].as_str().unwrap();
+    assert!(message.contains("held for human review"), "{message}");
+    assert!(
+        message.contains("E2B sandboxes for purpose review need a reviewer"),
+        "{message}"
+    );
+    let approval = word_after(message, "(approval ");
+    let sandbox = word_after(message, "sandbox ");
+    assert!(
+        approval.starts_with("ap_") && sandbox.starts_with("ss_"),
+        "{message}"
+    );
+
+    let (status, body) = gw
+        .post(
+            &reviewer,
+            &format!("/v1/approvals/{approval}"),
+            &serde_json::json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    // The sandbox id rides in OTHER_KEY: the script's one free parameter.
+    let said = run_script(AFTER_REVIEW, &gw.url, &agent, &sandbox).await;
+    assert_eq!(said["stdout"], "approved\n", "{said}");
+    gw.stop().await;
+}
+
+/// The word after `marker` in `text` (up to a space, `)` or `:`).
+fn word_after(text: &str, marker: &str) -> String {
+    let rest = &text[text.find(marker).unwrap() + marker.len()..];
+    rest.split([' ', ')', ':']).next().unwrap().to_owned()
+}
+
+/// `e2b.enabled: false`: nothing answers under `/e2b` but the API's own 404.
+#[tokio::test(flavor = "multi_thread")]
+async fn with_e2b_disabled_its_paths_are_not_found() {
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+        config.e2b.enabled = false;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let response = gw
+        .http
+        .post(format!("{}/e2b/v2/sandboxes", gw.url))
+        .header("x-api-key", &agent)
+        .json(&serde_json::json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 404);
+    let body: Value = response.json().await.unwrap();
+    assert_eq!(body["error"]["code"], "not_found", "{body}");
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+        .fetch_one(&gw.pool().await)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0);
+    gw.stop().await;
 }
