@@ -249,6 +249,19 @@ async fn bytes_round_trip_and_list_stat_mkdir_move_remove_are_audited() {
     assert_eq!(removed.len(), 2, "{removed:?}");
     assert_eq!(removed[0]["path"], "/workspace/data");
     gw.assert_chain_verifies().await;
+
+    // A closed session has no sandbox: 409, saying so.
+    let (status, _) = gw.delete(&key, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200);
+    let (status, body) = stat(&gw, &key, &id, "/workspace").await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("closed"),
+        "{body}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
