@@ -39,6 +39,8 @@ use policy_engine::{E2bCall, E2bInput};
 pub(super) const E2B_HOME: &str = "/home/user";
 /// How often a running command's record is looked at.
 const POLL: Duration = Duration::from_millis(50);
+/// Longest wait for a finished command's session to be released.
+const SETTLE: Duration = Duration::from_secs(2);
 /// Largest data event (E2B's envd sends small chunks too).
 const CHUNK: usize = 64 * 1024;
 
@@ -396,8 +398,24 @@ async fn follow(
             let _ = tx.send(send(event)).await;
         }
     }
+    settled(app, reached).await;
     let _ = tx.send(send(ProcessEvent::End(end_event(&row)))).await;
     let _ = tx.send(end_stream(None)).await;
+}
+
+/// Waits (at most [`SETTLE`]) until the session no longer counts as busy: its record is
+/// finished a moment before the session is released, and the SDK's next call (a command, a
+/// file operation) would otherwise find it busy.
+async fn settled(app: &App, reached: &Reached) {
+    let deadline = tokio::time::Instant::now() + SETTLE;
+    while tokio::time::Instant::now() < deadline {
+        match app.get_session(&reached.key, &reached.id).await {
+            Ok(row) if row.is(crate::session_wire::SessionStatus::Busy) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            _ => return,
+        }
+    }
 }
 
 /// The end event of a finished record: the exit code, or why there is none.
