@@ -62,7 +62,11 @@ fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
-pub(super) async fn reach(app: &App, live: &Arc<Live>, parts: &Parts) -> Result<Reached, ConnectError> {
+pub(super) async fn reach(
+    app: &App,
+    live: &Arc<Live>,
+    parts: &Parts,
+) -> Result<Reached, ConnectError> {
     let Some(id) = header(parts, "e2b-sandbox-id") else {
         return Err(ConnectError::new(
             Code::InvalidArgument,
@@ -406,7 +410,7 @@ async fn follow(
 /// Waits (at most [`SETTLE`]) until the session no longer counts as busy: its record is
 /// finished a moment before the session is released, and the SDK's next call (a command, a
 /// file operation) would otherwise find it busy.
-async fn settled(app: &App, reached: &Reached) {
+pub(super) async fn settled(app: &App, reached: &Reached) {
     let deadline = tokio::time::Instant::now() + SETTLE;
     while tokio::time::Instant::now() < deadline {
         match app.get_session(&reached.key, &reached.id).await {

@@ -5,8 +5,9 @@
 //! carries from cell to cell, and answers E2B's result lines (one JSON object a line):
 //! `stdout`, `stderr`, `result` (E2B's `Result` fields, `is_main_result`), `error` (`name`,
 //! `value`, `traceback`, taken from the traceback the runner prints), `number_of_executions`.
-//! The lines are sent once the cell ended (sandgate records a cell whole; the SDK's callbacks
-//! then run in order). `language: "bash"` runs the cell with bash (`bash -c` as a child of
+//! `stdout` lines are sent as the cell writes them (the execution's live stream); the rest once
+//! the cell ended and its record is stored (stderr whole, so that a traceback becomes the
+//! `error` line, not stderr). `language: "bash"` runs the cell with bash (`bash -c` as a child of
 //! the runner in a Python sandbox); other languages are refused.
 //!
 //! Code contexts (`/contexts`) answer 501: a sandbox has one context, its session's runner
@@ -16,7 +17,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::body::Bytes;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
@@ -30,10 +33,14 @@ use super::control::reasons_text;
 use super::envd::{reach, LiveState, Reached};
 use super::error::E2bError;
 use crate::app::sessions::SessionExecutionRequest;
+use crate::app::stream::StreamEvent;
 use crate::app::App;
 use crate::audit::ExecutionRow;
 use crate::status::ExecutionStatus;
 use policy_engine::{E2bCall, E2bInput};
+
+/// How often a finished cell's record is looked for.
+const POLL: Duration = Duration::from_millis(50);
 
 /// The body of `POST /execute`.
 #[derive(Debug, Deserialize)]
@@ -65,15 +72,70 @@ pub async fn execute(
         Ok(reached) => reached,
         Err(err) => return E2bError::new(err.code.http_status(), err.message).into_response(),
     };
-    match run_cell(&app, &reached, &body).await {
-        Ok(row) => (
-            StatusCode::OK,
-            [(CONTENT_TYPE, "application/x-ndjson")],
-            result_lines(&row, executions(&app, &reached).await),
-        )
-            .into_response(),
-        Err(err) => err.into_response(),
+    let row = match run_cell(&app, &reached, &body).await {
+        Ok(row) => row,
+        Err(err) => return err.into_response(),
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let following = Arc::clone(&app);
+    app.tasks
+        .spawn(async move { follow(&following, &reached, row, &tx).await });
+    let lines = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|chunk| (Ok::<_, std::convert::Infallible>(chunk), rx))
+    });
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(lines),
+    )
+        .into_response()
+}
+
+/// Sends the cell's stdout as it comes, then, once its record is stored, the rest.
+async fn follow(
+    app: &App,
+    reached: &Reached,
+    row: ExecutionRow,
+    tx: &tokio::sync::mpsc::Sender<Bytes>,
+) {
+    let mut sent = String::new();
+    // Opened before the turn started; gone already if the cell ended meanwhile (the record
+    // then has it all).
+    if let Some(stream) = app.streams.get(&row.id) {
+        let mut from = 0;
+        while let Some(batch) = stream.next_batch(from).await {
+            from += batch.len();
+            for event in batch {
+                if let StreamEvent::Stdout(text) = event {
+                    let line = json!({"type": "stdout", "text": text, "timestamp": now_nanos()});
+                    let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
+                    sent.push_str(&text);
+                }
+            }
+        }
     }
+    let mut row = row;
+    while row.finished_at.is_none() {
+        tokio::time::sleep(POLL).await;
+        match app.get_execution(&reached.key, &row.id).await {
+            Ok(now) => row = now,
+            Err(err) => {
+                let line = json!({"type": "error", "name": "SandgateError",
+                    "value": format!("following the cell failed: {err}"), "traceback": ""});
+                let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
+                return;
+            }
+        }
+    }
+    super::envd::settled(app, reached).await;
+    let count = executions(app, reached).await;
+    let _ = tx.send(Bytes::from(result_lines(&row, count, &sent))).await;
+}
+
+fn now_nanos() -> i64 {
+    chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
 }
 
 /// `/contexts` and `/contexts/{id}[/restart]`: 501.
@@ -125,6 +187,7 @@ async fn run_cell(
             call: Some(E2bCall::RunCode),
             ..E2bInput::default()
         }),
+        wait: Some(false),
         ..SessionExecutionRequest::default()
     };
     let row = app
@@ -181,13 +244,19 @@ async fn executions(app: &App, reached: &Reached) -> i64 {
         .map_or(0, |row| row.executions)
 }
 
-/// E2B's result lines for a finished cell.
-fn result_lines(row: &ExecutionRow, count: i64) -> String {
+/// E2B's result lines for a finished cell, less the stdout already `sent`.
+fn result_lines(row: &ExecutionRow, count: i64, sent: &str) -> String {
     let timestamp = row
         .finished_at
         .and_then(|t| t.timestamp_nanos_opt())
         .unwrap_or_default();
-    let stdout = String::from_utf8_lossy(row.stdout.as_deref().unwrap_or_default()).into_owned();
+    let stdout = String::from_utf8_lossy(row.stdout.as_deref().unwrap_or_default());
+    let stdout = match stdout.strip_prefix(sent) {
+        Some(rest) => rest.to_owned(),
+        // The live stream dropped output (`app::stream`'s bounds): the record's is whole, but
+        // what was sent cannot be taken back.
+        None => String::new(),
+    };
     let stderr = String::from_utf8_lossy(row.stderr.as_deref().unwrap_or_default()).into_owned();
     let failed = row.status != ExecutionStatus::Succeeded;
     let (stderr, error) = if failed {

@@ -81,6 +81,14 @@ ex = sbx.run_code(
 )
 out["logs"] = {"stdout": ex.logs.stdout, "stderr": ex.logs.stderr}
 out["callbacks"] = seen
+import time
+arrived = []
+ex = sbx.run_code(
+    "import time\nprint('early', flush=True)\ntime.sleep(2)\nprint('late')",
+    on_stdout=lambda m: arrived.append((m.line, time.monotonic())),
+)
+done = time.monotonic()
+out["live"] = {"lines": [a[0] for a in arrived], "early_before_end_s": done - arrived[0][1]}
 ex = sbx.run_code("1/0")
 out["error"] = {"name": ex.error.name, "value": ex.error.value, "in_traceback": "1/0" in ex.error.traceback}
 ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])\nplt.show()")
@@ -180,6 +188,15 @@ async fn the_e2b_sdks_use_files_and_run_code_in_sandgate_sessions() {
         said["callbacks"], said["logs"],
         "on_stdout and on_stderr ran"
     );
+    assert_eq!(
+        said["live"]["lines"],
+        serde_json::json!(["early\n", "late\n"])
+    );
+    let early = said["live"]["early_before_end_s"].as_f64().unwrap();
+    assert!(
+        early > 1.5,
+        "stdout is streamed as the cell writes it: {early} s before the end"
+    );
     assert_eq!(said["error"]["name"], "ZeroDivisionError");
     assert_eq!(said["error"]["value"], "division by zero");
     assert_eq!(said["error"]["in_traceback"], true);
@@ -189,7 +206,7 @@ async fn the_e2b_sdks_use_files_and_run_code_in_sandgate_sessions() {
         "the figure's PNG"
     );
     assert_eq!(said["bash"], serde_json::json!(["bash-3\n"]));
-    assert_eq!(said["count"], 7);
+    assert_eq!(said["count"], 8);
     let r_cell = said["r_cell"].as_str().unwrap();
     assert!(r_cell.contains("not supported"), "{r_cell}");
     let contexts = said["contexts"].as_str().unwrap();
@@ -234,7 +251,7 @@ async fn audited(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(cells, 6, "each run_code's decision names the SDK call");
+    assert_eq!(cells, 7, "each run_code's decision names the SDK call");
     let results: Value = sqlx::query_scalar(
         "SELECT to_jsonb(results) FROM executions WHERE session_id = $1 AND results IS NOT NULL \
          ORDER BY created_at LIMIT 1",
