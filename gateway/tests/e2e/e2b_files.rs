@@ -12,6 +12,19 @@ use std::process::Command;
 use common::{python_venv, TestGateway};
 use serde_json::Value;
 
+/// A policy bundle that also denies one cell (by its code's SHA-256) through run_code.
+const DENY_CELL: &str = r#"package sandgate.execution
+
+deny contains {"code": "e2b.cell_refused", "message": "this cell is refused by policy"} if {
+	input.request.kind == "session_execution"
+	input.request.e2b.call == "run_code"
+	input.request.code_sha256 == "CELL_SHA"
+}
+"#;
+
+/// The cell [`DENY_CELL`] refuses.
+const DENIED_CELL: &str = "denied_cell = 1";
+
 /// What the agent platform does with the SDKs. Prints one JSON line with what it saw.
 const AGENT: &str = r#"
 import json, os, hashlib
@@ -96,6 +109,7 @@ out["plots"] = [(r.png or "")[:11] for r in ex.results]
 ex = sbx.run_code("echo bash-$((1+2))", language="bash")
 out["bash"] = ex.logs.stdout
 out["count"] = ex.execution_count
+out["denied_cell"] = attempt(lambda: sbx.run_code("denied_cell = 1"))
 out["r_cell"] = attempt(lambda: sbx.run_code("1", language="r"))
 out["contexts"] = attempt(lambda: sbx.create_code_context())
 sbx.kill()
@@ -105,7 +119,12 @@ print(json.dumps(out))
 #[tokio::test(flavor = "multi_thread")]
 async fn the_e2b_sdks_use_files_and_run_code_in_sandgate_sessions() {
     common::require_docker();
-    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+    let policies = common::copy_of_shipped();
+    let rule = DENY_CELL.replace("CELL_SHA", &sha256_hex(DENIED_CELL.as_bytes()));
+    std::fs::write(policies.path().join("e2b_cell.rego"), rule).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
         config.max_sessions = 4;
     })
     .await;
@@ -207,6 +226,12 @@ async fn the_e2b_sdks_use_files_and_run_code_in_sandgate_sessions() {
     );
     assert_eq!(said["bash"], serde_json::json!(["bash-3\n"]));
     assert_eq!(said["count"], 8);
+    let denied = said["denied_cell"].as_str().unwrap();
+    assert!(
+        denied.starts_with("SandboxException: 403")
+            && denied.contains("this cell is refused by policy"),
+        "{denied}"
+    );
     let r_cell = said["r_cell"].as_str().unwrap();
     assert!(r_cell.contains("not supported"), "{r_cell}");
     let contexts = said["contexts"].as_str().unwrap();
@@ -251,7 +276,7 @@ async fn audited(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(cells, 7, "each run_code's decision names the SDK call");
+    assert_eq!(cells, 8, "each run_code's decision names the SDK call");
     let results: Value = sqlx::query_scalar(
         "SELECT to_jsonb(results) FROM executions WHERE session_id = $1 AND results IS NOT NULL \
          ORDER BY created_at LIMIT 1",
