@@ -25,10 +25,10 @@ readonly PACKAGES=(
     gcc libc6-dev shellcheck
     chromium prometheus python3 python3-venv
 )
-# What the Python tests import (clients/python/tests, gateway/tests/toolkit_python.rs); the SDK
+# What the Python tests import (clients/python/tests, gateway/tests/toolkit_python.rs, and E2B's SDKs for gateway/tests/e2e/e2b.rs); the SDK
 # itself is imported from clients/python/src, so it is never stale.
 readonly PY_VENV=${SANDGATE_PY_VENV:-$ROOT/target/py}
-readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 wheel)
+readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 e2b==2.63.0 e2b-code-interpreter==2.11.5 wheel)
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.
 readonly RUNSC_ARGS=(--network=none --host-uds=open)
@@ -196,7 +196,7 @@ check_postgres() {
 
 python_env() {
     if [[ -x $PY_VENV/bin/python ]] \
-        && "$PY_VENV/bin/python" -c 'import httpx, pytest, pytest_asyncio, openapi_spec_validator, mcp, wheel' 2>/dev/null; then
+        && "$PY_VENV/bin/python" -c 'import httpx, pytest, pytest_asyncio, openapi_spec_validator, mcp, e2b, e2b_code_interpreter, wheel' 2>/dev/null; then
         log "python test environment ready ($PY_VENV)"
         return
     fi

@@ -11,6 +11,7 @@
 //! types it shares with the API ([`HostPort`], [`RequestedLimits`], [`Limits`], [`Reason`]).
 
 mod approval;
+mod e2b;
 mod error;
 mod event_kind;
 mod events;
@@ -27,6 +28,7 @@ pub use approval::{
     ApprovalPage, ApprovalStatus, ApprovalView, DecidedApproval, Party, Review, ReviewDecision,
     SubjectKind,
 };
+pub use e2b::{E2bCall, E2bInput};
 pub use error::{ErrorBody, ErrorCode, ErrorDetail};
 pub use event_kind::EventKind;
 pub use events::{ExitEvent, OutputEvent, StreamEventName};

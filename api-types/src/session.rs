@@ -153,6 +153,9 @@ pub struct SessionRequest {
     /// What becomes of it once idle; absent: `pause` while snapshots are enabled, else `close`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_action: Option<IdleAction>,
+    /// Set only by the E2B layer (`/e2b`), for the policy input's `request.e2b`; never on the wire.
+    #[serde(skip)]
+    pub e2b: Option<crate::E2bInput>,
 }
 
 /// The body of `POST /v1/sessions/{id}/executions`. Unknown fields are refused.
@@ -169,6 +172,9 @@ pub struct SessionExecutionRequest {
     /// `/v1/executions/{id}/events`); otherwise (the default) answer when it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wait: Option<bool>,
+    /// Set only by the E2B layer (`/e2b`), for the policy input's `request.e2b`; never on the wire.
+    #[serde(skip)]
+    pub e2b: Option<crate::E2bInput>,
 }
 
 /// What one execution in a session may ask for (the rest was decided at creation).

@@ -176,6 +176,8 @@ pub struct Config {
     pub policy_keep: usize,
     /// Paused sessions' checkpoint images (DESIGN 15; docs/snapshots.md).
     pub snapshots: SnapshotsConfig,
+    /// The E2B-compatible API under `/e2b` (docs/e2b.md).
+    pub e2b: E2bConfig,
 }
 
 /// `snapshots: {enabled, dir, ttl_s, max_bytes_per_tenant}`: where paused sessions' checkpoint
@@ -198,6 +200,39 @@ impl Default for SnapshotsConfig {
             dir: None,
             ttl_s: 7 * 24 * 3600,
             max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+        }
+    }
+}
+
+/// `e2b:`: the E2B-compatible API (`/e2b` on the main listener, DESIGN section 14).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct E2bConfig {
+    /// `false`: every `/e2b` path answers 404.
+    pub enabled: bool,
+    /// E2B template name -> what a sandbox of it is. Unknown templates are refused (404).
+    pub templates: BTreeMap<String, E2bTemplate>,
+}
+
+/// One E2B template: the session's language, hence its image (`images`) and its runner.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct E2bTemplate {
+    /// `bash` or `python` (the session runners).
+    pub language: String,
+}
+
+impl Default for E2bConfig {
+    fn default() -> Self {
+        let template = |language: &str| E2bTemplate {
+            language: language.to_owned(),
+        };
+        E2bConfig {
+            enabled: true,
+            templates: BTreeMap::from([
+                ("base".to_owned(), template("bash")),
+                ("code-interpreter-v1".to_owned(), template("python")),
+            ]),
         }
     }
 }
@@ -301,6 +336,7 @@ impl Default for Config {
             audit_listen: None,
             policy_keep: 10,
             snapshots: SnapshotsConfig::default(),
+            e2b: E2bConfig::default(),
         }
     }
 }
@@ -368,6 +404,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("audit_listen", EnvValue::Yaml),
     ("policy_keep", EnvValue::Yaml),
     ("snapshots", EnvValue::Yaml),
+    ("e2b", EnvValue::Yaml),
 ];
 
 /// `SANDGATE_*` variables read elsewhere than the config: the command line's (`--config`,
@@ -547,7 +584,7 @@ impl Config {
                     .to_owned(),
             );
         }
-        Ok(())
+        validate_e2b(&self.e2b, &self.images)
     }
 
     /// The `sandbox-init` binary to mount into every sandbox.
@@ -581,6 +618,22 @@ fn type_error(err: &serde_path_to_error::Error<serde_yaml_ng::Error>, from_env: 
 }
 
 /// A credential's name and settings; its value is only read later, at start-up.
+/// Each E2B template names a language with a session runner and a configured image.
+fn validate_e2b(e2b: &E2bConfig, images: &BTreeMap<String, String>) -> Result<(), ConfigError> {
+    for (name, template) in &e2b.templates {
+        let language = &template.language;
+        if !matches!(language.as_str(), "bash" | "python") || !images.contains_key(language) {
+            return Err(ConfigError::Invalid {
+                message: format!(
+                    "e2b.templates.{name}.language: {language:?} must be bash or python, with an \
+                     image configured for it (images.{language})"
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn validate_credential(name: &str, credential: &CredentialConfig) -> Result<(), ConfigError> {
     let invalid = |why: &str| {
         Err(ConfigError::Invalid {
@@ -627,6 +680,21 @@ mod tests {
     fn empty_file_gives_defaults() {
         let config = Config::from_yaml_and_env("", no_env).unwrap();
         assert_eq!(config, Config::default());
+    }
+
+    #[test]
+    fn e2b_templates_need_a_session_language_with_an_image() {
+        let yaml = "e2b: {enabled: false, templates: {r: {language: ruby}}}\n";
+        let err = Config::from_yaml_and_env(yaml, no_env).unwrap_err();
+        assert!(
+            err.to_string().contains("e2b.templates.r.language"),
+            "{err}"
+        );
+        let config =
+            Config::from_yaml_and_env("e2b: {templates: {mine: {language: bash}}}\n", no_env)
+                .unwrap();
+        assert!(config.e2b.enabled);
+        assert_eq!(config.e2b.templates.len(), 1);
     }
 
     #[test]

@@ -13,6 +13,7 @@ pub mod client;
 pub mod config;
 pub mod credentials;
 pub mod database;
+pub mod e2b;
 pub mod egress;
 pub mod errors;
 pub mod ids;

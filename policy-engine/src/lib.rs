@@ -36,8 +36,8 @@ pub use error::PolicyError;
 pub use hosts::validate_host_pattern;
 pub use patch::merge_patch;
 pub use types::{
-    Connection, Decision, EgressDecision, EgressExecution, EgressInput, Environment, FileInput,
-    HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput, Principal, Reason,
-    RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty, SnapshotInput,
-    POLICY_ERROR_CODE, SESSION_SHARED_CODE,
+    Connection, Decision, E2bCall, E2bInput, EgressDecision, EgressExecution, EgressInput,
+    Environment, FileInput, HostPort, HostRule, Limits, MountGrant, NetworkGrant, PolicyInput,
+    Principal, Reason, RequestInput, RequestKind, RequestedLimits, SessionInput, SessionParty,
+    SnapshotInput, POLICY_ERROR_CODE, SESSION_SHARED_CODE,
 };

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// Shared with the HTTP API, whose wire types they are.
-pub use api_types::{HostPort, Limits, Reason, RequestedLimits};
+pub use api_types::{E2bCall, E2bInput, HostPort, Limits, Reason, RequestedLimits};
 
 /// Everything the policy may look at for one execution request (`input` in Rego).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -51,6 +51,10 @@ pub struct RequestInput {
     /// With `kind: session`: the snapshot the new session is restored from (a fork).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_snapshot: Option<SnapshotInput>,
+    /// Requests through the E2B-compatible API (`/e2b`): the template, `allow_internet_access`
+    /// and the SDK call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b: Option<E2bInput>,
 }
 
 /// `request.from_snapshot`: the snapshot a session is restored from, and the session it was

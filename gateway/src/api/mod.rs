@@ -165,11 +165,17 @@ pub fn routes() -> Vec<Route> {
 
 /// The router: [`routes`] and nothing else (a route added here would escape `tests/e2e/routes.rs`).
 pub fn router(app: Arc<App>) -> Router {
-    routes()
-        .into_iter()
-        .fold(Router::new(), |router, route| {
-            router.route(route.path, route.handler)
-        })
+    let router = routes().into_iter().fold(Router::new(), |router, route| {
+        router.route(route.path, route.handler)
+    });
+    // The E2B-compatible API speaks E2B's wire, not this one's: its own routes and error shape
+    // (`crate::e2b`, docs/e2b.md); with `e2b.enabled: false` its paths are this API's 404.
+    let router = if app.config.e2b.enabled {
+        router.nest("/e2b", crate::e2b::router())
+    } else {
+        router
+    };
+    router
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))

@@ -49,6 +49,8 @@ pub(super) struct InSession<'a> {
     pub(super) owner: SessionParty,
     /// What the session was allowed when it opened; a turn never gets more.
     pub(super) runnable: &'a Runnable,
+    /// Through the E2B layer (`crate::e2b`): the SDK call, for `request.e2b`.
+    pub(super) e2b: Option<api_types::E2bInput>,
 }
 
 impl Subject<'_> {
@@ -181,6 +183,12 @@ impl App {
                 session.owner.clone(),
             ));
         }
+        // E2B layer (`crate::e2b`): the template, `allow_internet_access` or the SDK call.
+        input.request.e2b = match &ask.subject {
+            Subject::Execution => None,
+            Subject::Session(request) => request.e2b.clone(),
+            Subject::SessionExecution(session) => session.e2b.clone(),
+        };
         // One snapshot: the revision recorded is the one that decided.
         let policy = self.policy.current();
         let said = policy.state.decide(&input);
@@ -241,6 +249,7 @@ impl App {
                 kind: RequestKind::Execution,
                 session: None,
                 from_snapshot: None,
+                e2b: None,
             },
             environment: Environment {
                 backends: self.config.backends.keys().cloned().collect(),
@@ -315,6 +324,7 @@ mod tests {
             executions: 0,
             owner: SessionParty::default(),
             runnable: &runnable(1, 64),
+            e2b: None,
         })
         .may_wait());
         assert!(matches!(

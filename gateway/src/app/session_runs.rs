@@ -125,6 +125,7 @@ impl App {
     ) -> Result<(ExecutionRow, Option<ClosedReason>), AppError> {
         let session_id = session_row.id.as_str();
         let files = self.checked_uploads(caller, &request.files).await?;
+        let e2b = request.e2b.clone();
         let as_execution = as_execution(&held.language, request)?;
         let ask = Ask {
             caller,
@@ -133,6 +134,7 @@ impl App {
                 executions: held.executions,
                 owner: self.session_party(&session_row.key_id).await?,
                 runnable: &held.runnable,
+                e2b,
             }),
             request: &as_execution,
             files: &files,
@@ -212,6 +214,7 @@ impl App {
             }
             stored.results = Some(sqlx::types::Json(results));
         }
+        // As for any execution: the stream ends once the record it summarises is stored.
         if let Some(stream) = self.streams.get(&stored.id) {
             stream.close(super::executions::exit_summary(&stored));
         }

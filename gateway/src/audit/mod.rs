@@ -6,6 +6,7 @@ pub mod bundle;
 pub mod chain;
 pub mod charts;
 pub mod durable;
+pub mod e2b;
 pub mod egress;
 pub mod events;
 pub mod group;

@@ -292,6 +292,7 @@ async fn exec_in_session(
             timeout_ms: request.timeout_ms,
         },
         wait: None,
+        e2b: None,
     };
     let run = api.run(session, &body);
     tokio::pin!(run);

@@ -149,6 +149,7 @@ fn run_body(arguments: &Map<String, Value>) -> Result<(String, SessionExecutionR
             timeout_ms: positive(arguments, "timeout_ms")?,
         },
         wait: None,
+        e2b: None,
     };
     Ok((id, body))
 }

@@ -43,6 +43,8 @@ mod audit_page;
 mod cli;
 mod cli_cancel;
 mod dashboards;
+mod e2b;
+mod e2b_files;
 mod egress;
 mod egress_hardening;
 mod egress_inspect;
