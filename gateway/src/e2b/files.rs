@@ -112,7 +112,7 @@ async fn upload_files(
             .map_err(file_error)?;
         written.push(WriteInfo {
             name: entry.name,
-            kind: "file",
+            entry_type: WrittenType::File,
             path: entry.path,
         });
     }
@@ -286,8 +286,15 @@ fn file_error(err: SessionFileError) -> E2bError {
 struct WriteInfo {
     name: String,
     #[serde(rename = "type")]
-    kind: &'static str,
+    entry_type: WrittenType,
     path: String,
+}
+
+/// envd's `type` of a written entry: uploads only ever write files.
+#[derive(Debug, Clone, Copy, Serialize)]
+#[serde(rename_all = "lowercase")]
+enum WrittenType {
+    File,
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 //! `E2B_API_URL` and `E2B_SANDBOX_URL` pointed here.
 //!
 //! A layer over `app`, never beside it: an E2B sandbox is a sandgate session opened with
-//! `App::create_session` (`request.kind: "session"`, `request.e2b`), every process start a
+//! `App::create_session` (`request.kind` `"session"`, `request.e2b`), every process start a
 //! session execution through `App::create_session_execution` (`request.e2b.call`), so each is
 //! decided by the policy, committed before it runs and recorded with its output and exit. This
 //! module holds no sandbox and runs nothing itself; what it adds is E2B's wire (`wire`,
