@@ -116,8 +116,8 @@ pub struct SessionView {
     /// Set when the session was held for review: the approval a reviewer decides (or decided).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval_id: Option<String>,
-    /// How its sandbox was got: `warm` (claimed from the warm pool) or `cold` (started for it);
-    /// absent until it started (and for sessions a reviewer approved).
+    /// How its sandbox was got: `warm` (claimed from the warm pool), `cold` (started for it) or
+    /// `restored` (from a snapshot); absent until it started (and for sessions approved later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start: Option<String>,
 }
