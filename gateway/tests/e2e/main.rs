@@ -50,6 +50,7 @@ mod egress_tls;
 mod executions;
 mod fail_closed;
 mod group_commit;
+mod held_revocation;
 mod init_end;
 mod limits;
 mod listing;
