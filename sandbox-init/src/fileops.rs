@@ -226,7 +226,25 @@ fn open_file_at(dir: &Dir, name: &str, options: &mut OpenOptions, shown: &str) -
     Ok(file)
 }
 
+/// A read's answer line: the bytes encoded straight into it (`content_answer`).
+pub fn read_answer(nonce: &str, path: &str) -> Vec<u8> {
+    match read_bytes(path) {
+        Ok((content, entry)) => sandbox_protocol::content_answer(nonce, &content, &entry),
+        Err(Refused(failure, message)) => {
+            sandbox_protocol::file_answer(nonce, &FileAnswer::Failed { failure, message })
+        }
+    }
+}
+
 fn read(path: &str) -> Done<FileAnswer> {
+    let (content, entry) = read_bytes(path)?;
+    Ok(FileAnswer::Content {
+        content_b64: base64::engine::general_purpose::STANDARD.encode(&content),
+        entry,
+    })
+}
+
+fn read_bytes(path: &str) -> Done<(Vec<u8>, FileEntry)> {
     let at = located(path)?;
     let shown = at.path();
     let (dir, name) = parent_of(&at)?;
@@ -249,10 +267,7 @@ fn read(path: &str) -> Done<FileAnswer> {
     if content.len() > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    Ok(FileAnswer::Content {
-        content_b64: base64::engine::general_purpose::STANDARD.encode(&content),
-        entry: entry_of_file(shown, name, &meta),
-    })
+    Ok((content, entry_of_file(shown, name, &meta)))
 }
 
 fn write(path: &str, content_b64: &str, mode: Option<u32>) -> Done<FileAnswer> {

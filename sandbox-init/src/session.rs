@@ -40,8 +40,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
     bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, turn_end_marker,
-    FileLine, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
-    REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
+    FileLine, FileRequest, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER,
+    REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
 
@@ -381,8 +381,11 @@ fn file_operation(line: &FileLine) -> Result<(), InitError> {
     if !plain {
         return Err(session_err(SessionError::Spec(SpecError::ExitNonce)));
     }
-    let answer = crate::fileops::perform(&line.file);
-    let _ = streams::write_all(Host::Stderr, &file_answer(nonce, &answer));
+    let answer = match &line.file {
+        FileRequest::Read { path } => crate::fileops::read_answer(nonce, path),
+        request => file_answer(nonce, &crate::fileops::perform(request)),
+    };
+    let _ = streams::write_all(Host::Stderr, &answer);
     Ok(())
 }
 

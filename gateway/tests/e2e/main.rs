@@ -76,6 +76,7 @@ mod review_page;
 mod routes;
 mod sandbox_ends;
 mod session_files;
+mod session_files_memory;
 mod session_forgery;
 mod session_limits;
 mod session_limits_replicas;
