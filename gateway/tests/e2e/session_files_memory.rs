@@ -1,6 +1,7 @@
-//! A read at its stated limit (16 MiB) in a session with a small memory limit: the init's copies
+//! A read and a write at their stated limit (16 MiB) in a session with a small memory limit: the init's copies
 //! of the answer must not cost the session its sandbox (they did: the bytes, their base64, the
-//! JSON and the line, over 80 MB at once, and the sandbox died under the read).
+//! JSON and the line, over 80 MB at once, and the sandbox died under the read; a write held its
+//! line, the line's base64 and the bytes, about 70 MB, and died too).
 
 use crate::common;
 
@@ -9,7 +10,7 @@ use serde_json::json;
 use common::TestGateway;
 
 #[tokio::test(flavor = "multi_thread")]
-async fn a_16_mib_read_in_a_128_mb_session_leaves_it_open() {
+async fn a_16_mib_read_and_write_in_a_128_mb_session_leave_it_open() {
     let gw = TestGateway::start().await;
     let agent = gw.key("agent", "acme").await;
     let (status, session) = gw
@@ -52,11 +53,23 @@ async fn a_16_mib_read_in_a_128_mb_session_leaves_it_open() {
         );
     }
     assert_eq!(body.len(), 16 << 20);
+    let response = gw
+        .http
+        .put(&url)
+        .query(&[("path", "/tmp/big2")])
+        .bearer_auth(&agent)
+        .body(body.to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    assert_eq!(status, 200, "write: {text}");
     let (status, turn) = gw
         .post(
             &agent,
             &cells,
-            &json!({"code": "import os\nprint(os.path.getsize('/tmp/big'))"}),
+            &json!({"code": "import os\nprint(os.path.getsize('/tmp/big2'))"}),
         )
         .await;
     assert_eq!(turn["status"], "succeeded", "{status} {turn}");
