@@ -227,8 +227,8 @@ pub fn file_answer(nonce: &str, answer: &FileAnswer) -> Vec<u8> {
 
 /// A read's answer line for `nonce`, as [`file_answer`] gives for [`FileAnswer::Content`], with
 /// `content` encoded straight into the line: a 16 MiB read otherwise holds the bytes, their
-/// base64, the JSON and the line at once (over 80 MB in the sandbox, more than a small
-/// session's memory limit leaves; the sandbox died of it), here the bytes and the line.
+/// base64, the JSON and the line at once (over 80 MB in the sandbox, counted against the
+/// session's memory limit), here the bytes and the line.
 pub fn content_answer(nonce: &str, content: &[u8], entry: &FileEntry) -> Vec<u8> {
     use base64::Engine as _;
     let Ok(entry_json) = serde_json::to_vec(entry) else {

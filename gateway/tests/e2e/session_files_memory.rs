@@ -1,7 +1,7 @@
-//! A read and a write at their stated limit (16 MiB) in a session with a small memory limit: the init's copies
-//! of the answer must not cost the session its sandbox (they did: the bytes, their base64, the
-//! JSON and the line, over 80 MB at once, and the sandbox died under the read; a write held its
-//! line, the line's base64 and the bytes, about 70 MB, and died too).
+//! A read and a write at their stated limit (16 MiB) in a session with a small memory limit (128
+//! MB): the init's copies must not cost the session its sandbox. A write held the stdin line,
+//! its parsed base64 and the decoded bytes at once (about 70 MB) and the sandbox died under it
+//! (500, the next cell `killed`).
 
 use crate::common;
 
