@@ -226,7 +226,25 @@ fn open_file_at(dir: &Dir, name: &str, options: &mut OpenOptions, shown: &str) -
     Ok(file)
 }
 
+/// A read's answer line: the bytes encoded straight into it (`content_answer`).
+pub fn read_answer(nonce: &str, path: &str) -> Vec<u8> {
+    match read_bytes(path) {
+        Ok((content, entry)) => sandbox_protocol::content_answer(nonce, &content, &entry),
+        Err(Refused(failure, message)) => {
+            sandbox_protocol::file_answer(nonce, &FileAnswer::Failed { failure, message })
+        }
+    }
+}
+
 fn read(path: &str) -> Done<FileAnswer> {
+    let (content, entry) = read_bytes(path)?;
+    Ok(FileAnswer::Content {
+        content_b64: base64::engine::general_purpose::STANDARD.encode(&content),
+        entry,
+    })
+}
+
+fn read_bytes(path: &str) -> Done<(Vec<u8>, FileEntry)> {
     let at = located(path)?;
     let shown = at.path();
     let (dir, name) = parent_of(&at)?;
@@ -249,21 +267,34 @@ fn read(path: &str) -> Done<FileAnswer> {
     if content.len() > MAX_FILE_BYTES {
         return Err(too_large());
     }
-    Ok(FileAnswer::Content {
-        content_b64: base64::engine::general_purpose::STANDARD.encode(&content),
-        entry: entry_of_file(shown, name, &meta),
-    })
+    Ok((content, entry_of_file(shown, name, &meta)))
+}
+
+/// A write whose base64 is given up once decoded (a 16 MiB write otherwise holds both, 22 MB
+/// and 16 MB, while the file is written).
+pub fn write_owned(path: &str, content_b64: String, mode: Option<u32>) -> FileAnswer {
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(&content_b64)
+        .map_err(|err| refused(FileFailure::Invalid, format!("content_b64: {err}")));
+    drop(content_b64);
+    content
+        .and_then(|content| write_bytes(path, &content, mode))
+        .unwrap_or_else(|Refused(failure, message)| FileAnswer::Failed { failure, message })
 }
 
 fn write(path: &str, content_b64: &str, mode: Option<u32>) -> Done<FileAnswer> {
+    let content = base64::engine::general_purpose::STANDARD
+        .decode(content_b64)
+        .map_err(|err| refused(FileFailure::Invalid, format!("content_b64: {err}")))?;
+    write_bytes(path, &content, mode)
+}
+
+fn write_bytes(path: &str, content: &[u8], mode: Option<u32>) -> Done<FileAnswer> {
     let at = located(path)?;
     let shown = at.path();
     if mode.is_some_and(|mode| mode > 0o777) {
         return Err(refused(FileFailure::Invalid, "mode must be within 0o777"));
     }
-    let content = base64::engine::general_purpose::STANDARD
-        .decode(content_b64)
-        .map_err(|err| refused(FileFailure::Invalid, format!("content_b64: {err}")))?;
     if content.len() > MAX_FILE_BYTES {
         return Err(refused(
             FileFailure::TooLarge,
@@ -290,7 +321,7 @@ fn write(path: &str, content_b64: &str, mode: Option<u32>) -> Done<FileAnswer> {
     };
     let failed = |err: io::Error| from_io(&err, &shown);
     file.set_len(0).map_err(failed)?;
-    file.write_all(&content).map_err(failed)?;
+    file.write_all(content).map_err(failed)?;
     if let Some(mode) = mode {
         // fchmod, not the open mode: the umask must not change what was asked for.
         file.set_permissions(Permissions::from_mode(mode))

@@ -40,8 +40,8 @@ use nix::sys::signal::{kill, killpg, Signal};
 use nix::unistd::Pid;
 use sandbox_protocol::{
     bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, turn_end_marker,
-    FileLine, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
-    REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
+    FileLine, FileRequest, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER,
+    REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
 };
 use thiserror::Error;
 
@@ -184,7 +184,7 @@ fn serve(
                 relaying.finish(quiet);
                 return Ok(0);
             };
-            session.turn(&line)?;
+            session.turn(line)?;
         }
     }
 }
@@ -264,11 +264,13 @@ impl Session {
 
     /// Writes a turn's files and hands its cell to the runner; a file operation line is
     /// answered here ([`crate::fileops`]).
-    fn turn(&mut self, line: &[u8]) -> Result<(), InitError> {
-        if let Ok(file) = serde_json::from_slice::<FileLine>(line) {
-            return file_operation(&file);
+    fn turn(&mut self, line: Vec<u8>) -> Result<(), InitError> {
+        if let Ok(file) = serde_json::from_slice::<FileLine>(&line) {
+            // A write's line is up to 22 MB: not held while the operation runs.
+            drop(line);
+            return file_operation(file);
         }
-        let job = spec::parse_job(line).map_err(|err| session_err(SessionError::Spec(err)))?;
+        let job = spec::parse_job(&line).map_err(|err| session_err(SessionError::Spec(err)))?;
         let (Some(nonce), [program]) = (&job.exit_nonce, job.argv.as_slice()) else {
             return Err(session_err(SessionError::Turn));
         };
@@ -374,15 +376,26 @@ impl Channel {
 }
 
 /// Performs a file operation and answers it on stderr with the line's nonce.
-fn file_operation(line: &FileLine) -> Result<(), InitError> {
+fn file_operation(line: FileLine) -> Result<(), InitError> {
     let nonce = &line.exit_nonce;
     let plain = (spec::MIN_NONCE..=spec::MAX_NONCE).contains(&nonce.len())
         && nonce.bytes().all(|byte| byte.is_ascii_alphanumeric());
     if !plain {
         return Err(session_err(SessionError::Spec(SpecError::ExitNonce)));
     }
-    let answer = crate::fileops::perform(&line.file);
-    let _ = streams::write_all(Host::Stderr, &file_answer(nonce, &answer));
+    let answer = match line.file {
+        FileRequest::Read { path } => crate::fileops::read_answer(nonce, &path),
+        FileRequest::Write {
+            path,
+            content_b64,
+            mode,
+        } => file_answer(
+            nonce,
+            &crate::fileops::write_owned(&path, content_b64, mode),
+        ),
+        request => file_answer(nonce, &crate::fileops::perform(&request)),
+    };
+    let _ = streams::write_all(Host::Stderr, &answer);
     Ok(())
 }
 

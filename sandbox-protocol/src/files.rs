@@ -225,6 +225,38 @@ pub fn file_answer(nonce: &str, answer: &FileAnswer) -> Vec<u8> {
     line
 }
 
+/// A read's answer line for `nonce`, as [`file_answer`] gives for [`FileAnswer::Content`], with
+/// `content` encoded straight into the line: a 16 MiB read otherwise holds the bytes, their
+/// base64, the JSON and the line at once (over 80 MB in the sandbox, counted against the
+/// session's memory limit), here the bytes and the line.
+pub fn content_answer(nonce: &str, content: &[u8], entry: &FileEntry) -> Vec<u8> {
+    use base64::Engine as _;
+    let Ok(entry_json) = serde_json::to_vec(entry) else {
+        let failed = FileAnswer::Failed {
+            failure: FileFailure::Io,
+            message: "the answer could not be encoded".into(),
+        };
+        return file_answer(nonce, &failed);
+    };
+    let encoded = content.len().div_ceil(3) * 4;
+    let mut line = Vec::with_capacity(
+        FILE_ANSWER_PREFIX.len() + nonce.len() + 64 + encoded + entry_json.len(),
+    );
+    line.extend_from_slice(FILE_ANSWER_PREFIX);
+    line.extend_from_slice(nonce.as_bytes());
+    line.extend_from_slice(br#":{"answer":"content","content_b64":""#);
+    let start = line.len();
+    line.resize(start + encoded, 0);
+    let written = base64::engine::general_purpose::STANDARD
+        .encode_slice(content, &mut line[start..])
+        .unwrap_or(0);
+    line.truncate(start + written);
+    line.extend_from_slice(br#"","entry":"#);
+    line.extend_from_slice(&entry_json);
+    line.extend_from_slice(b"}\n");
+    line
+}
+
 /// Finds the answer for one nonce in a stderr stream; everything else is dropped (between
 /// turns, what the program's leftovers print belongs to no execution). Holds at most the
 /// prefix plus [`MAX_ANSWER_BYTES`].
@@ -325,6 +357,32 @@ mod tests {
             let (a, b) = stream.split_at(split);
             let got = taker.feed(a).or_else(|| taker.feed(b));
             assert_eq!(got, Some(Ok(answer.clone())), "{split}");
+        }
+    }
+
+    #[test]
+    fn a_content_answer_is_the_read_answer_and_taken_as_one() {
+        let entry = FileEntry {
+            path: "/tmp/a".into(),
+            name: "a".into(),
+            kind: FileKind::File,
+            size: 4,
+            mode: 0o644,
+            mtime_ns: 7,
+            symlink_target: None,
+        };
+        for content in [&b""[..], b"a", b"ab", b"abc", b"\0\n\xff\"x"] {
+            let answer = FileAnswer::Content {
+                content_b64: base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    content,
+                ),
+                entry: entry.clone(),
+            };
+            let line = content_answer("n0nce", content, &entry);
+            let mut taker = FileAnswerTaker::new("n0nce");
+            assert_eq!(taker.feed(&line), Some(Ok(answer.clone())));
+            assert_eq!(line, file_answer("n0nce", &answer));
         }
     }
 

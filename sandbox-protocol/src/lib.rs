@@ -31,9 +31,9 @@ mod session;
 mod trailer;
 
 pub use files::{
-    file_answer, locate, FileAnswer, FileAnswerTaker, FileEntry, FileFailure, FileKind, FileLine,
-    FileRequest, InPlace, FILE_ANSWER_PREFIX, FILE_PLACES, MAX_ANSWER_BYTES, MAX_FILE_BYTES,
-    MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_NAME_BYTES, MAX_PATH_BYTES,
+    content_answer, file_answer, locate, FileAnswer, FileAnswerTaker, FileEntry, FileFailure,
+    FileKind, FileLine, FileRequest, InPlace, FILE_ANSWER_PREFIX, FILE_PLACES, MAX_ANSWER_BYTES,
+    MAX_FILE_BYTES, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_NAME_BYTES, MAX_PATH_BYTES,
 };
 
 pub use session::{

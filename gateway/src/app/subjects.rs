@@ -125,6 +125,7 @@ impl Record for ExecutionRecord {
                 return Err(app.refuse_after_decision((row, event), refusal, why).await);
             }
             Held::SessionsFull(full) => return Err(AppError::RateLimited(full.to_string())),
+            Held::KeyNotLive => return Err(key_not_live()),
         }
         tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
         Ok((row, approval.id))
@@ -292,10 +293,16 @@ impl Record for SessionRecord {
                 return Err(AppError::RateLimited(format!("{full}; close one first")))
             }
             Held::Full(why) => return Err(refuse_held_session(app, event, why).await),
+            Held::KeyNotLive => return Err(key_not_live()),
         }
         tracing::info!(session_id = %row.id, approval_id = %approval.id, "session held for review");
         Ok(row)
     }
+}
+
+/// The caller's key was revoked (or expired) while its request was read: nothing is held.
+fn key_not_live() -> AppError {
+    AppError::Forbidden("this key was revoked or expired before the request could be held".into())
 }
 
 /// A session the pending caps refuse to hold: `session.denied` (its decision event, naming the

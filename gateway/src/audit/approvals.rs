@@ -94,6 +94,9 @@ pub enum Held {
     Full(String),
     /// Nothing was stored: the tenant already has `max_sessions` sessions not closed.
     SessionsFull(SessionsFull),
+    /// Nothing was stored: the requesting key was revoked (or expired) after it authenticated
+    /// this request and before the hold could commit.
+    KeyNotLive,
 }
 
 /// A subject's row as held for review, inserted with its approval.
@@ -191,6 +194,9 @@ impl AuditStore {
     ) -> Result<Held, AuditError> {
         let started = std::time::Instant::now();
         let mut tx = self.pool.begin().await?;
+        if !requester_live(&mut tx, &approval.requester_key_id).await? {
+            return Ok(Held::KeyNotLive);
+        }
         let (tenant, created_at) = match pending {
             Pending::Execution(row) => (&row.tenant, row.created_at),
             Pending::Session { row, max_sessions } => {
@@ -459,6 +465,21 @@ async fn insert_approval(
     .execute(&mut **tx)
     .await?;
     Ok(())
+}
+
+/// Whether the requesting key is live, its row share-locked until the hold commits. A revocation
+/// locks the row to update it and withdraws what is pending in the same transaction
+/// (`key_withdrawals.rs`): whichever commits first, the other sees it, so no request is held
+/// for a key revoked while the request was still being read (after its headers authenticated).
+async fn requester_live(tx: &mut Tx<'_>, key_id: &str) -> Result<bool, AuditError> {
+    let live: Option<bool> = sqlx::query_scalar(
+        "SELECT revoked_at IS NULL AND (expires_at IS NULL OR expires_at > now()) \
+         FROM api_keys WHERE id = $1 FOR SHARE",
+    )
+    .bind(key_id)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(live == Some(true))
 }
 
 /// Takes the tenant's pending-cap lock and says which cap (if any) one more pending approval of
