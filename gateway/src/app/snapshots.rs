@@ -222,7 +222,11 @@ impl App {
         let Some(open) = self.sessions.get(id) else {
             return Ok(false);
         };
-        let mut guard = open.held.lock().await;
+        // Busy means running, so not paused: the caller's own `try_lock` answers 409 (waiting
+        // here would queue a second execution behind the first).
+        let Ok(mut guard) = open.held.try_lock() else {
+            return Ok(false);
+        };
         if guard.is_some() {
             return Ok(false);
         }
