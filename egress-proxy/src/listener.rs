@@ -249,6 +249,7 @@ impl ExecutionListener {
     /// of denials counted without a row. Returns how many connections were still running when
     /// it gave up (0: all finished).
     pub async fn close(self) -> usize {
+        self.drain().await;
         self.cancel.cancel();
         self.tracker.close();
         if tokio::time::timeout(self.grace, self.tracker.wait())
@@ -277,6 +278,22 @@ impl ExecutionListener {
         self.tracker.len()
     }
 }
+
+impl ExecutionListener {
+    /// Before cutting anything: connections whose program has closed its end are still
+    /// relaying their last bytes and closes through sandbox-init's bridge, which may lag the
+    /// program's exit; they get up to [`DRAIN`] to end on their own (and be recorded
+    /// `egress.completed`). Only the accept loop left: nothing to wait for.
+    async fn drain(&self) {
+        let started = tokio::time::Instant::now();
+        while self.tracker.len() > 1 && started.elapsed() < DRAIN {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// How long [`ExecutionListener::close`] lets open connections end on their own.
+const DRAIN: Duration = Duration::from_millis(300);
 
 impl Drop for ExecutionListener {
     fn drop(&mut self) {
