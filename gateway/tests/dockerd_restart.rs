@@ -114,8 +114,8 @@ async fn a_dockerd_restart_hands_out_no_dead_pooled_sandbox_and_the_pool_recover
     );
     let detail = down["checks"]["warm_pool"]["detail"].as_str().unwrap();
     assert!(
-        detail.contains("bash:"),
-        "the failing language and cause are named: {detail}"
+        detail.contains("bash 512 MB: "),
+        "the failing key (language, memory) and cause are named: {detail}"
     );
     // Nothing can run: the answer comes at once, as a recorded runtime error (the record keeps
     // the daemon's words to the gateway's log), not a hang.
