@@ -49,7 +49,7 @@ pub(super) struct InSession<'a> {
     pub(super) owner: SessionParty,
     /// What the session was allowed when it opened; a turn never gets more.
     pub(super) runnable: &'a Runnable,
-    /// Through the E2B layer (`crate::e2b`): the SDK call, for `request.e2b`.
+    /// Through the E2B layer (`gateway/src/e2b`): the SDK call, for `request.e2b`.
     pub(super) e2b: Option<api_types::E2bInput>,
 }
 
@@ -183,7 +183,7 @@ impl App {
                 session.owner.clone(),
             ));
         }
-        // E2B layer (`crate::e2b`): the template, `allow_internet_access` or the SDK call.
+        // E2B layer (`gateway/src/e2b`): the template, `allow_internet_access` or the SDK call.
         input.request.e2b = match &ask.subject {
             Subject::Execution => None,
             Subject::Session(request) => request.e2b.clone(),

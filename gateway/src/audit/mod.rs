@@ -6,7 +6,7 @@ pub mod bundle;
 pub mod chain;
 pub mod charts;
 pub mod durable;
-pub mod e2b;
+pub mod e2b_sandboxes;
 pub mod egress;
 pub mod events;
 pub mod group;

@@ -24,7 +24,7 @@ use super::wire::{
 };
 use crate::app::sessions::{Opened, SessionRequest};
 use crate::app::App;
-use crate::audit::e2b::E2bSandboxRow;
+use crate::audit::e2b_sandboxes::E2bSandboxRow;
 use crate::audit::sessions::SessionRow;
 use crate::audit::ApiKey;
 use crate::session_wire::SessionStatus;

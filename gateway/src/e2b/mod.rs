@@ -8,7 +8,7 @@
 //! session execution through `App::create_session_execution` (`request.e2b.call`), so each is
 //! decided by the policy, committed before it runs and recorded with its output and exit. This
 //! module holds no sandbox and runs nothing itself; what it adds is E2B's wire (`wire`,
-//! `connect`), the per-sandbox access tokens (stored hashed, `audit::e2b`), and the sandbox's
+//! `connect`), the per-sandbox access tokens (stored hashed, `audit::e2b_sandboxes`), and the sandbox's
 //! E2B lifetime (`live`), which only ever shortens the session's.
 
 pub mod connect;

@@ -102,7 +102,8 @@ async fn start_restored(socket: &Path, name: &str) -> Result<(), RuntimeError> {
     };
     let text = String::from_utf8_lossy(&answer);
     let status = text.split_whitespace().nth(1).unwrap_or_default();
-    if status == "204" {
+    // 204 No Content: dockerd started the restored container.
+    if status.parse::<u16>() == Ok(204) {
         return Ok(());
     }
     let body = text.split("\r\n\r\n").nth(1).unwrap_or_default();

@@ -1,6 +1,6 @@
 //! The E2B sandboxes' own facts (`e2b_sandboxes`): template, metadata, end of life, and the
-//! hashes of the envd access tokens issued for each (`crate::e2b`). The session row stays the
-//! record of the sandbox; these rows only add what E2B's API answers with.
+//! hashes of the envd access tokens the E2B layer (`gateway/src/e2b`) issued for each. The
+//! session row stays the record of the sandbox; these rows only add what E2B's API answers with.
 
 use chrono::{DateTime, Utc};
 use sqlx::types::Json;
