@@ -154,7 +154,7 @@ async fn restored_siblings_run_correctly_warm_share_nothing_and_end_oom_under_a_
         let (status, record) = gw.execute(&agent, "python", MARK_AND_DRAW, json!({})).await;
         assert_eq!(status, 200, "{record}");
         assert_eq!(record["start"], "warm", "{record}");
-        assert_eq!(record["status"], "completed", "{record}");
+        assert_eq!(record["status"], "succeeded", "{record}");
         let stdout = record["stdout"].as_str().unwrap();
         assert!(stdout.ends_with("\n1\n"), "{stdout:?}");
         // Nothing one sibling wrote reaches the other (each restore is its own copy).
