@@ -43,7 +43,7 @@ use common::{
 mod daemon;
 
 fn main() -> ExitCode {
-    bench_main("sgrefill", tracing::Level::WARN, |root| async move {
+    bench_main("sgrefill", tracing::Level::INFO, |root| async move {
         run(&root).await
     })
 }

@@ -20,8 +20,9 @@
 //! job (a fresh one seeds them at start); what cannot be reseeded is documented in
 //! docs/configuration.md: the interpreter's string-hash secret and the address-space layout.
 //!
-//! A failed template or restore sends the key back to booting for [`RETRY_AFTER`] (a dockerd
-//! that is not experimental: for the process's life); a start never fails because of it.
+//! A failed template or restore, or a restore slower than the template's boot, sends the key
+//! back to booting for [`RETRY_AFTER`] (a dockerd that is not experimental: for the process's
+//! life); a start never fails because of it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -36,6 +37,8 @@ use crate::runtime::{PoolRunner, Waits};
 
 /// How long a key whose template or restore failed boots before it tries again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(300);
+/// Why a key whose restores are slower than its boot boots.
+const SLOWER: &str = "restoring is slower than booting here";
 /// dockerd's answer to a checkpoint when it is not in experimental mode.
 const NOT_EXPERIMENTAL: &str = "only supported in experimental mode";
 
@@ -45,6 +48,8 @@ pub(super) struct Template {
     image: PathBuf,
     sha256: String,
     bytes: u64,
+    /// How long booting the template took until it was ready: what a restore must beat.
+    boot: Duration,
 }
 
 #[derive(Debug)]
@@ -136,7 +141,7 @@ impl Restore {
         }
         let repeated = matches!(&previous, Some(Slot::Off { cause: last, .. }) if last == cause);
         if !repeated {
-            tracing::warn!(language = %key.language, memory_mb = key.memory_mb, error = %cause, for_good, "warm pool: refill by restore failed; this key's sandboxes are booted");
+            tracing::warn!(language = %key.language, memory_mb = key.memory_mb, error = %cause, for_good, "warm pool: this key's sandboxes are booted, not restored");
         }
     }
 
@@ -213,6 +218,7 @@ async fn make_template(
     let begun = Instant::now();
     let (home, plan) = prepare(app, pool, key)?;
     let (mut sandbox, home) = started(pool, home, app.runtime.start(plan).await)?;
+    let boot = begun.elapsed();
     let image = dir.join(&home.id);
     let checkpointed = sandbox.checkpoint(&image).await;
     sandbox.discard().await;
@@ -227,28 +233,44 @@ async fn make_template(
         remove_image(&image);
         err.to_string()
     })?;
-    tracing::info!(language = %key.language, memory_mb = key.memory_mb, bytes, took_ms = begun.elapsed().as_millis() as u64, "warm pool: template checkpointed; this key refills by restore");
+    tracing::info!(language = %key.language, memory_mb = key.memory_mb, bytes, boot_ms = boot.as_millis() as u64, took_ms = begun.elapsed().as_millis() as u64, "warm pool: template checkpointed; this key refills by restore");
     Ok(Template {
         image,
         sha256,
         bytes,
+        boot,
     })
 }
 
 /// Restores the template into a new sandbox of `key` and leaves it waiting: refused if the
-/// image's bytes are not the ones checkpointed.
+/// image's bytes are not the ones checkpointed. A restore slower than the template's boot
+/// sends the key back to booting (for [`RETRY_AFTER`]): restoring is only ever chosen for
+/// being faster, and on the ptrace platform it need not be (docs/performance.md).
 pub(super) async fn restore_one(
     app: &Arc<App>,
     pool: &Arc<WarmPool>,
     key: &PoolKey,
     template: &Template,
 ) -> Result<(), String> {
+    let begun = Instant::now();
     check_image(&template.image, &template.sha256)
         .map_err(|err| format!("the template's image: {err}"))?;
+    let checked = begun.elapsed();
     let (home, plan) = prepare(app, pool, key)?;
     let restored = app.runtime.restore(plan, &template.image).await;
     let (sandbox, home) = started(pool, home, restored)?;
     enlist(app, pool, key.clone(), sandbox, home);
+    let took = begun.elapsed();
+    tracing::info!(language = %key.language, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
+    if took > template.boot {
+        let cause = format!(
+            "{}: a restore took {} ms, the template's boot {} ms",
+            SLOWER,
+            took.as_millis(),
+            template.boot.as_millis()
+        );
+        pool.restore.failed(key, &cause);
+    }
     Ok(())
 }
 
@@ -318,6 +340,7 @@ mod tests {
                 image: image.clone(),
                 sha256: String::new(),
                 bytes: 7,
+                boot: Duration::from_secs(1),
             }),
         );
         assert_eq!(
