@@ -38,7 +38,10 @@ use common::{
     bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE,
 };
 
-#[allow(dead_code, reason = "the e2e tests' helper; this bench uses part of it")]
+#[allow(
+    dead_code,
+    reason = "the e2e tests' helper; this bench uses part of it"
+)]
 #[path = "../tests/dockerd_restart/daemon.rs"]
 mod daemon;
 
@@ -104,10 +107,16 @@ async fn refill_times(
     count: u32,
 ) -> (Duration, Duration) {
     let began = Instant::now();
-    let gw = Gateway::start_on(DockerRuntime::at(socket), url.to_owned(), dir, init, |config| {
-        config.warm_pool = BTreeMap::from([("python".to_owned(), count as usize)]);
-        config.snapshots.enabled = restore;
-    })
+    let gw = Gateway::start_on(
+        DockerRuntime::at(socket),
+        url.to_owned(),
+        dir,
+        init,
+        |config| {
+            config.warm_pool = BTreeMap::from([("python".to_owned(), count as usize)]);
+            config.snapshots.enabled = restore;
+        },
+    )
     .await;
     let mut first = None;
     for _ in 0..30_000 {
@@ -123,7 +132,10 @@ async fn refill_times(
     let first = first.unwrap_or_else(|| began.elapsed());
     let rest = began.elapsed() - first;
     let keys = ready(&gw).await["checks"]["warm_pool"]["keys"].clone();
-    eprintln!("refill {}: {keys}", if restore { "restore" } else { "boot" });
+    eprintln!(
+        "refill {}: {keys}",
+        if restore { "restore" } else { "boot" }
+    );
     gw.stop().await;
     (first, rest)
 }
@@ -185,7 +197,10 @@ async fn create_session(gw: &Gateway, key: &str) -> Option<(f64, String)> {
         .send()
         .await
         .ok()?;
-    Some((took, session["start"].as_str().unwrap_or_default().to_owned()))
+    Some((
+        took,
+        session["start"].as_str().unwrap_or_default().to_owned(),
+    ))
 }
 
 /// Session creation warm (each waits for a waiting session sandbox first) against cold, on
@@ -204,9 +219,14 @@ async fn sessions(
             .unwrap(),
     );
     let key = store.create_key("agent", "acme").await.unwrap().secret;
-    let warm = Gateway::start(url.to_owned(), &root.join("sessions-warm"), init, |config| {
-        config.warm_pool = BTreeMap::from([("python".to_owned(), 1)]);
-    })
+    let warm = Gateway::start(
+        url.to_owned(),
+        &root.join("sessions-warm"),
+        init,
+        |config| {
+            config.warm_pool = BTreeMap::from([("python".to_owned(), 1)]);
+        },
+    )
     .await;
     let (mut warm_ms, mut cold_ms, mut ok) = (vec![], vec![], true);
     // The first claim of the session key is a miss that makes it wanted.

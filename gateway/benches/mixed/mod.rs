@@ -186,7 +186,14 @@ pub async fn run(
     ok &= fine;
     let memory = waiting_memory(&warm_gw).await;
     warm_gw.stop().await;
-    let cold_gw = gateway(url, &root.join("mixed-cold"), (init, &census), false, daemon).await;
+    let cold_gw = gateway(
+        url,
+        &root.join("mixed-cold"),
+        (init, &census),
+        false,
+        daemon,
+    )
+    .await;
     let (cold_times, _, _, fine) = rounds(&cold_gw, &tenants, n).await;
     ok &= fine;
     cold_gw.stop().await;

@@ -495,11 +495,11 @@ impl WarmPool {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use std::path::PathBuf;
-    use policy_engine::Limits;
-    use crate::runtime::ReadOnlyMount;
     use super::super::floor::Runnable;
+    use super::*;
+    use crate::runtime::ReadOnlyMount;
+    use policy_engine::Limits;
+    use std::path::PathBuf;
 
     fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
         Runnable {
@@ -524,7 +524,6 @@ mod tests {
             network: None,
         }
     }
-
 
     #[test]
     fn the_preload_allowance_is_the_pools_cost_for_python_executions_only() {

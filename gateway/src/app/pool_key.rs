@@ -180,7 +180,6 @@ mod tests {
         }
     }
 
-
     #[test]
     fn the_key_is_the_whole_container_and_nothing_else() {
         let small = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
@@ -207,5 +206,4 @@ mod tests {
         );
         assert_eq!(small.shape().limits.cpus, 0.5);
     }
-
 }

@@ -16,7 +16,9 @@ use std::time::Duration;
 use common::TestGateway;
 use serde_json::{json, Value};
 
-#[allow(dead_code)] // the helper serves dockerd_restart.rs too, which uses the rest of it
+// The helper serves dockerd_restart.rs too, which uses the rest of it; snapshots.rs loads it as
+// well (its module is private to that area, and this area keeps a daemon of its own).
+#[allow(dead_code, clippy::duplicate_mod)]
 #[path = "../dockerd_restart/daemon.rs"]
 mod daemon;
 
@@ -147,7 +149,11 @@ async fn restored_siblings_run_correctly_warm_share_nothing_and_end_oom_under_a_
     );
     assert_eq!(templates(&gw, &instance).len(), 1, "one template per key");
     let restored = restored_containers(&daemon, &instance);
-    assert_eq!(restored.len(), 2, "both waiting sandboxes restored: {restored:?}");
+    assert_eq!(
+        restored.len(),
+        2,
+        "both waiting sandboxes restored: {restored:?}"
+    );
     let agent = gw.key("agent", "acme").await;
     let mut draws = Vec::new();
     for _ in 0..2 {
@@ -162,7 +168,10 @@ async fn restored_siblings_run_correctly_warm_share_nothing_and_end_oom_under_a_
         draws.push(line_of(stdout, "draw").to_owned());
     }
     // The template's generators were reseeded per job: siblings draw different numbers.
-    assert_ne!(draws[0], draws[1], "two restored siblings drew the same numbers");
+    assert_ne!(
+        draws[0], draws[1],
+        "two restored siblings drew the same numbers"
+    );
     settled(&gw, 1, "restore").await;
     assert!(!restored_containers(&daemon, &instance).is_empty());
     let (status, bomb) = gw.execute(&agent, "python", BOMB, json!({})).await;
@@ -170,7 +179,10 @@ async fn restored_siblings_run_correctly_warm_share_nothing_and_end_oom_under_a_
     assert_eq!(bomb["start"], "warm", "{bomb}");
     assert_eq!(bomb["status"], "oom", "{bomb}");
     let data = gw.stop_keeping_data().await;
-    let dir = data.path().join("snapshots").join(format!("pool-{instance}"));
+    let dir = data
+        .path()
+        .join("snapshots")
+        .join(format!("pool-{instance}"));
     assert!(!dir.exists(), "a template outlived the gateway");
 }
 
@@ -204,7 +216,10 @@ async fn a_changed_template_is_refused_and_the_key_boots_instead() {
     let key = settled(&gw, 2, "boot").await;
     let cause = key["refill"]["restore_failed"].as_str().unwrap_or_default();
     assert!(cause.contains("sha256"), "{key}");
-    assert!(templates(&gw, &instance).is_empty(), "the refused image was kept");
+    assert!(
+        templates(&gw, &instance).is_empty(),
+        "the refused image was kept"
+    );
     let (_, record) = gw.execute(&agent, "python", "print(2)", json!({})).await;
     assert_eq!(record["stdout"], "2\n", "{record}");
     assert_eq!(record["start"], "warm", "{record}");
