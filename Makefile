@@ -88,6 +88,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench pool_refill
 	cargo bench -p gateway --bench refusals
 	cargo bench -p gateway --bench audit
 	cargo bench -p gateway --bench proposals
