@@ -278,7 +278,7 @@ pub(super) async fn restore_one(
     let (sandbox, home) = started(pool, home, restored)?;
     enlist(app, pool, key.clone(), sandbox, home);
     let took = begun.elapsed();
-    tracing::info!(language = %key.language, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
+    tracing::debug!(language = %key.language, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
     if pool.restore.timed(key, took > template.boot) {
         let cause = format!(
             "{SLOWER}: {SLOWER_IN_A_ROW} restores in a row took longer than the template's boot ({} ms; the last {} ms)",
