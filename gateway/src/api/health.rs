@@ -131,6 +131,7 @@ fn warm_keys(app: &App) -> Value {
                 if let Value::Object(fields) = &mut key {
                     fields.insert("waiting".to_owned(), json!(count.waiting));
                     fields.insert("target".to_owned(), json!(count.target));
+                    fields.insert("refill".to_owned(), count.refill.describe());
                 }
                 key
             })

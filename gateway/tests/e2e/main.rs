@@ -93,5 +93,6 @@ mod tls;
 mod toolbox;
 mod types_unknown_values;
 mod warm;
+mod warm_restore;
 mod warm_shapes;
 mod withdraw;
