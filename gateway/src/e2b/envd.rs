@@ -19,30 +19,28 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
 use super::connect::{
-    decode, end_stream, message, single_envelope, Code, ConnectError, EndEvent, ListResponse,
-    ProcessConfig, ProcessEvent, ProcessInfo, SendSignalRequest, StartRequest, STREAM_CONTENT_TYPE,
+    decode, end_stream, single_envelope, Code, ConnectError, ListResponse, ProcessConfig,
+    ProcessInfo, SelectorRequest, SendSignalRequest, StartRequest, STREAM_CONTENT_TYPE,
     UNARY_CONTENT_TYPE,
 };
 use super::control::reasons_text;
-use super::live::{Live, LiveSandbox};
+use super::follow::{follow, Events};
+use super::live::{Live, LiveSandbox, Running};
 use super::refuse;
 use crate::app::refusals::RefusalKind;
 use crate::app::sessions::SessionExecutionRequest;
 use crate::app::{App, AppError};
 use crate::audit::{ApiKey, ExecutionRow};
 use crate::session_wire::TurnLimits;
-use crate::status::ExecutionStatus;
 use policy_engine::{E2bCall, E2bInput};
 
 /// The working directory E2B's SDKs assume, when it exists in the image; else the
 /// sandbox's writable `/workspace`.
 pub(super) const E2B_HOME: &str = "/home/user";
-/// How often a running command's record is looked at.
-const POLL: Duration = Duration::from_millis(50);
+/// Events buffered per stream before the follower waits for the client (bounded memory).
+const EVENT_BUFFER: usize = 16;
 /// Longest wait for a finished command's session to be released.
 const SETTLE: Duration = Duration::from_secs(2);
-/// Largest data event (E2B's envd sends small chunks too).
-const CHUNK: usize = 64 * 1024;
 
 pub(super) type LiveState = Extension<Arc<Live>>;
 
@@ -173,13 +171,14 @@ pub async fn process(
     };
     let answered = match method.as_str() {
         "Start" => return start(&app, reached, &parts, &body).await,
+        "Connect" => return connect(&app, reached, &parts, &body).await,
         "List" => Ok(list(&reached)),
         "SendSignal" => send_signal(&app, &reached, &body).await,
-        "Connect" | "SendInput" | "StreamInput" | "CloseStdin" | "Update" => Err(ConnectError::new(
+        "SendInput" | "StreamInput" | "CloseStdin" | "Update" => Err(ConnectError::new(
             Code::Unimplemented,
             format!(
-                "process.Process/{method} is not supported by sandgate yet: commands run to their end \
-                 without stdin, PTY or reconnection (docs/e2b.md)"
+                "process.Process/{method} is not supported by sandgate yet: commands run without \
+                 stdin or PTY (docs/e2b.md)"
             ),
         )),
         _ => Err(ConnectError::new(
@@ -234,21 +233,9 @@ fn list(reached: &Reached) -> Response {
 /// `SendSignal`: SIGTERM or SIGKILL cancel the command's session execution.
 async fn send_signal(app: &App, reached: &Reached, body: &[u8]) -> Result<Response, ConnectError> {
     let request: SendSignalRequest = decode(body)?;
-    let selector = request.process.unwrap_or_default();
-    let Some((pid, running)) = reached.sandbox.find(selector.pid, selector.tag.as_deref()) else {
-        return Err(ConnectError::new(
-            Code::NotFound,
-            format!(
-                "no running process {:?} in sandbox {}",
-                selector.pid, reached.id
-            ),
-        ));
-    };
+    let (pid, running) = running_process(reached, request.process.unwrap_or_default())?;
     let Some(execution) = running.execution_id else {
-        return Err(ConnectError::new(
-            Code::FailedPrecondition,
-            format!("process {pid} is still being decided; signal it once it started"),
-        ));
+        return Err(still_deciding(pid));
     };
     app.cancel_execution(&reached.key, &execution)
         .await
@@ -262,13 +249,83 @@ async fn start(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -> 
         Ok(started) => started,
         Err(err) => return answer_error(&err, true),
     };
-    let interval = keepalive_interval(parts);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let keepalive = keepalive_interval(parts);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_BUFFER);
     let following = Arc::clone(app);
     app.tasks.spawn(async move {
-        follow(&following, &reached, pid, row, interval, &tx).await;
+        let events = Events { tx: &tx, keepalive };
+        follow(&following, &reached, pid, &row.id, &events).await;
         reached.sandbox.ended(pid);
     });
+    event_stream(rx)
+}
+
+/// `Connect`: the events of a running process of this sandbox, from its start (what it printed
+/// so far, then what follows). A pid of another sandbox is never one of this one's
+/// (`live::LiveSandbox::start`): `not_found`, and that sandbox is not touched.
+async fn connect(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -> Response {
+    let found = single_envelope(body)
+        .and_then(decode::<SelectorRequest>)
+        .and_then(|request| running_process(&reached, request.process.unwrap_or_default()));
+    let (pid, execution_id) = match found {
+        Ok((pid, running)) => match running.execution_id {
+            Some(execution_id) => (pid, execution_id),
+            None => return answer_error(&still_deciding(pid), true),
+        },
+        Err(err) => return answer_error(&err, true),
+    };
+    let Some(follower) = reached.sandbox.follower() else {
+        let err = ConnectError::new(
+            Code::ResourceExhausted,
+            format!(
+                "sandbox {} already has {} connections following its processes",
+                reached.id,
+                super::live::MAX_FOLLOWERS
+            ),
+        );
+        return answer_error(&err, true);
+    };
+    let keepalive = keepalive_interval(parts);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_BUFFER);
+    let following = Arc::clone(app);
+    app.tasks.spawn(async move {
+        let events = Events { tx: &tx, keepalive };
+        follow(&following, &reached, pid, &execution_id, &events).await;
+        drop(follower);
+    });
+    event_stream(rx)
+}
+
+/// A running process of the call's sandbox, by pid or tag.
+fn running_process(
+    reached: &Reached,
+    selector: super::connect::ProcessSelector,
+) -> Result<(u32, Running), ConnectError> {
+    reached
+        .sandbox
+        .find(selector.pid, selector.tag.as_deref())
+        .ok_or_else(|| {
+            let which = match (selector.pid, selector.tag) {
+                (Some(pid), _) => format!("pid {pid}"),
+                (None, Some(tag)) => format!("tag {tag:?}"),
+                (None, None) => "(no pid or tag given)".to_owned(),
+            };
+            ConnectError::new(
+                Code::NotFound,
+                format!("process {which} is not running in sandbox {}", reached.id),
+            )
+        })
+}
+
+fn still_deciding(pid: u32) -> ConnectError {
+    ConnectError::new(
+        Code::FailedPrecondition,
+        format!("process {pid} is still being decided; try again once it started"),
+    )
+}
+
+/// A server stream of the events a follower sends.
+fn event_stream(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
     let stream = futures_util::stream::unfold(rx, |mut rx| async move {
         rx.recv()
             .await
@@ -360,53 +417,6 @@ fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), C
     Ok((config, request.tag))
 }
 
-/// Sends the start event, keepalives while the command runs, then its output and end.
-async fn follow(
-    app: &App,
-    reached: &Reached,
-    pid: u32,
-    row: ExecutionRow,
-    keepalive: Option<Duration>,
-    tx: &tokio::sync::mpsc::Sender<Bytes>,
-) {
-    let send = |event: ProcessEvent| message(&event.response());
-    let _ = tx.send(send(ProcessEvent::Start { pid })).await;
-    let mut last_sent = tokio::time::Instant::now();
-    let mut row = row;
-    while row.finished_at.is_none() {
-        tokio::time::sleep(POLL).await;
-        if keepalive.is_some_and(|every| last_sent.elapsed() >= every) {
-            // A client that went away does not stop the command (as with E2B's envd).
-            let _ = tx.send(send(ProcessEvent::Keepalive)).await;
-            last_sent = tokio::time::Instant::now();
-        }
-        match app.get_execution(&reached.key, &row.id).await {
-            Ok(now) => row = now,
-            Err(err) => {
-                let err = ConnectError::new(
-                    Code::Unavailable,
-                    format!("following the command failed: {err}"),
-                );
-                let _ = tx.send(end_stream(Some(&err))).await;
-                return;
-            }
-        }
-    }
-    for (bytes, stdout) in [(&row.stdout, true), (&row.stderr, false)] {
-        for chunk in bytes.as_deref().unwrap_or_default().chunks(CHUNK) {
-            let event = if stdout {
-                ProcessEvent::Stdout(chunk.to_vec())
-            } else {
-                ProcessEvent::Stderr(chunk.to_vec())
-            };
-            let _ = tx.send(send(event)).await;
-        }
-    }
-    settled(app, reached).await;
-    let _ = tx.send(send(ProcessEvent::End(end_event(&row)))).await;
-    let _ = tx.send(end_stream(None)).await;
-}
-
 /// Waits (at most [`SETTLE`]) until the session no longer counts as busy: its record is
 /// finished a moment before the session is released, and the SDK's next call (a command, a
 /// file operation) would otherwise find it busy.
@@ -419,28 +429,6 @@ pub(super) async fn settled(app: &App, reached: &Reached) {
             }
             _ => return,
         }
-    }
-}
-
-/// The end event of a finished record: the exit code, or why there is none.
-fn end_event(row: &ExecutionRow) -> EndEvent {
-    match (row.exit_code, row.status) {
-        (Some(code), ExecutionStatus::Succeeded | ExecutionStatus::Failed) => EndEvent {
-            exit_code: code,
-            exited: true,
-            status: format!("exit status {code}"),
-            error: None,
-        },
-        (code, status) => EndEvent {
-            exit_code: code.unwrap_or(-1),
-            exited: false,
-            status: format!("signal: {status}"),
-            error: Some(
-                row.error
-                    .clone()
-                    .unwrap_or_else(|| format!("the command ended: {status}")),
-            ),
-        },
     }
 }
 

@@ -16,6 +16,7 @@ mod control;
 mod envd;
 pub mod error;
 mod files;
+mod follow;
 mod filesystem;
 mod interpreter;
 mod live;
