@@ -32,6 +32,7 @@ pub mod scheduler;
 pub mod session_files;
 mod session_owner;
 mod session_relay;
+pub mod session_procs;
 pub mod session_results;
 mod session_runs;
 pub mod sessions;

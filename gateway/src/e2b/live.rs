@@ -9,7 +9,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use chrono::{DateTime, Utc};
 
 use super::connect::ProcessConfig;
+use crate::app::session_procs::ProcessControl;
 use crate::audit::ApiKey;
+
+/// Most processes running at once in one sandbox (a start past it: `resource_exhausted`).
+pub const MAX_PROCESSES: usize = 8;
 
 /// Most connections following one sandbox's processes at once (`process.Process/Connect`;
 /// each `Start` has its own follower besides).
@@ -57,6 +61,8 @@ pub struct Running {
     pub tag: Option<String>,
     /// The session execution it is; `None` until its record exists.
     pub execution_id: Option<String>,
+    /// How to reach it (stdin, signals); `None` until it started.
+    pub control: Option<Arc<ProcessControl>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -100,21 +106,28 @@ impl LiveSandbox {
         self.end_changed.notify_waiters();
     }
 
-    /// A pid for a new process, and its entry among the running ones.
-    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> u32 {
+    /// A pid for a new process, and its entry among the running ones; `None` when
+    /// [`MAX_PROCESSES`] run already.
+    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> Option<u32> {
+        let mut running = lock(&self.running);
+        if running.len() >= MAX_PROCESSES {
+            return None;
+        }
         let pid = NEXT_PID.fetch_add(1, Ordering::Relaxed);
-        let running = Running {
+        let entry = Running {
             config,
             tag,
             execution_id: None,
+            control: None,
         };
-        lock(&self.running).insert(pid, running);
-        pid
+        running.insert(pid, entry);
+        Some(pid)
     }
 
-    pub fn started_as(&self, pid: u32, execution_id: &str) {
+    pub fn started_as(&self, pid: u32, execution_id: &str, control: Arc<ProcessControl>) {
         if let Some(running) = lock(&self.running).get_mut(&pid) {
             running.execution_id = Some(execution_id.to_owned());
+            running.control = Some(control);
         }
     }
 

@@ -20,6 +20,7 @@ mod follow;
 mod filesystem;
 mod interpreter;
 mod live;
+mod process;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
@@ -52,7 +53,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/sandboxes/{id}/{action}", any(control::unsupported))
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))
-        .route("/process.Process/{method}", post(envd::process))
+        .route("/process.Process/{method}", post(process::process))
         .route(
             "/filesystem.Filesystem/{method}",
             post(filesystem::filesystem),

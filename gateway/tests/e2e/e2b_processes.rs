@@ -102,7 +102,7 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
     let said = run_script(AGENT, &gw.url, &agent).await;
     let id = said["id"].as_str().unwrap().to_owned();
 
-    assert_eq!(said["streamed"], serde_json::json!(["first", "second"]));
+    assert_eq!(said["streamed"], serde_json::json!(["first\n", "second\n"]));
     let ahead = said["first_before_end_s"].as_f64().unwrap();
     assert!(
         ahead > 2.0,
