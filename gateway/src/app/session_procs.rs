@@ -138,6 +138,13 @@ impl App {
         id: &str,
         start: ProcessStart,
     ) -> Result<ProcessStarted, AppError> {
+        if let Some(session) = self.session_held_elsewhere(caller, id).await? {
+            // Its sandbox is another replica's: its processes' streams are that replica's.
+            return Err(AppError::ReplicaUnavailable(format!(
+                "session {id} is served by replica {}: start its processes there",
+                session.instance
+            )));
+        }
         let session_row = self.get_session(caller, id).await?;
         let open = self
             .sessions

@@ -1,8 +1,9 @@
-//! E2B's `process.Process` service (docs/e2b.md "Processes") driven by E2B's own Python SDK
-//! through the real stack (dockerd, runsc, PostgreSQL): output streamed as it is produced,
-//! background processes listed, reconnected from a second handle and killed, env vars, a
-//! command timeout, a non-zero exit, another sandbox's pid refused; every start recorded as a
-//! session execution with its output.
+//! E2B's `process.Process` service (docs/e2b.md) driven by E2B's own Python SDK through the
+//! real stack (dockerd, runsc, PostgreSQL): several processes at once, output streamed as it
+//! is produced, stdin, background processes listed, reconnected from a second handle and
+//! killed (recorded `killed`), env vars, a command timeout, a non-zero exit, another
+//! sandbox's pid refused, at most 8 at once; every start recorded as a session execution with
+//! its output.
 
 use crate::common;
 
@@ -30,14 +31,22 @@ out["streamed"] = [line for line, _ in seen]
 out["first_before_end_s"] = ended - seen[0][1] if seen else None
 out["streamed_stdout"] = r.stdout
 
-# A background process: listed with its command, reconnected from a second handle.
+# A background process runs while foreground commands run; it is listed with its command
+# and reconnected from a second handle.
 bg = sbx.commands.run("for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.5; done", background=True)
+out["alongside"] = sbx.commands.run("echo alongside").stdout
 out["listed"] = [[p.pid == bg.pid, p.cmd, p.args] for p in sbx.commands.list()]
 second = Sandbox.connect(sbx.sandbox_id)
 attached = second.commands.connect(bg.pid)
 out["reconnected"] = attached.wait().stdout
 out["first_handle"] = bg.wait().stdout
 out["listed_after"] = len(sbx.commands.list())
+
+# stdin: sent, then closed.
+cat = sbx.commands.run("cat; echo read-all", background=True, stdin=True)
+sbx.commands.send_stdin(cat.pid, "hello stdin\n")
+sbx.commands.close_stdin(cat.pid)
+out["stdin"] = cat.wait().stdout
 
 # Another sandbox's pid is not found there, and its own process goes on.
 other = Sandbox.create(template="base", timeout=120)
@@ -49,6 +58,14 @@ try:
 except Exception as e:
     out["other_connect"] = type(e).__name__ + ": " + str(e)
 out["still_listed"] = [p.pid for p in sbx.commands.list()] == [sleeper.pid]
+# At most 8 processes at once in a sandbox.
+sleepers = [other.commands.run("sleep 60", background=True) for _ in range(8)]
+try:
+    other.commands.run("echo ninth")
+    out["ninth"] = "ran"
+except Exception as e:
+    out["ninth"] = type(e).__name__ + ": " + str(e)
+out["eight_listed"] = len(other.commands.list())
 other.kill()
 
 # Kill: the handle's kill ends it without success.
@@ -125,6 +142,14 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
         "a second handle reconnects by pid and gets all of the output"
     );
     assert_eq!(said["first_handle"], ticks);
+    assert_eq!(
+        said["alongside"], "alongside\n",
+        "a foreground command runs while the background one does"
+    );
+    assert_eq!(said["stdin"], "hello stdin\nread-all\n", "stdin round trip, then EOF");
+    assert_eq!(said["eight_listed"], 8);
+    let ninth = said["ninth"].as_str().unwrap();
+    assert!(ninth.contains("already runs 8 processes"), "{ninth}");
     assert_eq!(said["listed_after"], 0);
 
     assert_eq!(
@@ -175,7 +200,9 @@ async fn recorded(gw: &TestGateway, id: &str) {
     let expected: Vec<(String, Option<i32>)> = [
         ("succeeded", Some(0)),
         ("succeeded", Some(0)),
-        ("cancelled", None),
+        ("succeeded", Some(0)),
+        ("succeeded", Some(0)),
+        ("killed", None),
         ("succeeded", Some(0)),
         ("timeout", None),
         ("failed", Some(7)),
@@ -190,7 +217,9 @@ async fn recorded(gw: &TestGateway, id: &str) {
         rows[1].2.as_deref(),
         Some(&b"tick1\ntick2\ntick3\ntick4\ntick5\ntick6\n"[..])
     );
-    assert!(rows[6].3, "the long output is recorded truncated");
+    assert_eq!(rows[2].2.as_deref(), Some(&b"alongside\n"[..]));
+    assert_eq!(rows[3].2.as_deref(), Some(&b"hello stdin\nread-all\n"[..]));
+    assert!(rows[8].3, "the long output is recorded truncated");
     let decided: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM audit_events a JOIN executions e ON e.id = a.execution_id \
          WHERE e.session_id = $1 AND a.kind = 'execution.decision' \
@@ -200,7 +229,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(decided, 7, "each process start was decided");
+    assert_eq!(decided, 9, "each process start was decided");
     pool.close().await;
 }
 
