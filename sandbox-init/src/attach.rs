@@ -77,11 +77,15 @@ pub fn parse_attach(
 pub fn parse_signal(
     mut args: impl Iterator<Item = OsString>,
 ) -> Result<(String, ProcessSignal), AttachError> {
-    let tag = args.next().map_or_else(String::new, |t| t.to_string_lossy().into_owned());
+    let tag = args
+        .next()
+        .map_or_else(String::new, |t| t.to_string_lossy().into_owned());
     if !valid_tag(&tag) {
         return Err(AttachError::Tag(tag));
     }
-    let name = args.next().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let name = args
+        .next()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let signal = ProcessSignal::parse(&name).ok_or(AttachError::Signal(name))?;
     if args.next().is_some() {
         return Err(AttachError::NoProgram);
@@ -142,7 +146,11 @@ pub fn signal(tag: &str, signal: ProcessSignal) -> Result<u8, AttachError> {
     let mut found = false;
     for entry in std::fs::read_dir("/proc").map_err(AttachError::Proc)? {
         let Ok(entry) = entry else { continue };
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == me || !supervises(pid, tag) {

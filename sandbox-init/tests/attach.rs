@@ -34,7 +34,10 @@ fn signal(tag: &str, name: &str) -> i32 {
 
 #[test]
 fn stdio_passes_through_and_the_status_is_the_program_s() {
-    let mut child = attach("t_stdio", "read line; echo \"got $line\"; echo err >&2; exit 3");
+    let mut child = attach(
+        "t_stdio",
+        "read line; echo \"got $line\"; echo err >&2; exit 3",
+    );
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout), "got hello\n");

@@ -145,7 +145,15 @@ mod tests {
         }
         assert_eq!(
             attach_argv("ex_1", &["/bin/bash".into(), "-c".into(), "x".into()]),
-            ["/sandgate/init", "attach", "ex_1", "--", "/bin/bash", "-c", "x"]
+            [
+                "/sandgate/init",
+                "attach",
+                "ex_1",
+                "--",
+                "/bin/bash",
+                "-c",
+                "x"
+            ]
         );
     }
 }

@@ -265,7 +265,12 @@ impl App {
         if let Some(egress) = &held.egress {
             super::launch::with_egress(egress, &mut env, &mut Vec::new());
         }
-        Ok(Ok((row, held.sandbox.name().to_owned(), runnable.limits, env)))
+        Ok(Ok((
+            row,
+            held.sandbox.name().to_owned(),
+            runnable.limits,
+            env,
+        )))
     }
 
     /// Sends `signal` to a running process; whether it still ran. A `Kill` is recorded as
@@ -517,9 +522,15 @@ mod tests {
             Some(137),
             Duration::ZERO,
         );
-        assert_eq!((done.status, done.exit_code), (ExecutionStatus::Killed, None));
+        assert_eq!(
+            (done.status, done.exit_code),
+            (ExecutionStatus::Killed, None)
+        );
         let done = process_completion(Kept::default(), None, Some(7), Duration::ZERO);
-        assert_eq!((done.status, done.exit_code), (ExecutionStatus::Failed, Some(7)));
+        assert_eq!(
+            (done.status, done.exit_code),
+            (ExecutionStatus::Failed, Some(7))
+        );
         let done = process_completion(Kept::default(), None, None, Duration::ZERO);
         assert_eq!(done.status, ExecutionStatus::Error);
     }

@@ -125,7 +125,10 @@ async fn finished(
             return Ok(row);
         }
         tokio::time::sleep(POLL).await;
-        if events.keepalive.is_some_and(|every| last_sent.elapsed() >= every) {
+        if events
+            .keepalive
+            .is_some_and(|every| last_sent.elapsed() >= every)
+        {
             events.send(ProcessEvent::Keepalive).await;
             last_sent = tokio::time::Instant::now();
         }

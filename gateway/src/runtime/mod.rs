@@ -409,7 +409,12 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         spec: procs::ProcessSpec,
     ) -> BoxFuture<'a, Result<procs::StartedProcess, RuntimeError>> {
         let _ = (container, spec);
-        async { Err(RuntimeError::Unavailable("this runtime has no processes".into())) }.boxed()
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no processes".into(),
+            ))
+        }
+        .boxed()
     }
     /// The exit code of a started process whose output ended (`None`: it still runs, or
     /// the runtime does not know).

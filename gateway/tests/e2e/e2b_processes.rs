@@ -133,7 +133,11 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
         serde_json::json!([[
             true,
             "/bin/bash",
-            ["-l", "-c", "for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.5; done"]
+            [
+                "-l",
+                "-c",
+                "for i in 1 2 3 4 5 6; do echo tick$i; sleep 0.5; done"
+            ]
         ]]),
         "list shows the background process with its config"
     );
@@ -146,7 +150,10 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
         said["alongside"], "alongside\n",
         "a foreground command runs while the background one does"
     );
-    assert_eq!(said["stdin"], "hello stdin\nread-all\n", "stdin round trip, then EOF");
+    assert_eq!(
+        said["stdin"], "hello stdin\nread-all\n",
+        "stdin round trip, then EOF"
+    );
     assert_eq!(said["eight_listed"], 8);
     let ninth = said["ninth"].as_str().unwrap();
     assert!(ninth.contains("already runs 8 processes"), "{ninth}");
@@ -167,12 +174,18 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
         "the process named by another sandbox's call goes on"
     );
     assert_eq!(said["killed"], true);
-    assert_eq!(said["killed_end"], -1, "a killed process exits without a code");
+    assert_eq!(
+        said["killed_end"], -1,
+        "a killed process exits without a code"
+    );
 
     assert_eq!(said["envs"], "hello from /tmp\n");
     assert_eq!(said["timeout"], "TimeoutException");
     assert_eq!(said["nonzero"], serde_json::json!([7, "to-err\n"]));
-    assert_eq!(said["truncated_stdout"], 1_048_576, "kept up to output_bytes");
+    assert_eq!(
+        said["truncated_stdout"], 1_048_576,
+        "kept up to output_bytes"
+    );
     let note = said["truncated_stderr"].as_str().unwrap();
     assert!(note.starts_with("done\n"), "{note}");
     assert!(
@@ -195,8 +208,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
     .fetch_all(&pool)
     .await
     .unwrap();
-    let summary: Vec<(String, Option<i32>)> =
-        rows.iter().map(|r| (r.0.clone(), r.1)).collect();
+    let summary: Vec<(String, Option<i32>)> = rows.iter().map(|r| (r.0.clone(), r.1)).collect();
     let expected: Vec<(String, Option<i32>)> = [
         ("succeeded", Some(0)),
         ("succeeded", Some(0)),

@@ -30,7 +30,11 @@ pub(super) async fn start(
         working_dir: Some(spec.cwd),
         detach_keys: None,
     };
-    let created = bounded("create process exec", docker.create_exec(container, options)).await?;
+    let created = bounded(
+        "create process exec",
+        docker.create_exec(container, options),
+    )
+    .await?;
     let started = bounded(
         "start process exec",
         docker.start_exec(&created.id, Some(StartExecOptions::default())),
