@@ -197,10 +197,13 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
     gw.stop().await;
 }
 
+/// A process's record: status, exit code, stdout, stdout_truncated.
+type Recorded = (String, Option<i32>, Option<Vec<u8>>, bool);
+
 /// Every process start is a session execution of the sandbox, recorded with its output.
 async fn recorded(gw: &TestGateway, id: &str) {
     let pool = gw.pool().await;
-    let rows: Vec<(String, Option<i32>, Option<Vec<u8>>, bool)> = sqlx::query_as(
+    let rows: Vec<Recorded> = sqlx::query_as(
         "SELECT status, exit_code, stdout, stdout_truncated FROM executions \
          WHERE session_id = $1 ORDER BY created_at",
     )
