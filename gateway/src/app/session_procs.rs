@@ -260,6 +260,11 @@ impl App {
             };
         self.audit.record_execution_decision(&row, &event).await?;
         held.executions += 1;
+        // Counted in the session's row as a cell is (no cell runs: this holds the lock).
+        let _ = self
+            .audit
+            .set_session_status(id, crate::session_wire::SessionStatus::Ready, true)
+            .await;
         // The session's environment, as its runner got it (its egress bridge's included).
         let mut env = super::launch::sandbox_env(runnable.limits.cpus);
         if let Some(egress) = &held.egress {
