@@ -104,6 +104,10 @@ except CommandExitException as e:
 r = sbx.commands.run("head -c 1500000 /dev/zero | tr '\\0' a; echo done >&2")
 out["truncated_stdout"] = len(r.stdout)
 out["truncated_stderr"] = r.stderr
+
+# A process is the program's: all uids 65534, no capability, its init out of reach.
+r = sbx.commands.run("grep -E '^(Uid|CapPrm|CapEff)' /proc/self/status; kill -9 1 2>&1; echo kill=$?")
+out["identity"] = r.stdout
 sbx.kill()
 print(json.dumps(out))
 "#;
@@ -193,6 +197,17 @@ async fn e2b_processes_stream_reconnect_and_are_each_recorded() {
         "the cut is said, never silent: {note}"
     );
 
+    let identity = said["identity"].as_str().unwrap();
+    for line in [
+        "Uid:\t65534\t65534\t65534\t65534",
+        "CapPrm:\t0000000000000000",
+        "CapEff:\t0000000000000000",
+        "Operation not permitted",
+        "kill=1",
+    ] {
+        assert!(identity.contains(line), "{line:?} in {identity}");
+    }
+
     recorded(&gw, &id).await;
     gw.stop().await;
 }
@@ -222,6 +237,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
         ("timeout", None),
         ("failed", Some(7)),
         ("succeeded", Some(0)),
+        ("succeeded", Some(0)),
     ]
     .iter()
     .map(|(s, c)| ((*s).to_owned(), *c))
@@ -244,7 +260,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(decided, 9, "each process start was decided");
+    assert_eq!(decided, 10, "each process start was decided");
     pool.close().await;
 }
 
