@@ -11,7 +11,7 @@ use axum::body::Bytes;
 use tokio::sync::mpsc::Sender;
 
 use super::connect::{end_stream, message, Code, ConnectError, EndEvent, ProcessEvent};
-use super::envd::{settled, Reached};
+use super::envd::Reached;
 use crate::app::stream::{Stream, StreamEvent};
 use crate::app::App;
 use crate::audit::ExecutionRow;
@@ -64,7 +64,6 @@ pub(super) async fn follow(
     for note in truncation_notes(&row, lossy) {
         events.send(ProcessEvent::Stderr(note.into_bytes())).await;
     }
-    settled(app, reached).await;
     events.send(ProcessEvent::End(end_event(&row))).await;
     let _ = events.tx.send(end_stream(None)).await;
 }
