@@ -74,8 +74,10 @@
 //! order, so a gateway that saw both has everything the program printed, and knows that
 //! nothing of it runs any more (it may collect `/output` before the sandbox has stopped).
 //! `exec [--apart] -- PROGRAM [ARG...]`: the internal
-//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]). Anything else:
-//! exit 125.
+//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]).
+//! `attach <tag> -- PROGRAM [ARG...]` and `signal <tag> KILL|TERM|...`: a session's later
+//! processes, started by `docker exec` as the program's user, never by the init ([`attach`]).
+//! Anything else: exit 125.
 //!
 //! # What it is not
 //!
