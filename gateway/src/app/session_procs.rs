@@ -316,6 +316,10 @@ impl App {
             .pump_process(output, &control, &live, &stream, (cap, timeout))
             .await;
         let exit = self.process_exit(&handle).await;
+        if open.closing.is_cancelled() {
+            // Its sandbox went with its session (closed, killed, timed out): so did it.
+            control.stop(ExecutionStatus::Killed);
+        }
         let done = process_completion(kept, control.stopped(), exit, began.elapsed());
         self.touch(&open);
         self.finish_process(row, done, &stream).await;

@@ -108,6 +108,9 @@ out["truncated_stderr"] = r.stderr
 # A process is the program's: all uids 65534, no capability, its init out of reach.
 r = sbx.commands.run("grep -E '^(Uid|CapPrm|CapEff)' /proc/self/status; kill -9 1 2>&1; echo kill=$?")
 out["identity"] = r.stdout
+
+# Killing the sandbox ends what still runs in it, recorded killed.
+sbx.commands.run("sleep 60", background=True)
 sbx.kill()
 print(json.dumps(out))
 "#;
@@ -218,6 +221,20 @@ type Recorded = (String, Option<i32>, Option<Vec<u8>>, bool);
 /// Every process start is a session execution of the sandbox, recorded with its output.
 async fn recorded(gw: &TestGateway, id: &str) {
     let pool = gw.pool().await;
+    // The process the sandbox's kill ended is completed a moment after the kill answered.
+    for _ in 0..100 {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM executions WHERE session_id = $1 AND finished_at IS NULL",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
     let rows: Vec<Recorded> = sqlx::query_as(
         "SELECT status, exit_code, stdout, stdout_truncated FROM executions \
          WHERE session_id = $1 ORDER BY created_at",
@@ -238,6 +255,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
         ("failed", Some(7)),
         ("succeeded", Some(0)),
         ("succeeded", Some(0)),
+        ("killed", None),
     ]
     .iter()
     .map(|(s, c)| ((*s).to_owned(), *c))
@@ -260,7 +278,7 @@ async fn recorded(gw: &TestGateway, id: &str) {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(decided, 10, "each process start was decided");
+    assert_eq!(decided, 11, "each process start was decided");
     pool.close().await;
 }
 
