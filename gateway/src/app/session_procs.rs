@@ -160,7 +160,24 @@ impl App {
             Err(denied) => return Ok(ProcessStarted::Denied(denied)),
         };
         env.extend(start.env);
-        let env = checked_env(&env)?;
+        let spec = ProcessSpec {
+            tag: row.id.clone(),
+            argv: start.argv,
+            env: checked_env(&env)?,
+            cwd: start.cwd,
+            stdin: start.stdin,
+        };
+        self.launch_process((row, container, limits), spec, open)
+            .await
+    }
+
+    /// Starts an admitted process and its follower; its record as it started.
+    async fn launch_process(
+        self: &Arc<Self>,
+        (row, container, limits): (ExecutionRow, String, policy_engine::Limits),
+        spec: ProcessSpec,
+        open: Arc<OpenSession>,
+    ) -> Result<ProcessStarted, AppError> {
         let live = self.live.track(&row.id);
         let stream = self.streams.open(&row.id);
         self.touch(&open);
@@ -171,13 +188,6 @@ impl App {
         {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
         }
-        let spec = ProcessSpec {
-            tag: row.id.clone(),
-            argv: start.argv,
-            env,
-            cwd: start.cwd,
-            stdin: start.stdin,
-        };
         let mut started = match self.runtime.start_process(&container, spec).await {
             Ok(started) => started,
             Err(err) => {
@@ -186,12 +196,11 @@ impl App {
                 return Err(AppError::ReplicaUnavailable(message));
             }
         };
-        let input = started.input.take().map(feed_stdin);
         let control = Arc::new(ProcessControl {
             container,
             tag: row.id.clone(),
             stopped: Mutex::new(None),
-            input,
+            input: started.input.take().map(feed_stdin),
         });
         let mut running = row.clone();
         running.status = ExecutionStatus::Running;
@@ -222,11 +231,7 @@ impl App {
         let id = session_row.id.as_str();
         let mut guard = tokio::time::timeout(HELD_WAIT, open.held.lock())
             .await
-            .map_err(|_| {
-                AppError::Conflict(format!(
-                    "session {id} is busy with a cell; start the process once it ended"
-                ))
-            })?;
+            .map_err(|_| busy_with_a_cell(id))?;
         let held = guard
             .as_mut()
             .ok_or_else(|| closed_conflict(id, session_row))?;
@@ -265,11 +270,7 @@ impl App {
             .audit
             .set_session_status(id, crate::session_wire::SessionStatus::Ready, true)
             .await;
-        // The session's environment, as its runner got it (its egress bridge's included).
-        let mut env = super::launch::sandbox_env(runnable.limits.cpus);
-        if let Some(egress) = &held.egress {
-            super::launch::with_egress(egress, &mut env, &mut Vec::new());
-        }
+        let env = session_env(held, &runnable.limits);
         Ok(Ok((
             row,
             held.sandbox.name().to_owned(),
@@ -425,6 +426,24 @@ impl Kept {
         let kept = out.push(bytes, cap);
         stream.push(channel, kept);
     }
+}
+
+fn busy_with_a_cell(id: &str) -> AppError {
+    AppError::Conflict(format!(
+        "session {id} is busy with a cell; start the process once it ended"
+    ))
+}
+
+/// The session's environment, as its runner got it (its egress bridge's included).
+fn session_env(
+    held: &super::sessions::Held,
+    limits: &policy_engine::Limits,
+) -> BTreeMap<String, String> {
+    let mut env = super::launch::sandbox_env(limits.cpus);
+    if let Some(egress) = &held.egress {
+        super::launch::with_egress(egress, &mut env, &mut Vec::new());
+    }
+    env
 }
 
 /// Writes queued input to the process's stdin until it is closed or the process is gone.
