@@ -37,6 +37,8 @@ const INPUT_QUEUE: usize = 16;
 const HELD_WAIT: Duration = Duration::from_secs(5);
 /// After the gateway ended a process: how long its output may still take to close.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// After its session closed: how long the process's output may still take to end.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 /// How long dockerd may take to report a finished process's exit code.
 const EXIT_POLLS: u32 = 100;
 const EXIT_POLL: Duration = Duration::from_millis(20);
@@ -314,11 +316,11 @@ impl App {
         let timeout = Duration::from_millis(limits.timeout_ms);
         let StartedProcess { handle, output, .. } = started;
         let kept = self
-            .pump_process(output, &control, &live, &stream, (cap, timeout))
+            .pump_process(output, (&control, &live, &open), &stream, (cap, timeout))
             .await;
         let exit = self.process_exit(&handle).await;
         if open.closing.is_cancelled() {
-            // Its sandbox went with its session (closed, killed, timed out): so did it.
+            // Its sandbox went with its session before its output said so.
             control.stop(ExecutionStatus::Killed);
         }
         let done = process_completion(kept, control.stopped(), exit, began.elapsed());
@@ -331,13 +333,13 @@ impl App {
     async fn pump_process(
         &self,
         mut output: BoxStream<'static, Result<(Channel, Vec<u8>), String>>,
-        control: &ProcessControl,
-        live: &LiveGuard,
+        (control, live, open): (&ProcessControl, &LiveGuard, &OpenSession),
         stream: &Arc<Stream>,
         (cap, timeout): (usize, Duration),
     ) -> Kept {
         let mut kept = Kept::default();
         let cancel = live.cancel_token();
+        let closing = open.closing.clone();
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
         let mut grace: Option<tokio::time::Instant> = None;
@@ -360,6 +362,11 @@ impl App {
                 () = cancel.cancelled(), if !stopping => {
                     self.end_process(control, ExecutionStatus::Cancelled).await;
                     grace = Some(tokio::time::Instant::now() + STOP_GRACE);
+                }
+                () = closing.cancelled(), if !stopping => {
+                    // Its sandbox goes with its session (closed, killed, timed out).
+                    control.stop(ExecutionStatus::Killed);
+                    grace = Some(tokio::time::Instant::now() + CLOSE_GRACE);
                 }
                 () = tokio::time::sleep_until(grace_at), if stopping => {
                     kept.error = Some("the process's output did not end after it was killed".to_owned());
