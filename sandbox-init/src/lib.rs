@@ -74,8 +74,10 @@
 //! order, so a gateway that saw both has everything the program printed, and knows that
 //! nothing of it runs any more (it may collect `/output` before the sandbox has stopped).
 //! `exec [--apart] -- PROGRAM [ARG...]`: the internal
-//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]). Anything else:
-//! exit 125.
+//! exec trampoline ([`exec`]; `--apart` from a settled init, see [`identity`]).
+//! `attach <tag> -- PROGRAM [ARG...]` and `signal <tag> KILL|TERM|...`: a session's later
+//! processes, started by `docker exec` as the program's user, never by the init ([`attach`]).
+//! Anything else: exit 125.
 //!
 //! # What it is not
 //!
@@ -91,6 +93,7 @@
 //! [`identity`]), and after [`process::Supervisor::new`] (so they inherit the blocked signal
 //! mask and the signals still reach the init's loop).
 
+pub mod attach;
 pub mod bridge;
 pub mod exec;
 pub mod fileops;
@@ -156,6 +159,14 @@ pub enum Mode {
     /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
     /// init, see [`identity`]).
     Exec { apart: bool, argv: Vec<OsString> },
+    /// `attach <tag> -- PROGRAM [ARG...]`: a session's later process, started by `docker exec`
+    /// ([`attach`]).
+    Attach { argv: Vec<OsString> },
+    /// `signal <tag> <SIGNAL>`: signals the attach supervisor of `<tag>` ([`attach`]).
+    Signal {
+        tag: String,
+        signal: sandbox_protocol::ProcessSignal,
+    },
 }
 
 /// Parses the arguments after `argv[0]`.
@@ -183,6 +194,12 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
                 argv: args.collect(),
             })
         }
+        Some(mode) if mode == sandbox_protocol::ATTACH_MODE => attach::parse_attach(args)
+            .map(|(_, argv)| Mode::Attach { argv })
+            .map_err(InitError::Attach),
+        Some(mode) if mode == sandbox_protocol::SIGNAL_MODE => attach::parse_signal(args)
+            .map(|(tag, signal)| Mode::Signal { tag, signal })
+            .map_err(InitError::Attach),
         Some(_) => Err(InitError::Args),
     }
 }
@@ -208,6 +225,8 @@ pub enum InitError {
     Pool(pool::PoolError),
     #[error(transparent)]
     Session(session::SessionError),
+    #[error(transparent)]
+    Attach(attach::AttachError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
     #[error(transparent)]

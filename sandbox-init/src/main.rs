@@ -12,6 +12,10 @@ fn main() -> ExitCode {
             Mode::Init => sandbox_init::run(None, &mut end),
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut end),
             Mode::Session(runner) => sandbox_init::run_session(runner, &mut end),
+            Mode::Attach { argv } => sandbox_init::attach::attach(&argv).map_err(InitError::Attach),
+            Mode::Signal { tag, signal } => {
+                sandbox_init::attach::signal(&tag, signal).map_err(InitError::Attach)
+            }
             // Returns only if the exec failed.
             Mode::Exec { apart, argv } => {
                 Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))

@@ -17,6 +17,8 @@
 //! - Sessions ([`SESSION_MODE`], turns, [`end_marker`], a python cell's [`RichResults`]): see
 //!   the `session` module; a session's file operations ([`FileLine`], [`FileAnswer`]): the
 //!   `files` module.
+//! - A session's processes (E2B's `process.Process`): [`ATTACH_MODE`] and [`SIGNAL_MODE`], see
+//!   the `procs` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
 //! this crate only names the fields. Serde only: no I/O, no processes.
@@ -27,6 +29,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 mod files;
+mod procs;
 mod session;
 mod trailer;
 
@@ -36,6 +39,10 @@ pub use files::{
     MAX_FILE_BYTES, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_NAME_BYTES, MAX_PATH_BYTES,
 };
 
+pub use procs::{
+    attach_argv, signal_argv, signaled_status, valid_tag, ProcessSignal, ATTACH_MODE, INIT_PATH,
+    MAX_TAG, PROGRAM_USER, SIGNAL_MODE,
+};
 pub use session::{
     bash_turn, end_marker, parse_report, python_cell, runner_report, turn_end_marker, EndMarker,
     RichResult, RichResults, RunnerReport, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,

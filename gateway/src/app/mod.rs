@@ -34,6 +34,7 @@ pub mod request;
 pub mod scheduler;
 pub mod session_files;
 mod session_owner;
+pub mod session_procs;
 mod session_relay;
 pub mod session_results;
 mod session_runs;

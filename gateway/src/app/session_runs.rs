@@ -291,7 +291,7 @@ impl App {
     }
 }
 
-fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
+pub(super) fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
     if row.is(SessionStatus::PendingApproval) {
         // Held for review, or approved and starting: no sandbox runs code yet.
         return AppError::Conflict(format!(
@@ -316,7 +316,7 @@ fn closed_conflict(id: &str, row: &SessionRow) -> AppError {
 
 /// An execution in a session, asked in an execution's terms: the session's language, this
 /// call's code, uploads and deadline (the rest is the session's).
-fn as_execution(
+pub(super) fn as_execution(
     language: &str,
     request: SessionExecutionRequest,
 ) -> Result<ExecutionRequest, AppError> {

@@ -203,6 +203,88 @@ pub struct SendSignalRequest {
     pub signal: Option<serde_json::Value>,
 }
 
+/// `ProcessInput` (a oneof: `stdin` or `pty`, bytes in base64).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ProcessInput {
+    #[serde(default)]
+    pub stdin: Option<String>,
+    #[serde(default)]
+    pub pty: Option<String>,
+}
+
+impl ProcessInput {
+    /// The stdin bytes; PTY input is refused (no PTY here).
+    pub fn stdin_bytes(&self) -> Result<Vec<u8>, ConnectError> {
+        if self.pty.is_some() {
+            return Err(ConnectError::new(
+                Code::Unimplemented,
+                "PTY input: sandgate's processes have no PTY",
+            ));
+        }
+        let text = self.stdin.as_deref().unwrap_or("");
+        base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|_| ConnectError::new(Code::InvalidArgument, "stdin is not base64"))
+    }
+}
+
+/// `SendInputRequest`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SendInputRequest {
+    #[serde(default)]
+    pub process: Option<ProcessSelector>,
+    #[serde(default)]
+    pub input: Option<ProcessInput>,
+}
+
+/// `StreamInputRequest` (a oneof: `start`, `data`, `keepalive`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamInputRequest {
+    #[serde(default)]
+    pub start: Option<SelectorRequest>,
+    #[serde(default)]
+    pub data: Option<StreamInputData>,
+    #[serde(default)]
+    pub keepalive: Option<serde_json::Value>,
+}
+
+/// `StreamInputRequest.DataEvent`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamInputData {
+    #[serde(default)]
+    pub input: Option<ProcessInput>,
+}
+
+/// The messages of a client stream: each envelope's message, in order (the end-of-stream
+/// envelope, if sent, ends them).
+pub fn envelopes(body: &[u8]) -> Result<Vec<&[u8]>, ConnectError> {
+    let mut messages = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        if rest.len() < 5 {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "a truncated Connect envelope",
+            ));
+        }
+        let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        let end = 5usize.saturating_add(len);
+        if len > MAX_MESSAGE_BYTES || rest.len() < end {
+            return Err(ConnectError::new(
+                Code::InvalidArgument,
+                "a Connect envelope's length does not match the request body",
+            ));
+        }
+        if rest[0] & END_STREAM != 0 {
+            break;
+        }
+        single_envelope(&rest[..end])?;
+        messages.push(&rest[5..end]);
+        rest = &rest[end..];
+    }
+    Ok(messages)
+}
+
 /// `ConnectRequest`, `CloseStdinRequest`, `SendInputRequest`, `UpdateRequest`: their selector.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SelectorRequest {

@@ -1,48 +1,32 @@
 //! envd, the in-sandbox API, as the E2B SDKs reach it through `E2B_SANDBOX_URL`: every call
 //! names its sandbox (`E2b-Sandbox-Id`) and carries that sandbox's access token
 //! (`X-Access-Token`), checked against the hashes issued for that one sandbox; the sandbox id
-//! alone is never trusted. Commands run as the sandbox's owner key, each one a session
-//! execution (`request.e2b.call: "commands.run"`): decided, recorded before it runs, its
-//! output and exit recorded, then answered as `process.Process/Start`'s event stream.
+//! alone is never trusted. What every envd service shares: reaching the sandbox, Connect's
+//! codec check and answers, `/health` and `/envs`. `process.Process` is `super::process`.
 
 use std::collections::BTreeMap;
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 
-use super::connect::{
-    decode, end_stream, message, single_envelope, Code, ConnectError, EndEvent, ListResponse,
-    ProcessConfig, ProcessEvent, ProcessInfo, SendSignalRequest, StartRequest, STREAM_CONTENT_TYPE,
-    UNARY_CONTENT_TYPE,
-};
-use super::control::reasons_text;
+use super::connect::{end_stream, Code, ConnectError, STREAM_CONTENT_TYPE, UNARY_CONTENT_TYPE};
 use super::live::{Live, LiveSandbox};
 use super::refuse;
 use crate::app::refusals::RefusalKind;
-use crate::app::sessions::SessionExecutionRequest;
 use crate::app::{App, AppError};
-use crate::audit::{ApiKey, ExecutionRow};
-use crate::session_wire::TurnLimits;
-use crate::status::ExecutionStatus;
-use policy_engine::{E2bCall, E2bInput};
+use crate::audit::ApiKey;
 
 /// The working directory E2B's SDKs assume, when it exists in the image; else the
 /// sandbox's writable `/workspace`.
 pub(super) const E2B_HOME: &str = "/home/user";
-/// How often a running command's record is looked at.
-const POLL: Duration = Duration::from_millis(50);
 /// Longest wait for a finished command's session to be released.
 const SETTLE: Duration = Duration::from_secs(2);
-/// Largest data event (E2B's envd sends small chunks too).
-const CHUNK: usize = 64 * 1024;
 
 pub(super) type LiveState = Extension<Arc<Live>>;
 
@@ -155,44 +139,6 @@ pub async fn envs(
     }
 }
 
-/// `process.Process/{method}`.
-pub async fn process(
-    State(app): State<Arc<App>>,
-    Extension(live): LiveState,
-    Path(method): Path<String>,
-    parts: Parts,
-    body: Bytes,
-) -> Response {
-    let streaming = matches!(method.as_str(), "Start" | "Connect");
-    if let Err(err) = json_codec(&parts, streaming) {
-        return answer_error(&err, streaming);
-    }
-    let reached = match reach(&app, &live, &parts).await {
-        Ok(reached) => reached,
-        Err(err) => return answer_error(&err, streaming),
-    };
-    let answered = match method.as_str() {
-        "Start" => return start(&app, reached, &parts, &body).await,
-        "List" => Ok(list(&reached)),
-        "SendSignal" => send_signal(&app, &reached, &body).await,
-        "Connect" | "SendInput" | "StreamInput" | "CloseStdin" | "Update" => Err(ConnectError::new(
-            Code::Unimplemented,
-            format!(
-                "process.Process/{method} is not supported by sandgate yet: commands run to their end \
-                 without stdin, PTY or reconnection (docs/e2b.md)"
-            ),
-        )),
-        _ => Err(ConnectError::new(
-            Code::Unimplemented,
-            format!("process.Process/{method} is no method of process.Process"),
-        )),
-    };
-    match answered {
-        Ok(response) => response,
-        Err(err) => answer_error(&err, streaming),
-    }
-}
-
 /// Only Connect's JSON codec: what the E2B SDKs send.
 pub(super) fn json_codec(parts: &Parts, streaming: bool) -> Result<(), ConnectError> {
     let content_type = parts
@@ -217,196 +163,6 @@ pub(super) fn json_codec(parts: &Parts, streaming: bool) -> Result<(), ConnectEr
     ))
 }
 
-fn list(reached: &Reached) -> Response {
-    let processes = reached
-        .sandbox
-        .running()
-        .into_iter()
-        .map(|(pid, running)| ProcessInfo {
-            config: running.config,
-            pid,
-            tag: running.tag,
-        })
-        .collect();
-    unary(&ListResponse { processes })
-}
-
-/// `SendSignal`: SIGTERM or SIGKILL cancel the command's session execution.
-async fn send_signal(app: &App, reached: &Reached, body: &[u8]) -> Result<Response, ConnectError> {
-    let request: SendSignalRequest = decode(body)?;
-    let selector = request.process.unwrap_or_default();
-    let Some((pid, running)) = reached.sandbox.find(selector.pid, selector.tag.as_deref()) else {
-        return Err(ConnectError::new(
-            Code::NotFound,
-            format!(
-                "no running process {:?} in sandbox {}",
-                selector.pid, reached.id
-            ),
-        ));
-    };
-    let Some(execution) = running.execution_id else {
-        return Err(ConnectError::new(
-            Code::FailedPrecondition,
-            format!("process {pid} is still being decided; signal it once it started"),
-        ));
-    };
-    app.cancel_execution(&reached.key, &execution)
-        .await
-        .map_err(connect_error)?;
-    Ok(unary(&serde_json::json!({})))
-}
-
-async fn start(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -> Response {
-    let prepared = prepare(app, &reached, parts, body).await;
-    let (pid, row) = match prepared {
-        Ok(started) => started,
-        Err(err) => return answer_error(&err, true),
-    };
-    let interval = keepalive_interval(parts);
-    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
-    let following = Arc::clone(app);
-    app.tasks.spawn(async move {
-        follow(&following, &reached, pid, row, interval, &tx).await;
-        reached.sandbox.ended(pid);
-    });
-    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv()
-            .await
-            .map(|chunk| (Ok::<_, Infallible>(chunk), rx))
-    });
-    (
-        StatusCode::OK,
-        [(CONTENT_TYPE, STREAM_CONTENT_TYPE)],
-        Body::from_stream(stream),
-    )
-        .into_response()
-}
-
-/// Decides and records the command (a session execution); its pid and record once started.
-async fn prepare(
-    app: &Arc<App>,
-    reached: &Reached,
-    parts: &Parts,
-    body: &[u8],
-) -> Result<(u32, ExecutionRow), ConnectError> {
-    let request: StartRequest = decode(single_envelope(body)?)?;
-    let (config, tag) = supported(request)?;
-    let script = command_script(&config, &reached.sandbox.envs)?;
-    let language = app
-        .get_session(&reached.key, &reached.id)
-        .await
-        .map_err(connect_error)?
-        .language;
-    let code = if language == "python" {
-        python_wrapper(&script)
-    } else {
-        script
-    };
-    let execution = SessionExecutionRequest {
-        code,
-        limits: TurnLimits {
-            timeout_ms: connect_timeout_ms(parts),
-        },
-        wait: Some(false),
-        e2b: Some(E2bInput {
-            call: Some(E2bCall::CommandsRun),
-            ..E2bInput::default()
-        }),
-        ..SessionExecutionRequest::default()
-    };
-    let pid = reached.sandbox.start(config, tag);
-    let row = app
-        .create_session_execution(&reached.key, &reached.id, execution)
-        .await;
-    let row = match row {
-        Ok(row) if row.allow => row,
-        Ok(row) => {
-            reached.sandbox.ended(pid);
-            return Err(ConnectError::new(
-                Code::PermissionDenied,
-                format!(
-                    "the policy denied this command (execution {}): {}",
-                    row.id,
-                    reasons_text(&row.reasons.0)
-                ),
-            ));
-        }
-        Err(err) => {
-            reached.sandbox.ended(pid);
-            return Err(connect_error(err));
-        }
-    };
-    reached.sandbox.started_as(pid, &row.id);
-    Ok((pid, row))
-}
-
-/// The process of a start request, and its tag, when sandgate can run it.
-fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), ConnectError> {
-    if request.pty.as_ref().is_some_and(|pty| !pty.is_null()) {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "PTY processes are not supported by sandgate's E2B API yet",
-        ));
-    }
-    if request.stdin == Some(true) {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "commands with stdin are not supported by sandgate's E2B API yet: run them with stdin=False",
-        ));
-    }
-    let config = request
-        .process
-        .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "StartRequest has no process"))?;
-    Ok((config, request.tag))
-}
-
-/// Sends the start event, keepalives while the command runs, then its output and end.
-async fn follow(
-    app: &App,
-    reached: &Reached,
-    pid: u32,
-    row: ExecutionRow,
-    keepalive: Option<Duration>,
-    tx: &tokio::sync::mpsc::Sender<Bytes>,
-) {
-    let send = |event: ProcessEvent| message(&event.response());
-    let _ = tx.send(send(ProcessEvent::Start { pid })).await;
-    let mut last_sent = tokio::time::Instant::now();
-    let mut row = row;
-    while row.finished_at.is_none() {
-        tokio::time::sleep(POLL).await;
-        if keepalive.is_some_and(|every| last_sent.elapsed() >= every) {
-            // A client that went away does not stop the command (as with E2B's envd).
-            let _ = tx.send(send(ProcessEvent::Keepalive)).await;
-            last_sent = tokio::time::Instant::now();
-        }
-        match app.get_execution(&reached.key, &row.id).await {
-            Ok(now) => row = now,
-            Err(err) => {
-                let err = ConnectError::new(
-                    Code::Unavailable,
-                    format!("following the command failed: {err}"),
-                );
-                let _ = tx.send(end_stream(Some(&err))).await;
-                return;
-            }
-        }
-    }
-    for (bytes, stdout) in [(&row.stdout, true), (&row.stderr, false)] {
-        for chunk in bytes.as_deref().unwrap_or_default().chunks(CHUNK) {
-            let event = if stdout {
-                ProcessEvent::Stdout(chunk.to_vec())
-            } else {
-                ProcessEvent::Stderr(chunk.to_vec())
-            };
-            let _ = tx.send(send(event)).await;
-        }
-    }
-    settled(app, reached).await;
-    let _ = tx.send(send(ProcessEvent::End(end_event(&row)))).await;
-    let _ = tx.send(end_stream(None)).await;
-}
-
 /// Waits (at most [`SETTLE`]) until the session no longer counts as busy: its record is
 /// finished a moment before the session is released, and the SDK's next call (a command, a
 /// file operation) would otherwise find it busy.
@@ -420,107 +176,6 @@ pub(super) async fn settled(app: &App, reached: &Reached) {
             _ => return,
         }
     }
-}
-
-/// The end event of a finished record: the exit code, or why there is none.
-fn end_event(row: &ExecutionRow) -> EndEvent {
-    match (row.exit_code, row.status) {
-        (Some(code), ExecutionStatus::Succeeded | ExecutionStatus::Failed) => EndEvent {
-            exit_code: code,
-            exited: true,
-            status: format!("exit status {code}"),
-            error: None,
-        },
-        (code, status) => EndEvent {
-            exit_code: code.unwrap_or(-1),
-            exited: false,
-            status: format!("signal: {status}"),
-            error: Some(
-                row.error
-                    .clone()
-                    .unwrap_or_else(|| format!("the command ended: {status}")),
-            ),
-        },
-    }
-}
-
-/// The bash the session runs for one process: in a subshell (nothing it does outlives it in
-/// the session's shell), in its working directory, with the sandbox's and the call's envs,
-/// `exec`ing the program with its arguments exactly as given.
-fn command_script(
-    config: &ProcessConfig,
-    sandbox_envs: &BTreeMap<String, String>,
-) -> Result<String, ConnectError> {
-    if config.cmd.is_empty() {
-        return Err(ConnectError::new(
-            Code::InvalidArgument,
-            "the process has no cmd",
-        ));
-    }
-    let mut script = String::from("(\n");
-    match &config.cwd {
-        Some(cwd) => script.push_str(&format!("cd -- {} || exit 1\n", quote(cwd))),
-        None => script.push_str(&format!(
-            "cd -- {home} 2>/dev/null || cd -- {}\n",
-            crate::runtime::WORKSPACE,
-            home = E2B_HOME
-        )),
-    }
-    let mut envs = sandbox_envs.clone();
-    envs.extend(config.envs.clone());
-    for (name, value) in &envs {
-        let valid = name
-            .chars()
-            .next()
-            .is_some_and(|c| c == '_' || c.is_ascii_alphabetic())
-            && name.chars().all(|c| c == '_' || c.is_ascii_alphanumeric());
-        if !valid {
-            return Err(ConnectError::new(
-                Code::InvalidArgument,
-                format!("{name:?} is not a valid environment variable name"),
-            ));
-        }
-        script.push_str(&format!("export {}\n", quote(&format!("{name}={value}"))));
-    }
-    let argv: Vec<String> = std::iter::once(&config.cmd)
-        .chain(&config.args)
-        .map(|a| quote(a))
-        .collect();
-    script.push_str(&format!("exec {}\n)\n", argv.join(" ")));
-    Ok(script)
-}
-
-/// A python session runs the same bash as a child, its exit the cell's (`SystemExit`).
-fn python_wrapper(script: &str) -> String {
-    let literal = serde_json::to_string(script).unwrap_or_default();
-    format!(
-        "import subprocess as __sandgate_e2b\nraise SystemExit(__sandgate_e2b.call(['/bin/bash', '-c', {literal}], stdin=__sandgate_e2b.DEVNULL))\n"
-    )
-}
-
-/// Single-quoted for bash.
-pub(super) fn quote(text: &str) -> String {
-    format!("'{}'", text.replace('\'', r"'\''"))
-}
-
-fn connect_timeout_ms(parts: &Parts) -> Option<u64> {
-    parts
-        .headers
-        .get("connect-timeout-ms")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
-        .filter(|ms| *ms > 0)
-}
-
-/// `Keepalive-Ping-Interval` (seconds): how often the SDK wants a keepalive event.
-fn keepalive_interval(parts: &Parts) -> Option<Duration> {
-    parts
-        .headers
-        .get("keepalive-ping-interval")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|s| *s > 0)
-        .map(Duration::from_secs)
 }
 
 pub(super) fn connect_error(err: AppError) -> ConnectError {
@@ -571,34 +226,4 @@ pub(super) fn answer_error(err: &ConnectError, streaming: bool) -> Response {
         end_stream(Some(err)),
     )
         .into_response()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_command_runs_in_a_subshell_with_its_cwd_and_envs() {
-        let config = ProcessConfig {
-            cmd: "/bin/bash".to_owned(),
-            args: vec!["-l".to_owned(), "-c".to_owned(), "echo 'hi' $X".to_owned()],
-            envs: BTreeMap::from([("X".to_owned(), "it's".to_owned())]),
-            cwd: Some("/tmp".to_owned()),
-        };
-        let script = command_script(&config, &BTreeMap::new()).unwrap();
-        assert_eq!(
-            script,
-            "(\ncd -- '/tmp' || exit 1\nexport 'X=it'\\''s'\nexec '/bin/bash' '-l' '-c' 'echo '\\''hi'\\'' $X'\n)\n"
-        );
-    }
-
-    #[test]
-    fn an_env_name_that_is_no_name_is_refused() {
-        let config = ProcessConfig {
-            cmd: "true".to_owned(),
-            envs: BTreeMap::from([("A;rm".to_owned(), "x".to_owned())]),
-            ..ProcessConfig::default()
-        };
-        assert!(command_script(&config, &BTreeMap::new()).is_err());
-    }
 }

@@ -3,13 +3,26 @@
 //! handed out and the processes running. Lost with the gateway, as its sessions are.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use chrono::{DateTime, Utc};
 
 use super::connect::ProcessConfig;
+use crate::app::session_procs::ProcessControl;
 use crate::audit::ApiKey;
+
+/// Most processes running at once in one sandbox (a start past it: `resource_exhausted`).
+pub const MAX_PROCESSES: usize = 8;
+
+/// Most connections following one sandbox's processes at once (`process.Process/Connect`;
+/// each `Start` has its own follower besides).
+pub const MAX_FOLLOWERS: usize = 16;
+
+/// The next pid handed out, by every sandbox of this gateway: a pid is one sandbox's only, so
+/// another sandbox's pid is never found in this one (`not_found`), whichever it names. Small
+/// pids are a sandbox's own (its init, its runner); E2B's processes never are.
+static NEXT_PID: AtomicU32 = AtomicU32::new(1000);
 
 /// The E2B sandboxes this gateway serves.
 #[derive(Debug, Default)]
@@ -26,8 +39,19 @@ pub struct LiveSandbox {
     end_at: Mutex<DateTime<Utc>>,
     /// Woken when `end_at` changes, so the watcher (`control::watch`) sleeps anew.
     pub end_changed: tokio::sync::Notify,
-    next_pid: AtomicU32,
     running: Mutex<BTreeMap<u32, Running>>,
+    /// Connections following its processes now (at most [`MAX_FOLLOWERS`]).
+    followers: Arc<AtomicUsize>,
+}
+
+/// One of a sandbox's [`MAX_FOLLOWERS`]; given back when dropped.
+#[derive(Debug)]
+pub struct Follower(Arc<AtomicUsize>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A process started through `process.Process/Start` and not ended yet.
@@ -37,6 +61,8 @@ pub struct Running {
     pub tag: Option<String>,
     /// The session execution it is; `None` until its record exists.
     pub execution_id: Option<String>,
+    /// How to reach it (stdin, signals); `None` until it started.
+    pub control: Option<Arc<ProcessControl>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -66,9 +92,8 @@ impl LiveSandbox {
             envs,
             end_at: Mutex::new(end_at),
             end_changed: tokio::sync::Notify::new(),
-            // Small pids are the sandbox's own (init, the runner); E2B's processes never are.
-            next_pid: AtomicU32::new(1000),
             running: Mutex::new(BTreeMap::new()),
+            followers: Arc::new(AtomicUsize::new(0)),
         }
     }
 
@@ -81,21 +106,28 @@ impl LiveSandbox {
         self.end_changed.notify_waiters();
     }
 
-    /// A pid for a new process, and its entry among the running ones.
-    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> u32 {
-        let pid = self.next_pid.fetch_add(1, Ordering::Relaxed);
-        let running = Running {
+    /// A pid for a new process, and its entry among the running ones; `None` when
+    /// [`MAX_PROCESSES`] run already.
+    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> Option<u32> {
+        let mut running = lock(&self.running);
+        if running.len() >= MAX_PROCESSES {
+            return None;
+        }
+        let pid = NEXT_PID.fetch_add(1, Ordering::Relaxed);
+        let entry = Running {
             config,
             tag,
             execution_id: None,
+            control: None,
         };
-        lock(&self.running).insert(pid, running);
-        pid
+        running.insert(pid, entry);
+        Some(pid)
     }
 
-    pub fn started_as(&self, pid: u32, execution_id: &str) {
+    pub fn started_as(&self, pid: u32, execution_id: &str, control: Arc<ProcessControl>) {
         if let Some(running) = lock(&self.running).get_mut(&pid) {
             running.execution_id = Some(execution_id.to_owned());
+            running.control = Some(control);
         }
     }
 
@@ -108,6 +140,16 @@ impl LiveSandbox {
             .iter()
             .map(|(pid, running)| (*pid, running.clone()))
             .collect()
+    }
+
+    /// A place among the followers, unless all [`MAX_FOLLOWERS`] are taken.
+    pub fn follower(&self) -> Option<Follower> {
+        let taken = self
+            .followers
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |now| {
+                (now < MAX_FOLLOWERS).then_some(now + 1)
+            });
+        taken.ok().map(|_| Follower(Arc::clone(&self.followers)))
     }
 
     pub fn find(&self, pid: Option<u32>, tag: Option<&str>) -> Option<(u32, Running)> {

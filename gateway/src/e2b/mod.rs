@@ -5,7 +5,8 @@
 //!
 //! A layer over `app`, never beside it: an E2B sandbox is a sandgate session opened with
 //! `App::create_session` (`request.kind` `"session"`, `request.e2b`), every process start a
-//! session execution through `App::create_session_execution` (`request.e2b.call`), so each is
+//! session execution through `App::start_session_process` and every cell through
+//! `App::create_session_execution` (`request.e2b.call`), so each is
 //! decided by the policy, committed before it runs and recorded with its output and exit. This
 //! module holds no sandbox and runs nothing itself; what it adds is E2B's wire (`wire`,
 //! `connect`), the per-sandbox access tokens (stored hashed, `audit::e2b_sandboxes`), and the sandbox's
@@ -17,8 +18,10 @@ mod envd;
 pub mod error;
 mod files;
 mod filesystem;
+mod follow;
 mod interpreter;
 mod live;
+mod process;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
@@ -51,7 +54,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/sandboxes/{id}/{action}", any(control::unsupported))
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))
-        .route("/process.Process/{method}", post(envd::process))
+        .route("/process.Process/{method}", post(process::process))
         .route(
             "/filesystem.Filesystem/{method}",
             post(filesystem::filesystem),

@@ -8,6 +8,7 @@
 //! sandbox the pool started earlier. Both run through the same [`Sandbox::run`].
 
 pub mod docker;
+pub mod procs;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -401,6 +402,39 @@ pub trait SandboxRuntime: Send + Sync + 'static {
     fn list(&self) -> BoxFuture<'_, Result<Vec<SandboxInfo>, RuntimeError>>;
     /// Kills and removes one container, however wedged.
     fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// Starts a process beside a session sandbox's runner (`procs`), as the program's user.
+    fn start_process<'a>(
+        &'a self,
+        container: &'a str,
+        spec: procs::ProcessSpec,
+    ) -> BoxFuture<'a, Result<procs::StartedProcess, RuntimeError>> {
+        let _ = (container, spec);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no processes".into(),
+            ))
+        }
+        .boxed()
+    }
+    /// The exit code of a started process whose output ended (`None`: it still runs, or
+    /// the runtime does not know).
+    fn process_exit<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, RuntimeError>> {
+        let _ = handle;
+        async { Ok(None) }.boxed()
+    }
+    /// Signals the started process of `tag`; whether one ran.
+    fn signal_process<'a>(
+        &'a self,
+        container: &'a str,
+        tag: &'a str,
+        signal: procs::ProcessSignal,
+    ) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        let _ = (container, tag, signal);
+        async { Ok(false) }.boxed()
+    }
     /// Starts a sandbox for `plan` restored from a checkpoint image ([`Sandbox::checkpoint`]):
     /// it goes on where the checkpointed one stopped, in a new container with the plan's own
     /// egress socket directory and output area. A session sandbox needs no opening line.

@@ -237,8 +237,8 @@ async fn audited(gw: &TestGateway, id: &str) {
         "the denied command is recorded as denied: {rows:?}"
     );
     assert_eq!(
-        rows[5].0, "cancelled",
-        "the killed one is recorded cancelled: {rows:?}"
+        rows[5].0, "killed",
+        "the killed one is recorded killed: {rows:?}"
     );
     let decided: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM audit_events a JOIN executions e ON e.id = a.execution_id \

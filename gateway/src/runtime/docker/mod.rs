@@ -8,6 +8,7 @@ mod call;
 mod checkpoint;
 pub mod cleanup;
 mod oom;
+mod procs;
 mod run;
 mod session_files;
 mod turn;
@@ -142,6 +143,30 @@ impl SandboxRuntime for DockerRuntime {
 
     fn destroy<'a>(&'a self, container_id: &'a str) -> BoxFuture<'a, Result<(), RuntimeError>> {
         async move { cleanup::remove(self.client().await?, container_id).await }.boxed()
+    }
+
+    fn start_process<'a>(
+        &'a self,
+        container: &'a str,
+        spec: crate::runtime::procs::ProcessSpec,
+    ) -> BoxFuture<'a, Result<crate::runtime::procs::StartedProcess, RuntimeError>> {
+        async move { procs::start(self.client().await?, container, spec).await }.boxed()
+    }
+
+    fn process_exit<'a>(
+        &'a self,
+        handle: &'a str,
+    ) -> BoxFuture<'a, Result<Option<i64>, RuntimeError>> {
+        async move { procs::exit(self.client().await?, handle).await }.boxed()
+    }
+
+    fn signal_process<'a>(
+        &'a self,
+        container: &'a str,
+        tag: &'a str,
+        signal: crate::runtime::procs::ProcessSignal,
+    ) -> BoxFuture<'a, Result<bool, RuntimeError>> {
+        async move { procs::signal(self.client().await?, container, tag, signal).await }.boxed()
     }
 
     fn restore<'a>(
