@@ -45,6 +45,7 @@ mod cli_cancel;
 mod dashboards;
 mod e2b;
 mod e2b_files;
+mod e2b_tenancy;
 mod egress;
 mod egress_hardening;
 mod egress_inspect;
