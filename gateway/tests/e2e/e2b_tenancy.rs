@@ -78,7 +78,7 @@ out["identity"] = r.stdout.split()
 mine.files.write("relative.txt", "at home")
 out["relative_read"] = mine.files.read("/home/user/relative.txt")
 out["relative_listed"] = sorted(e.name for e in mine.files.list("/home/user"))
-r = mine.commands.run("cat relative.txt; touch /etc/x 2>/dev/null || echo root-read-only; echo $PATH")
+r = mine.commands.run("cat relative.txt; echo; touch /etc/x 2>/dev/null || echo root-read-only; echo $PATH")
 out["home_cwd"] = r.stdout.splitlines()
 
 # --- tenancy ---------------------------------------------------------------------------------
@@ -103,7 +103,7 @@ out["their_token_on_mine"] = {
     "files_get": httpx.get(base + "/files", params={"path": "/home/user/relative.txt"}, headers={"E2b-Sandbox-Id": mine.sandbox_id, "X-Access-Token": tt}).status_code,
     "files_post": httpx.post(base + "/files", params={"path": "/home/user/planted.txt"}, headers={"E2b-Sandbox-Id": mine.sandbox_id, "X-Access-Token": tt, "Content-Type": "application/octet-stream"}, content=b"x").status_code,
     "execute": envd(mine.sandbox_id, tt, "/execute", json.dumps({"code": "print(1)"})).status_code,
-    "start": stream(mine.sandbox_id, tt, env({"process": {"cmd": "/bin/echo", "args": ["planted"]}}))["status"],
+    "start": stream(mine.sandbox_id, tt, env({"process": {"cmd": "/bin/echo", "args": ["planted"]}})),
     "health": httpx.get(base + "/health", headers={"E2b-Sandbox-Id": mine.sandbox_id, "X-Access-Token": tt}).status_code,
 }
 # Same tenant, two sandboxes: the first one's token and process ids stay the first one's.
@@ -172,7 +172,7 @@ out["killed"] = {
     "connect": attempt(lambda: Sandbox.connect(second.sandbox_id)),
     "kill_again": Sandbox.kill(second.sandbox_id),
     "raw_start": stream(second.sandbox_id, st, msg),
-    "raw_execute": answer(envd(second.sandbox_id, st, "/execute", json.dumps({"code": "1"}))),
+    "raw_execute": answer(envd(second.sandbox_id, st, "/execute", json.dumps({"code": "echo", "language": "bash"}))),
 }
 out["mine_alive"] = mine.commands.run("echo alive").stdout
 out["ids"] = {"mine": mine.sandbox_id, "theirs": theirs.sandbox_id, "second": second.sandbox_id}
@@ -184,7 +184,17 @@ print(json.dumps(out))
 #[tokio::test(flavor = "multi_thread")]
 async fn e2b_sandboxes_stay_their_tenants_and_refuse_bad_input() {
     common::require_docker();
-    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+    // The shipped tenants: only acme opens sessions; forge may too here, as a second tenant.
+    let policies = common::copy_of_shipped();
+    let tenants = policies.path().join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    let anchor = "    description: Forge coding agent (runs test suites)\n";
+    assert!(text.contains(anchor));
+    let text = text.replacen(anchor, &format!("{anchor}    sessions: true\n"), 1);
+    std::fs::write(&tenants, text).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
         config.max_sessions = 4;
     })
     .await;
@@ -231,19 +241,30 @@ fn the_sandbox_is_e2b_s(said: &Value) {
     );
 }
 
+/// What the SDK raised for a 404: its `SandboxNotFoundException` (a `NotFoundException`),
+/// naming the sandbox.
+fn not_found(raised: &Value, id: &str) {
+    assert_eq!(raised[0], "SandboxNotFoundException", "{raised}");
+    assert!(raised[1].as_str().unwrap().contains(id), "{raised}");
+}
+
 /// E2B's error shape for a control-plane call: `{"code": 404, "message": ...}`.
 fn e2b_404(answer: &Value, id: &str) {
     assert_eq!(answer["status"], 404, "{answer}");
     assert_eq!(answer["body"]["code"], 404, "{answer}");
     let message = answer["body"]["message"].as_str().unwrap();
-    assert!(message.contains(id), "the 404 names the id asked for: {answer}");
+    assert!(
+        message.contains(id),
+        "the 404 names the id asked for: {answer}"
+    );
 }
 
 fn another_tenant_gets_404(said: &Value, mine: &str, theirs: &str) {
     assert_eq!(said["other_list"], json!([theirs]), "{said}");
     assert_eq!(said["other_list_v1"], json!([theirs]), "{said}");
-    assert_eq!(said["other_set_timeout"][0], "NotFoundException", "{said}");
-    assert_eq!(said["other_connect"][0], "NotFoundException", "{said}");
+    for call in ["other_set_timeout", "other_connect"] {
+        not_found(&said[call], mine);
+    }
     for call in ["info", "kill", "timeout", "refreshes", "connect"] {
         e2b_404(&said["raw_other"][call], mine);
     }
@@ -258,14 +279,17 @@ fn another_tenant_gets_404(said: &Value, mine: &str, theirs: &str) {
     ] {
         assert_eq!(probes[surface], 401, "{surface}: {probes}");
     }
-    // A server stream refused before it starts: Connect's unary-style error, HTTP 401.
-    assert_eq!(probes["start"], 401, "{probes}");
+    // A server stream answers 200 and ends with its error (Connect's streaming rule).
+    stream_error(&probes["start"], "unauthenticated", "not valid for sandbox");
 }
 
 fn tokens_and_pids_stay_their_sandbox_s(said: &Value) {
     let sibling = &said["token_on_sibling"];
     assert_eq!(sibling["stat"]["status"], 401, "{sibling}");
-    assert_eq!(sibling["stat"]["body"]["code"], "unauthenticated", "{sibling}");
+    assert_eq!(
+        sibling["stat"]["body"]["code"], "unauthenticated",
+        "{sibling}"
+    );
     assert_eq!(sibling["files_get"], 401, "{sibling}");
     assert_eq!(sibling["execute"], 401, "{sibling}");
     let signal = &said["signal_other_pid"];
@@ -274,6 +298,21 @@ fn tokens_and_pids_stay_their_sandbox_s(said: &Value) {
     assert_eq!(
         said["bg_still_listed"], true,
         "the process the pid named still runs in its own sandbox"
+    );
+}
+
+/// A refused server stream: HTTP 200 and one end-of-stream envelope (flag 2) holding the
+/// error, nothing before it (no start event: nothing ran).
+fn stream_error(answer: &Value, code: &str, says: &str) {
+    assert_eq!(answer["status"], 200, "{answer}");
+    let frames = answer["frames"].as_array().unwrap();
+    assert_eq!(frames.len(), 1, "{answer}");
+    assert_eq!(frames[0][0], 2, "{answer}");
+    connect_error(
+        &json!({"status": 200, "body": frames[0][1]["error"]}),
+        200,
+        code,
+        says,
     );
 }
 
@@ -288,19 +327,42 @@ fn connect_error(answer: &Value, status: u64, code: &str, says: &str) {
 
 fn bad_input_is_refused_clearly(said: &Value) {
     let stream = &said["bad_stream"];
-    connect_error(&stream["short"], 400, "invalid_argument", "Connect envelope");
-    connect_error(&stream["length_mismatch"], 400, "invalid_argument", "length");
-    connect_error(&stream["two_messages"], 400, "invalid_argument", "length");
-    connect_error(&stream["compressed"], 400, "invalid_argument", "compressed");
-    connect_error(&stream["over_limit"], 429, "resource_exhausted", "limit");
-    connect_error(&stream["not_json"], 400, "invalid_argument", "not valid JSON");
-    connect_error(&stream["wrong_types"], 400, "invalid_argument", "not valid JSON");
-    connect_error(&stream["no_cmd"], 400, "invalid_argument", "no cmd");
-    connect_error(&stream["protobuf"], 400, "invalid_argument", "JSON");
+    stream_error(&stream["short"], "invalid_argument", "Connect envelope");
+    stream_error(&stream["length_mismatch"], "invalid_argument", "length");
+    stream_error(&stream["two_messages"], "invalid_argument", "length");
+    stream_error(&stream["compressed"], "invalid_argument", "compressed");
+    stream_error(
+        &stream["over_limit"],
+        "resource_exhausted",
+        "limit is 1048576",
+    );
+    stream_error(&stream["not_json"], "invalid_argument", "not valid JSON");
+    stream_error(&stream["wrong_types"], "invalid_argument", "not valid JSON");
+    stream_error(&stream["no_cmd"], "invalid_argument", "no cmd");
+    stream_error(
+        &stream["protobuf"],
+        "invalid_argument",
+        "application/connect+json",
+    );
     let unary = &said["bad_unary"];
-    connect_error(&unary["not_json"], 400, "invalid_argument", "not valid JSON");
-    connect_error(&unary["wrong_types"], 400, "invalid_argument", "not valid JSON");
-    connect_error(&unary["protobuf"], 400, "invalid_argument", "JSON");
+    connect_error(
+        &unary["not_json"],
+        400,
+        "invalid_argument",
+        "not valid JSON",
+    );
+    connect_error(
+        &unary["wrong_types"],
+        400,
+        "invalid_argument",
+        "not valid JSON",
+    );
+    connect_error(
+        &unary["protobuf"],
+        400,
+        "invalid_argument",
+        "application/json",
+    );
     connect_error(&unary["unknown_method"], 501, "unimplemented", "Nope");
     assert_eq!(unary["execute_not_json"]["status"], 400, "{unary}");
     assert_eq!(unary["no_sandbox_header"], 400, "{unary}");
@@ -340,11 +402,19 @@ fn a_killed_sandbox_says_so(said: &Value) {
     }
     assert_eq!(killed["is_running"], false);
     for call in ["info", "set_timeout", "connect"] {
-        assert_eq!(killed[call][0], "NotFoundException", "{call}: {killed}");
+        not_found(&killed[call], id);
     }
     assert_eq!(killed["kill_again"], false);
-    assert_ne!(killed["raw_start"]["status"], 200, "{killed}");
-    assert_ne!(killed["raw_execute"]["status"], 200, "{killed}");
+    stream_error(&killed["raw_start"], "failed_precondition", "is closed");
+    let execute = &killed["raw_execute"];
+    assert_eq!(execute["status"], 409, "{killed}");
+    assert!(
+        execute["body"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is closed"),
+        "{killed}"
+    );
 }
 
 /// Every refused call left no session execution behind: the sandbox's executions are its
@@ -362,7 +432,13 @@ async fn audited(gw: &TestGateway, mine: &str) {
     // identity, cat, the background sleep (killed), still-fine, alive.
     assert_eq!(
         commands,
-        ["succeeded", "succeeded", "cancelled", "succeeded", "succeeded"],
+        [
+            "succeeded",
+            "succeeded",
+            "cancelled",
+            "succeeded",
+            "succeeded"
+        ],
         "no refused call became an execution"
     );
     let events: Vec<(String, String)> = sqlx::query_as(
