@@ -493,3 +493,69 @@ async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
 }
+
+/// Templates come from the config (`e2b.templates`): a template named there opens a session
+/// of its language; any other, the shipped names included when the config drops them, is a 404
+/// in E2B's shape naming the configured ones, and opens nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn templates_are_the_configured_ones() {
+    common::require_docker();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+        config.e2b.templates = [
+            ("base", "bash"),
+            ("data-science", "python"),
+        ]
+        .into_iter()
+        .map(|(name, language)| {
+            let template = gateway::config::E2bTemplate {
+                language: language.to_owned(),
+            };
+            (name.to_owned(), template)
+        })
+        .collect();
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let create = |template: &'static str| {
+        gw.http
+            .post(format!("{}/e2b/v2/sandboxes", gw.url))
+            .header("x-api-key", &agent)
+            .json(&json!({"templateID": template, "timeout": 60}))
+            .send()
+    };
+    for unknown in ["code-interpreter-v1", "nope"] {
+        let response = create(unknown).await.unwrap();
+        assert_eq!(response.status(), 404, "{unknown}");
+        let body: Value = response.json().await.unwrap();
+        assert_eq!(body["code"], 404, "{body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("{unknown:?}"))
+                && message.contains("(configured: base, data-science)"),
+            "{message}"
+        );
+    }
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions")
+        .fetch_one(&gw.pool().await)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0, "an unknown template opens nothing");
+
+    let response = create("data-science").await.unwrap();
+    assert_eq!(response.status(), 201);
+    let created: Value = response.json().await.unwrap();
+    let id = created["sandboxID"].as_str().unwrap();
+    assert_eq!(created["templateID"], "data-science", "{created}");
+    let (status, session) = gw.get(&agent, &format!("/v1/sessions/{id}")).await;
+    assert_eq!(status, 200, "{session}");
+    assert_eq!(session["language"], "python", "{session}");
+    let killed = gw
+        .http
+        .delete(format!("{}/e2b/sandboxes/{id}", gw.url))
+        .header("x-api-key", &agent)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status(), 204);
+    gw.stop().await;
+}
