@@ -150,7 +150,7 @@ impl App {
                 .slot()
                 .await
                 .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
-            // A held E2B create has its E2B row already (`e2b/control.rs`): it opens in E2B's home.
+            // A held E2B create has its E2B row already (`e2b/control.rs`): E2B's home.
             let starts_in = match self.audit.e2b_sandbox(&row.id).await? {
                 Some(_) => StartsIn::UserHome,
                 None => StartsIn::Workspace,

@@ -549,8 +549,6 @@ pub(super) async fn release(held: Held) {
     home.remove();
 }
 
-/// The opening line: the session's environment, and with a grant its bridge, trust bundle and
-/// credential placeholders (as a plain execution's job carries them).
 /// Where a session's runner starts (its cells' working directory) and its `HOME`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum StartsIn {
@@ -571,6 +569,8 @@ impl StartsIn {
     }
 }
 
+/// The opening line: the session's environment and working directory, and with a grant its
+/// bridge, trust bundle and credential placeholders (as a plain execution's job carries them).
 fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64, starts_in: StartsIn) -> Job<'static> {
     let mut env = sandbox_env(cpus);
     let cwd = match starts_in {

@@ -27,6 +27,7 @@ const AGENT: &str = r#"
 import json, os, struct
 import httpx
 from e2b import Sandbox, SandboxException, NotFoundException
+from e2b_code_interpreter import Sandbox as CodeInterpreter
 
 base = os.environ["E2B_SANDBOX_URL"]
 api = os.environ["E2B_API_URL"]
@@ -80,6 +81,12 @@ out["relative_read"] = mine.files.read("/home/user/relative.txt")
 out["relative_listed"] = sorted(e.name for e in mine.files.list("/home/user"))
 r = mine.commands.run("cat relative.txt; echo; touch /etc/x 2>/dev/null || echo root-read-only; echo $PATH")
 out["home_cwd"] = r.stdout.splitlines()
+ci = CodeInterpreter.create(timeout=120)
+cell = "import os, getpass\nopen('cell.txt', 'w').write('from a cell')\n(os.getcwd(), os.environ['HOME'], getpass.getuser())"
+out["cell_identity"] = ci.run_code(cell).text
+out["cell_file"] = ci.files.read("cell.txt")
+out["ci_command"] = ci.commands.run("pwd; whoami").stdout.split()
+ci.kill()
 
 # --- tenancy ---------------------------------------------------------------------------------
 theirs = Sandbox.create(template="base", timeout=120, api_key=other_key)
@@ -231,6 +238,12 @@ fn the_sandbox_is_e2b_s(said: &Value) {
             .contains(&json!("relative.txt")),
         "{said}"
     );
+    assert_eq!(
+        said["cell_identity"], "('/home/user', '/home/user', 'user')",
+        "a run_code cell starts in /home/user too: {said}"
+    );
+    assert_eq!(said["cell_file"], "from a cell");
+    assert_eq!(said["ci_command"], json!(["/home/user", "user"]), "{said}");
     let lines = said["home_cwd"].as_array().unwrap();
     assert_eq!(lines[0], "at home", "commands start in /home/user: {said}");
     assert_eq!(lines[1], "root-read-only", "{said}");
@@ -465,12 +478,16 @@ async fn audited(gw: &TestGateway, mine: &str) {
 }
 
 async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
+    run_script(AGENT, url, agent, other).await
+}
+
+async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -> Value {
     let python = python_venv().join("bin/python");
     let e2b = format!("{url}/e2b");
     let (agent, other) = (agent.to_owned(), other.to_owned());
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python)
-            .args(["-c", AGENT])
+            .args(["-c", script])
             .env("E2B_API_URL", &e2b)
             .env("E2B_SANDBOX_URL", &e2b)
             .env("E2B_API_KEY", agent)
@@ -558,4 +575,75 @@ async fn templates_are_the_configured_ones() {
         .unwrap();
     assert_eq!(killed.status(), 204);
     gw.stop().await;
+}
+
+/// The copy's network part, with E2B sandboxes labelled `purpose: review` sent to a reviewer.
+const HOLD_RULE: &str = r#"network_part := {"require_approval": true, "reasons": [{"code": "e2b.review", "message": "E2B sandboxes for purpose review need a reviewer"}]} if {
+	input.request.kind == "session"
+	input.request.labels.purpose == "review"
+} else := {"require_approval": false, "reasons": []} if {"#;
+
+/// Asks for a sandbox the policy holds; prints the message of what the SDK raised.
+const HELD: &str = r#"
+import json
+from e2b import Sandbox
+try:
+    Sandbox.create(template="base", metadata={"purpose": "review"})
+    print(json.dumps({"raised": "nothing"}))
+except Exception as e:
+    print(json.dumps({"raised": type(e).__name__, "message": str(e)}))
+"#;
+
+/// Once approved: connects to the held sandbox (its id in OTHER_KEY) and asks where it is.
+const APPROVED: &str = r#"
+import json, os
+from e2b import Sandbox
+sbx = Sandbox.connect(os.environ["OTHER_KEY"])
+print(json.dumps({"where": sbx.commands.run("whoami; pwd; echo $HOME").stdout.split()}))
+sbx.kill()
+"#;
+
+/// A held E2B create opens, once a reviewer approves it, in E2B's home as well.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approved_e2b_sandbox_starts_in_home_user() {
+    common::require_docker();
+    let policies = common::copy_of_shipped();
+    let rego = policies.path().join("execution.rego");
+    let text = std::fs::read_to_string(&rego).unwrap();
+    let anchor = "network_part := {\"require_approval\": false, \"reasons\": []} if {";
+    assert!(text.contains(anchor));
+    std::fs::write(&rego, text.replacen(anchor, HOLD_RULE, 1)).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let reviewer = gw.key("reviewer", "acme").await;
+    let said = run_script(HELD, &gw.url, &agent, "").await;
+    assert_eq!(said["raised"], "ServiceBusyException", "{said}");
+    let message = said["message"].as_str().unwrap();
+    let approval = word_after(message, "(approval ");
+    let sandbox = word_after(message, "sandbox ");
+    let (status, body) = gw
+        .post(
+            &reviewer,
+            &format!("/v1/approvals/{approval}"),
+            &json!({"decision": "approve"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let said = run_script(APPROVED, &gw.url, &agent, &sandbox).await;
+    assert_eq!(
+        said["where"],
+        json!(["user", "/home/user", "/home/user"]),
+        "{said}"
+    );
+    gw.stop().await;
+}
+
+/// The word after `marker` in `text` (up to a space, `)` or `:`).
+fn word_after(text: &str, marker: &str) -> String {
+    let rest = &text[text.find(marker).unwrap() + marker.len()..];
+    rest.split([' ', ')', ':']).next().unwrap().to_owned()
 }
