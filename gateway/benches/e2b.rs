@@ -52,13 +52,13 @@ samples = {name: [] for name in ["e2b_echo", "own_echo", "e2b_code", "own_code",
 def own_open(language):
     r = own.post("/v1/sessions", json={"language": language})
     body = r.json()
-    assert r.status_code == 200 and body["status"] == "ready", (r.status_code, body)
+    assert r.status_code == 201 and body["status"] == "ready", (r.status_code, body)
     return body["id"]
 
 def own_run(session, code):
     r = own.post(f"/v1/sessions/{session}/executions", json={"code": code})
     body = r.json()
-    assert r.status_code == 200 and body["status"] == "succeeded", (r.status_code, body)
+    assert r.status_code in (200, 201) and body["status"] == "succeeded", (r.status_code, body)
     return body
 
 def own_close(session):

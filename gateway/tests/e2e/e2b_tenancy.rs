@@ -518,18 +518,15 @@ async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -
 async fn templates_are_the_configured_ones() {
     common::require_docker();
     let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
-        config.e2b.templates = [
-            ("base", "bash"),
-            ("data-science", "python"),
-        ]
-        .into_iter()
-        .map(|(name, language)| {
-            let template = gateway::config::E2bTemplate {
-                language: language.to_owned(),
-            };
-            (name.to_owned(), template)
-        })
-        .collect();
+        config.e2b.templates = [("base", "bash"), ("data-science", "python")]
+            .into_iter()
+            .map(|(name, language)| {
+                let template = gateway::config::E2bTemplate {
+                    language: language.to_owned(),
+                };
+                (name.to_owned(), template)
+            })
+            .collect();
     })
     .await;
     let agent = gw.key("agent", "acme").await;
