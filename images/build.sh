@@ -29,6 +29,16 @@ readonly ALL_IMAGES=(bash python)
 # use plain stat()/lstat(); they shadow coreutils through /usr/local/bin, first on PATH.
 readonly BUSYBOX_SHADOWED=(ls stat)
 readonly SELF="${BASH_SOURCE[0]}"
+# The program's uid and gid (sandbox-init's identity.rs: PROGRAM_UID, PROGRAM_GID), named
+# `user` with home /home/user as E2B's SDKs assume (see name_program_user).
+readonly PROGRAM_ID=65534
+readonly PROGRAM_PASSWD="user:x:$PROGRAM_ID:$PROGRAM_ID:user:/home/user:/bin/bash"
+# Debian's /etc/profile sets PATH for a non-root login shell (`bash -l`, how E2B's SDKs run
+# commands), dropping the sandbox's PATH (PYTHONUSERBASE's bin, /usr/local/sbin); see
+# keep_login_path.
+readonly DEBIAN_LOGIN_PATH='  PATH="/usr/local/bin:/usr/bin:/bin:/usr/local/games:/usr/games"'
+# shellcheck disable=SC2016 # written literally into /etc/profile
+readonly KEPT_LOGIN_PATH='  PATH="${PATH:-/usr/local/bin:/usr/bin:/bin}"'
 # Files the python image gets besides its packages (see customise_python).
 PYTHON_FILES_DIR="$(dirname "$SELF")/python"
 readonly PYTHON_FILES_DIR
@@ -172,6 +182,31 @@ prepare_rootfs() {
     done
 }
 
+# name_program_user ROOTFS: the program's uid and gid (Debian's `nobody` and `nogroup`, which
+# nothing in the image runs as) become `user`, home /home/user, shell bash: `whoami`, `id`,
+# `~user` and `ls -l` then say what E2B's SDKs expect. /home/user itself is not in the image:
+# the gateway mounts a size-capped tmpfs there in every sandbox (runsc creates the mount point).
+name_program_user() {
+    local etc="$1/etc"
+    sed -i "s|^nobody:x:$PROGRAM_ID:$PROGRAM_ID:.*\$|$PROGRAM_PASSWD|" "$etc/passwd"
+    sed -i "s|^nogroup:x:$PROGRAM_ID:|user:x:$PROGRAM_ID:|" "$etc/group"
+    sed -i 's|^nobody:|user:|' "$etc/shadow"
+    sed -i 's|^nogroup:|user:|' "$etc/gshadow"
+    grep -qx "$PROGRAM_PASSWD" "$etc/passwd" || die "no nobody:x:$PROGRAM_ID entry became user in $etc/passwd"
+    grep -q "^user:x:$PROGRAM_ID:" "$etc/group" || die "no nogroup:x:$PROGRAM_ID entry became user in $etc/group"
+}
+
+# keep_login_path ROOTFS: a login shell keeps the PATH the sandbox was given.
+keep_login_path() {
+    local profile="$1/etc/profile"
+    grep -qxF "$DEBIAN_LOGIN_PATH" "$profile" || die "$profile no longer sets PATH as expected"
+    # (Neither line has a backslash, which awk -v would read as an escape.)
+    awk -v from="$DEBIAN_LOGIN_PATH" -v to="$KEPT_LOGIN_PATH" \
+        '$0 == from { print to; next } { print }' "$profile" >"$profile.sandgate"
+    mv "$profile.sandgate" "$profile"
+    chmod 0644 "$profile"
+}
+
 # import_rootfs NAME RECIPE ROOTFS: import as sandgate/NAME:latest.
 import_rootfs() {
     local name=$1 recipe=$2 rootfs=$3 ref="sandgate/$1:latest"
@@ -217,6 +252,8 @@ build_image() {
         customise_python "$rootfs"
     fi
     prepare_rootfs "$rootfs"
+    name_program_user "$rootfs"
+    keep_login_path "$rootfs"
     log "sandgate/$name: importing $(du -sh "$rootfs" | cut -f1) (debootstrap took $((SECONDS - start))s)"
     start=$SECONDS
     import_rootfs "$name" "$recipe" "$rootfs"

@@ -15,7 +15,7 @@ use super::floor::Runnable;
 use super::launch::{Launch, Program};
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
-use super::sessions::{release, SessionShare};
+use super::sessions::{release, SessionShare, StartsIn};
 use super::subjects::StoredRequest;
 use super::validate::decode_files;
 use super::{error_chain, App, AppError};
@@ -150,7 +150,13 @@ impl App {
                 .slot()
                 .await
                 .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
+            // A held E2B create has its E2B row already (`e2b/control.rs`): E2B's home.
+            let starts_in = match self.audit.e2b_sandbox(&row.id).await? {
+                Some(_) => StartsIn::UserHome,
+                None => StartsIn::Workspace,
+            };
             let (id, tenant, language) = (&row.id, &row.tenant, &row.language);
+            let runner = (runner, starts_in);
             self.start_session(id, tenant, runner, language, runnable, (slot, live, share))
                 .await
         };

@@ -215,7 +215,7 @@ impl App {
                 self.start_session(
                     &id,
                     &caller.tenant,
-                    runner,
+                    (runner, StartsIn::of(request)),
                     &request.language,
                     runnable,
                     (slot, live, share),
@@ -316,7 +316,7 @@ impl App {
         &self,
         id: &str,
         tenant: &str,
-        runner: SessionRunner,
+        (runner, starts_in): (SessionRunner, StartsIn),
         language: &str,
         runnable: Runnable,
         (slot, live, share): (Slot, LiveGuard, SessionShare),
@@ -348,7 +348,11 @@ impl App {
         };
         let opened = match egress {
             Ok(egress) => sandbox
-                .open_session(opening_line(egress.as_ref(), runnable.limits.cpus))
+                .open_session(opening_line(
+                    egress.as_ref(),
+                    runnable.limits.cpus,
+                    starts_in,
+                ))
                 .await
                 .map(|()| egress)
                 .map_err(|err| unavailable("the opening line", &err)),
@@ -545,15 +549,42 @@ pub(super) async fn release(held: Held) {
     home.remove();
 }
 
-/// The opening line: the session's environment, and with a grant its bridge, trust bundle and
-/// credential placeholders (as a plain execution's job carries them).
-fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64) -> Job<'static> {
+/// Where a session's runner starts (its cells' working directory) and its `HOME`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum StartsIn {
+    /// sandgate's own sessions, as its executions: `/workspace`, `HOME=/tmp`.
+    Workspace,
+    /// E2B sandboxes: `/home/user`, their `HOME` too, as E2B's SDKs assume (`pwd`, `~`,
+    /// `$HOME` in a command or a `run_code` cell).
+    UserHome,
+}
+
+impl StartsIn {
+    /// E2B's home for a session the E2B layer asked for.
+    pub(super) fn of(request: &SessionRequest) -> Self {
+        match request.e2b {
+            Some(_) => StartsIn::UserHome,
+            None => StartsIn::Workspace,
+        }
+    }
+}
+
+/// The opening line: the session's environment and working directory, and with a grant its
+/// bridge, trust bundle and credential placeholders (as a plain execution's job carries them).
+fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64, starts_in: StartsIn) -> Job<'static> {
     let mut env = sandbox_env(cpus);
+    let cwd = match starts_in {
+        StartsIn::Workspace => crate::runtime::WORKSPACE,
+        StartsIn::UserHome => {
+            env.insert("HOME".to_owned(), crate::runtime::USER_HOME.to_owned());
+            crate::runtime::USER_HOME
+        }
+    };
     let mut files = Vec::new();
     let proxy = egress.map(|egress| with_egress(egress, &mut env, &mut files));
     Job {
         argv: vec!["session".to_owned()],
-        cwd: Some(crate::runtime::WORKSPACE.to_owned()),
+        cwd: Some(cwd.to_owned()),
         env: Some(env),
         files,
         proxy,

@@ -42,6 +42,11 @@ pub const SANDBOX_PROXY_LISTEN: &str = "127.0.0.1:3128";
 pub const OUTPUT_PATH: &str = "/output";
 /// The working directory, where uploaded files and the program land.
 pub const WORKSPACE: &str = "/workspace";
+/// The program's home, E2B's `/home/user` (images/build.sh names the program's uid `user` with
+/// this home): a size-capped tmpfs in every sandbox, as `/workspace` and `/tmp` are. E2B
+/// sandboxes start their runner and commands there; other sessions and executions keep
+/// [`WORKSPACE`].
+pub const USER_HOME: &str = "/home/user";
 
 /// A host directory mounted read-only into the sandbox (a dataset).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]

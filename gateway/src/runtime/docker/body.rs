@@ -1,5 +1,6 @@
 //! The container a [`SandboxPlan`] becomes, with the isolation floor no policy can lower:
-//! network `none`, a read-only root, size-capped tmpfs for `/workspace` and `/tmp`, every
+//! network `none`, a read-only root, size-capped tmpfs for `/workspace`, `/tmp` and
+//! `/home/user` (each capped at the decision's disk size), every
 //! capability dropped but the two sandbox-init (PID 1) needs to leave uid 0, no-new-privileges,
 //! memory = memory + swap, CPU, pids and open-file limits, log driver `none`. No policy input
 //! reaches here except the limits, already bounded by the configured ceilings.
@@ -13,7 +14,7 @@ use bollard::models::{
 
 use crate::runtime::{
     Owner, SandboxPlan, Waits, EXECUTION_LABEL, INIT_PATH, INSTANCE_LABEL, OUTPUT_PATH, POOL_LABEL,
-    SANDBOX_SOCKET_DIR,
+    SANDBOX_SOCKET_DIR, USER_HOME, WORKSPACE,
 };
 
 const MIB: i64 = 1024 * 1024;
@@ -27,7 +28,8 @@ const INIT_CAPABILITIES: [&str; 2] = ["SETUID", "SETGID"];
 
 pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
     let limits = &plan.limits;
-    // Programs may build and run binaries in /workspace and /tmp (test suites do); /output
+    // Programs may build and run binaries in /workspace, /tmp and the home (test suites do;
+    // runsc creates the home's mount point when an image lacks it); /output
     // (the host tmpfs of `mounts`, so its files outlive the container) holds data only.
     let tmpfs = |mb: u64| format!("rw,nosuid,nodev,exec,size={mb}m,mode=1777");
     let host_config = HostConfig {
@@ -47,8 +49,9 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
             hard: Some(NOFILE),
         }]),
         tmpfs: Some(HashMap::from([
-            ("/workspace".to_owned(), tmpfs(limits.disk_mb)),
+            (WORKSPACE.to_owned(), tmpfs(limits.disk_mb)),
             ("/tmp".to_owned(), tmpfs(limits.disk_mb)),
+            (USER_HOME.to_owned(), tmpfs(limits.disk_mb)),
         ])),
         mounts: Some(mounts(plan)),
         log_config: Some(HostConfigLogConfig {
@@ -77,7 +80,7 @@ pub fn container_body(plan: &SandboxPlan) -> ContainerCreateBody {
         entrypoint: Some(vec![INIT_PATH.to_owned()]),
         cmd: Some(cmd),
         user: Some(CONTAINER_USER.to_owned()),
-        working_dir: Some(crate::runtime::WORKSPACE.to_owned()),
+        working_dir: Some(WORKSPACE.to_owned()),
         hostname: Some("sandbox".to_owned()),
         env: Some(
             plan.env
