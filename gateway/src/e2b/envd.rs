@@ -22,9 +22,6 @@ use crate::app::refusals::RefusalKind;
 use crate::app::{App, AppError};
 use crate::audit::ApiKey;
 
-/// The working directory E2B's SDKs assume, when it exists in the image; else the
-/// sandbox's writable `/workspace`.
-pub(super) const E2B_HOME: &str = "/home/user";
 /// Longest wait for a finished command's session to be released.
 const SETTLE: Duration = Duration::from_secs(2);
 

@@ -56,11 +56,7 @@ pub async fn download(
             .into_response();
     };
     let read = app
-        .session_file_read(
-            &reached.key,
-            &reached.id,
-            &absolute(&app, &reached, path).await,
-        )
+        .session_file_read(&reached.key, &reached.id, &absolute(path))
         .await;
     match read {
         Ok((_, bytes)) => (
@@ -129,7 +125,7 @@ async fn upload_files(
     let files = uploaded(parts, params, &body)?;
     let mut written = Vec::with_capacity(files.len());
     for (path, content) in files {
-        let path = absolute(app, reached, &path).await;
+        let path = absolute(&path);
         make_parent(app, reached, &path).await?;
         let entry = app
             .session_file_write(&reached.key, &reached.id, &path, content, None)

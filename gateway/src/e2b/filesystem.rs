@@ -57,22 +57,22 @@ async fn call(
     match method {
         "Stat" => {
             let request: PathRequest = decode(body)?;
-            let path = absolute(app, reached, &request.path).await;
+            let path = absolute(&request.path);
             let entry = app.session_file_stat(key, id, &path).await;
             Ok(unary(&EntryResponse::from(entry.map_err(file_error)?)))
         }
         "MakeDir" => make_dir(app, reached, decode(body)?).await,
         "Move" => {
             let request: MoveRequest = decode(body)?;
-            let from = absolute(app, reached, &request.source).await;
-            let to = absolute(app, reached, &request.destination).await;
+            let from = absolute(&request.source);
+            let to = absolute(&request.destination);
             let entry = app.session_file_rename(key, id, &from, &to).await;
             Ok(unary(&EntryResponse::from(entry.map_err(file_error)?)))
         }
         "ListDir" => list_dir(app, reached, decode(body)?).await,
         "Remove" => {
             let request: PathRequest = decode(body)?;
-            let path = absolute(app, reached, &request.path).await;
+            let path = absolute(&request.path);
             app.session_file_remove(key, id, &path)
                 .await
                 .map_err(file_error)?;
@@ -102,7 +102,7 @@ async fn make_dir(
     reached: &Reached,
     request: PathRequest,
 ) -> Result<Response, ConnectError> {
-    let path = absolute(app, reached, &request.path).await;
+    let path = absolute(&request.path);
     let (key, id) = (&reached.key, reached.id.as_str());
     match app.session_file_stat(key, id, &path).await {
         Ok(entry) if entry.kind == FileKind::Dir => {
@@ -140,7 +140,7 @@ async fn list_dir(
             format!("depth {depth} is over sandgate's limit of {MAX_LIST_DEPTH}"),
         ));
     }
-    let path = absolute(app, reached, &request.path).await;
+    let path = absolute(&request.path);
     let listing = app
         .session_file_list(&reached.key, &reached.id, &path, depth)
         .await
@@ -150,29 +150,18 @@ async fn list_dir(
 }
 
 /// `path` as an absolute path: a relative one (or `~/...`) is under the sandbox's home
-/// (envd's rule), [`home`].
-pub(super) async fn absolute(app: &App, reached: &Reached, path: &str) -> String {
+/// (envd's rule): `/home/user`, a writable place of every sandbox.
+pub(super) fn absolute(path: &str) -> String {
     if path.starts_with('/') {
         return path.to_owned();
     }
-    let home = home(app, reached).await;
-    joined(home, path)
+    joined(crate::runtime::USER_HOME, path)
 }
 
 fn joined(home: &str, path: &str) -> String {
     let rest = path.strip_prefix("~/").unwrap_or(path);
     let rest = if rest == "~" { "" } else { rest };
     format!("{home}/{rest}").trim_end_matches('/').to_owned()
-}
-
-/// `/home/user` where the image has it (E2B's home, where commands start too), else the
-/// sandbox's writable `/workspace`.
-async fn home(app: &App, reached: &Reached) -> &'static str {
-    let home = super::envd::E2B_HOME;
-    match app.session_file_stat(&reached.key, &reached.id, home).await {
-        Ok(entry) if entry.kind == FileKind::Dir => home,
-        _ => crate::runtime::WORKSPACE,
-    }
 }
 
 /// A file operation's refusal as Connect's error: the SDK's `FileNotFoundException` for

@@ -24,9 +24,7 @@ use super::connect::{
     SendSignalRequest, StartRequest, StreamInputRequest, STREAM_CONTENT_TYPE,
 };
 use super::control::reasons_text;
-use super::envd::{
-    answer_error, connect_error, json_codec, reach, unary, LiveState, Reached, E2B_HOME,
-};
+use super::envd::{answer_error, connect_error, json_codec, reach, unary, LiveState, Reached};
 use super::follow::{follow, Events};
 use super::live::{Running, MAX_FOLLOWERS, MAX_PROCESSES};
 use crate::app::session_procs::{ProcessInput, ProcessStart, ProcessStarted};
@@ -358,7 +356,7 @@ fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), C
 }
 
 /// What runs: a `sh` that changes into the process's working directory (given: it must
-/// exist; else `/home/user` when the image has it, else `/workspace`), then `exec`s the
+/// exist; else `/home/user`, a writable place of every sandbox), then `exec`s the
 /// program with its arguments exactly as given.
 fn process_argv(config: &ProcessConfig) -> Result<Vec<String>, ConnectError> {
     let mut argv = vec!["/bin/sh".to_owned(), "-c".to_owned()];
@@ -372,8 +370,8 @@ fn process_argv(config: &ProcessConfig) -> Result<Vec<String>, ConnectError> {
         }
         None => {
             argv.push(format!(
-                r#"cd -- {E2B_HOME} 2>/dev/null || cd -- {}; exec "$@""#,
-                crate::runtime::WORKSPACE
+                r#"cd -- {} || exit 1; exec "$@""#,
+                crate::runtime::USER_HOME
             ));
             argv.push("sh".to_owned());
         }
