@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -22,17 +22,21 @@ use super::scheduler::Slot;
 use super::sessions::{release, Held, SessionShare};
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
+use crate::audit::snapshots::PauseRow;
 use crate::audit::{ApiKey, NewEvent};
-use crate::egress::ExecutionEgress;
+use crate::egress::{ExecutionEgress, Listen};
+use egress_proxy::Inspection;
 use crate::runtime::{Owner, SessionRunner, Waits};
 use crate::session_wire::SessionStatus;
 
-/// Paused sessions of this gateway: what a resume needs to restore each; and the open
-/// sessions that close, rather than pause, once idle.
+/// Paused sessions of this gateway: what a resume needs to restore each; the open sessions
+/// that close, rather than pause, once idle; and the CA and placeholders each kept snapshot's
+/// program holds (a fork serves them again: `Inspection::for_grant_carrying`).
 #[derive(Debug, Default)]
 pub struct PausedSessions {
     map: Mutex<HashMap<String, Paused>>,
     close_when_idle: Mutex<std::collections::HashSet<String>>,
+    carried: Mutex<HashMap<String, Arc<Inspection>>>,
 }
 
 /// One paused session's image and what its sandbox was.
@@ -44,6 +48,8 @@ pub(super) struct Paused {
     runnable: Runnable,
     language: String,
     executions: u64,
+    /// The CA and placeholders its program holds (with an inspected destination).
+    inspection: Option<Arc<Inspection>>,
 }
 
 impl PausedSessions {
@@ -79,6 +85,37 @@ impl PausedSessions {
             remove_image(&paused.image);
         }
     }
+
+    fn closes_when_idle(&self, id: &str) -> bool {
+        self.close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id)
+    }
+
+    fn carried(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Inspection>>> {
+        self.carried.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps what a kept snapshot's program holds, for its forks.
+    pub(super) fn carry(&self, snapshot_id: &str, inspection: Option<Arc<Inspection>>) {
+        if let Some(inspection) = inspection {
+            self.carried().insert(snapshot_id.to_owned(), inspection);
+        }
+    }
+
+    /// Whether the session is paused here, and if so whether its grant inspected anything.
+    fn inspected(&self, id: &str) -> Option<bool> {
+        self.lock().get(id).map(|paused| paused.inspection.is_some())
+    }
+
+    pub(super) fn carried_by(&self, snapshot_id: &str) -> Option<Arc<Inspection>> {
+        self.carried().get(snapshot_id).cloned()
+    }
+
+    pub(super) fn uncarry(&self, snapshot_id: &str) {
+        self.carried().remove(snapshot_id);
+    }
 }
 
 /// Whose session an event is about.
@@ -110,6 +147,8 @@ pub(super) struct Restore<'a> {
     pub(super) runnable: Runnable,
     pub(super) language: &'a str,
     pub(super) executions: u64,
+    /// What the checkpointed program trusts and holds: its listener serves them again.
+    pub(super) carried: Option<Arc<Inspection>>,
 }
 
 /// What a pause, a resume or a restore failed at.
@@ -166,27 +205,12 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(not_open(row));
         };
-        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
         let started = std::time::Instant::now();
-        if let Err(err) = held.sandbox.checkpoint(&image).await {
-            // The image is never kept half-written; the session keeps its sandbox (a dead one
-            // closes it at its next execution).
-            remove_image(&image);
-            return Err(AppError::Internal(format!(
-                "pausing session {id}: {}",
-                error_chain(&err)
-            )));
-        }
-        let (sha256, bytes) = match image_digest(&image) {
-            Ok(digest) => digest,
-            Err(err) => {
-                remove_image(&image);
-                return Err(err.into());
-            }
-        };
-        let Some(held) = guard.take() else {
-            return Err(not_open(row));
-        };
+        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
+        let (sha256, bytes) = checkpoint_complete(held, &image, &self.instance)
+            .await
+            .map_err(|err| pause_failed(id, err))?;
+        let inspection = held.egress.as_ref().and_then(ExecutionEgress::inspection);
         let paused = Paused {
             image,
             sha256: sha256.clone(),
@@ -194,18 +218,61 @@ impl App {
             runnable: held.runnable.clone(),
             language: held.language.clone(),
             executions: held.executions,
+            inspection,
+        };
+        if let Err(err) = self.store_pause(id, &paused).await {
+            // Not stored: the session goes on from the image it just wrote, never paused.
+            return Err(self.unpaused(row, &mut guard, &paused, err).await);
+        }
+        let Some(held) = guard.take() else {
+            return Err(not_open(row));
         };
         release(held).await;
         self.session_cursors.close(id);
         self.sessions.paused.put(id, paused);
         let took_ms = started.elapsed().as_millis();
-        self.audit
-            .set_session_status(id, SessionStatus::Paused, false)
-            .await?;
         let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
         self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
             .await;
         Ok(())
+    }
+
+    /// The session's row says `paused` and its checkpoint is stored with it, in one
+    /// transaction (a restarted gateway serves it from there).
+    async fn store_pause(&self, id: &str, paused: &Paused) -> Result<(), AppError> {
+        let row = PauseRow {
+            session_id: id.to_owned(),
+            image: paused.image.to_string_lossy().into_owned(),
+            sha256: paused.sha256.clone(),
+            bytes: i64::try_from(paused.bytes).unwrap_or(i64::MAX),
+            runnable: sqlx::types::Json(json!(paused.runnable)),
+            language: paused.language.clone(),
+            executions: i64::try_from(paused.executions).unwrap_or(i64::MAX),
+            inspected: paused.inspection.is_some(),
+            closes_when_idle: self.sessions.paused.closes_when_idle(id),
+        };
+        Ok(self.audit.store_pause(&row).await?)
+    }
+
+    /// A checkpoint that stopped the sandbox but could not be stored: the session goes on from
+    /// the image, else it is lost (closed `crashed`); the image is removed either way.
+    async fn unpaused(
+        &self,
+        row: &SessionRow,
+        guard: &mut tokio::sync::MutexGuard<'_, Option<Held>>,
+        paused: &Paused,
+        err: AppError,
+    ) -> AppError {
+        if let Some(held) = guard.take() {
+            match self.continue_from(row, held, &paused.image).await {
+                Ok(held) => **guard = Some(held),
+                Err(lost) => {
+                    tracing::error!(session_id = %row.id, error = %lost, "the session could not go on after a failed pause");
+                }
+            }
+        }
+        remove_image(&paused.image);
+        err
     }
 
     /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
@@ -241,6 +308,7 @@ impl App {
                 self.audit
                     .set_session_status(id, SessionStatus::Ready, false)
                     .await?;
+                self.audit.forget_pause(id).await?;
                 let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
@@ -266,6 +334,7 @@ impl App {
             runnable: paused.runnable.clone(),
             language: &paused.language,
             executions: paused.executions,
+            carried: paused.inspection.clone(),
         };
         self.restore_sandbox(restore, places).await
     }
@@ -375,12 +444,16 @@ impl App {
             return Ok(None);
         };
         self.session_cursors.open(restore.id);
-        ExecutionEgress::start(
+        let listen = Listen {
+            dir: &home.egress_dir,
+            execution_id: restore.id,
+            tenant: restore.tenant,
+            grant: restore.runnable.network.as_ref(),
+        };
+        ExecutionEgress::start_carrying(
             proxy,
-            &home.egress_dir,
-            restore.id,
-            restore.tenant,
-            restore.runnable.network.as_ref(),
+            &listen,
+            restore.carried.as_deref(),
             self.shutdown.child_token(),
         )
         .map(Some)
@@ -403,13 +476,7 @@ impl App {
     /// The idle watcher's seam: pauses an idle session that pauses rather than closes; `true`
     /// when it is (now, or already) paused, so the watcher keeps it and watches on.
     pub(super) async fn pause_when_idle(&self, id: &str) -> bool {
-        let closes = self
-            .sessions
-            .paused
-            .close_when_idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(id);
+        let closes = self.sessions.paused.closes_when_idle(id);
         if closes || !self.config.snapshots.enabled {
             return false;
         }
@@ -435,6 +502,141 @@ impl App {
         }
     }
 
+    /// A graceful stop's end of an open session (its watcher, as the gateway shuts down):
+    /// one paused, or idle and pausable, is kept paused for the restarted gateway (DESIGN 15);
+    /// any other is closed `gateway_restart`.
+    pub(super) async fn stop_session(&self, id: &str) {
+        if !self.kept_over_restart(id).await {
+            self.close_session(id, crate::session_wire::ClosedReason::GatewayRestart)
+                .await;
+        }
+    }
+
+    /// Whether the session stays paused across the restart: snapshots on, `idle_action`
+    /// pause, nothing running, and no inspected destination (its CA's key cannot outlive this
+    /// process: docs/snapshots.md).
+    async fn kept_over_restart(&self, id: &str) -> bool {
+        if !self.config.snapshots.enabled || self.sessions.paused.closes_when_idle(id) {
+            return false;
+        }
+        if let Some(inspected) = self.sessions.paused.inspected(id) {
+            return !inspected;
+        }
+        let Some(open) = self.sessions.get(id) else {
+            return false;
+        };
+        {
+            let Ok(guard) = open.held.try_lock() else {
+                return false;
+            };
+            let inspects = guard
+                .as_ref()
+                .and_then(|held| held.egress.as_ref())
+                .and_then(ExecutionEgress::inspection)
+                .is_some();
+            if guard.is_none() || inspects {
+                return false;
+            }
+        }
+        let row = match self.audit.get_session(id).await {
+            Ok(Some(row)) => row,
+            _ => return false,
+        };
+        match self.pause_held(&row).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(session_id = %id, error = %err, "session not paused at shutdown: it closes");
+                false
+            }
+        }
+    }
+
+    /// At start-up, before the first sweep closes what a previous run left: serves again the
+    /// sessions it left paused (their checkpoints stored with them), and forgets those it
+    /// cannot restore (they are closed `gateway_restart` with the rest). Removes images a
+    /// checkpoint of this instance left half-written.
+    pub async fn adopt_paused_sessions(self: &Arc<Self>) {
+        self.sweep_partial_images();
+        let left = match self.audit.pauses_left(&self.instance).await {
+            Ok(left) => left,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read the paused sessions left by a restart");
+                return;
+            }
+        };
+        for (row, pause) in left {
+            match self.adoptable(&pause) {
+                Ok(paused) => self.adopt(&row, &pause, paused),
+                Err(why) => {
+                    tracing::warn!(session_id = %row.id, why, "paused session not served after the restart: it closes");
+                    remove_image(Path::new(&pause.image));
+                    if let Err(err) = self.audit.forget_pause(&row.id).await {
+                        tracing::warn!(session_id = %row.id, error = %err, "pause not forgotten");
+                    }
+                }
+            }
+        }
+    }
+
+    fn adoptable(&self, pause: &PauseRow) -> Result<Paused, &'static str> {
+        if !self.config.snapshots.enabled {
+            return Err("snapshots are disabled");
+        }
+        if pause.inspected {
+            return Err("its grant inspected a destination (its CA's key ended with the process)");
+        }
+        if !Path::new(&pause.image).is_dir() {
+            return Err("its image is gone");
+        }
+        let runnable: Runnable = serde_json::from_value(pause.runnable.0.clone())
+            .map_err(|_| "its stored floor does not read")?;
+        Ok(Paused {
+            image: PathBuf::from(&pause.image),
+            sha256: pause.sha256.clone(),
+            bytes: u64::try_from(pause.bytes).unwrap_or(0),
+            runnable,
+            language: pause.language.clone(),
+            executions: u64::try_from(pause.executions).unwrap_or(0),
+            inspection: None,
+        })
+    }
+
+    fn adopt(self: &Arc<Self>, row: &SessionRow, pause: &PauseRow, paused: Paused) {
+        let id = row.id.clone();
+        self.sessions.paused.put(&id, paused);
+        self.sessions
+            .paused
+            .set_idle_action(&id, !pause.closes_when_idle);
+        let idle = u64::try_from(row.idle_timeout_s).unwrap_or(1);
+        let left = (row.expires_at - chrono::Utc::now()).num_seconds();
+        let ttl = u64::try_from(left).unwrap_or(0).max(1);
+        tracing::info!(session_id = %id, "paused session served again after the restart");
+        self.keep_registered(id, None, (idle, ttl));
+    }
+
+    /// Removes the `.partial` images of this instance under the snapshots directory: a
+    /// checkpoint the previous run did not finish (a killed gateway, a full disk).
+    fn sweep_partial_images(&self) {
+        let Some(root) = self.snapshot_root() else {
+            return;
+        };
+        let Ok(tenants) = std::fs::read_dir(&root) else {
+            return;
+        };
+        let suffix = format!(".{}{PARTIAL_SUFFIX}", self.instance);
+        for tenant in tenants.flatten() {
+            let Ok(images) = std::fs::read_dir(tenant.path()) else {
+                continue;
+            };
+            for image in images.flatten() {
+                if image.file_name().to_string_lossy().ends_with(&suffix) {
+                    tracing::warn!(image = %image.path().display(), "removing a half-written checkpoint image");
+                    remove_image(&image.path());
+                }
+            }
+        }
+    }
+
     /// The record of an execution that restored its paused session says so.
     pub(super) async fn said_resumed(
         &self,
@@ -452,14 +654,7 @@ impl App {
 
     /// The tenant's directory of checkpoint images (0700), created on first use.
     pub(super) fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
-        let config = &self.config.snapshots;
-        if !config.enabled {
-            return Err(SnapshotError::Disabled);
-        }
-        let root = config
-            .dir
-            .clone()
-            .unwrap_or_else(|| self.config.data_dir.join("snapshots"));
+        let root = self.snapshot_root().ok_or(SnapshotError::Disabled)?;
         let dir = root.join(hex::encode(tenant.as_bytes()));
         for path in [&root, &dir] {
             private_dir(path).map_err(|source| SnapshotError::Directory {
@@ -468,6 +663,17 @@ impl App {
             })?;
         }
         Ok(dir)
+    }
+
+    /// The snapshots directory, with snapshots enabled.
+    fn snapshot_root(&self) -> Option<PathBuf> {
+        let config = &self.config.snapshots;
+        config.enabled.then(|| {
+            config
+                .dir
+                .clone()
+                .unwrap_or_else(|| self.config.data_dir.join("snapshots"))
+        })
     }
 
     pub(super) async fn record_session_step(
@@ -492,6 +698,63 @@ impl App {
             tracing::error!(session_id = %who.id, error = %err, kind = kind.as_str(), "session event not recorded");
         }
     }
+}
+
+/// Checkpoints the sandbox into `image`, complete or not at all: dockerd writes it under a
+/// `.partial` name that is renamed to `image` only once its digest is taken, so a failure (a
+/// full disk, a killed gateway) never leaves an image a restore would take.
+pub(super) async fn checkpoint_complete(
+    held: &mut Held,
+    image: &Path,
+    instance: &str,
+) -> Result<(String, u64), CheckpointError> {
+    let partial = partial_path(image, instance);
+    let written = async {
+        held.sandbox
+            .checkpoint(&partial)
+            .await
+            .map_err(|err| CheckpointError::Checkpoint(error_chain(&err)))?;
+        let digest = image_digest(&partial).map_err(CheckpointError::Image)?;
+        std::fs::rename(&partial, image).map_err(|source| {
+            CheckpointError::Image(SnapshotError::Image {
+                path: image.to_owned(),
+                source,
+            })
+        })?;
+        Ok(digest)
+    };
+    let done = written.await;
+    if done.is_err() {
+        remove_image(&partial);
+        remove_image(image);
+    }
+    done
+}
+
+/// A checkpoint that did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("checkpointing the sandbox: {0}")]
+    Checkpoint(String),
+    #[error(transparent)]
+    Image(SnapshotError),
+}
+
+/// Where an image is written before it is complete: named after the writing instance, whose
+/// next start removes it (`sweep_partial_images`; replicas may share the directory).
+fn partial_path(image: &Path, instance: &str) -> PathBuf {
+    let mut name = image.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{instance}{PARTIAL_SUFFIX}"));
+    image.with_file_name(name)
+}
+
+/// The suffix of an image still being written.
+const PARTIAL_SUFFIX: &str = ".partial";
+
+fn pause_failed(id: &str, err: CheckpointError) -> AppError {
+    AppError::Internal(format!(
+        "pausing session {id} failed and it goes on running: {err}"
+    ))
 }
 
 fn not_open(row: &SessionRow) -> AppError {

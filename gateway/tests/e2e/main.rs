@@ -89,6 +89,8 @@ mod session_runner;
 mod sessions;
 mod situations;
 mod snapshots;
+mod snapshots_credentials;
+mod snapshots_restart;
 mod tls;
 mod toolbox;
 mod types_unknown_values;
