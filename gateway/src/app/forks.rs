@@ -17,7 +17,9 @@ use policy_engine::SnapshotInput;
 
 use super::floor::Runnable;
 use super::sessions::{Held, SessionRequest};
-use super::snapshots::{checkpoint_complete, remove_image, Places, Restore, Whose};
+use super::snapshots::{
+    checkpoint_complete, checkpoint_failed, remove_image, Places, Restore, Whose,
+};
 use super::{App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::SnapshotRow;
@@ -78,11 +80,11 @@ impl App {
             .and_then(crate::egress::ExecutionEgress::inspection);
         let snapshot_id = crate::ids::new("sn");
         let image = dir.join(&snapshot_id);
-        let digest = checkpoint_complete(held, &image, &self.instance).await.map_err(|err| {
-            AppError::Internal(format!(
-                "snapshot of session {session_id} failed and it goes on running: {err}"
-            ))
-        })?;
+        let digest = checkpoint_complete(held, &image, &self.instance)
+            .await
+            .map_err(|err| {
+                checkpoint_failed(&format!("the snapshot of session {session_id}"), &err)
+            })?;
         let taken = Taken {
             id: &snapshot_id,
             image: &image,

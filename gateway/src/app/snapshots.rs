@@ -25,9 +25,9 @@ use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::PauseRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::egress::{ExecutionEgress, Listen};
-use egress_proxy::Inspection;
 use crate::runtime::{Owner, SessionRunner, Waits};
 use crate::session_wire::SessionStatus;
+use egress_proxy::Inspection;
 
 /// Paused sessions of this gateway: what a resume needs to restore each; the open sessions
 /// that close, rather than pause, once idle; and the CA and placeholders each kept snapshot's
@@ -106,7 +106,9 @@ impl PausedSessions {
 
     /// Whether the session is paused here, and if so whether its grant inspected anything.
     fn inspected(&self, id: &str) -> Option<bool> {
-        self.lock().get(id).map(|paused| paused.inspection.is_some())
+        self.lock()
+            .get(id)
+            .map(|paused| paused.inspection.is_some())
     }
 
     pub(super) fn carried_by(&self, snapshot_id: &str) -> Option<Arc<Inspection>> {
@@ -209,7 +211,7 @@ impl App {
         let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
         let (sha256, bytes) = checkpoint_complete(held, &image, &self.instance)
             .await
-            .map_err(|err| pause_failed(id, err))?;
+            .map_err(|err| checkpoint_failed(&format!("pausing session {id}"), &err))?;
         let inspection = held.egress.as_ref().and_then(ExecutionEgress::inspection);
         let paused = Paused {
             image,
@@ -751,10 +753,10 @@ fn partial_path(image: &Path, instance: &str) -> PathBuf {
 /// The suffix of an image still being written.
 const PARTIAL_SUFFIX: &str = ".partial";
 
-fn pause_failed(id: &str, err: CheckpointError) -> AppError {
-    AppError::Internal(format!(
-        "pausing session {id} failed and it goes on running: {err}"
-    ))
+/// A checkpoint that failed (a full disk, dockerd refusing) is the server's condition, shown
+/// with its cause (503: `AppError::ReplicaUnavailable` is the one 503 carrying its message).
+pub(super) fn checkpoint_failed(what: &str, err: &CheckpointError) -> AppError {
+    AppError::ReplicaUnavailable(format!("{what} failed and it goes on running: {err}"))
 }
 
 fn not_open(row: &SessionRow) -> AppError {

@@ -90,6 +90,8 @@ mod sessions;
 mod situations;
 mod snapshots;
 mod snapshots_credentials;
+mod snapshots_e2b;
+mod snapshots_faults;
 mod snapshots_restart;
 mod tls;
 mod toolbox;

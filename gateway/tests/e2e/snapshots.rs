@@ -208,7 +208,7 @@ async fn repeated_pause_resume_cycles_keep_files_and_variables() {
     let agent = gw.key("agent", "acme").await;
     let id = open(&gw, &agent, "python").await;
     run(&gw, &agent, &id, "n = 0").await;
-    const CYCLES: usize = 8;
+    const CYCLES: usize = 20;
     for cycle in 1..=CYCLES {
         pause(&gw, &agent, &id).await;
         let code = format!(
