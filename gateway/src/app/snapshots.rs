@@ -302,6 +302,7 @@ impl App {
         let Some(paused) = self.sessions.paused.take(id) else {
             return Ok(false);
         };
+        let began = std::time::Instant::now();
         match self.restore_held(row, &paused).await {
             Ok(held) => {
                 *guard = Some(held);
@@ -311,7 +312,9 @@ impl App {
                     .set_session_status(id, SessionStatus::Ready, false)
                     .await?;
                 self.audit.forget_pause(id).await?;
-                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
+                // Where a resume's time goes (`make bench`, the snapshots bench).
+                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes,
+                    "restore_ms": began.elapsed().as_millis()});
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
