@@ -34,10 +34,15 @@ use gateway::audit::AuditStore;
 use gateway::runtime::docker::DockerRuntime;
 
 mod common;
-use common::{bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE};
+use common::{
+    bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE,
+};
 
 #[path = "../tests/dockerd_restart/daemon.rs"]
-#[allow(dead_code, reason = "the bench uses the daemon's start and image copy only")]
+#[allow(
+    dead_code,
+    reason = "the bench uses the daemon's start and image copy only"
+)]
 mod daemon;
 
 const BUILD: &str =
@@ -125,8 +130,12 @@ async fn cold_pause_resume(
     .await
     .unwrap();
     if let Some(resumed) = resumed {
-        measured.restore.push(resumed["restore_ms"].as_f64().unwrap_or(0.0));
-        measured.bytes.push(resumed["bytes"].as_f64().unwrap_or(0.0));
+        measured
+            .restore
+            .push(resumed["restore_ms"].as_f64().unwrap_or(0.0));
+        measured
+            .bytes
+            .push(resumed["bytes"].as_f64().unwrap_or(0.0));
     }
     close(gw, key, &id).await;
     let fine = built == Some(SUM.into()) && status == 200 && first == Some(SUM.into());
@@ -142,7 +151,13 @@ async fn forks(gw: &Gateway, key: &str, runs: usize, measured: &mut Measured) ->
         return false;
     };
     let mut ok = turn(gw, key, &parent, BUILD).await == Some(SUM.into());
-    let (status, snapshot) = post(gw, key, &format!("/v1/sessions/{parent}/snapshots"), json!({})).await;
+    let (status, snapshot) = post(
+        gw,
+        key,
+        &format!("/v1/sessions/{parent}/snapshots"),
+        json!({}),
+    )
+    .await;
     ok &= status == 201;
     for _ in 0..runs {
         let began = Instant::now();
@@ -163,7 +178,10 @@ fn report(runs: usize, m: &Measured) {
     let cold = p50(&m.cold);
     println!("snapshots benchmark ({runs} runs each; p50)");
     println!("  cold: open + import pandas + 100k-row DataFrame   {cold:.0} ms");
-    println!("  pause                                             {:.0} ms", p50(&m.pause));
+    println!(
+        "  pause                                             {:.0} ms",
+        p50(&m.pause)
+    );
     println!(
         "  resume to first result                            {:.0} ms ({:.2}x cold; goal <= 0.3x)",
         p50(&m.resume),

@@ -42,14 +42,14 @@ pub struct PausedSessions {
 /// One paused session's image and what its sandbox was.
 #[derive(Debug)]
 pub(super) struct Paused {
-    image: PathBuf,
-    sha256: String,
-    bytes: u64,
-    runnable: Runnable,
-    language: String,
-    executions: u64,
+    pub(super) image: PathBuf,
+    pub(super) sha256: String,
+    pub(super) bytes: u64,
+    pub(super) runnable: Runnable,
+    pub(super) language: String,
+    pub(super) executions: u64,
     /// The CA and placeholders its program holds (with an inspected destination).
-    inspection: Option<Arc<Inspection>>,
+    pub(super) inspection: Option<Arc<Inspection>>,
 }
 
 impl PausedSessions {
@@ -61,7 +61,7 @@ impl PausedSessions {
         self.lock().remove(id)
     }
 
-    fn put(&self, id: &str, paused: Paused) {
+    pub(super) fn put(&self, id: &str, paused: Paused) {
         self.lock().insert(id.to_owned(), paused);
     }
 
@@ -86,7 +86,7 @@ impl PausedSessions {
         }
     }
 
-    fn closes_when_idle(&self, id: &str) -> bool {
+    pub(super) fn closes_when_idle(&self, id: &str) -> bool {
         self.close_when_idle
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -105,7 +105,7 @@ impl PausedSessions {
     }
 
     /// Whether the session is paused here, and if so whether its grant inspected anything.
-    fn inspected(&self, id: &str) -> Option<bool> {
+    pub(super) fn inspected(&self, id: &str) -> Option<bool> {
         self.lock()
             .get(id)
             .map(|paused| paused.inspection.is_some())
@@ -507,141 +507,6 @@ impl App {
         }
     }
 
-    /// A graceful stop's end of an open session (its watcher, as the gateway shuts down):
-    /// one paused, or idle and pausable, is kept paused for the restarted gateway (DESIGN 15);
-    /// any other is closed `gateway_restart`.
-    pub(super) async fn stop_session(&self, id: &str) {
-        if !self.kept_over_restart(id).await {
-            self.close_session(id, crate::session_wire::ClosedReason::GatewayRestart)
-                .await;
-        }
-    }
-
-    /// Whether the session stays paused across the restart: snapshots on, `idle_action`
-    /// pause, nothing running, and no inspected destination (its CA's key cannot outlive this
-    /// process: docs/snapshots.md).
-    async fn kept_over_restart(&self, id: &str) -> bool {
-        if !self.config.snapshots.enabled || self.sessions.paused.closes_when_idle(id) {
-            return false;
-        }
-        if let Some(inspected) = self.sessions.paused.inspected(id) {
-            return !inspected;
-        }
-        let Some(open) = self.sessions.get(id) else {
-            return false;
-        };
-        {
-            let Ok(guard) = open.held.try_lock() else {
-                return false;
-            };
-            let inspects = guard
-                .as_ref()
-                .and_then(|held| held.egress.as_ref())
-                .and_then(ExecutionEgress::inspection)
-                .is_some();
-            if guard.is_none() || inspects {
-                return false;
-            }
-        }
-        let row = match self.audit.get_session(id).await {
-            Ok(Some(row)) => row,
-            _ => return false,
-        };
-        match self.pause_held(&row).await {
-            Ok(()) => true,
-            Err(err) => {
-                tracing::warn!(session_id = %id, error = %err, "session not paused at shutdown: it closes");
-                false
-            }
-        }
-    }
-
-    /// At start-up, before the first sweep closes what a previous run left: serves again the
-    /// sessions it left paused (their checkpoints stored with them), and forgets those it
-    /// cannot restore (they are closed `gateway_restart` with the rest). Removes images a
-    /// checkpoint of this instance left half-written.
-    pub async fn adopt_paused_sessions(self: &Arc<Self>) {
-        self.sweep_partial_images();
-        let left = match self.audit.pauses_left(&self.instance).await {
-            Ok(left) => left,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot read the paused sessions left by a restart");
-                return;
-            }
-        };
-        for (row, pause) in left {
-            match self.adoptable(&pause) {
-                Ok(paused) => self.adopt(&row, &pause, paused),
-                Err(why) => {
-                    tracing::warn!(session_id = %row.id, why, "paused session not served after the restart: it closes");
-                    remove_image(Path::new(&pause.image));
-                    if let Err(err) = self.audit.forget_pause(&row.id).await {
-                        tracing::warn!(session_id = %row.id, error = %err, "pause not forgotten");
-                    }
-                }
-            }
-        }
-    }
-
-    fn adoptable(&self, pause: &PauseRow) -> Result<Paused, &'static str> {
-        if !self.config.snapshots.enabled {
-            return Err("snapshots are disabled");
-        }
-        if pause.inspected {
-            return Err("its grant inspected a destination (its CA's key ended with the process)");
-        }
-        if !Path::new(&pause.image).is_dir() {
-            return Err("its image is gone");
-        }
-        let runnable: Runnable = serde_json::from_value(pause.runnable.0.clone())
-            .map_err(|_| "its stored floor does not read")?;
-        Ok(Paused {
-            image: PathBuf::from(&pause.image),
-            sha256: pause.sha256.clone(),
-            bytes: u64::try_from(pause.bytes).unwrap_or(0),
-            runnable,
-            language: pause.language.clone(),
-            executions: u64::try_from(pause.executions).unwrap_or(0),
-            inspection: None,
-        })
-    }
-
-    fn adopt(self: &Arc<Self>, row: &SessionRow, pause: &PauseRow, paused: Paused) {
-        let id = row.id.clone();
-        self.sessions.paused.put(&id, paused);
-        self.sessions
-            .paused
-            .set_idle_action(&id, !pause.closes_when_idle);
-        let idle = u64::try_from(row.idle_timeout_s).unwrap_or(1);
-        let left = (row.expires_at - chrono::Utc::now()).num_seconds();
-        let ttl = u64::try_from(left).unwrap_or(0).max(1);
-        tracing::info!(session_id = %id, "paused session served again after the restart");
-        self.keep_registered(id, None, (idle, ttl));
-    }
-
-    /// Removes the `.partial` images of this instance under the snapshots directory: a
-    /// checkpoint the previous run did not finish (a killed gateway, a full disk).
-    fn sweep_partial_images(&self) {
-        let Some(root) = self.snapshot_root() else {
-            return;
-        };
-        let Ok(tenants) = std::fs::read_dir(&root) else {
-            return;
-        };
-        let suffix = format!(".{}{PARTIAL_SUFFIX}", self.instance);
-        for tenant in tenants.flatten() {
-            let Ok(images) = std::fs::read_dir(tenant.path()) else {
-                continue;
-            };
-            for image in images.flatten() {
-                if image.file_name().to_string_lossy().ends_with(&suffix) {
-                    tracing::warn!(image = %image.path().display(), "removing a half-written checkpoint image");
-                    remove_image(&image.path());
-                }
-            }
-        }
-    }
-
     /// The record of an execution that restored its paused session says so.
     pub(super) async fn said_resumed(
         &self,
@@ -671,7 +536,7 @@ impl App {
     }
 
     /// The snapshots directory, with snapshots enabled.
-    fn snapshot_root(&self) -> Option<PathBuf> {
+    pub(super) fn snapshot_root(&self) -> Option<PathBuf> {
         let config = &self.config.snapshots;
         config.enabled.then(|| {
             config
@@ -718,7 +583,12 @@ pub(super) async fn checkpoint_complete(
         held.sandbox
             .checkpoint(&partial)
             .await
-            .map_err(|err| CheckpointError::Checkpoint(error_chain(&err)))?;
+            .map_err(|err| match err {
+                crate::runtime::RuntimeError::NoRoom { .. } => {
+                    CheckpointError::NoRoom(err.to_string())
+                }
+                other => CheckpointError::Checkpoint(error_chain(&other)),
+            })?;
         let digest = image_digest(&partial).map_err(CheckpointError::Image)?;
         std::fs::rename(&partial, image).map_err(|source| {
             CheckpointError::Image(SnapshotError::Image {
@@ -739,7 +609,14 @@ pub(super) async fn checkpoint_complete(
 /// A checkpoint that did not complete.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpointing the sandbox: {0}")]
+    /// Refused before anything was written: the sandbox runs on.
+    #[error("{0}")]
+    NoRoom(String),
+    /// runsc stops the sandbox when it fails part-way.
+    #[error(
+        "checkpointing the sandbox: {0}; nothing was kept, and the sandbox may not have survived \
+         it (its next execution says)"
+    )]
     Checkpoint(String),
     #[error(transparent)]
     Image(SnapshotError),
@@ -754,12 +631,18 @@ fn partial_path(image: &Path, instance: &str) -> PathBuf {
 }
 
 /// The suffix of an image still being written.
-const PARTIAL_SUFFIX: &str = ".partial";
+pub(super) const PARTIAL_SUFFIX: &str = ".partial";
 
 /// A checkpoint that failed (a full disk, dockerd refusing) is the server's condition, shown
 /// with its cause (503: `AppError::ReplicaUnavailable` is the one 503 carrying its message).
 pub(super) fn checkpoint_failed(what: &str, err: &CheckpointError) -> AppError {
-    AppError::ReplicaUnavailable(format!("{what} failed and it goes on running: {err}"))
+    let outcome = match err {
+        CheckpointError::NoRoom(_) | CheckpointError::Image(_) => {
+            "failed and the session goes on running"
+        }
+        CheckpointError::Checkpoint(_) => "failed",
+    };
+    AppError::ReplicaUnavailable(format!("{what} {outcome}: {err}"))
 }
 
 fn not_open(row: &SessionRow) -> AppError {

@@ -91,7 +91,7 @@ async fn a_full_disk_while_pausing_keeps_the_session_running_and_leaves_no_image
     assert_eq!(status, 503, "{refused}");
     let text = refused.to_string();
     assert!(
-        text.contains("failed and it goes on running"),
+        text.contains("failed and the session goes on running"),
         "the error says what became of the session: {text}"
     );
     assert!(
