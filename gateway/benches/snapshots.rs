@@ -66,6 +66,7 @@ struct Measured {
     pause: Vec<f64>,
     resume: Vec<f64>,
     restore: Vec<f64>,
+    check: Vec<f64>,
     fork: Vec<f64>,
     bytes: Vec<f64>,
 }
@@ -190,6 +191,10 @@ fn report(runs: usize, m: &Measured) {
     println!(
         "    of which the gateway's restore (restore_ms)     {:.0} ms",
         p50(&m.restore)
+    );
+    println!(
+        "      of which the sha256 check (check_ms)          {:.0} ms",
+        p50(&m.check)
     );
     println!(
         "  fork to first result                              {:.0} ms ({:.2}x cold)",

@@ -303,7 +303,8 @@ impl App {
             return Ok(false);
         };
         let began = std::time::Instant::now();
-        match self.restore_held(row, &paused).await {
+        let mut check_ms = 0;
+        match self.restore_held(row, &paused, &mut check_ms).await {
             Ok(held) => {
                 *guard = Some(held);
                 drop(guard);
@@ -314,7 +315,7 @@ impl App {
                 self.audit.forget_pause(id).await?;
                 // Where a resume's time goes (`make bench`, the snapshots bench).
                 let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes,
-                    "restore_ms": began.elapsed().as_millis()});
+                    "restore_ms": began.elapsed().as_millis(), "check_ms": check_ms});
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
@@ -328,9 +329,16 @@ impl App {
 
     /// A new sandbox restored from the paused image, with the session's places (slot, share,
     /// live entry) taken again.
-    async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
+    async fn restore_held(
+        &self,
+        row: &SessionRow,
+        paused: &Paused,
+        check_ms: &mut u128,
+    ) -> Result<Held, AppError> {
+        let checking = std::time::Instant::now();
         self.check_image_of(row.into(), &paused.image, &paused.sha256)
             .await?;
+        *check_ms = checking.elapsed().as_millis();
         let places = self.take_places(&row.id, &row.tenant).await?;
         let restore = Restore {
             id: &row.id,

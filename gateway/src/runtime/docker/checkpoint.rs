@@ -71,7 +71,7 @@ async fn room_for(docker: &Docker, name: &str, dir: &Path) -> Result<(), Runtime
 /// Bytes an unprivileged writer may still put on the file system holding `dir`.
 fn free_bytes(dir: &Path) -> std::io::Result<u64> {
     let stat = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
-    Ok(u64::from(stat.blocks_available()).saturating_mul(u64::from(stat.fragment_size())))
+    Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
 }
 
 /// Creates the plan's container, gives it the image and starts it restored.
