@@ -135,6 +135,9 @@ async fn cold_pause_resume(
             .restore
             .push(resumed["restore_ms"].as_f64().unwrap_or(0.0));
         measured
+            .check
+            .push(resumed["check_ms"].as_f64().unwrap_or(0.0));
+        measured
             .bytes
             .push(resumed["bytes"].as_f64().unwrap_or(0.0));
     }
