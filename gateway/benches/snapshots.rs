@@ -1,7 +1,7 @@
 //! Snapshots (DESIGN 15, issue 24 item 9), measured against cold sessions in the same run:
 //!
-//! 1. cold: open a Python session, import pandas and build a 100k-row DataFrame, to its first
-//!    result;
+//! 1. cold: open a Python session (no warm pool: a sandbox booted for it), import pandas and
+//!    build a 100k-row DataFrame, to its first result;
 //! 2. pause of that session (the checkpoint written, the container gone), and the bytes of its
 //!    image on disk;
 //! 3. resume to the first result (an execution on the paused session restores it first), and of
@@ -85,6 +85,9 @@ async fn run(root: &Path) -> bool {
     let gw = Gateway::start_on(runtime, url, &root.join("gw"), &sandbox_init(), |config| {
         config.snapshots.enabled = true;
         config.max_sessions = 8;
+        // Cold means cold: no waiting sandbox of any shape (the pool sizes itself by demand
+        // within this memory, and `warm_pool` floors are none here).
+        config.warm_pool_memory_mb = 0;
     })
     .await;
     let pool = gateway::database::pool(pg.0.connect_options(DATABASE))
