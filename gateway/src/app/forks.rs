@@ -172,7 +172,7 @@ impl App {
     }
 
     /// The session's own sandbox again, restored from the image it just wrote, in its places.
-    pub(super) async fn continue_from(
+    async fn continue_from(
         &self,
         row: &SessionRow,
         held: Held,

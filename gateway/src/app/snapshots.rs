@@ -120,6 +120,10 @@ impl PausedSessions {
     }
 }
 
+/// How long a request on a session its row says is paused waits for the pause (or another
+/// request's resume) to let go of it, before it is answered busy.
+const PAUSE_SETTLES: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Whose session an event is about.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Whose<'a> {
@@ -222,16 +226,18 @@ impl App {
             executions: held.executions,
             inspection,
         };
-        if let Err(err) = self.store_pause(id, &paused).await {
-            // Not stored: the session goes on from the image it just wrote, never paused.
-            return Err(self.unpaused(row, &mut guard, &paused, err).await);
-        }
         let Some(held) = guard.take() else {
             return Err(not_open(row));
         };
+        // The container goes before the row says `paused`: a paused session holds none.
         release(held).await;
         self.session_cursors.close(id);
+        let stored = self.store_pause(id, &paused).await;
+        // Held in memory either way, before the session is let go: its next execution (which
+        // waits for this: `PAUSE_SETTLES`) restores it; unstored, it does not survive a restart.
         self.sessions.paused.put(id, paused);
+        drop(guard);
+        stored?;
         let took_ms = started.elapsed().as_millis();
         let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
         self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
@@ -256,27 +262,6 @@ impl App {
         Ok(self.audit.store_pause(&row).await?)
     }
 
-    /// A checkpoint that stopped the sandbox but could not be stored: the session goes on from
-    /// the image, else it is lost (closed `crashed`); the image is removed either way.
-    async fn unpaused(
-        &self,
-        row: &SessionRow,
-        guard: &mut tokio::sync::MutexGuard<'_, Option<Held>>,
-        paused: &Paused,
-        err: AppError,
-    ) -> AppError {
-        if let Some(held) = guard.take() {
-            match self.continue_from(row, held, &paused.image).await {
-                Ok(held) => **guard = Some(held),
-                Err(lost) => {
-                    tracing::error!(session_id = %row.id, error = %lost, "the session could not go on after a failed pause");
-                }
-            }
-        }
-        remove_image(&paused.image);
-        err
-    }
-
     /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
     /// as it is).
     pub async fn resume_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
@@ -291,10 +276,20 @@ impl App {
         let Some(open) = self.sessions.get(id) else {
             return Ok(false);
         };
-        // Busy means running, so not paused: the caller's own `try_lock` answers 409 (waiting
-        // here would queue a second execution behind the first).
-        let Ok(mut guard) = open.held.try_lock() else {
-            return Ok(false);
+        let mut guard = if row.is(SessionStatus::Paused) {
+            // Its pause stores the row before it lets go of the session (or another request is
+            // restoring it): wait for that, bounded, rather than answer busy.
+            match tokio::time::timeout(PAUSE_SETTLES, open.held.lock()).await {
+                Ok(guard) => guard,
+                Err(_) => return Ok(false),
+            }
+        } else {
+            // Busy means running, so not paused: the caller's own `try_lock` answers 409
+            // (waiting here would queue a second execution behind the first).
+            let Ok(guard) = open.held.try_lock() else {
+                return Ok(false);
+            };
+            guard
         };
         if guard.is_some() {
             return Ok(false);
