@@ -128,10 +128,12 @@ impl ExecutionGrant {
 
 /// What an execution whose grant inspects some destination holds: its own CA (whose key never
 /// leaves this process) and its credentials with their placeholders. Dropped with the
-/// execution's listener.
+/// execution's listener, or, for a sandbox restored from a checkpoint, carried into the
+/// restored sandbox's listener ([`Inspection::for_grant_carrying`]): the restored program
+/// still trusts that CA and holds those placeholders.
 #[derive(Debug)]
 pub struct Inspection {
-    pub ca: ExecutionCa,
+    pub ca: Arc<ExecutionCa>,
     pub credentials: ExecutionCredentials,
 }
 
@@ -157,6 +159,20 @@ impl Inspection {
         grant: &NetworkGrant,
         config: &ProxyConfig,
     ) -> Result<Option<Inspection>, InspectionError> {
+        Inspection::for_grant_carrying(execution_id, grant, config, None)
+    }
+
+    /// As [`Inspection::for_grant`], for a sandbox restored from a checkpoint of one that had
+    /// `carried`: the same CA (the restored program trusts only it) and, for each credential
+    /// the NEW grant names that `carried` had, the same placeholder (the program holds it);
+    /// a credential `carried` did not have gets a fresh one, and one the new grant no longer
+    /// names is gone with its placeholder. The credential values are the config's current ones.
+    pub fn for_grant_carrying(
+        execution_id: &str,
+        grant: &NetworkGrant,
+        config: &ProxyConfig,
+        carried: Option<&Inspection>,
+    ) -> Result<Option<Inspection>, InspectionError> {
         let Some(first) = grant.allow.iter().find(|rule| rule.inspect) else {
             return Ok(None);
         };
@@ -177,9 +193,16 @@ impl Inspection {
                 credentials.insert(name.clone(), credential);
             }
         }
-        Ok(Some(Inspection {
-            ca: ExecutionCa::new(execution_id).map_err(InspectionError::Tls)?,
-            credentials: ExecutionCredentials::new(credentials.into_values().collect()),
+        let credentials: Vec<Credential> = credentials.into_values().collect();
+        Ok(Some(match carried {
+            Some(carried) => Inspection {
+                ca: Arc::clone(&carried.ca),
+                credentials: ExecutionCredentials::carrying(credentials, &carried.credentials),
+            },
+            None => Inspection {
+                ca: Arc::new(ExecutionCa::new(execution_id).map_err(InspectionError::Tls)?),
+                credentials: ExecutionCredentials::new(credentials),
+            },
         }))
     }
 }

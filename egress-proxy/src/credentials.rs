@@ -97,16 +97,30 @@ pub struct ExecutionCredentials {
 impl ExecutionCredentials {
     /// Gives each credential a fresh random placeholder.
     pub fn new(credentials: Vec<Credential>) -> ExecutionCredentials {
+        ExecutionCredentials::carrying(credentials, &ExecutionCredentials::default())
+    }
+
+    /// Gives each credential the placeholder `carried` has for its name (a restored sandbox
+    /// holds those), else a fresh random one.
+    pub fn carrying(
+        credentials: Vec<Credential>,
+        carried: &ExecutionCredentials,
+    ) -> ExecutionCredentials {
         let mut rng = rand::thread_rng();
         let entries = credentials
             .into_iter()
             .map(|credential| {
-                let mut bytes = [0u8; 16];
-                rng.fill_bytes(&mut bytes);
-                (
-                    credential,
-                    format!("{PLACEHOLDER_PREFIX}{}", hex::encode(bytes)),
-                )
+                let kept = carried
+                    .entries
+                    .iter()
+                    .find(|(old, _)| old.name == credential.name)
+                    .map(|(_, placeholder)| placeholder.clone());
+                let placeholder = kept.unwrap_or_else(|| {
+                    let mut bytes = [0u8; 16];
+                    rng.fill_bytes(&mut bytes);
+                    format!("{PLACEHOLDER_PREFIX}{}", hex::encode(bytes))
+                });
+                (credential, placeholder)
             })
             .collect();
         ExecutionCredentials { entries }
@@ -260,9 +274,25 @@ mod tests {
     }
 
     #[test]
+    fn a_restored_sandbox_keeps_its_placeholders_for_the_credentials_still_granted() {
+        let other = Credential {
+            name: "other".into(),
+            ..github()
+        };
+        let before = ExecutionCredentials::new(vec![github()]);
+        let after = ExecutionCredentials::carrying(vec![github(), other], &before);
+        let env = after.env();
+        assert_eq!(env[0], before.env()[0]);
+        assert_eq!(env[1].0, "SANDGATE_CREDENTIAL_OTHER");
+        assert_ne!(env[1].1, env[0].1);
+        let dropped = ExecutionCredentials::carrying(Vec::new(), &before);
+        assert!(dropped.is_empty());
+    }
+
+    #[test]
     fn a_body_guard_finds_a_placeholder_split_across_reads_before_sending_any_of_it() {
         let inspection = Arc::new(crate::config::Inspection {
-            ca: crate::ca::ExecutionCa::new("ex_guard").unwrap(),
+            ca: Arc::new(crate::ca::ExecutionCa::new("ex_guard").unwrap()),
             credentials: ExecutionCredentials::new(vec![github()]),
         });
         let placeholder = inspection.credentials.env()[0].1.clone();
@@ -281,7 +311,7 @@ mod tests {
         out.extend(clean.finish());
         assert_eq!(out, b"hello sgph_not-a-placeholder world");
         let none = Arc::new(crate::config::Inspection {
-            ca: crate::ca::ExecutionCa::new("ex_none").unwrap(),
+            ca: Arc::new(crate::ca::ExecutionCa::new("ex_none").unwrap()),
             credentials: ExecutionCredentials::default(),
         });
         assert!(BodyGuard::for_execution(Some(&none)).is_none());

@@ -202,12 +202,24 @@ pub fn proxy(
     ))
 }
 
+/// Where and for whom an execution's listener serves.
+#[derive(Debug, Clone, Copy)]
+pub struct Listen<'a> {
+    pub dir: &'a Path,
+    pub execution_id: &'a str,
+    pub tenant: &'a str,
+    pub grant: Option<&'a NetworkGrant>,
+}
+
 /// One execution's egress: the listener on `egress.sock` in its sandbox's socket directory
 /// (mounted at `/run/sandgate`, see `app::home`).
 #[derive(Debug)]
 pub struct ExecutionEgress {
     socket: PathBuf,
     listener: Option<ExecutionListener>,
+    /// The CA and placeholders served (with an inspected destination): a checkpoint of the
+    /// sandbox carries them into its restores (`app::snapshots`).
+    inspection: Option<Arc<Inspection>>,
     /// What the sandbox must get for inspected destinations (empty without any).
     pub sandbox: SandboxTrust,
 }
@@ -263,10 +275,35 @@ impl ExecutionEgress {
         grant: Option<&NetworkGrant>,
         shutdown: CancellationToken,
     ) -> Result<ExecutionEgress, EgressError> {
+        let listen = Listen {
+            dir,
+            execution_id,
+            tenant,
+            grant,
+        };
+        ExecutionEgress::start_carrying(proxy, &listen, None, shutdown)
+    }
+
+    /// As [`ExecutionEgress::start`] for a sandbox restored from a checkpoint of one that was
+    /// served `carried`: the restored program trusts that CA and holds those placeholders, so
+    /// the new grant is served with them ([`Inspection::for_grant_carrying`]).
+    pub fn start_carrying(
+        proxy: &EgressProxy,
+        listen: &Listen<'_>,
+        carried: Option<&Inspection>,
+        shutdown: CancellationToken,
+    ) -> Result<ExecutionEgress, EgressError> {
+        let Listen {
+            dir,
+            execution_id,
+            tenant,
+            grant,
+        } = *listen;
         let grant = match grant {
-            Some(grant) => granted(proxy, execution_id, tenant, grant)?,
+            Some(grant) => granted(proxy, execution_id, tenant, grant, carried)?,
             None => ExecutionGrant::none(execution_id, tenant),
         };
+        let inspection = grant.inspection.clone();
         let sandbox = grant
             .inspection
             .as_deref()
@@ -286,8 +323,14 @@ impl ExecutionEgress {
         Ok(ExecutionEgress {
             socket,
             listener: Some(listener),
+            inspection,
             sandbox,
         })
+    }
+
+    /// The CA and placeholders this listener serves, if it inspects anything.
+    pub fn inspection(&self) -> Option<Arc<Inspection>> {
+        self.inspection.clone()
     }
 
     /// Stops the listener (its connections record their close) and removes the socket.
@@ -310,8 +353,9 @@ fn granted(
     execution_id: &str,
     tenant: &str,
     grant: &NetworkGrant,
+    carried: Option<&Inspection>,
 ) -> Result<ExecutionGrant, EgressError> {
-    let inspection = Inspection::for_grant(execution_id, grant, proxy.config())
+    let inspection = Inspection::for_grant_carrying(execution_id, grant, proxy.config(), carried)
         .map_err(EgressError::Inspection)?
         .map(Arc::new);
     Ok(ExecutionGrant {

@@ -174,6 +174,8 @@ async fn run(
         app.audit.clone(),
         shutdown.clone(),
     ));
+    // Before the reaper's first sweep closes what the previous run left (DESIGN 15).
+    app.adopt_paused_sessions().await;
     app.tasks.spawn(app::reaper::run(Arc::clone(&app)));
     app.tasks.spawn(app::replicas::run(Arc::clone(&app)));
     app.tasks.spawn(app::pool::refill(Arc::clone(&app)));

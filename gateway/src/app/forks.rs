@@ -17,13 +17,24 @@ use policy_engine::SnapshotInput;
 
 use super::floor::Runnable;
 use super::sessions::{Held, SessionRequest};
-use super::snapshots::{image_digest, remove_image, Places, Restore, Whose};
-use super::{error_chain, App, AppError};
+use super::snapshots::{
+    checkpoint_complete, checkpoint_failed, remove_image, Places, Restore, Whose,
+};
+use super::{App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
 use crate::role::Role;
 use crate::session_wire::ClosedReason;
+
+/// A checkpoint just written for a kept snapshot.
+struct Taken<'a> {
+    id: &'a str,
+    image: &'a Path,
+    digest: (String, u64),
+    mounts: Vec<crate::runtime::ReadOnlyMount>,
+    inspected: bool,
+}
 
 impl SnapshotRow {
     /// `request.from_snapshot` of a session restored from it.
@@ -63,18 +74,28 @@ impl App {
             )));
         };
         let mounts = held.runnable.mounts.clone();
+        let inspection = held
+            .egress
+            .as_ref()
+            .and_then(crate::egress::ExecutionEgress::inspection);
         let snapshot_id = crate::ids::new("sn");
         let image = dir.join(&snapshot_id);
-        if let Err(err) = held.sandbox.checkpoint(&image).await {
-            remove_image(&image);
-            return Err(AppError::Internal(format!(
-                "snapshot of session {session_id}: {}",
-                error_chain(&err)
-            )));
+        let digest = checkpoint_complete(held, &image, &self.instance)
+            .await
+            .map_err(|err| {
+                checkpoint_failed(&format!("the snapshot of session {session_id}"), &err)
+            })?;
+        let taken = Taken {
+            id: &snapshot_id,
+            image: &image,
+            digest,
+            mounts,
+            inspected: inspection.is_some(),
+        };
+        let stored = self.store_image(caller, &row, taken).await;
+        if stored.is_ok() {
+            self.sessions.paused.carry(&snapshot_id, inspection);
         }
-        let stored = self
-            .store_image(caller, &row, (&snapshot_id, &image), mounts)
-            .await;
         // The checkpoint stopped the sandbox: the session goes on from the image.
         let Some(held) = guard.take() else {
             return Err(AppError::Internal("the session vanished".into()));
@@ -96,11 +117,16 @@ impl App {
         &self,
         caller: &ApiKey,
         row: &SessionRow,
-        (snapshot_id, image): (&str, &Path),
-        mounts: Vec<crate::runtime::ReadOnlyMount>,
+        taken: Taken<'_>,
     ) -> Result<SnapshotRow, AppError> {
+        let Taken {
+            id: snapshot_id,
+            image,
+            digest: (sha256, bytes),
+            mounts,
+            inspected,
+        } = taken;
         let stored = async {
-            let (sha256, bytes) = image_digest(image)?;
             let bytes = i64::try_from(bytes).unwrap_or(i64::MAX);
             self.within_quota(&row.tenant, bytes).await?;
             let now = crate::ids::now_micros();
@@ -118,6 +144,7 @@ impl App {
                 created_at: now,
                 expires_at: now + ChronoDuration::seconds(ttl),
                 deleted_at: None,
+                inspected,
             };
             self.audit.insert_snapshot(&snapshot).await?;
             self.record_snapshot_event(&snapshot, api_types::EventKind::SnapshotCreated, None)
@@ -164,6 +191,9 @@ impl App {
             start: _,
         } = held;
         sandbox.discard().await;
+        let carried = egress
+            .as_ref()
+            .and_then(crate::egress::ExecutionEgress::inspection);
         if let Some(egress) = egress {
             egress.finish().await;
         }
@@ -176,6 +206,7 @@ impl App {
             runnable,
             language: &language,
             executions,
+            carried,
         };
         self.restore_sandbox(restore, (_slot, _live, _share)).await
     }
@@ -236,6 +267,7 @@ impl App {
             return Ok(None);
         };
         remove_image(&PathBuf::from(&row.path));
+        self.sessions.paused.uncarry(&row.id);
         self.record_snapshot_event(&row, api_types::EventKind::SnapshotDeleted, Some(why))
             .await?;
         Ok(Some(row))
@@ -306,6 +338,15 @@ impl App {
                 snapshot.id
             )));
         }
+        let carried = self.sessions.paused.carried_by(&snapshot.id);
+        if snapshot.inspected && carried.is_none() {
+            return Err(AppError::Conflict(format!(
+                "snapshot {} is of a session whose grant inspected a destination: its program \
+                 trusts a CA whose key only the gateway process that took it held, and that \
+                 process has ended (docs/snapshots.md)",
+                snapshot.id
+            )));
+        }
         let image = PathBuf::from(&snapshot.path);
         self.check_image_of(who, &image, &snapshot.sha256).await?;
         let restore = Restore {
@@ -315,6 +356,7 @@ impl App {
             runnable,
             language: &snapshot.language,
             executions: 0,
+            carried,
         };
         self.restore_sandbox(restore, places).await
     }

@@ -287,9 +287,20 @@ impl App {
     }
 
     /// Holds a started session open on this gateway and watches its idle and total lifetime.
-    pub(super) fn keep_open(self: &Arc<Self>, id: String, held: Held, (idle, ttl): (u64, u64)) {
+    pub(super) fn keep_open(self: &Arc<Self>, id: String, held: Held, lifetimes: (u64, u64)) {
+        self.keep_registered(id, Some(held), lifetimes);
+    }
+
+    /// Holds a session open on this gateway, with its sandbox or paused (`None`: restored on
+    /// its next use, `app::snapshots`), and watches its idle and total lifetime.
+    pub(super) fn keep_registered(
+        self: &Arc<Self>,
+        id: String,
+        held: Option<Held>,
+        (idle, ttl): (u64, u64),
+    ) {
         let open = Arc::new(OpenSession {
-            held: tokio::sync::Mutex::new(Some(held)),
+            held: tokio::sync::Mutex::new(held),
             last_used: Mutex::new(Instant::now()),
             closing: self.shutdown.child_token(),
         });
@@ -399,9 +410,10 @@ impl App {
                 tokio::select! {
                     () = tokio::time::sleep_until(wake.into()) => {}
                     () = open.closing.cancelled() => {
-                        // Shutting down: the session does not outlive its gateway.
+                        // Shutting down: the session does not outlive its gateway, unless it
+                        // is kept paused for the next run (`app::snapshots`).
                         if app.shutdown.is_cancelled() {
-                            app.close_session(&id, ClosedReason::GatewayRestart).await;
+                            app.stop_session(&id).await;
                         }
                         return;
                     }
@@ -436,6 +448,9 @@ impl App {
             release(held).await;
         }
         self.sessions.paused.forget(id);
+        if let Err(err) = self.audit.forget_pause(id).await {
+            tracing::warn!(session_id = %id, error = %err, "a closed session's pause not forgotten");
+        }
         self.session_cursors.close(id);
         let closed = match self.audit.close_session(id, reason).await {
             Ok(closed) => closed,

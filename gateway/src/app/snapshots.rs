@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -22,28 +22,34 @@ use super::scheduler::Slot;
 use super::sessions::{release, Held, SessionShare};
 use super::{error_chain, App, AppError};
 use crate::audit::sessions::SessionRow;
+use crate::audit::snapshots::PauseRow;
 use crate::audit::{ApiKey, NewEvent};
-use crate::egress::ExecutionEgress;
+use crate::egress::{ExecutionEgress, Listen};
 use crate::runtime::{Owner, SessionRunner, Waits};
 use crate::session_wire::SessionStatus;
+use egress_proxy::Inspection;
 
-/// Paused sessions of this gateway: what a resume needs to restore each; and the open
-/// sessions that close, rather than pause, once idle.
+/// Paused sessions of this gateway: what a resume needs to restore each; the open sessions
+/// that close, rather than pause, once idle; and the CA and placeholders each kept snapshot's
+/// program holds (a fork serves them again: `Inspection::for_grant_carrying`).
 #[derive(Debug, Default)]
 pub struct PausedSessions {
     map: Mutex<HashMap<String, Paused>>,
     close_when_idle: Mutex<std::collections::HashSet<String>>,
+    carried: Mutex<HashMap<String, Arc<Inspection>>>,
 }
 
 /// One paused session's image and what its sandbox was.
 #[derive(Debug)]
 pub(super) struct Paused {
-    image: PathBuf,
-    sha256: String,
-    bytes: u64,
-    runnable: Runnable,
-    language: String,
-    executions: u64,
+    pub(super) image: PathBuf,
+    pub(super) sha256: String,
+    pub(super) bytes: u64,
+    pub(super) runnable: Runnable,
+    pub(super) language: String,
+    pub(super) executions: u64,
+    /// The CA and placeholders its program holds (with an inspected destination).
+    pub(super) inspection: Option<Arc<Inspection>>,
 }
 
 impl PausedSessions {
@@ -55,7 +61,7 @@ impl PausedSessions {
         self.lock().remove(id)
     }
 
-    fn put(&self, id: &str, paused: Paused) {
+    pub(super) fn put(&self, id: &str, paused: Paused) {
         self.lock().insert(id.to_owned(), paused);
     }
 
@@ -79,7 +85,44 @@ impl PausedSessions {
             remove_image(&paused.image);
         }
     }
+
+    pub(super) fn closes_when_idle(&self, id: &str) -> bool {
+        self.close_when_idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id)
+    }
+
+    fn carried(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<Inspection>>> {
+        self.carried.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps what a kept snapshot's program holds, for its forks.
+    pub(super) fn carry(&self, snapshot_id: &str, inspection: Option<Arc<Inspection>>) {
+        if let Some(inspection) = inspection {
+            self.carried().insert(snapshot_id.to_owned(), inspection);
+        }
+    }
+
+    /// Whether the session is paused here, and if so whether its grant inspected anything.
+    pub(super) fn inspected(&self, id: &str) -> Option<bool> {
+        self.lock()
+            .get(id)
+            .map(|paused| paused.inspection.is_some())
+    }
+
+    pub(super) fn carried_by(&self, snapshot_id: &str) -> Option<Arc<Inspection>> {
+        self.carried().get(snapshot_id).cloned()
+    }
+
+    pub(super) fn uncarry(&self, snapshot_id: &str) {
+        self.carried().remove(snapshot_id);
+    }
 }
+
+/// How long a request on a session its row says is paused waits for the pause (or another
+/// request's resume) to let go of it, before it is answered busy.
+const PAUSE_SETTLES: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Whose session an event is about.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +153,8 @@ pub(super) struct Restore<'a> {
     pub(super) runnable: Runnable,
     pub(super) language: &'a str,
     pub(super) executions: u64,
+    /// What the checkpointed program trusts and holds: its listener serves them again.
+    pub(super) carried: Option<Arc<Inspection>>,
 }
 
 /// What a pause, a resume or a restore failed at.
@@ -166,27 +211,12 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(not_open(row));
         };
-        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
         let started = std::time::Instant::now();
-        if let Err(err) = held.sandbox.checkpoint(&image).await {
-            // The image is never kept half-written; the session keeps its sandbox (a dead one
-            // closes it at its next execution).
-            remove_image(&image);
-            return Err(AppError::Internal(format!(
-                "pausing session {id}: {}",
-                error_chain(&err)
-            )));
-        }
-        let (sha256, bytes) = match image_digest(&image) {
-            Ok(digest) => digest,
-            Err(err) => {
-                remove_image(&image);
-                return Err(err.into());
-            }
-        };
-        let Some(held) = guard.take() else {
-            return Err(not_open(row));
-        };
+        let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
+        let (sha256, bytes) = checkpoint_complete(held, &image, &self.instance)
+            .await
+            .map_err(|err| checkpoint_failed(&format!("pausing session {id}"), &err))?;
+        let inspection = held.egress.as_ref().and_then(ExecutionEgress::inspection);
         let paused = Paused {
             image,
             sha256: sha256.clone(),
@@ -194,18 +224,42 @@ impl App {
             runnable: held.runnable.clone(),
             language: held.language.clone(),
             executions: held.executions,
+            inspection,
         };
+        let Some(held) = guard.take() else {
+            return Err(not_open(row));
+        };
+        // The container goes before the row says `paused`: a paused session holds none.
         release(held).await;
         self.session_cursors.close(id);
+        let stored = self.store_pause(id, &paused).await;
+        // Held in memory either way, before the session is let go: its next execution (which
+        // waits for this: `PAUSE_SETTLES`) restores it; unstored, it does not survive a restart.
         self.sessions.paused.put(id, paused);
+        drop(guard);
+        stored?;
         let took_ms = started.elapsed().as_millis();
-        self.audit
-            .set_session_status(id, SessionStatus::Paused, false)
-            .await?;
         let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
         self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
             .await;
         Ok(())
+    }
+
+    /// The session's row says `paused` and its checkpoint is stored with it, in one
+    /// transaction (a restarted gateway serves it from there).
+    async fn store_pause(&self, id: &str, paused: &Paused) -> Result<(), AppError> {
+        let row = PauseRow {
+            session_id: id.to_owned(),
+            image: paused.image.to_string_lossy().into_owned(),
+            sha256: paused.sha256.clone(),
+            bytes: i64::try_from(paused.bytes).unwrap_or(i64::MAX),
+            runnable: sqlx::types::Json(json!(paused.runnable)),
+            language: paused.language.clone(),
+            executions: i64::try_from(paused.executions).unwrap_or(i64::MAX),
+            inspected: paused.inspection.is_some(),
+            closes_when_idle: self.sessions.paused.closes_when_idle(id),
+        };
+        Ok(self.audit.store_pause(&row).await?)
     }
 
     /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
@@ -222,10 +276,20 @@ impl App {
         let Some(open) = self.sessions.get(id) else {
             return Ok(false);
         };
-        // Busy means running, so not paused: the caller's own `try_lock` answers 409 (waiting
-        // here would queue a second execution behind the first).
-        let Ok(mut guard) = open.held.try_lock() else {
-            return Ok(false);
+        let mut guard = if row.is(SessionStatus::Paused) {
+            // Its pause stores the row before it lets go of the session (or another request is
+            // restoring it): wait for that, bounded, rather than answer busy.
+            match tokio::time::timeout(PAUSE_SETTLES, open.held.lock()).await {
+                Ok(guard) => guard,
+                Err(_) => return Ok(false),
+            }
+        } else {
+            // Busy means running, so not paused: the caller's own `try_lock` answers 409
+            // (waiting here would queue a second execution behind the first).
+            let Ok(guard) = open.held.try_lock() else {
+                return Ok(false);
+            };
+            guard
         };
         if guard.is_some() {
             return Ok(false);
@@ -233,7 +297,9 @@ impl App {
         let Some(paused) = self.sessions.paused.take(id) else {
             return Ok(false);
         };
-        match self.restore_held(row, &paused).await {
+        let began = std::time::Instant::now();
+        let mut check_ms = 0;
+        match self.restore_held(row, &paused, &mut check_ms).await {
             Ok(held) => {
                 *guard = Some(held);
                 drop(guard);
@@ -241,7 +307,10 @@ impl App {
                 self.audit
                     .set_session_status(id, SessionStatus::Ready, false)
                     .await?;
-                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes});
+                self.audit.forget_pause(id).await?;
+                // Where a resume's time goes (`make bench`, the snapshots bench).
+                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes,
+                    "restore_ms": began.elapsed().as_millis(), "check_ms": check_ms});
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
@@ -255,9 +324,16 @@ impl App {
 
     /// A new sandbox restored from the paused image, with the session's places (slot, share,
     /// live entry) taken again.
-    async fn restore_held(&self, row: &SessionRow, paused: &Paused) -> Result<Held, AppError> {
+    async fn restore_held(
+        &self,
+        row: &SessionRow,
+        paused: &Paused,
+        check_ms: &mut u128,
+    ) -> Result<Held, AppError> {
+        let checking = std::time::Instant::now();
         self.check_image_of(row.into(), &paused.image, &paused.sha256)
             .await?;
+        *check_ms = checking.elapsed().as_millis();
         let places = self.take_places(&row.id, &row.tenant).await?;
         let restore = Restore {
             id: &row.id,
@@ -266,6 +342,7 @@ impl App {
             runnable: paused.runnable.clone(),
             language: &paused.language,
             executions: paused.executions,
+            carried: paused.inspection.clone(),
         };
         self.restore_sandbox(restore, places).await
     }
@@ -375,12 +452,16 @@ impl App {
             return Ok(None);
         };
         self.session_cursors.open(restore.id);
-        ExecutionEgress::start(
+        let listen = Listen {
+            dir: &home.egress_dir,
+            execution_id: restore.id,
+            tenant: restore.tenant,
+            grant: restore.runnable.network.as_ref(),
+        };
+        ExecutionEgress::start_carrying(
             proxy,
-            &home.egress_dir,
-            restore.id,
-            restore.tenant,
-            restore.runnable.network.as_ref(),
+            &listen,
+            restore.carried.as_deref(),
             self.shutdown.child_token(),
         )
         .map(Some)
@@ -403,13 +484,7 @@ impl App {
     /// The idle watcher's seam: pauses an idle session that pauses rather than closes; `true`
     /// when it is (now, or already) paused, so the watcher keeps it and watches on.
     pub(super) async fn pause_when_idle(&self, id: &str) -> bool {
-        let closes = self
-            .sessions
-            .paused
-            .close_when_idle
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(id);
+        let closes = self.sessions.paused.closes_when_idle(id);
         if closes || !self.config.snapshots.enabled {
             return false;
         }
@@ -452,14 +527,7 @@ impl App {
 
     /// The tenant's directory of checkpoint images (0700), created on first use.
     pub(super) fn snapshot_dir(&self, tenant: &str) -> Result<PathBuf, SnapshotError> {
-        let config = &self.config.snapshots;
-        if !config.enabled {
-            return Err(SnapshotError::Disabled);
-        }
-        let root = config
-            .dir
-            .clone()
-            .unwrap_or_else(|| self.config.data_dir.join("snapshots"));
+        let root = self.snapshot_root().ok_or(SnapshotError::Disabled)?;
         let dir = root.join(hex::encode(tenant.as_bytes()));
         for path in [&root, &dir] {
             private_dir(path).map_err(|source| SnapshotError::Directory {
@@ -468,6 +536,17 @@ impl App {
             })?;
         }
         Ok(dir)
+    }
+
+    /// The snapshots directory, with snapshots enabled.
+    pub(super) fn snapshot_root(&self) -> Option<PathBuf> {
+        let config = &self.config.snapshots;
+        config.enabled.then(|| {
+            config
+                .dir
+                .clone()
+                .unwrap_or_else(|| self.config.data_dir.join("snapshots"))
+        })
     }
 
     pub(super) async fn record_session_step(
@@ -492,6 +571,81 @@ impl App {
             tracing::error!(session_id = %who.id, error = %err, kind = kind.as_str(), "session event not recorded");
         }
     }
+}
+
+/// Checkpoints the sandbox into `image`, complete or not at all: dockerd writes it under a
+/// `.partial` name that is renamed to `image` only once its digest is taken, so a failure (a
+/// full disk, a killed gateway) never leaves an image a restore would take.
+pub(super) async fn checkpoint_complete(
+    held: &mut Held,
+    image: &Path,
+    instance: &str,
+) -> Result<(String, u64), CheckpointError> {
+    let partial = partial_path(image, instance);
+    let written = async {
+        held.sandbox
+            .checkpoint(&partial)
+            .await
+            .map_err(|err| match err {
+                crate::runtime::RuntimeError::NoRoom { .. } => {
+                    CheckpointError::NoRoom(err.to_string())
+                }
+                other => CheckpointError::Checkpoint(error_chain(&other)),
+            })?;
+        let digest = image_digest(&partial).map_err(CheckpointError::Image)?;
+        std::fs::rename(&partial, image).map_err(|source| {
+            CheckpointError::Image(SnapshotError::Image {
+                path: image.to_owned(),
+                source,
+            })
+        })?;
+        Ok(digest)
+    };
+    let done = written.await;
+    if done.is_err() {
+        remove_image(&partial);
+        remove_image(image);
+    }
+    done
+}
+
+/// A checkpoint that did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// Refused before anything was written: the sandbox runs on.
+    #[error("{0}")]
+    NoRoom(String),
+    /// runsc stops the sandbox when it fails part-way.
+    #[error(
+        "checkpointing the sandbox: {0}; nothing was kept, and the sandbox may not have survived \
+         it (its next execution says)"
+    )]
+    Checkpoint(String),
+    #[error(transparent)]
+    Image(SnapshotError),
+}
+
+/// Where an image is written before it is complete: named after the writing instance, whose
+/// next start removes it (`sweep_partial_images`; replicas may share the directory).
+fn partial_path(image: &Path, instance: &str) -> PathBuf {
+    let mut name = image.file_name().unwrap_or_default().to_owned();
+    name.push(format!(".{instance}{PARTIAL_SUFFIX}"));
+    image.with_file_name(name)
+}
+
+/// The suffix of an image still being written.
+pub(super) const PARTIAL_SUFFIX: &str = ".partial";
+
+/// A checkpoint that failed (a full disk, dockerd refusing) is the server's condition, shown
+/// with its cause (503: `AppError::ReplicaUnavailable` is the one 503 carrying its message).
+pub(super) fn checkpoint_failed(what: &str, err: &CheckpointError) -> AppError {
+    let outcome = match err {
+        CheckpointError::NoRoom(_) | CheckpointError::Image(_) => {
+            "failed and the session goes on running"
+        }
+        CheckpointError::Checkpoint(_) => "failed",
+    };
+    AppError::ReplicaUnavailable(format!("{what} {outcome}: {err}"))
 }
 
 fn not_open(row: &SessionRow) -> AppError {

@@ -1,6 +1,7 @@
 //! What snapshots (DESIGN 15) store beside the audit events: the `snapshots` table (one row
 //! per kept checkpoint image, its sha256 and size, until it is deleted or expires) and, on an
-//! execution that restored its paused session, `executions.resumed`.
+//! execution that restored its paused session, `executions.resumed`; and `session_pauses`, a
+//! paused session's checkpoint, so a restarted gateway serves it.
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
@@ -24,10 +25,27 @@ pub struct SnapshotRow {
     pub created_at: DateTime<Utc>,
     pub expires_at: DateTime<Utc>,
     pub deleted_at: Option<DateTime<Utc>>,
+    /// Its session's grant inspected a destination (the image trusts that session's CA).
+    pub inspected: bool,
 }
 
 const COLUMNS: &str = "id, tenant, key_id, session_id, language, mounts, path, bytes, sha256, \
-                       created_at, expires_at, deleted_at";
+                       created_at, expires_at, deleted_at, inspected";
+
+/// One row of `session_pauses`: what a resume of a paused session needs.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct PauseRow {
+    pub session_id: String,
+    pub image: String,
+    pub sha256: String,
+    pub bytes: i64,
+    /// The floor the session was admitted with (`app::floor::Runnable`).
+    pub runnable: Json<Value>,
+    pub language: String,
+    pub executions: i64,
+    pub inspected: bool,
+    pub closes_when_idle: bool,
+}
 
 impl AuditStore {
     /// Marks the execution as the one that restored its paused session.
@@ -53,8 +71,8 @@ impl AuditStore {
     pub async fn insert_snapshot(&self, row: &SnapshotRow) -> Result<(), AuditError> {
         sqlx::query(
             "INSERT INTO snapshots (id, tenant, key_id, session_id, language, mounts, path, \
-             bytes, sha256, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+             bytes, sha256, created_at, expires_at, inspected) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         )
         .bind(&row.id)
         .bind(&row.tenant)
@@ -67,9 +85,74 @@ impl AuditStore {
         .bind(&row.sha256)
         .bind(row.created_at)
         .bind(row.expires_at)
+        .bind(row.inspected)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Stores a paused session's checkpoint and marks the session `paused`, in one
+    /// transaction: a session is `paused` exactly when a restarted gateway can restore it.
+    pub async fn store_pause(&self, row: &PauseRow) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO session_pauses (session_id, image, sha256, bytes, runnable, language, \
+             executions, inspected, closes_when_idle) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (session_id) DO UPDATE SET image = $2, sha256 = $3, bytes = $4, \
+             runnable = $5, language = $6, executions = $7, inspected = $8, \
+             closes_when_idle = $9, paused_at = now()",
+        )
+        .bind(&row.session_id)
+        .bind(&row.image)
+        .bind(&row.sha256)
+        .bind(row.bytes)
+        .bind(&row.runnable)
+        .bind(&row.language)
+        .bind(row.executions)
+        .bind(row.inspected)
+        .bind(row.closes_when_idle)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE sessions SET status = 'paused' WHERE id = $1 AND status <> 'closed'")
+            .bind(&row.session_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Forgets a paused session's checkpoint (resumed or closed).
+    pub async fn forget_pause(&self, session_id: &str) -> Result<(), AuditError> {
+        sqlx::query("DELETE FROM session_pauses WHERE session_id = $1")
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// The paused sessions this gateway instance left, with their checkpoints.
+    pub async fn pauses_left(
+        &self,
+        instance: &str,
+    ) -> Result<Vec<(super::sessions::SessionRow, PauseRow)>, AuditError> {
+        let sessions: Vec<super::sessions::SessionRow> = sqlx::query_as(
+            "SELECT s.* FROM sessions s JOIN session_pauses p ON p.session_id = s.id \
+             WHERE s.instance = $1 AND s.status = 'paused' ORDER BY s.id",
+        )
+        .bind(instance)
+        .fetch_all(&self.pool)
+        .await?;
+        let ids: Vec<String> = sessions.iter().map(|row| row.id.clone()).collect();
+        let pauses: Vec<PauseRow> = sqlx::query_as(
+            "SELECT session_id, image, sha256, bytes, runnable, language, executions, \
+             inspected, closes_when_idle FROM session_pauses WHERE session_id = ANY($1) \
+             ORDER BY session_id",
+        )
+        .bind(&ids)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(sessions.into_iter().zip(pauses).collect())
     }
 
     /// A kept snapshot (not deleted, not expired).

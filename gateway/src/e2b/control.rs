@@ -19,8 +19,8 @@ use super::api_caller;
 use super::error::E2bError;
 use super::live::{Live, LiveSandbox};
 use super::wire::{
-    ConnectRequest, ListQuery, NewSandbox, RefreshRequest, Sandbox, SandboxDetail, SandboxState,
-    TimeoutRequest, ENVD_VERSION,
+    ConnectRequest, ListQuery, NewSandbox, PauseRequest, RefreshRequest, Sandbox, SandboxDetail,
+    SandboxState, SnapshotInfo, SnapshotRequest, TimeoutRequest, ENVD_VERSION,
 };
 use crate::app::sessions::{Opened, SessionRequest};
 use crate::app::App;
@@ -57,7 +57,7 @@ pub async fn create(
             ),
         ));
     }
-    let language = template_language(&app, &request.template_id)?;
+    let (language, from_snapshot) = template_language(&app, &key, &request.template_id).await?;
     let ceilings = &app.config.ceilings;
     let timeout = request
         .timeout
@@ -75,6 +75,7 @@ pub async fn create(
             allow_internet_access: request.allow_internet_access,
             call: None,
         }),
+        from_snapshot,
         ..SessionRequest::default()
     };
     match app.create_session(&key, session).await? {
@@ -293,19 +294,18 @@ pub async fn refresh(
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let key = api_caller(&app, &parts).await?;
-    let request: RefreshRequest = if body.is_empty() {
-        RefreshRequest::default()
-    } else {
-        json_body(&body)?
-    };
+    let request: RefreshRequest = optional_body(&body)?;
     let (e2b, session) = open_sandbox(&app, &key, &id).await?;
     let duration = request.duration.unwrap_or(DEFAULT_REFRESH_S);
-    let current = live.get(&id).map_or(e2b.end_at, |s| s.end_at());
-    let end = capped_end(&session, current.max(Utc::now() + seconds(duration)));
+    let end = later_end(&live, &e2b, &session, duration);
     move_end(&app, &live, &key, &id, end).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
+/// `POST /sandboxes/{id}/connect`, `/v2/...` (the SDK's `Sandbox.connect(id)`): a paused
+/// sandbox is resumed first (sandgate's resume: the checkpoint restored, 201), a running one
+/// answered as it is (200); either way its end moves to at least `timeout` from now and a new
+/// envd token is handed out.
 pub async fn connect(
     State(app): State<Arc<App>>,
     Extension(live): LiveState,
@@ -314,40 +314,168 @@ pub async fn connect(
     body: Bytes,
 ) -> Result<Response, E2bError> {
     let key = api_caller(&app, &parts).await?;
-    let request: ConnectRequest = if body.is_empty() {
-        ConnectRequest::default()
-    } else {
-        json_body(&body)?
-    };
+    let request: ConnectRequest = optional_body(&body)?;
     let (e2b, session) = open_sandbox(&app, &key, &id).await?;
+    let resumed = resume_for(&app, &key, &session, &request).await?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    reconnected(&app, &live, &key, (&e2b, &session), &request, resumed)
+        .await
+        .map(|answer| (status, answer).into_response())
+}
+
+/// `POST /sandboxes/{id}/resume` (the SDKs' older resume): a paused sandbox resumed (201); a
+/// running one is 409, as E2B answers.
+pub async fn resume(
+    State(app): State<Arc<App>>,
+    Extension(live): LiveState,
+    Path(id): Path<String>,
+    parts: Parts,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let key = api_caller(&app, &parts).await?;
+    let request: ConnectRequest = optional_body(&body)?;
+    let (e2b, session) = open_sandbox(&app, &key, &id).await?;
+    if !session.is(SessionStatus::Paused) && !session.is(SessionStatus::PendingApproval) {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is not paused: it is already running"),
+        ));
+    }
+    let resumed = resume_for(&app, &key, &session, &request).await?;
+    reconnected(&app, &live, &key, (&e2b, &session), &request, resumed)
+        .await
+        .map(|answer| (StatusCode::CREATED, answer).into_response())
+}
+
+/// Resumes the sandbox's session if it is paused; says whether it was. A held one is E2B's
+/// "not ready yet"; a resume from the disk only (`memory: false`) is not offered.
+async fn resume_for(
+    app: &App,
+    key: &ApiKey,
+    session: &SessionRow,
+    request: &ConnectRequest,
+) -> Result<bool, E2bError> {
+    if session.is(SessionStatus::PendingApproval) {
+        return Err(held(session));
+    }
+    if request.memory == Some(false) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "sandgate resumes a paused sandbox with its memory only (on_resume \"reboot\" is \
+             not supported; docs/e2b.md)",
+        ));
+    }
+    if !session.is(SessionStatus::Paused) {
+        return Ok(false);
+    }
+    app.resume_session(key, &session.id).await?;
+    Ok(true)
+}
+
+/// The answer of a connect or resume: the sandbox's end moved (a resumed one's to `timeout`
+/// from now, a running one's to at least that) and a new envd token.
+async fn reconnected(
+    app: &Arc<App>,
+    live: &Arc<Live>,
+    key: &ApiKey,
+    (e2b, session): (&E2bSandboxRow, &SessionRow),
+    request: &ConnectRequest,
+    resumed: bool,
+) -> Result<Json<Sandbox>, E2bError> {
+    let timeout = request.timeout.unwrap_or(DEFAULT_TIMEOUT_S);
+    let end = if resumed {
+        capped_end(session, Utc::now() + seconds(timeout))
+    } else {
+        later_end(live, e2b, session, timeout)
+    };
+    move_end(app, live, key, &session.id, end).await?;
+    let token = new_token();
+    app.audit
+        .add_e2b_token(&session.id, &token)
+        .await
+        .map_err(crate::app::AppError::from)?;
+    Ok(Json(sandbox_answer(e2b, token)))
+}
+
+/// The sandbox's end moved to at least `secs` from now, never earlier than it is, within the
+/// session's lifetime (what refresh and connect share).
+fn later_end(live: &Live, e2b: &E2bSandboxRow, session: &SessionRow, secs: u64) -> DateTime<Utc> {
+    let current = live.get(&session.id).map_or(e2b.end_at, |s| s.end_at());
+    capped_end(session, current.max(Utc::now() + seconds(secs)))
+}
+
+/// `POST /sandboxes/{id}/pause` (the SDK's `pause()`): sandgate's pause of the session (its
+/// sandbox checkpointed, no container left); 409 when already paused, as E2B answers. A paused
+/// sandbox waits for its connect: its end moves to the session's own end.
+pub async fn pause(
+    State(app): State<Arc<App>>,
+    Extension(live): LiveState,
+    Path(id): Path<String>,
+    parts: Parts,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let key = api_caller(&app, &parts).await?;
+    let request: PauseRequest = optional_body(&body)?;
+    if request.memory == Some(false) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "sandgate pauses a sandbox with its memory only (mode \"filesystem\" is not \
+             supported; docs/e2b.md)",
+        ));
+    }
+    let (_, session) = open_sandbox(&app, &key, &id).await?;
     if session.is(SessionStatus::PendingApproval) {
         return Err(held(&session));
     }
-    let current = live.get(&id).map_or(e2b.end_at, |s| s.end_at());
-    let asked = Utc::now() + seconds(request.timeout.unwrap_or(DEFAULT_TIMEOUT_S));
-    move_end(
-        &app,
-        &live,
-        &key,
-        &id,
-        capped_end(&session, current.max(asked)),
-    )
-    .await?;
-    let token = new_token();
-    app.audit
-        .add_e2b_token(&id, &token)
-        .await
-        .map_err(crate::app::AppError::from)?;
-    Ok(Json(sandbox_answer(&e2b, token)).into_response())
+    if session.is(SessionStatus::Paused) {
+        return Err(E2bError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already paused"),
+        ));
+    }
+    app.pause_session(&key, &id).await?;
+    move_end(&app, &live, &key, &id, session.expires_at).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// Pause, resume, snapshots, fork, metrics, logs, network updates: not built (501).
+/// `POST /sandboxes/{id}/snapshots` (the SDK's `create_snapshot()`): a kept sandgate snapshot
+/// of the session (which goes on); its id, given as a create's `templateID`, starts a new
+/// sandbox from it (a fork, decided afresh by the policy).
+pub async fn snapshot(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    parts: Parts,
+    body: Bytes,
+) -> Result<Response, E2bError> {
+    let key = api_caller(&app, &parts).await?;
+    let request: SnapshotRequest = optional_body(&body)?;
+    if request.memory == Some(false) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "sandgate snapshots a sandbox with its memory only (mode \"filesystem\" is not \
+             supported; docs/e2b.md)",
+        ));
+    }
+    open_sandbox(&app, &key, &id).await?;
+    let snapshot = app.create_snapshot(&key, &id).await?;
+    let answer = SnapshotInfo {
+        names: vec![snapshot.id.clone()],
+        snapshot_id: snapshot.id,
+    };
+    Ok((StatusCode::CREATED, Json(answer)).into_response())
+}
+
+/// Fork, metrics, logs, network updates: not built (501).
 pub async fn unsupported(Path((id, action)): Path<(String, String)>) -> E2bError {
     E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!(
             "POST /sandboxes/{id}/{action} is not supported by sandgate's E2B API \
-             (pause, resume, snapshots, fork, metrics, logs and network updates are not built; docs/e2b.md)"
+             (fork, metrics, logs and network updates are not built; docs/e2b.md)"
         ),
     )
 }
@@ -416,7 +544,7 @@ fn detail(e2b: &E2bSandboxRow, session: &SessionRow) -> SandboxDetail {
             .get(name)
             .and_then(serde_json::Value::as_f64)
     };
-    let state = if session.is(SessionStatus::PendingApproval) {
+    let state = if session.is(SessionStatus::PendingApproval) || session.is(SessionStatus::Paused) {
         SandboxState::Paused
     } else {
         SandboxState::Running
@@ -451,8 +579,28 @@ fn sandbox_answer(e2b: &E2bSandboxRow, token: String) -> Sandbox {
     }
 }
 
+/// A template id that names a kept snapshot (`sn_...`, from `POST /sandboxes/{id}/snapshots`):
+/// the new sandbox is restored from it, in its language.
+async fn template_language(
+    app: &App,
+    key: &ApiKey,
+    template: &str,
+) -> Result<(String, Option<String>), E2bError> {
+    if template.starts_with("sn_") {
+        return match app.get_snapshot(key, template).await {
+            Ok(snapshot) => Ok((snapshot.language, Some(snapshot.id))),
+            Err(crate::app::AppError::NotFound) => Err(E2bError::new(
+                StatusCode::NOT_FOUND,
+                format!("snapshot {template} not found"),
+            )),
+            Err(err) => Err(err.into()),
+        };
+    }
+    configured_language(app, template).map(|language| (language, None))
+}
+
 /// The session language of a configured template, or 404 naming the configured ones.
-fn template_language(app: &App, template: &str) -> Result<String, E2bError> {
+fn configured_language(app: &App, template: &str) -> Result<String, E2bError> {
     let templates = &app.config.e2b.templates;
     templates
         .get(template)
@@ -506,6 +654,14 @@ pub(super) fn reasons_text(reasons: &[Reason]) -> String {
         .map(|r| format!("{}: {}", r.code, r.message))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// A body the SDKs may leave empty.
+fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, E2bError> {
+    if body.is_empty() {
+        return Ok(T::default());
+    }
+    json_body(body)
 }
 
 fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, E2bError> {

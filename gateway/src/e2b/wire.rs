@@ -151,11 +151,46 @@ pub struct RefreshRequest {
     pub duration: Option<u64>,
 }
 
-/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`.
+/// `POST /sandboxes/{id}/connect`, `POST /v2/sandboxes/{id}/connect`, and the older
+/// `POST /sandboxes/{id}/resume` (whose `autoPause` is ignored).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ConnectRequest {
     #[serde(default)]
     pub timeout: Option<u64>,
+    /// `false`: resume from the disk only (a cold boot), which sandgate does not do.
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/pause`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PauseRequest {
+    /// `false`: a filesystem-only pause, which sandgate does not do (it keeps the memory).
+    #[serde(default)]
+    pub memory: Option<bool>,
+    /// Always met: the session's runner answers or the pause fails.
+    #[serde(default)]
+    pub require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SnapshotRequest {
+    /// Names are not kept: the snapshot is named by its id.
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub memory: Option<bool>,
+}
+
+/// The answer to `POST /sandboxes/{id}/snapshots`: the snapshot's id is what a create names
+/// as its `templateID` to start a sandbox from it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SnapshotInfo {
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+    pub names: Vec<String>,
 }
 
 /// The query of `GET /v2/sandboxes`.

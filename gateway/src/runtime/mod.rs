@@ -376,6 +376,17 @@ pub enum RuntimeError {
     },
     #[error("sandbox-init binary {path} is missing; build it with `make build`")]
     MissingInit { path: PathBuf },
+    /// A checkpoint refused before anything was written: the sandbox runs on.
+    #[error(
+        "no space left for the checkpoint in {}: {free} bytes free, and the sandbox holds \
+         {needed} bytes of memory (what its image may take); nothing was written",
+        dir.display()
+    )]
+    NoRoom {
+        dir: PathBuf,
+        free: u64,
+        needed: u64,
+    },
 }
 
 /// Readiness of the runtime, for `/readyz`.

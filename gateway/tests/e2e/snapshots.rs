@@ -14,16 +14,16 @@ use serde_json::{json, Value};
 
 #[allow(dead_code)] // the helper serves dockerd_restart.rs too, which uses the rest of it
 #[path = "../dockerd_restart/daemon.rs"]
-mod daemon;
+pub(crate) mod daemon;
 
-use daemon::PrivateDockerd;
+pub(crate) use daemon::PrivateDockerd;
 use gateway::runtime::docker::DockerRuntime;
 
 static DAEMON: Mutex<Weak<PrivateDockerd>> = Mutex::new(Weak::new());
 
 /// The area's experimental dockerd, started (with the python image) by the first test that
 /// needs it and stopped when the last one holding it ends.
-async fn shared_daemon() -> Arc<PrivateDockerd> {
+pub(crate) async fn shared_daemon() -> Arc<PrivateDockerd> {
     tokio::task::spawn_blocking(|| {
         let mut slot = DAEMON
             .lock()
@@ -44,6 +44,17 @@ async fn shared_daemon() -> Arc<PrivateDockerd> {
 async fn gateway_on(daemon: &PrivateDockerd) -> TestGateway {
     let url = common::fresh_database().await;
     let data_dir = tempfile::tempdir().unwrap();
+    gateway_with(daemon, url, data_dir, |_| {}).await
+}
+
+/// A gateway with snapshots on, no warm pool, on `daemon`, `url` and `data_dir` (a restart
+/// passes the ones the stopped gateway had), and `tweak`'s changes to the config.
+pub(crate) async fn gateway_with(
+    daemon: &PrivateDockerd,
+    url: String,
+    data_dir: tempfile::TempDir,
+    tweak: impl FnOnce(&mut gateway::config::Config),
+) -> TestGateway {
     TestGateway::start_on(
         DockerRuntime::at(&daemon.socket()),
         Some(url),
@@ -51,12 +62,13 @@ async fn gateway_on(daemon: &PrivateDockerd) -> TestGateway {
         |config| {
             config.snapshots.enabled = true;
             config.warm_pool = BTreeMap::new();
+            tweak(config);
         },
     )
     .await
 }
 
-async fn open(gw: &TestGateway, key: &str, language: &str) -> String {
+pub(crate) async fn open(gw: &TestGateway, key: &str, language: &str) -> String {
     let (status, session) = gw
         .post(key, "/v1/sessions", &json!({"language": language}))
         .await;
@@ -64,7 +76,7 @@ async fn open(gw: &TestGateway, key: &str, language: &str) -> String {
     session["id"].as_str().unwrap().to_owned()
 }
 
-async fn run(gw: &TestGateway, key: &str, id: &str, code: &str) -> Value {
+pub(crate) async fn run(gw: &TestGateway, key: &str, id: &str, code: &str) -> Value {
     let (status, record) = gw
         .post(
             key,
@@ -77,19 +89,19 @@ async fn run(gw: &TestGateway, key: &str, id: &str, code: &str) -> Value {
     record
 }
 
-async fn step(gw: &TestGateway, key: &str, id: &str, what: &str) -> (u16, Value) {
+pub(crate) async fn step(gw: &TestGateway, key: &str, id: &str, what: &str) -> (u16, Value) {
     gw.post(key, &format!("/v1/sessions/{id}/{what}"), &json!({}))
         .await
 }
 
-async fn pause(gw: &TestGateway, key: &str, id: &str) -> Value {
+pub(crate) async fn pause(gw: &TestGateway, key: &str, id: &str) -> Value {
     let (status, paused) = step(gw, key, id, "pause").await;
     assert_eq!(status, 200, "{paused}");
     assert_eq!(paused["status"], "paused", "{paused}");
     paused
 }
 
-async fn events(gw: &TestGateway, kind: &str, session: &str) -> Vec<Value> {
+pub(crate) async fn events(gw: &TestGateway, kind: &str, session: &str) -> Vec<Value> {
     sqlx::query_scalar(
         "SELECT decision FROM audit_events WHERE kind = $1 AND input->>'session_id' = $2 \
          ORDER BY id",
@@ -102,7 +114,7 @@ async fn events(gw: &TestGateway, kind: &str, session: &str) -> Vec<Value> {
 }
 
 /// The paused session's checkpoint image files under the snapshots directory.
-fn image_files(gw: &TestGateway, session: &str) -> Vec<std::path::PathBuf> {
+pub(crate) fn image_files(gw: &TestGateway, session: &str) -> Vec<std::path::PathBuf> {
     let root = gw.data_dir.path().join("snapshots");
     let mut found = Vec::new();
     for tenant in std::fs::read_dir(&root).unwrap() {
@@ -196,7 +208,7 @@ async fn repeated_pause_resume_cycles_keep_files_and_variables() {
     let agent = gw.key("agent", "acme").await;
     let id = open(&gw, &agent, "python").await;
     run(&gw, &agent, &id, "n = 0").await;
-    const CYCLES: usize = 8;
+    const CYCLES: usize = 20;
     for cycle in 1..=CYCLES {
         pause(&gw, &agent, &id).await;
         let code = format!(
@@ -487,7 +499,7 @@ async fn measure_pause_resume_and_a_pandas_fork_against_a_cold_session() {
     gw.stop().await;
 }
 
-async fn status_becomes(gw: &TestGateway, key: &str, id: &str, wanted: &str) -> Value {
+pub(crate) async fn status_becomes(gw: &TestGateway, key: &str, id: &str, wanted: &str) -> Value {
     let mut seen = Value::Null;
     for _ in 0..300 {
         seen = gw.session(key, id).await;

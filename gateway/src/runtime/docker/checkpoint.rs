@@ -25,6 +25,9 @@ const MAX_ANSWER: u64 = 64 * 1024;
 /// and leaves it stopped. The image's files are made 0600: it holds the program's memory.
 pub async fn checkpoint(docker: &Docker, name: &str, image: &Path) -> Result<(), RuntimeError> {
     let (parent, id) = split_image_path(image)?;
+    // runsc stops the sandbox when a checkpoint fails part-way (a full disk): refuse first
+    // what cannot fit, while it still runs.
+    room_for(docker, name, &parent).await?;
     let options = CreateCheckpointOptions {
         checkpoint_id: id,
         checkpoint_dir: Some(parent.to_string_lossy().into_owned()),
@@ -38,6 +41,39 @@ pub async fn checkpoint(docker: &Docker, name: &str, image: &Path) -> Result<(),
     restrict(image).map_err(|err| io_error("restrict the checkpoint image", &err))
 }
 
+/// Refuses (`NoRoom`) a checkpoint when the file system under `dir` has less free space than
+/// the container's memory in use: an upper bound of its image (runsc compresses it).
+async fn room_for(docker: &Docker, name: &str, dir: &Path) -> Result<(), RuntimeError> {
+    use futures_util::StreamExt;
+    let free = free_bytes(dir).map_err(|err| io_error("measure the free space", &err))?;
+    let options = bollard::query_parameters::StatsOptions {
+        stream: false,
+        one_shot: true,
+    };
+    let stats = bounded("container stats", async {
+        docker.stats(name, Some(options)).next().await.transpose()
+    })
+    .await?;
+    let needed = stats
+        .and_then(|stats| stats.memory_stats)
+        .and_then(|memory| memory.usage)
+        .unwrap_or(0);
+    if free < needed {
+        return Err(RuntimeError::NoRoom {
+            dir: dir.to_owned(),
+            free,
+            needed,
+        });
+    }
+    Ok(())
+}
+
+/// Bytes an unprivileged writer may still put on the file system holding `dir`.
+fn free_bytes(dir: &Path) -> std::io::Result<u64> {
+    let stat = nix::sys::statvfs::statvfs(dir).map_err(std::io::Error::from)?;
+    Ok(stat.blocks_available().saturating_mul(stat.fragment_size()))
+}
+
 /// Creates the plan's container, gives it the image and starts it restored.
 pub async fn restore(
     docker: Docker,
@@ -45,7 +81,9 @@ pub async fn restore(
     plan: &SandboxPlan,
     image: &Path,
 ) -> Result<DockerSandbox, RuntimeError> {
+    let began = std::time::Instant::now();
     let mut sandbox = DockerSandbox::create(docker.clone(), plan).await?;
+    let created = began.elapsed();
     let started = async {
         let info = bounded(
             "inspect container",
@@ -63,10 +101,20 @@ pub async fn restore(
             .join("checkpoints")
             .join(RESTORE_NAME);
         copy_image(image, &target).map_err(|err| io_error("hand the image to dockerd", &err))?;
-        start_restored(socket, &sandbox.name).await
+        let copied = began.elapsed();
+        start_restored(socket, &sandbox.name).await?;
+        Ok::<_, RuntimeError>(copied)
     };
     match started.await {
-        Ok(()) => {
+        Ok(copied) => {
+            // Where a restore's time goes (docs/snapshots.md, "Measured").
+            tracing::info!(
+                container = %sandbox.name,
+                create_ms = created.as_millis(),
+                copy_ms = (copied - created).as_millis(),
+                start_ms = (began.elapsed() - copied).as_millis(),
+                "sandbox restored from its checkpoint"
+            );
             sandbox.watch_oom().await;
             Ok(sandbox)
         }
