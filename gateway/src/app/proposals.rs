@@ -26,7 +26,7 @@ use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
-use crate::audit::proposals::{OpenCounts, ProposalRow, ProposalStatus};
+use crate::audit::proposals::{OpenCounts, ProposalOrigin, ProposalRow, ProposalStatus};
 use crate::audit::{ApiKey, NewEvent};
 
 /// Most example executions kept per kind of change.
@@ -43,21 +43,16 @@ pub const MAX_PATCH_BYTES: usize = 64 * 1024;
 /// the window held more.
 pub const MAX_REPLAY_DECISIONS: usize = 20_000;
 
-/// Who opened a proposal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Origin {
-    Reviewer,
-    Agent,
-}
-
-impl Origin {
-    fn as_str(self) -> &'static str {
-        match self {
-            Origin::Reviewer => "reviewer",
-            Origin::Agent => "agent",
-        }
-    }
+/// What approving a proposal applied: the revision now active, the one before, and whether
+/// the policy directory was written too. (Fields alphabetical, as the answer always had them:
+/// it was a `json!` object, whose keys serde_json sorts.)
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Applied {
+    /// Why the policy directory was not written (the revision is active and stored anyway).
+    pub policy_dir_error: Option<String>,
+    pub policy_dir_written: bool,
+    pub previous: String,
+    pub revision: String,
 }
 
 /// What a new proposal says (already bounded by the API).
@@ -69,7 +64,7 @@ pub struct Draft {
     pub source_execution: Option<String>,
     pub source_approval: Option<String>,
     pub justification: Option<String>,
-    pub origin: Origin,
+    pub origin: ProposalOrigin,
     pub window: Window,
 }
 
@@ -182,7 +177,7 @@ impl App {
             author_key_id: caller.id.clone(),
             author_principal: caller.principal.clone(),
             author_tenant: caller.tenant.clone(),
-            origin: draft.origin.as_str().to_owned(),
+            origin: draft.origin,
             justification: draft.justification,
             source_execution: draft.source_execution,
             source_approval: draft.source_approval,
@@ -381,7 +376,7 @@ impl App {
         caller: &ApiKey,
         id: &str,
         (reviewed, comment): (String, Option<String>),
-    ) -> Result<(ProposalRow, Value), AppError> {
+    ) -> Result<(ProposalRow, Applied), AppError> {
         let (app, caller, id) = (Arc::clone(self), caller.clone(), id.to_owned());
         let task = self
             .tasks
@@ -395,7 +390,7 @@ impl App {
         caller: &ApiKey,
         id: &str,
         (reviewed, comment): (String, Option<String>),
-    ) -> Result<(ProposalRow, Value), AppError> {
+    ) -> Result<(ProposalRow, Applied), AppError> {
         let row = self.open_proposal(caller, id, &reviewed).await?;
         let active = self.policy.current();
         if active.state.revision() != row.base_revision {
@@ -414,12 +409,12 @@ impl App {
         drop(candidate);
         self.announce_policy(&accepted.revision).await;
         let written = accepted.policy_dir.clone().unwrap_or(Ok(()));
-        let applied = json!({
-            "revision": accepted.revision,
-            "previous": accepted.previous,
-            "policy_dir_written": written.is_ok(),
-            "policy_dir_error": written.err(),
-        });
+        let applied = Applied {
+            policy_dir_error: written.as_ref().err().cloned(),
+            policy_dir_written: written.is_ok(),
+            previous: accepted.previous,
+            revision: accepted.revision,
+        };
         Ok((self.get_proposal(id).await?, applied))
     }
 
@@ -692,7 +687,7 @@ impl App {
             source_execution: Some(id.to_owned()),
             source_approval: None,
             justification: Some(justification),
-            origin: Origin::Agent,
+            origin: ProposalOrigin::Agent,
             window: Window::default(),
         };
         self.create_proposal(caller, draft).await
