@@ -26,6 +26,7 @@ use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
+use crate::audit::events::{self, proposals as proposal_events, proposals::ReplayCounts};
 use crate::audit::proposals::{OpenCounts, ProposalOrigin, ProposalRow, ProposalStatus};
 use crate::audit::{ApiKey, NewEvent};
 
@@ -195,11 +196,11 @@ impl App {
             api_types::EventKind::PolicyProposed,
             &row,
             caller,
-            json!({
-                "status": "open",
-                "candidate_revision": row.candidate_revision,
-                "tests_passed": tests_passed,
-                "replay": summary(&row.evidence.0["replay"]),
+            events::column(&proposal_events::Proposed {
+                status: ProposalStatus::Open,
+                candidate_revision: row.candidate_revision.clone(),
+                tests_passed,
+                replay: ReplayCounts::of(&row.evidence.0["replay"]),
             }),
         );
         if let Some(open) = self
@@ -429,11 +430,11 @@ impl App {
             api_types::EventKind::PolicyProposalApproved,
             row,
             caller,
-            json!({
-                "status": "approved",
-                "revision": row.candidate_revision,
-                "previous": row.base_revision,
-                "comment": comment,
+            events::column(&proposal_events::Approved {
+                status: ProposalStatus::Approved,
+                revision: row.candidate_revision.clone(),
+                previous: row.base_revision.clone(),
+                comment: comment.clone(),
             }),
         );
         let claim = ProposalClaim {
@@ -479,9 +480,9 @@ impl App {
             api_types::EventKind::PolicyProposalRejected,
             &row,
             caller,
-            json!({
-                "status": "rejected",
-                "comment": comment,
+            events::column(&proposal_events::Rejected {
+                status: ProposalStatus::Rejected,
+                comment: comment.clone(),
             }),
         );
         let done = self
@@ -530,13 +531,13 @@ impl App {
             api_types::EventKind::PolicyProposalRebased,
             &row,
             caller,
-            json!({
-                "status": "open",
-                "previous_base": old_base,
-                "previous_candidate": old_candidate,
-                "candidate_revision": row.candidate_revision,
-                "tests_passed": row.tests_passed,
-                "replay": summary(&row.evidence.0["replay"]),
+            events::column(&proposal_events::Rebased {
+                status: ProposalStatus::Open,
+                previous_base: old_base,
+                previous_candidate: old_candidate,
+                candidate_revision: row.candidate_revision.clone(),
+                tests_passed: row.tests_passed,
+                replay: ReplayCounts::of(&row.evidence.0["replay"]),
             }),
         );
         if !self.audit.rebase_proposal(&row, &event).await? {
@@ -598,19 +599,6 @@ fn conflict(row: &ProposalRow, active: &str) -> AppError {
     ))
 }
 
-/// Counts of a replay evidence, for the audit event.
-fn summary(replay: &Value) -> Value {
-    let count = |name: &str| replay[name]["count"].clone();
-    json!({
-        "days": replay["days"],
-        "total": replay["total"],
-        "allow_to_deny": count("allow_to_deny"),
-        "deny_to_allow": count("deny_to_allow"),
-        "review_changes": count("review_changes"),
-        "limit_changes": count("limit_changes"),
-    })
-}
-
 fn proposal_event(
     kind: api_types::EventKind,
     row: &ProposalRow,
@@ -624,16 +612,16 @@ fn proposal_event(
         tenant: Some(caller.tenant.clone()),
         decision_id: None,
         allow: None,
-        reasons: json!([]),
-        input: json!({
-            "proposal_id": row.id,
-            "title": row.title,
-            "origin": row.origin,
-            "author_key_id": row.author_key_id,
-            "source_execution": row.source_execution,
-            "source_approval": row.source_approval,
-            "base_revision": row.base_revision,
-            "patch": crate::app::refusals::bounded_json(&row.patch.0),
+        reasons: events::no_reasons(),
+        input: events::column(&proposal_events::Proposal {
+            proposal_id: row.id.clone(),
+            title: row.title.clone(),
+            origin: row.origin,
+            author_key_id: row.author_key_id.clone(),
+            source_execution: row.source_execution.clone(),
+            source_approval: row.source_approval.clone(),
+            base_revision: row.base_revision.clone(),
+            patch: crate::app::refusals::bounded_json(&row.patch.0),
         }),
         decision,
         policy_revision: Some(row.base_revision.clone()),

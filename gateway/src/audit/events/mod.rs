@@ -15,6 +15,7 @@ pub mod egress;
 pub mod execution;
 pub mod keys;
 pub mod policy;
+pub mod proposals;
 pub mod refusals;
 pub mod retention;
 pub mod session_files;

@@ -481,3 +481,123 @@ fn refusal_and_retention_events_are_written_as_before() {
         json!({"purged": ["stdout", "stderr", "outputs"]}),
     );
 }
+
+#[test]
+fn proposal_events_are_written_as_before() {
+    use super::proposals::{Approved, Proposal, Proposed, Rebased, Rejected, ReplayCounts};
+    use api_types::{ProposalOrigin, ProposalStatus};
+
+    let patch =
+        json!({"data/tenants.yaml": {"tenants": {"lab": {"languages": ["python", "bash"]}}}});
+    for (origin, old_origin, source) in [
+        (ProposalOrigin::Agent, "agent", Some("ex_1".to_owned())),
+        (ProposalOrigin::Reviewer, "reviewer", None),
+    ] {
+        same(
+            &Proposal {
+                proposal_id: "pp_1".into(),
+                title: "Allow bash".into(),
+                origin,
+                author_key_id: "key_1".into(),
+                source_execution: source.clone(),
+                source_approval: None,
+                base_revision: "sha256:aa".into(),
+                patch: patch.clone(),
+            },
+            // `"origin": row.origin` was the stored text.
+            json!({
+                "proposal_id": "pp_1",
+                "title": "Allow bash",
+                "origin": old_origin,
+                "author_key_id": "key_1",
+                "source_execution": source,
+                "source_approval": null,
+                "base_revision": "sha256:aa",
+                "patch": patch,
+            }),
+        );
+    }
+    // What `replay_evidence` stores: counts with their examples.
+    let replay = json!({
+        "days": 7, "total": 12, "unchanged": 10, "truncated": false, "limit": 20000,
+        "allow_to_deny": {"count": 0, "examples": []},
+        "deny_to_allow": {"count": 1, "examples": ["ex_1"]},
+        "review_changes": {"count": 1, "examples": ["ex_2"]},
+        "limit_changes": {"count": 0, "examples": []},
+    });
+    // The summary the event carried before.
+    let count = |name: &str| replay[name]["count"].clone();
+    let old_summary = json!({
+        "days": replay["days"],
+        "total": replay["total"],
+        "allow_to_deny": count("allow_to_deny"),
+        "deny_to_allow": count("deny_to_allow"),
+        "review_changes": count("review_changes"),
+        "limit_changes": count("limit_changes"),
+    });
+    assert_eq!(
+        column(&ReplayCounts::of(&replay)).to_string(),
+        old_summary.to_string()
+    );
+    assert_eq!(
+        column(&ReplayCounts::of(&json!({}))).to_string(),
+        json!({"days": null, "total": null, "allow_to_deny": null, "deny_to_allow": null,
+               "review_changes": null, "limit_changes": null})
+        .to_string()
+    );
+    same(
+        &Proposed {
+            status: ProposalStatus::Open,
+            candidate_revision: "sha256:bb".into(),
+            tests_passed: true,
+            replay: ReplayCounts::of(&replay),
+        },
+        json!({
+            "status": "open",
+            "candidate_revision": "sha256:bb",
+            "tests_passed": true,
+            "replay": old_summary,
+        }),
+    );
+    same(
+        &Rebased {
+            status: ProposalStatus::Open,
+            previous_base: "sha256:aa".into(),
+            previous_candidate: "sha256:bb".into(),
+            candidate_revision: "sha256:cc".into(),
+            tests_passed: false,
+            replay: ReplayCounts::of(&replay),
+        },
+        json!({
+            "status": "open",
+            "previous_base": "sha256:aa",
+            "previous_candidate": "sha256:bb",
+            "candidate_revision": "sha256:cc",
+            "tests_passed": false,
+            "replay": old_summary,
+        }),
+    );
+    for comment in [Some("lab shell ok".to_owned()), None] {
+        same(
+            &Approved {
+                status: ProposalStatus::Approved,
+                revision: "sha256:bb".into(),
+                previous: "sha256:aa".into(),
+                comment: comment.clone(),
+            },
+            json!({
+                "status": "approved",
+                "revision": "sha256:bb",
+                "previous": "sha256:aa",
+                "comment": comment,
+            }),
+        );
+    }
+    same(
+        &Rejected {
+            status: ProposalStatus::Rejected,
+            comment: "too broad".into(),
+        },
+        json!({"status": "rejected", "comment": "too broad"}),
+    );
+}
