@@ -11,6 +11,7 @@
 //!
 //! [`NewEvent`]: super::NewEvent
 
+pub mod approvals;
 pub mod egress;
 pub mod execution;
 pub mod keys;
@@ -19,6 +20,7 @@ pub mod proposals;
 pub mod refusals;
 pub mod retention;
 pub mod session_files;
+pub mod sessions;
 
 use serde::Serialize;
 use serde_json::Value;

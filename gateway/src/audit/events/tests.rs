@@ -601,3 +601,158 @@ fn proposal_events_are_written_as_before() {
         json!({"status": "rejected", "comment": "too broad"}),
     );
 }
+
+#[test]
+fn approval_and_held_session_events_are_written_as_before() {
+    use super::approvals::{
+        ExecutionWithdrawal, Expiry, Party, Requester, Reviewed, Reviewer, SelfReview,
+        SessionWithdrawal, Status, Verdict,
+    };
+    use super::sessions::{Denial, Denied, HeldClosed, HeldSession};
+    use api_types::{ApprovalStatus, ClosedReason, ReviewDecision};
+
+    let session = Some("se_1".to_owned());
+    for (decision, old) in [
+        (ReviewDecision::Approve, "approve"),
+        (ReviewDecision::Reject, "reject"),
+    ] {
+        same(
+            &SelfReview {
+                approval_id: "ap_1".into(),
+                session_id: session.clone(),
+                decision,
+                reviewer: Party {
+                    key_id: "key_1".into(),
+                    principal: "ana".into(),
+                },
+            },
+            json!({
+                "approval_id": "ap_1",
+                "session_id": session,
+                "decision": old,
+                "reviewer": {"key_id": "key_1", "principal": "ana"},
+            }),
+        );
+    }
+    for status in ApprovalStatus::ALL {
+        same(&Status { status: *status }, json!({"status": status}));
+    }
+    same(
+        &Status {
+            status: ApprovalStatus::Withdrawn,
+        },
+        json!({"status": "withdrawn"}),
+    );
+    let comment: Option<&str> = Some("fine");
+    let (requester_key, requester_principal): (Option<String>, Option<String>) =
+        (Some("key_2".into()), None);
+    same(
+        &Reviewed {
+            approval_id: "ap_1".into(),
+            session_id: None,
+            reviewer: Reviewer {
+                key_id: "key_1".into(),
+                principal: "ana".into(),
+                role: Role::Reviewer,
+            },
+            requested_by: Requester {
+                key_id: requester_key.clone(),
+                principal: requester_principal.clone(),
+            },
+            comment: comment.map(str::to_owned),
+        },
+        json!({
+            "approval_id": "ap_1",
+            "session_id": null,
+            "reviewer": {"key_id": "key_1", "principal": "ana", "role": Role::Reviewer},
+            "requested_by": {
+                "key_id": requester_key,
+                "principal": requester_principal,
+            },
+            "comment": comment,
+        }),
+    );
+    let runnable = json!({"backend": "gvisor", "limits": {"memory_mb": 256}, "network": null});
+    for (approve, stored) in [(true, Some(runnable.clone())), (false, None)] {
+        let old_runnable = stored.clone().map(sqlx::types::Json);
+        let verb = if approve { "approved" } else { "rejected" };
+        same(
+            &Verdict {
+                status: if approve {
+                    ApprovalStatus::Approved
+                } else {
+                    ApprovalStatus::Rejected
+                },
+                runnable: stored,
+            },
+            json!({"status": verb, "runnable": old_runnable}),
+        );
+    }
+    same(
+        &Expiry {
+            approval_id: "ap_1".into(),
+            session_id: None,
+            expires_at: at(),
+        },
+        json!({"approval_id": "ap_1", "session_id": null, "expires_at": at()}),
+    );
+    let key_id = Some("key_1".to_owned());
+    same(
+        &ExecutionWithdrawal {
+            approval_id: "ap_1".into(),
+            requested_by: key_id.clone(),
+        },
+        json!({"approval_id": "ap_1", "requested_by": key_id}),
+    );
+    same(
+        &SessionWithdrawal {
+            approval_id: "ap_1".into(),
+            session_id: "se_1".into(),
+            requested_by: key_id.clone(),
+        },
+        json!({"approval_id": "ap_1", "session_id": "se_1", "requested_by": key_id}),
+    );
+    same(
+        &Denial {
+            session_id: "se_1".into(),
+            approval_id: "ap_1".into(),
+            reviewer: Party {
+                key_id: "key_1".into(),
+                principal: "ana".into(),
+            },
+        },
+        json!({
+            "session_id": "se_1",
+            "approval_id": "ap_1",
+            "reviewer": {"key_id": "key_1", "principal": "ana"},
+        }),
+    );
+    same(
+        &Denied {
+            status: ApprovalStatus::Rejected,
+            closed_reason: ClosedReason::Denied,
+        },
+        json!({"status": "rejected", "closed_reason": "denied"}),
+    );
+    same(
+        &HeldSession {
+            session_id: "se_1".into(),
+            approval_id: Some("ap_1".into()),
+        },
+        json!({"session_id": "se_1", "approval_id": "ap_1"}),
+    );
+    for reason in [
+        Some(ClosedReason::Expired),
+        Some(ClosedReason::Deleted),
+        None,
+    ] {
+        same(
+            &HeldClosed {
+                closed_reason: reason,
+                executions: 0,
+                created_at: at(),
+            },
+            json!({"closed_reason": reason, "executions": 0i64, "created_at": at()}),
+        );
+    }
+}
