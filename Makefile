@@ -80,7 +80,7 @@ test: setup lint init policy-test ## everything CI checks: lints, policy cases, 
 policy-test: gateway ## the policy bundle's YAML cases and golden decision matrix (policies/tests), failing under 90% line coverage
 	$(GATEWAY) policy test policies --min-coverage 90
 
-bench: check-cargo init ## measure, with baselines in the same run: policy decision latency, proxy throughput and CONNECT latency, cold execution vs raw Docker, 16 concurrent executions, audit writes (group commit) vs COPY, single-writer latency and the chain lock under two replicas, audit rows per 10,000 failed authentications before/after bounding, the time to create a policy proposal over 10,000 recorded decisions (DESIGN 8; root, after setup)
+bench: check-cargo init ## measure, with baselines in the same run: policy decision latency, proxy throughput and CONNECT latency, cold execution vs raw Docker, the warm pool (refill booted vs restored, session creation, the four-tenant mix), 16 concurrent executions, audit writes (group commit) vs COPY, single-writer latency and the chain lock under two replicas, audit rows per 10,000 failed authentications before/after bounding, the time to create a policy proposal over 10,000 recorded decisions (DESIGN 8; root, after setup)
 	cargo bench -p policy-engine --bench decide
 	bash scripts/netns.sh up
 	cargo bench -p egress-proxy --bench throughput
@@ -88,6 +88,7 @@ bench: check-cargo init ## measure, with baselines in the same run: policy decis
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench cold
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench warm
 	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench session
+	SANDGATE_SANDBOX_INIT="$(CURDIR)/$(INIT_STATIC)" cargo bench -p gateway --bench pool_refill
 	cargo bench -p gateway --bench refusals
 	cargo bench -p gateway --bench audit
 	cargo bench -p gateway --bench proposals

@@ -40,20 +40,12 @@ use serde_json::{json, Value};
 use gateway::audit::AuditStore;
 
 mod common;
+mod mixed;
 use common::{
     bench_main, env_usize, ms, private_postgres, sandbox_init, Gateway, Series, DATABASE,
 };
 
-const SITUATION: &str = r#"
-import pandas as pd
-import matplotlib.pyplot as plt
-frame = pd.read_csv("sales.csv").dropna()
-frame["month"] = pd.to_datetime(frame["month"])
-trend = frame.groupby("month")["amount"].sum()
-ax = trend.plot(title="Sales")
-ax.figure.savefig("/output/trend.png")
-print(len(frame))
-"#;
+use mixed::SITUATION;
 
 const PYTHON_START: &str = r#"
 import json, subprocess, time
@@ -77,7 +69,7 @@ async fn run(root: &Path) -> bool {
     let runs = env_usize("SANDGATE_BENCH_RUNS", 20);
     let mixed_rounds = runs.div_ceil(4).max(2);
     if std::env::var("SANDGATE_BENCH_ONLY").as_deref() == Ok("mixed") {
-        return mixed::run(&pg, &url, root, &init, mixed_rounds).await;
+        return mixed::run(&pg, &url, root, &init, mixed_rounds, &mixed::Daemon::Shared).await;
     }
 
     let rss_before = rss_kib();
@@ -165,7 +157,7 @@ async fn run(root: &Path) -> bool {
         rss_pooled / 1024,
         held.map_or("unknown (no pooled container found)".to_owned(), |mib| format!("{mib} MiB"))
     );
-    ok & mixed::run(&pg, &url, root, &init, mixed_rounds).await
+    ok & mixed::run(&pg, &url, root, &init, mixed_rounds, &mixed::Daemon::Shared).await
 }
 
 /// Runs `body` (after waiting for a pooled sandbox on a warm gateway) and records its time.
@@ -276,210 +268,4 @@ fn pooled_memory_mib() -> Option<u64> {
     ))
     .ok()?;
     Some(usage.trim().parse::<u64>().ok()? / (1024 * 1024))
-}
-
-/// The four shipped tenants, mixed (item 5 above).
-mod mixed {
-    use std::collections::BTreeMap;
-    use std::path::Path;
-    use std::time::{Duration, Instant};
-
-    use base64::Engine as _;
-    use serde_json::{json, Value};
-
-    use gateway::audit::AuditStore;
-
-    use super::common::{ms, Gateway, Series, StopOnDrop, DATABASE};
-
-    const FORGE_SUITE: &str = r#"
-import unittest
-class Arithmetic(unittest.TestCase):
-    pass
-for n in range(40):
-    setattr(Arithmetic, f"test_{n}", lambda self, n=n: self.assertEqual(sum(range(n)), n * (n - 1) // 2))
-result = unittest.TextTestRunner(verbosity=0).run(unittest.defaultTestLoader.loadTestsFromTestCase(Arithmetic))
-print(result.testsRun, len(result.failures))
-"#;
-    const EXERCISE: &str =
-        "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\nprint(fib(18))\n";
-    const CENSUS: &str = "import csv\nrows = list(csv.DictReader(open('/data/census/people.csv')))\nprint(len(rows), sum(int(r['age']) for r in rows))\n";
-
-    /// One tenant's request in the mix.
-    struct Tenant {
-        name: &'static str,
-        key: String,
-        body: Value,
-    }
-
-    fn tenants(keys: &BTreeMap<&'static str, String>) -> Vec<Tenant> {
-        let csv = "month,amount\n2026-01-01,10\n2026-02-01,12\n2026-03-01,\n2026-04-01,15\n";
-        let b64 = base64::engine::general_purpose::STANDARD.encode(csv);
-        let bodies = [
-            (
-                "acme",
-                json!({"language": "python", "code": super::SITUATION,
-                "files": [{"path": "sales.csv", "content_b64": b64}]}),
-            ),
-            ("forge", json!({"language": "python", "code": FORGE_SUITE})),
-            ("classroom", json!({"language": "python", "code": EXERCISE})),
-            (
-                "research",
-                json!({"language": "python", "code": CENSUS,
-                "mounts": ["dataset:census"]}),
-            ),
-        ];
-        bodies
-            .into_iter()
-            .map(|(name, body)| Tenant {
-                name,
-                key: keys[name].clone(),
-                body,
-            })
-            .collect()
-    }
-
-    async fn gateway(url: &str, dir: &Path, init: &Path, census: &Path, warm: bool) -> Gateway {
-        let census = census.to_owned();
-        Gateway::start(url.to_owned(), dir, init, move |config| {
-            config.datasets.insert(
-                "census".to_owned(),
-                gateway::config::Dataset {
-                    path: census,
-                    description: "census extract".to_owned(),
-                },
-            );
-            if warm {
-                config.warm_pool = BTreeMap::from([("python".to_owned(), 1)]);
-                config.warm_pool_memory_mb = 8192;
-            }
-        })
-        .await
-    }
-
-    /// Runs `rounds` of the four tenants one after another; per tenant its times, and the
-    /// starts that were warm.
-    async fn rounds(
-        gw: &Gateway,
-        tenants: &[Tenant],
-        rounds: usize,
-    ) -> (BTreeMap<&'static str, Vec<f64>>, usize, usize, bool) {
-        let (mut times, mut warm, mut total, mut ok) = (BTreeMap::new(), 0, 0, true);
-        for _ in 0..rounds {
-            for tenant in tenants {
-                let began = Instant::now();
-                let (status, record) = gw.run(&tenant.key, tenant.body.clone()).await;
-                let took = ms(began.elapsed());
-                if status != 200 || record["status"] != "succeeded" {
-                    eprintln!("{} failed: {status} {record}", tenant.name);
-                    ok = false;
-                }
-                times.entry(tenant.name).or_insert_with(Vec::new).push(took);
-                warm += usize::from(record["start"] == "warm");
-                total += 1;
-            }
-        }
-        (times, warm, total, ok)
-    }
-
-    /// Waits (up to two minutes) until every key the pool wants has a sandbox waiting.
-    async fn settled(gw: &Gateway) {
-        for _ in 0..1200 {
-            let ready: Value = gw
-                .http
-                .get(format!("{}/readyz", gw.url))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            let keys = ready["checks"]["warm_pool"]["keys"].as_array().cloned();
-            if keys.is_some_and(|keys| {
-                keys.iter()
-                    .all(|k| k["target"] == 0 || k["waiting"].as_u64() > Some(0))
-            }) {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        eprintln!("the pool did not settle within two minutes");
-    }
-
-    pub async fn run(pg: &StopOnDrop, url: &str, root: &Path, init: &Path, n: usize) -> bool {
-        let census = root.join("census");
-        std::fs::create_dir_all(&census).unwrap();
-        let people: String = (0..1000)
-            .map(|i| format!("p{i},{}\n", 20 + i % 60))
-            .collect();
-        std::fs::write(census.join("people.csv"), format!("name,age\n{people}")).unwrap();
-        let warm_gw = gateway(url, &root.join("mixed-warm"), init, &census, true).await;
-        let store = AuditStore::new(
-            gateway::database::pool(pg.0.connect_options(DATABASE))
-                .await
-                .unwrap(),
-        );
-        let mut keys = BTreeMap::new();
-        for tenant in ["acme", "forge", "classroom", "research"] {
-            keys.insert(
-                tenant,
-                store.create_key("agent", tenant).await.unwrap().secret,
-            );
-        }
-        let tenants = tenants(&keys);
-        // Warm-up: one round makes every key wanted; then the pool fills.
-        let (_, _, _, mut ok) = rounds(&warm_gw, &tenants, 1).await;
-        settled(&warm_gw).await;
-        let (warm_times, hits, total, fine) = rounds(&warm_gw, &tenants, n).await;
-        ok &= fine;
-        let memory = waiting_memory(&warm_gw).await;
-        warm_gw.stop().await;
-        let cold_gw = gateway(url, &root.join("mixed-cold"), init, &census, false).await;
-        let (cold_times, _, _, fine) = rounds(&cold_gw, &tenants, n).await;
-        ok &= fine;
-        cold_gw.stop().await;
-        report(n, (hits, total), memory, &warm_times, &cold_times);
-        ok
-    }
-
-    async fn waiting_memory(gw: &Gateway) -> u64 {
-        let ready: Value = gw
-            .http
-            .get(format!("{}/readyz", gw.url))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        ready["checks"]["warm_pool"]["waiting_memory_bytes"]
-            .as_u64()
-            .unwrap_or(0)
-    }
-
-    fn report(
-        rounds: usize,
-        (hits, total): (usize, usize),
-        memory: u64,
-        warm: &BTreeMap<&'static str, Vec<f64>>,
-        cold: &BTreeMap<&'static str, Vec<f64>>,
-    ) {
-        println!("mixed four-tenant workload (DESIGN 16), {rounds} rounds after one warm-up round, one request after another");
-        println!(
-            "  hit rate {hits}/{total} = {:.0}% (goal >= 90%); waiting sandboxes held {} MiB at the end",
-            100.0 * hits as f64 / total.max(1) as f64,
-            memory / (1024 * 1024)
-        );
-        for (tenant, times) in warm {
-            let w = Series::new(times.clone());
-            let c = Series::new(cold.get(tenant).cloned().unwrap_or_default());
-            println!(
-                "  {tenant:<10} warm p50 {:>7.0} ms p99 {:>7.0} ms | cold p50 {:>7.0} ms p99 {:>7.0} ms | p50 {:.2}x",
-                w.percentile(50),
-                w.percentile(99),
-                c.percentile(50),
-                c.percentile(99),
-                w.percentile(50) / c.percentile(50)
-            );
-        }
-    }
 }

@@ -49,6 +49,26 @@ def _preload(modules):
             sys.stderr.write("sandgate-runner: warming pandas: %s\n" % err)
 
 
+def _reseed():
+    """Generators the preload seeded, seeded again from the kernel now that a job has come: a
+    waiting sandbox may be one of many restored from one checkpoint (the pool's refill by
+    restore), and siblings must not draw the same numbers. A fresh interpreter seeds them at
+    start; this makes the restored one the same. (Generators a preloaded library made for
+    itself, the string-hash secret and the address-space layout stay the checkpoint's.)"""
+    random = sys.modules.get("random")
+    if random is not None:
+        random.seed()
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None:
+        tempfile._name_sequence = None
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception as err:
+            sys.stderr.write("sandgate-runner: reseeding numpy.random: %s\n" % err)
+
+
 def _trimmed_hook(program):
     """The interpreter's own report of an uncaught exception, from the program's frames on (the
     runner's are not the program's business). A program may install its own sys.excepthook."""
@@ -80,6 +100,7 @@ def _run():
     sys.stdout.write(ready + "\n")
     sys.stdout.flush()
     job = json.loads(sys.stdin.readline())
+    _reseed()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)

@@ -16,6 +16,8 @@ use gateway::runtime::docker::DockerRuntime;
 
 pub const CODE: &str = "print(1)";
 pub const DATABASE: &str = "sandgate";
+/// What a missing prerequisite's message says to do.
+pub const SETUP: &str = "run `make bench` as root after `bash scripts/setup.sh && make build`";
 
 pub fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -146,6 +148,17 @@ impl Gateway {
         init: &Path,
         tweak: impl FnOnce(&mut Config),
     ) -> Gateway {
+        Gateway::start_on(DockerRuntime::new(), database_url, data_dir, init, tweak).await
+    }
+
+    /// The same on `runtime` (a private dockerd's).
+    pub async fn start_on(
+        runtime: DockerRuntime,
+        database_url: String,
+        data_dir: &Path,
+        init: &Path,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Gateway {
         let mut config = Config {
             database_url: Some(database_url),
             data_dir: data_dir.to_owned(),
@@ -162,7 +175,7 @@ impl Gateway {
         let server = tokio::spawn(gateway::serve_on(
             listener,
             config.clone(),
-            Arc::new(DockerRuntime::new()),
+            Arc::new(runtime),
             shutdown.clone(),
         ));
         let gw = Gateway {

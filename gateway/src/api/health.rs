@@ -15,7 +15,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::app::pool::{KeyCount, Serves};
+use crate::app::pool::{KeyCount, Refill, Serves};
 use crate::app::App;
 use crate::audit::replicas::ReplicaRow;
 
@@ -86,9 +86,53 @@ pub struct WarmKey {
     pub memory_mb: u64,
     pub mounts: Vec<WarmMount>,
     pub pids: u64,
+    /// Whether it refills by restoring a template or by booting.
+    pub refill: WarmRefill,
     pub serves: WarmServes,
     pub target: usize,
     pub waiting: usize,
+}
+
+/// How a warm key refills: `by` boot or restore (with its template's size, `null` until made),
+/// or by boot because restoring failed (`restore_failed` says why).
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+#[serde(untagged)]
+pub enum WarmRefill {
+    Restore {
+        by: RefillBy,
+        template_bytes: Option<u64>,
+    },
+    BootAfterFailure {
+        by: RefillBy,
+        restore_failed: String,
+    },
+    Boot {
+        by: RefillBy,
+    },
+}
+
+/// What refills a warm key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RefillBy {
+    Boot,
+    Restore,
+}
+
+impl From<Refill> for WarmRefill {
+    fn from(refill: Refill) -> WarmRefill {
+        match refill {
+            Refill::Boot => WarmRefill::Boot { by: RefillBy::Boot },
+            Refill::Restore { template_bytes } => WarmRefill::Restore {
+                by: RefillBy::Restore,
+                template_bytes,
+            },
+            Refill::BootAfterFailure { cause } => WarmRefill::BootAfterFailure {
+                by: RefillBy::Boot,
+                restore_failed: cause,
+            },
+        }
+    }
 }
 
 /// What a waiting sandbox serves.
@@ -125,6 +169,7 @@ impl From<KeyCount> for WarmKey {
                 })
                 .collect(),
             pids: key.pids,
+            refill: WarmRefill::from(count.refill),
             serves: match key.serves {
                 Serves::Execution => WarmServes::Execution,
                 Serves::Session => WarmServes::Session,
@@ -337,6 +382,10 @@ mod tests {
                 target: "/data/ref".to_owned(),
             }],
             pids: 64,
+            refill: WarmRefill::Restore {
+                by: RefillBy::Restore,
+                template_bytes: Some(1_048_576),
+            },
             serves: WarmServes::Session,
             target: 2,
             waiting: 1,
@@ -376,6 +425,12 @@ mod tests {
         key.as_object_mut()
             .unwrap()
             .insert("target".to_owned(), json!(2));
+        let refill = Refill::Restore {
+            template_bytes: Some(1_048_576),
+        };
+        key.as_object_mut()
+            .unwrap()
+            .insert("refill".to_owned(), refill.describe());
         let old = json!({
             "status": "unavailable",
             "missing": ["policy"],
@@ -396,6 +451,22 @@ mod tests {
             })],
         });
         same(&typed, old);
+        // What `/readyz` wrote before: `Refill::describe`.
+        for refill in [
+            Refill::Boot,
+            Refill::Restore {
+                template_bytes: None,
+            },
+            Refill::Restore {
+                template_bytes: Some(7),
+            },
+            Refill::BootAfterFailure {
+                cause: "criu: no space".to_owned(),
+            },
+        ] {
+            let old = refill.describe();
+            same(&WarmRefill::from(refill), old);
+        }
         same(
             &Replicas::Unreadable {
                 error: "pool timed out".to_owned(),

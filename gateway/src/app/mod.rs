@@ -19,6 +19,9 @@ mod policy_follow;
 pub mod policy_revisions;
 pub mod policy_upload;
 pub mod pool;
+pub mod pool_key;
+mod pool_refill;
+mod pool_restore;
 pub mod pool_sizing;
 mod proposal_candidate;
 pub mod proposals;
@@ -116,7 +119,11 @@ impl App {
             let path = config.data_dir.join(name);
             std::path::absolute(&path).unwrap_or(path)
         };
-        let pool = pool::WarmPool::new(pool_sizing(&config), config.python_preload.clone());
+        let pool = pool::WarmPool::new(
+            pool_sizing(&config),
+            config.python_preload.clone(),
+            pool_restore::templates_dir(&config, &instance),
+        );
         App {
             pool,
             egress,

@@ -3,20 +3,16 @@
 //! opening line. An execution or session whose decision the pool has a sandbox for claims it
 //! instead of starting its own; every other starts cold.
 //!
-//! A waiting sandbox is keyed by the whole container its decision implies ([`PoolKey`]):
-//! image, runtime, memory, CPU, pids, disk (which also sizes the `/workspace` and `/tmp`
-//! tmpfs), the dataset mounts exactly as granted (read-only; a waiting sandbox has those and no
-//! other), and whether it serves an execution or a session. runsc cannot change a live
-//! sandbox's limits (`docker update` fails: runsc has no `update` command), so a claim takes a
-//! sandbox of exactly its key; nothing is widened. Whether the decision grants network does
-//! not change the container (network `none` and the socket directory either way; the grant is
-//! the listener served at the claim), so it is not part of the key. The deadline and output cap
-//! are the run's, set at the claim.
+//! Split by responsibility: the key ([`super::pool_key`]: a waiting sandbox is keyed by the
+//! whole container its decision implies), the sizing ([`super::pool_sizing`]), the refill task
+//! and each waiting sandbox's keeper ([`super::pool_refill`]), refill by restoring a preloaded
+//! template's checkpoint ([`super::pool_restore`]); here: the pool's state, the claim, and what
+//! it reports.
 //!
-//! How many of each key wait is demand-driven ([`super::pool_sizing`]): keys claimed in the
-//! last `warm_pool_window_s` keep sandboxes in proportion to their claims within
-//! `warm_pool_memory_mb` for all waiting sandboxes together; `warm_pool` is the floor for the
-//! configured default shape; a key no longer claimed drains.
+//! How many of each key wait is demand-driven: keys claimed in the last `warm_pool_window_s`
+//! keep sandboxes in proportion to their claims within `warm_pool_memory_mb` for all waiting
+//! sandboxes together; `warm_pool` is the floor for the configured default shape; a key no
+//! longer claimed drains.
 //!
 //! Memory: a cold container's limit is the decision's `memory_mb`. A pooled Python sandbox with
 //! a preload gets [`PRELOAD_MEMORY_MB`] on top, for what the waiting interpreter imported: the
@@ -29,7 +25,6 @@
 //! ones.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -37,17 +32,17 @@ use futures_util::future::BoxFuture;
 use futures_util::FutureExt;
 use tokio::sync::{oneshot, Notify};
 
-use policy_engine::Limits;
-
-use super::floor::Runnable;
 use super::home::SandboxHome;
 use super::pool_sizing::{self, Demand};
-use super::App;
 use crate::metrics::{WarmClaim, WarmSnapshot};
 use crate::runtime::{
-    Job, Owner, PoolRunner, Ran, ReadOnlyMount, RunControl, RuntimeError, Sandbox, SessionRunner,
-    TurnRan, Waits,
+    Job, PoolRunner, Ran, RunControl, RuntimeError, Sandbox, SessionRunner, TurnRan, Waits,
 };
+
+pub use super::pool_key::{nano_rounded, MountKey, PoolKey, Serves, Shape};
+pub use super::pool_refill::refill;
+pub use super::pool_restore::Refill;
+use super::pool_restore::Restore;
 
 /// Memory a pooled Python container gets on top of the decision's, for what the waiting
 /// interpreter imported (numpy, pandas and matplotlib hold about 150 MB under gVisor): the
@@ -59,143 +54,7 @@ pub const MAX_PER_KEY: usize = 16;
 const MAX_HISTORY: usize = 65_536;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
-const IDLE_CHECK: Duration = Duration::from_secs(1);
-
-/// What a sandbox is created with (the caller adds a decision's dataset mounts).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Shape {
-    pub image: String,
-    pub runtime: String,
-    /// Memory, CPU, pids and disk; the deadline and output cap are zero (they are the run's).
-    pub limits: Limits,
-}
-
-impl Shape {
-    pub(super) fn of(runnable: &Runnable) -> Shape {
-        Shape {
-            image: runnable.image.clone(),
-            runtime: runnable.runtime.clone(),
-            limits: Limits {
-                timeout_ms: 0,
-                output_bytes: 0,
-                cpus: nano_rounded(runnable.limits.cpus),
-                ..runnable.limits.clone()
-            },
-        }
-    }
-}
-
-/// CPUs as Docker takes them (whole nano-CPUs), so equal quotas compare equal.
-pub fn nano_rounded(cpus: f64) -> f64 {
-    (cpus * 1e9).round() / 1e9
-}
-
-fn nano_cpus(cpus: f64) -> u64 {
-    (cpus * 1e9).round().max(0.0) as u64
-}
-
-/// What a waiting sandbox will serve.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Serves {
-    /// One execution (`sandbox-init pool`).
-    Execution,
-    /// One session (`sandbox-init session`), waiting for its opening line.
-    Session,
-}
-
-/// A granted dataset as the key holds it: host source and `/data/...` target, read-only.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct MountKey {
-    pub source: PathBuf,
-    pub target: String,
-}
-
-/// The whole container a decision implies; a claim takes a sandbox of exactly this key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct PoolKey {
-    pub language: String,
-    pub serves: Serves,
-    pub image: String,
-    pub runtime: String,
-    pub memory_mb: u64,
-    pub nano_cpus: u64,
-    pub pids: u64,
-    /// Also the size of the `/workspace` and `/tmp` tmpfs.
-    pub disk_mb: u64,
-    /// In the order granted.
-    pub mounts: Vec<MountKey>,
-}
-
-impl PoolKey {
-    pub(super) fn of(language: &str, serves: Serves, runnable: &Runnable) -> PoolKey {
-        let shape = Shape::of(runnable);
-        let mut key = PoolKey::of_shape(language, serves, &shape);
-        key.mounts = runnable
-            .mounts
-            .iter()
-            .map(|m| MountKey {
-                source: m.source.clone(),
-                target: m.target.clone(),
-            })
-            .collect();
-        key
-    }
-
-    /// A key without dataset mounts (the configured default shape).
-    pub fn of_shape(language: &str, serves: Serves, shape: &Shape) -> PoolKey {
-        PoolKey {
-            language: language.to_owned(),
-            serves,
-            image: shape.image.clone(),
-            runtime: shape.runtime.clone(),
-            memory_mb: shape.limits.memory_mb,
-            nano_cpus: nano_cpus(shape.limits.cpus),
-            pids: shape.limits.pids,
-            disk_mb: shape.limits.disk_mb,
-            mounts: Vec::new(),
-        }
-    }
-
-    /// The container's shape (its mounts are [`PoolKey::mounts`]).
-    pub fn shape(&self) -> Shape {
-        Shape {
-            image: self.image.clone(),
-            runtime: self.runtime.clone(),
-            limits: Limits {
-                timeout_ms: 0,
-                output_bytes: 0,
-                memory_mb: self.memory_mb,
-                cpus: self.nano_cpus as f64 / 1e9,
-                pids: self.pids,
-                disk_mb: self.disk_mb,
-            },
-        }
-    }
-
-    fn read_only_mounts(&self) -> Vec<ReadOnlyMount> {
-        self.mounts
-            .iter()
-            .map(|m| ReadOnlyMount {
-                source: m.source.clone(),
-                target: m.target.clone(),
-            })
-            .collect()
-    }
-
-    /// For `/readyz` and logs.
-    pub fn describe(&self) -> serde_json::Value {
-        serde_json::json!({
-            "language": self.language,
-            "serves": match self.serves { Serves::Execution => "execution", Serves::Session => "session" },
-            "image": self.image,
-            "memory_mb": self.memory_mb,
-            "cpus": self.nano_cpus as f64 / 1e9,
-            "pids": self.pids,
-            "disk_mb": self.disk_mb,
-            "mounts": self.mounts.iter().map(|m| serde_json::json!({"source": m.source, "target": m.target})).collect::<Vec<_>>(),
-        })
-    }
-}
+pub(super) const IDLE_CHECK: Duration = Duration::from_secs(1);
 
 /// How the pool is sized (from the configuration).
 #[derive(Debug, Clone)]
@@ -270,23 +129,23 @@ impl Sandbox for Pooled {
     }
 }
 
-type ClaimReply = oneshot::Sender<Claimed>;
+pub(super) type ClaimReply = oneshot::Sender<Claimed>;
 
 #[derive(Debug)]
-struct Waiting {
-    key: PoolKey,
-    claim: oneshot::Sender<ClaimReply>,
+pub(super) struct Waiting {
+    pub(super) key: PoolKey,
+    pub(super) claim: oneshot::Sender<ClaimReply>,
 }
 
 #[derive(Debug, Default)]
-struct State {
-    waiting: Vec<Waiting>,
+pub(super) struct State {
+    pub(super) waiting: Vec<Waiting>,
     /// Ids of every sandbox the pool started that still exists (waiting or claimed).
-    members: BTreeSet<String>,
+    pub(super) members: BTreeSet<String>,
     /// Claims in the window, oldest first.
     history: VecDeque<(Instant, PoolKey)>,
     /// The targets last computed (for `/readyz`).
-    targets: BTreeMap<PoolKey, usize>,
+    pub(super) targets: BTreeMap<PoolKey, usize>,
     /// Claims so far per language and result (`sandgate_warm_claims_total`).
     claims: BTreeMap<(String, WarmClaim), u64>,
     /// Per key: why its last start failed (absent while its starts succeed).
@@ -301,25 +160,36 @@ pub struct KeyCount {
     pub key: PoolKey,
     pub waiting: usize,
     pub target: usize,
+    /// Whether it refills by restore or by boot.
+    pub refill: Refill,
 }
 
 #[derive(Debug)]
 pub struct WarmPool {
     sizing: Sizing,
     preload: Vec<String>,
+    /// Refill by restore: the templates (empty when every sandbox is booted).
+    pub(super) restore: Restore,
     state: Mutex<State>,
-    wake: Notify,
+    pub(super) wake: Notify,
     /// Signalled when starting sandboxes works again after failing (dockerd came back): what
     /// could not be removed while it was away is swept now, not at the next periodic sweep.
     recovered: Notify,
 }
 
 impl WarmPool {
-    pub fn new(sizing: Sizing, preload: Vec<String>) -> Arc<WarmPool> {
+    /// `templates`: where refill by restore keeps its templates (`None`: every sandbox is
+    /// booted; see [`super::pool_restore`]).
+    pub fn new(
+        sizing: Sizing,
+        preload: Vec<String>,
+        templates: Option<std::path::PathBuf>,
+    ) -> Arc<WarmPool> {
         let targets = sizing.floors.clone();
         Arc::new(WarmPool {
             sizing,
             preload,
+            restore: Restore::new(templates),
             state: Mutex::new(State {
                 targets,
                 ..State::default()
@@ -329,7 +199,7 @@ impl WarmPool {
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -455,7 +325,7 @@ impl WarmPool {
     /// Drops what waits beyond its key's target (oldest first: their watchers remove them),
     /// then names the key to start a sandbox of next: the one furthest below its target that
     /// is not backing off and fits the budget (a floor always fits).
-    fn next_to_start(&self) -> Option<PoolKey> {
+    pub(super) fn next_to_start(&self) -> Option<PoolKey> {
         let mut state = self.lock();
         let now = Instant::now();
         let targets = self.compute_targets(&mut state, now);
@@ -533,6 +403,7 @@ impl WarmPool {
         counts
             .into_iter()
             .map(|(key, (waiting, target))| KeyCount {
+                refill: self.restore.refill_of(key, &self.waits(key)),
                 key: key.clone(),
                 waiting,
                 target,
@@ -582,7 +453,7 @@ impl WarmPool {
         }
     }
 
-    fn waits(&self, key: &PoolKey) -> Waits {
+    pub(super) fn waits(&self, key: &PoolKey) -> Waits {
         match (key.serves, key.language.as_str()) {
             (Serves::Session, language) => {
                 Waits::Session(SessionRunner::for_language(language).unwrap_or(SessionRunner::Bash))
@@ -595,7 +466,7 @@ impl WarmPool {
     }
 
     /// Records the result of a start; a failure is logged once per cause, not per attempt.
-    fn started(&self, key: &PoolKey, result: Result<(), String>) {
+    pub(super) fn started(&self, key: &PoolKey, result: Result<(), String>) {
         let mut state = self.lock();
         match result {
             Ok(()) => {
@@ -622,160 +493,13 @@ impl WarmPool {
     }
 }
 
-/// Keeps every key at its target until shutdown, one start at a time, only while an execution
-/// slot is free; a key whose starts fail is retried with back-off (1 s doubling to 30 s) while
-/// the others go on.
-pub async fn refill(app: Arc<App>) {
-    let pool = Arc::clone(&app.pool);
-    if !pool.enabled() {
-        return;
-    }
-    loop {
-        let next = if app.scheduler.is_quiet() {
-            pool.next_to_start()
-        } else {
-            None
-        };
-        let idle = match next {
-            Some(key) => {
-                let started = start_one(&app, &pool, key.clone()).await;
-                pool.started(&key, started);
-                false
-            }
-            None => true,
-        };
-        if idle {
-            tokio::select! {
-                () = app.shutdown.cancelled() => return,
-                () = pool.wake.notified() => {}
-                () = tokio::time::sleep(IDLE_CHECK) => {}
-            }
-        } else if app.shutdown.is_cancelled() {
-            return;
-        }
-    }
-}
-
-/// Starts one sandbox of `key` and leaves it waiting, watched, in the pool.
-async fn start_one(app: &Arc<App>, pool: &Arc<WarmPool>, key: PoolKey) -> Result<(), String> {
-    let id = crate::ids::new("sb");
-    // Known to the reaper before anything of it exists on the host.
-    pool.lock().members.insert(id.clone());
-    let home = match SandboxHome::create(&app.egress_root, &app.scratch_root, &id, key.disk_mb) {
-        Ok(home) => home,
-        Err(err) => {
-            pool.lock().members.remove(&id);
-            return Err(format!("preparing the sandbox's host directories: {err}"));
-        }
-    };
-    let owner = Owner::Pool {
-        language: key.language.clone(),
-    };
-    let mut plan = app.plan(&id, owner, &key.shape(), &home, pool.waits(&key));
-    plan.mounts = key.read_only_mounts();
-    // The waiting interpreter's imports must not eat into what the decision grants the
-    // program: the container gets room for them on top (see PRELOAD_MEMORY_MB).
-    plan.limits.memory_mb = pool.cost_mb(&key);
-    let sandbox = match app.runtime.start(plan).await {
-        Ok(sandbox) => sandbox,
-        Err(err) => {
-            home.remove();
-            pool.lock().members.remove(&id);
-            return Err(super::error_chain(&err));
-        }
-    };
-    let (claim, claims) = oneshot::channel();
-    {
-        let mut state = pool.lock();
-        // Still wanted (the demand may have moved while it started)? Else dropping `claim`
-        // removes it.
-        let target = state.targets.get(&key).copied().unwrap_or(0);
-        let have = state.waiting.iter().filter(|w| w.key == key).count();
-        if have < target {
-            state.waiting.push(Waiting { key, claim });
-        }
-    }
-    let watched = Watched {
-        pool: Arc::clone(pool),
-        sandbox,
-        home,
-    };
-    app.tasks
-        .spawn(watched.watch(claims, app.shutdown.child_token()));
-    Ok(())
-}
-
-/// A waiting sandbox's keeper: hands it to the claim, or removes it if it dies, is dropped
-/// from the pool, or the gateway shuts down.
-struct Watched {
-    pool: Arc<WarmPool>,
-    sandbox: Box<dyn Sandbox>,
-    home: SandboxHome,
-}
-
-enum Event {
-    Claim(Result<ClaimReply, oneshot::error::RecvError>),
-    Died,
-    Shutdown,
-}
-
-impl Watched {
-    async fn watch(
-        mut self,
-        mut claims: oneshot::Receiver<ClaimReply>,
-        shutdown: tokio_util::sync::CancellationToken,
-    ) {
-        // Death first: a sandbox whose end is already known is never handed out.
-        let event = tokio::select! {
-            biased;
-            () = self.sandbox.closed() => Event::Died,
-            () = shutdown.cancelled() => Event::Shutdown,
-            claim = &mut claims => Event::Claim(claim),
-        };
-        // From here the pool's entry for this sandbox can no longer be claimed.
-        drop(claims);
-        match event {
-            Event::Claim(Ok(reply)) => {
-                let Watched {
-                    pool,
-                    sandbox,
-                    home,
-                } = self;
-                if let Err(unclaimed) = reply.send(Claimed { sandbox, home }) {
-                    Watched {
-                        pool,
-                        sandbox: unclaimed.sandbox,
-                        home: unclaimed.home,
-                    }
-                    .remove()
-                    .await;
-                }
-            }
-            Event::Died => {
-                tracing::warn!(sandbox = %self.home.id, "a pooled sandbox ended while waiting; removed");
-                self.pool.wake.notify_one();
-                self.remove().await;
-            }
-            Event::Claim(Err(_)) | Event::Shutdown => self.remove().await,
-        }
-    }
-
-    async fn remove(self) {
-        let id = self.home.id.clone();
-        {
-            // A sandbox that died is no longer claimable.
-            let mut state = self.pool.lock();
-            state.waiting.retain(|w| !w.claim.is_closed());
-        }
-        self.sandbox.discard().await;
-        self.home.remove();
-        self.pool.lock().members.remove(&id);
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::floor::Runnable;
     use super::*;
+    use crate::runtime::ReadOnlyMount;
+    use policy_engine::Limits;
+    use std::path::PathBuf;
 
     fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
         Runnable {
@@ -802,33 +526,6 @@ mod tests {
     }
 
     #[test]
-    fn the_key_is_the_whole_container_and_nothing_else() {
-        let small = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
-        assert_eq!(
-            small.memory_mb, 256,
-            "Python under 512 MB is a key like any other"
-        );
-        assert_eq!(small.nano_cpus, 500_000_000);
-        // The deadline and output cap are the run's, not the container's.
-        let mut later = runnable(256, &[]);
-        later.limits.timeout_ms = 1;
-        later.limits.output_bytes = 1;
-        assert_eq!(PoolKey::of("python", Serves::Execution, &later), small);
-        let census = PoolKey::of("python", Serves::Execution, &runnable(256, &["census"]));
-        assert_ne!(census, small);
-        assert_eq!(census.read_only_mounts().len(), 1);
-        assert_ne!(
-            census,
-            PoolKey::of("python", Serves::Execution, &runnable(256, &["survey"]))
-        );
-        assert_ne!(
-            small,
-            PoolKey::of("python", Serves::Session, &runnable(256, &[]))
-        );
-        assert_eq!(small.shape().limits.cpus, 0.5);
-    }
-
-    #[test]
     fn the_preload_allowance_is_the_pools_cost_for_python_executions_only() {
         let pool = WarmPool::new(
             Sizing {
@@ -838,6 +535,7 @@ mod tests {
                 languages: BTreeSet::from(["python".to_owned()]),
             },
             vec!["json".to_owned()],
+            None,
         );
         let execution = PoolKey::of("python", Serves::Execution, &runnable(128, &[]));
         let session = PoolKey::of("python", Serves::Session, &runnable(128, &[]));
@@ -855,6 +553,7 @@ mod tests {
                 languages: BTreeSet::from(["python".to_owned()]),
             },
             Vec::new(),
+            None,
         );
         let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
         assert!(pool.claim(&key).await.is_none());

@@ -18,6 +18,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
+use futures_util::StreamExt as _;
 use serde::Serialize;
 
 use super::connect::ConnectError;
@@ -30,6 +31,12 @@ use sandbox_protocol::{FileFailure, MAX_FILE_BYTES};
 
 /// Largest upload request body: one file at the limit, with room for multipart's framing.
 pub const MAX_UPLOAD_BYTES: usize = MAX_FILE_BYTES + 64 * 1024;
+
+/// How much of an oversized upload is read and thrown away before the 413 is sent. A client
+/// still writing its body when the server answers and closes gets a broken pipe instead of the
+/// answer (the SDK then raises a transport error that says nothing about the limit); past this
+/// bound the connection is closed regardless.
+const MAX_DRAINED_BYTES: usize = 4 * MAX_UPLOAD_BYTES;
 
 type Params = Query<BTreeMap<String, String>>;
 
@@ -84,6 +91,33 @@ pub async fn upload(
     }
 }
 
+/// The request body, at most [`MAX_UPLOAD_BYTES`]; over it, the rest is drained up to
+/// [`MAX_DRAINED_BYTES`] so that the client reads the 413 rather than a reset connection.
+async fn bounded_body(body: Body) -> Result<Vec<u8>, E2bError> {
+    let mut stream = body.into_data_stream();
+    let mut kept = Vec::new();
+    let mut seen = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk
+            .map_err(|err| E2bError::new(StatusCode::BAD_REQUEST, format!("upload: {err}")))?;
+        seen = seen.saturating_add(chunk.len());
+        if seen <= MAX_UPLOAD_BYTES {
+            kept.extend_from_slice(&chunk);
+        } else if seen > MAX_DRAINED_BYTES {
+            break;
+        }
+    }
+    if seen > MAX_UPLOAD_BYTES {
+        return Err(E2bError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "an upload carries at most {MAX_UPLOAD_BYTES} bytes ({MAX_FILE_BYTES} per file)"
+            ),
+        ));
+    }
+    Ok(kept)
+}
+
 async fn upload_files(
     app: &App,
     reached: &Reached,
@@ -91,16 +125,7 @@ async fn upload_files(
     parts: &Parts,
     body: Body,
 ) -> Result<Vec<WriteInfo>, E2bError> {
-    let body = axum::body::to_bytes(body, MAX_UPLOAD_BYTES)
-        .await
-        .map_err(|_| {
-            E2bError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "an upload carries at most {MAX_UPLOAD_BYTES} bytes ({MAX_FILE_BYTES} per file)"
-                ),
-            )
-        })?;
+    let body = bounded_body(body).await?;
     let files = uploaded(parts, params, &body)?;
     let mut written = Vec::with_capacity(files.len());
     for (path, content) in files {
@@ -300,6 +325,40 @@ enum WrittenType {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body of `chunks` chunks of 1 MiB, counting how many were read.
+    fn counted_body(chunks: usize) -> (Body, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let read = Arc::new(AtomicUsize::new(0));
+        let counter = read.clone();
+        let stream = futures_util::stream::iter(0..chunks).map(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, std::io::Error>(vec![0u8; 1 << 20])
+        });
+        (Body::from_stream(stream), read)
+    }
+
+    #[tokio::test]
+    async fn an_oversized_upload_is_read_to_its_end_before_the_413() {
+        use std::sync::atomic::Ordering;
+        let chunks = MAX_UPLOAD_BYTES / (1 << 20) + 8;
+        let (body, read) = counted_body(chunks);
+        let err = bounded_body(body).await.unwrap_err();
+        assert_eq!(err.status, StatusCode::PAYLOAD_TOO_LARGE);
+        assert_eq!(
+            read.load(Ordering::SeqCst),
+            chunks,
+            "the client must be able to finish writing and read the answer"
+        );
+
+        let endless = MAX_DRAINED_BYTES / (1 << 20) + 64;
+        let (body, read) = counted_body(endless);
+        assert!(bounded_body(body).await.is_err());
+        assert!(read.load(Ordering::SeqCst) < endless, "draining is bounded");
+
+        let (body, _) = counted_body(3);
+        assert_eq!(bounded_body(body).await.unwrap().len(), 3 << 20);
+    }
 
     #[test]
     fn multipart_parts_give_their_filenames_and_bytes() {

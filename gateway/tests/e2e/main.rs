@@ -94,5 +94,6 @@ mod tls;
 mod toolbox;
 mod types_unknown_values;
 mod warm;
+mod warm_restore;
 mod warm_shapes;
 mod withdraw;

@@ -220,8 +220,18 @@ async fn a_reviewer_approves_a_held_session_on_the_page() {
         60,
     )
     .await;
-    let (_, opened) = gw.get(&agent, &format!("/v1/sessions/{id}")).await;
-    assert_eq!(opened["status"], "ready", "{opened}");
+    // The approval leaves the pending list once decided; the session's sandbox starts after,
+    // in the approval's own task.
+    common::eventually(
+        Duration::from_secs(60),
+        "the approved session to be ready",
+        || async {
+            let (_, opened) = gw.get(&agent, &format!("/v1/sessions/{id}")).await;
+            assert_ne!(opened["status"], "closed", "{opened}");
+            opened["status"] == "ready"
+        },
+    )
+    .await;
     drop(cdp);
     drop(browser);
     gw.stop().await;
