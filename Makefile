@@ -60,7 +60,7 @@ CHECK_TESTS := --test cases --test decisions --test egress --test engine --test 
 PY_VENV ?= $(or $(SANDGATE_PY_VENV),$(CURDIR)/target/py)
 DEBUG_GATEWAY = $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)/debug/sandgate
 
-check: fmt-check clippy ## the fast tier, no root, Docker or PostgreSQL: fmt, clippy, every crate's unit tests and service-free tests, the policy cases, the Python SDK's offline tests
+check: fmt-check clippy module-cycles ## the fast tier, no root, Docker or PostgreSQL: fmt, clippy, every crate's unit tests and service-free tests, the policy cases, the Python SDK's offline tests
 	cargo test --workspace --lib --bins $(CHECK_TESTS)
 	cargo build --workspace --bins
 	"$(DEBUG_GATEWAY)" policy test policies --min-coverage 90
@@ -102,7 +102,7 @@ fuzz: check-cargo ## long fuzzing runs of the parsers facing the sandbox (FUZZ_C
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p sandbox-init --test fuzz_spec
 	PROPTEST_CASES=$(FUZZ_CASES) cargo test --release -p gateway --test fuzz_names
 
-lint: fmt-check clippy shellcheck module-cycles ## formatting, clippy with warnings denied, shellcheck, no import cycles between the gateway's modules
+lint: fmt-check clippy shellcheck module-cycles ## formatting, clippy with warnings denied, shellcheck, no import cycles between any crate's modules
 
 fmt: check-cargo ## format the Rust code
 	cargo fmt --all
@@ -118,8 +118,12 @@ shellcheck: ## shellcheck the shell scripts
 		|| { echo "make: shellcheck not found: run 'make setup' or apt-get install shellcheck" >&2; exit 1; }
 	shellcheck -x $(SHELL_SCRIPTS)
 
-module-cycles: ## fail when the gateway's top-level modules import each other in a cycle
-	python3 scripts/module-cycles.py gateway/src
+# Every crate of the workspace: a cycle is as hard to read in the proxy as in the gateway.
+CYCLE_CRATES := gateway/src egress-proxy/src policy-engine/src sandbox-init/src \
+	sandbox-protocol/src api-types/src
+
+module-cycles: ## fail when a crate's top-level modules import each other in a cycle
+	python3 scripts/module-cycles.py $(CYCLE_CRATES)
 
 clean: ## remove build output (keeps .sandgate: it holds the audit database)
 	cargo clean

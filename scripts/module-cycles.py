@@ -2,8 +2,9 @@
 """Fails when a crate's top-level modules import each other in a cycle.
 
 A cycle hides the layering: neither side can be read, tested or moved without the other. Run by
-`make lint` on the gateway (`python3 scripts/module-cycles.py gateway/src`); prints each cycle
-with one place where each of its edges is written, and exits 1.
+`make lint` and `make check` on every crate of the workspace (`python3 scripts/module-cycles.py
+gateway/src egress-proxy/src ...`; with no argument, the gateway and the egress proxy); prints
+each cycle with one place where each of its edges is written, and exits 1.
 
 An edge a -> b is any path to b from code in a's files (`crate::b`, `use crate::{b, ...}`, or
 `super::...` climbing to the crate root), outside comments, string literals and `#[cfg(test)]`
@@ -154,7 +155,7 @@ def cycles(graph):
 
 
 def main(args):
-    srcs = args or ["gateway/src"]
+    srcs = args or ["gateway/src", "egress-proxy/src"]
     failed = False
     for src in srcs:
         graph = edges(src)

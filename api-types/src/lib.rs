@@ -17,6 +17,7 @@ mod event_kind;
 mod events;
 mod execution;
 mod policy;
+mod proposal;
 mod role;
 mod session;
 mod session_files;
@@ -36,7 +37,8 @@ pub use execution::{
     CellResult, CellResults, DecisionView, ExecutionPage, ExecutionRequest, ExecutionView,
     FileUpload, OutputFile, SkippedOutput,
 };
-pub use policy::{HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
+pub use policy::{CredentialsReload, HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
+pub use proposal::{ProposalOrigin, ProposalStatus};
 pub use role::Role;
 pub use session::{
     ClosedReason, IdleAction, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,

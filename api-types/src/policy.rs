@@ -73,5 +73,43 @@ pub struct PolicyAccepted {
     pub changed: bool,
     /// Which credentials were read again (reload only, when the gateway has any).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials: Option<serde_json::Value>,
+    pub credentials: Option<CredentialsReload>,
+}
+
+/// What reading the credentials' values again gave: how many were read, or the error naming
+/// the credential whose value could not be read (the previous values then stay).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub enum CredentialsReload {
+    Reloaded { reloaded: usize },
+    Failed { error: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// `credentials` is written as the `json!` objects it was before it was typed, and read back.
+    #[test]
+    fn credentials_reload_is_written_as_before() {
+        for (typed, old) in [
+            (
+                CredentialsReload::Reloaded { reloaded: 3 },
+                json!({"reloaded": 3}),
+            ),
+            (
+                CredentialsReload::Failed {
+                    error: "credential github: file missing".to_owned(),
+                },
+                json!({"error": "credential github: file missing"}),
+            ),
+        ] {
+            assert_eq!(serde_json::to_string(&typed).unwrap(), old.to_string());
+            let back: CredentialsReload = serde_json::from_value(old).unwrap();
+            assert_eq!(back, typed);
+        }
+    }
 }

@@ -11,15 +11,19 @@ pub enum TextSet {
     ClosedReason,
     ApprovalStatus,
     Role,
+    ProposalStatus,
+    ProposalOrigin,
 }
 
 impl TextSet {
-    pub const ALL: [TextSet; 5] = [
+    pub const ALL: [TextSet; 7] = [
         TextSet::ExecutionStatus,
         TextSet::SessionStatus,
         TextSet::ClosedReason,
         TextSet::ApprovalStatus,
         TextSet::Role,
+        TextSet::ProposalStatus,
+        TextSet::ProposalOrigin,
     ];
 }
 
@@ -81,6 +85,13 @@ stored_text!(ClosedReason);
 stored_text!(ApprovalStatus);
 #[cfg(feature = "sqlx")]
 stored_text!(Role);
+#[cfg(feature = "sqlx")]
+stored_text!(ProposalStatus);
+#[cfg(feature = "sqlx")]
+stored_text!(ProposalOrigin);
 
 #[cfg(feature = "sqlx")]
-use crate::{ApprovalStatus, ClosedReason, ExecutionStatus, Role, SessionStatus};
+use crate::{
+    ApprovalStatus, ClosedReason, ExecutionStatus, ProposalOrigin, ProposalStatus, Role,
+    SessionStatus,
+};

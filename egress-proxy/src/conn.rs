@@ -25,10 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{field, info, info_span, warn, Instrument};
 
 use crate::body::BodyFramer;
-use crate::credentials::BodyGuard;
+use crate::body_guard::BodyGuard;
+use crate::execution::{Execution, Shared};
 use crate::head::Forward;
 use crate::host::Host;
-use crate::listener::{Execution, Shared};
 use crate::reason::{denial_response, one_line, shown_code, ReasonCode};
 use crate::relay::{relay, send_body, Ended, Meter, Upward};
 use crate::seams::{Attempt, Closed, ConnectionId, Scheme};

@@ -41,8 +41,8 @@ use tracing::{info, warn};
 
 use crate::config::Inspection;
 use crate::conn::{Conn, Denial, Plan};
+use crate::execution::{Execution, Shared};
 use crate::host::{canonical_host, Host};
-use crate::listener::{Execution, Shared};
 use crate::path::{normalise, MAX_PATH};
 use crate::reason::{denial_line, one_line, reason_phrase, ReasonCode};
 use crate::relay::Ended;

@@ -37,11 +37,13 @@
 mod addr;
 mod admit;
 mod body;
+mod body_guard;
 mod ca;
 mod config;
 mod conn;
 mod credentials;
 mod denials;
+mod execution;
 #[cfg(test)]
 mod fuzz;
 mod head;

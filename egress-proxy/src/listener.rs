@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use policy_engine::NetworkGrant;
 use tokio::net::UnixListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -15,9 +14,10 @@ use tokio_util::task::TaskTracker;
 use tracing::{info, warn};
 
 use crate::addr::{AddressPolicy, GrantedRange};
-use crate::config::{ExecutionGrant, ExecutionLimits, Inspection, ProxyConfig};
+use crate::config::{ExecutionGrant, ProxyConfig};
 use crate::conn::{self, Admission};
 use crate::denials::Denials;
+use crate::execution::{Execution, Shared};
 use crate::relay::Budget;
 use crate::seams::{ConnectionRecorder, EgressPolicy, Resolve};
 
@@ -45,28 +45,6 @@ pub enum ProxyError {
         #[source]
         err: std::io::Error,
     },
-}
-
-/// What every listener shares.
-pub(crate) struct Shared {
-    pub config: ProxyConfig,
-    pub policy: Arc<dyn EgressPolicy>,
-    pub resolver: Arc<dyn Resolve>,
-    pub recorder: Arc<dyn ConnectionRecorder>,
-}
-
-/// One execution, as its connections see it.
-pub(crate) struct Execution {
-    pub id: String,
-    pub tenant: String,
-    pub grant: NetworkGrant,
-    pub limits: ExecutionLimits,
-    pub addresses: AddressPolicy,
-    pub budget: Budget,
-    /// Denials recorded on their own so far, and those only counted.
-    pub denials: Denials,
-    /// The CA and credentials, when the grant inspects some destination.
-    pub inspection: Option<Arc<Inspection>>,
 }
 
 /// The filtering forward proxy. Cheap to clone; serves any number of executions, each on its

@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio_util::sync::CancellationToken;
 
 use crate::body::BodyFramer;
-use crate::credentials::BodyGuard;
+use crate::body_guard::BodyGuard;
 use crate::reason::ReasonCode;
 
 /// Relay buffer per direction: downloads dominate, so the downward one is larger (fewer

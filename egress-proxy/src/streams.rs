@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::listener::Execution;
+use crate::execution::Execution;
 
 /// Bytes through the upstream side of one inspected tunnel.
 #[derive(Debug, Default)]

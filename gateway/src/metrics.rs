@@ -451,6 +451,8 @@ pub fn stored_column(set: TextSet) -> &'static str {
         TextSet::ClosedReason => "sessions.closed_reason",
         TextSet::ApprovalStatus => "approvals.status",
         TextSet::Role => "api_keys.role",
+        TextSet::ProposalStatus => "policy_proposals.status",
+        TextSet::ProposalOrigin => "policy_proposals.origin",
     }
 }
 

@@ -34,7 +34,8 @@ pub struct EventsQuery {
     before: Option<i64>,
 }
 
-#[derive(Debug, Serialize)]
+/// A page of audit events, newest first.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct EventPage {
     pub events: Vec<AuditEvent>,
     /// Pass as `before` for the next (older) page; absent on the last page.
@@ -58,7 +59,7 @@ pub struct EventPage {
         ("before" = Option<i64>, Query),
     ),
     responses(
-        (status = 200, description = "a page of events", body = serde_json::Value),
+        (status = 200, description = "a page of events", body = EventPage),
         super::openapi::ApiErrors,
     ),
 )]
@@ -144,7 +145,7 @@ pub(super) fn parse_since(text: &str) -> Result<DateTime<Utc>, ApiError> {
     summary = "Walk the hash chain.",
     security(("bearer" = ["auditor", "admin"])),
     responses(
-        (status = 200, description = "the verification", body = serde_json::Value),
+        (status = 200, description = "the verification", body = Verification),
         super::openapi::ApiErrors,
     ),
 )]

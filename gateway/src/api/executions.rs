@@ -185,7 +185,7 @@ pub async fn cancel(
         ("id" = String, Path),
     ),
     responses(
-        (status = 200, description = "`{\"connections\": [...], \"requests\": [...]}`: the attempts and the HTTP requests inside inspected tunnels", body = serde_json::Value),
+        (status = 200, description = "the attempts and the HTTP requests inside inspected tunnels", body = Connections),
         super::openapi::ApiErrors,
     ),
 )]
@@ -193,7 +193,7 @@ pub async fn connections(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Connections>, ApiError> {
     let row = app.get_execution(&caller.0, &id).await?;
     let connections = app
         .audit
@@ -205,9 +205,19 @@ pub async fn connections(
         .egress_requests(&row.id)
         .await
         .map_err(|err| ApiError::from(crate::app::AppError::from(err)))?;
-    Ok(Json(
-        serde_json::json!({ "connections": connections, "requests": requests }),
-    ))
+    Ok(Json(Connections {
+        connections,
+        requests,
+    }))
+}
+
+/// `GET /v1/executions/{id}/connections`. (Fields alphabetical, as the answer always had them.)
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Connections {
+    /// Every egress attempt, allowed or refused.
+    pub connections: Vec<crate::audit::egress::ConnectionRow>,
+    /// The HTTP requests seen inside inspected (TLS-terminated) tunnels.
+    pub requests: Vec<crate::audit::review::RequestRow>,
 }
 
 #[utoipa::path(

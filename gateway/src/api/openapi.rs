@@ -170,3 +170,62 @@ pub fn json() -> &'static str {
 pub async fn document() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], json())
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::Value;
+
+    /// Every `$ref` in `value`.
+    fn refs<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+        match value {
+            Value::Object(map) => {
+                if let Some(Value::String(target)) = map.get("$ref") {
+                    out.push(target);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+
+    /// A typed answer names its schema by reference: each one must be in `components`.
+    #[test]
+    fn every_reference_resolves() {
+        let document: Value = serde_json::from_str(super::json()).unwrap();
+        let mut found = Vec::new();
+        refs(&document, &mut found);
+        let missing: Vec<&&str> = found
+            .iter()
+            .filter(|target| {
+                let name = target.trim_start_matches("#/components/schemas/");
+                document["components"]["schemas"][name].is_null()
+            })
+            .collect();
+        assert!(missing.is_empty(), "unresolved: {missing:?}");
+    }
+
+    /// Every answer with a 2xx body describes it: the free-form `serde_json::Value` is left only
+    /// where the body is free-form by nature (the document itself, a JSON-RPC answer).
+    #[test]
+    fn successful_answers_are_typed() {
+        let document: Value = serde_json::from_str(super::json()).unwrap();
+        let free_form = ["/v1/openapi.json", "/mcp"];
+        let mut untyped = Vec::new();
+        for (path, operations) in document["paths"].as_object().unwrap() {
+            for (method, operation) in operations.as_object().unwrap() {
+                let Some(responses) = operation["responses"].as_object() else {
+                    continue;
+                };
+                for (status, response) in responses {
+                    let schema = &response["content"]["application/json"]["schema"];
+                    let is_free = schema.is_object() && schema.as_object().unwrap().is_empty();
+                    if status.starts_with('2') && is_free && !free_form.contains(&path.as_str()) {
+                        untyped.push(format!("{method} {path} {status}"));
+                    }
+                }
+            }
+        }
+        assert!(untyped.is_empty(), "untyped answers: {untyped:?}");
+    }
+}

@@ -9,6 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use api_types::CredentialsReload;
 use policy_engine::{EgressInput, Reason};
 
 use super::auth::Caller;
@@ -244,9 +245,11 @@ pub async fn reload(
     let credentials = match &reloaded {
         Err(ReloadError::RevisionConflict { .. }) => None,
         _ => Some(match app.reload_credentials(&caller.0.id) {
-            None => json!({"reloaded": 0}),
-            Some(Ok(count)) => json!({"reloaded": count}),
-            Some(Err(err)) => json!({"error": crate::errors::error_chain(&err)}),
+            None => CredentialsReload::Reloaded { reloaded: 0 },
+            Some(Ok(count)) => CredentialsReload::Reloaded { reloaded: count },
+            Some(Err(err)) => CredentialsReload::Failed {
+                error: crate::errors::error_chain(&err),
+            },
         }),
     };
     answer(&app, reloaded, credentials).await
@@ -368,7 +371,7 @@ pub(super) async fn optional_body<T: Default + serde::de::DeserializeOwned>(
 async fn answer(
     app: &App,
     result: Result<crate::app::policy::ReloadAccepted, ReloadError>,
-    credentials: Option<Value>,
+    credentials: Option<CredentialsReload>,
 ) -> Result<Json<api_types::PolicyAccepted>, ApiError> {
     match result {
         Ok(accepted) => {

@@ -7,7 +7,7 @@ use axum::extract::rejection::QueryRejection;
 use axum::extract::FromRequest;
 use axum::extract::{Path, Query, State};
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Map, Value};
 
 use super::auth::Caller;
@@ -16,10 +16,10 @@ use super::json::ApiJson;
 use super::listing::non_empty;
 use super::query::page_size;
 use crate::app::proposals::{
-    Draft, Origin, Window, MAX_DAYS, MAX_LIST, MAX_PATCH_BYTES, MAX_REPLAY_DECISIONS, MAX_TEXT,
+    Applied, Draft, Window, MAX_DAYS, MAX_LIST, MAX_PATCH_BYTES, MAX_REPLAY_DECISIONS, MAX_TEXT,
 };
 use crate::app::App;
-use crate::audit::proposals::{ProposalRow, ProposalStatus};
+use crate::audit::proposals::{ProposalOrigin, ProposalRow, ProposalStatus};
 use crate::role::Role;
 
 /// Roles that may read proposals.
@@ -119,8 +119,32 @@ fn window(days: Option<u32>, limit: Option<usize>) -> Result<Window, ApiError> {
     Ok(Window { days, limit })
 }
 
-fn view(row: ProposalRow) -> Value {
-    json!(row)
+/// `GET /v1/policy/proposals`: a page, newest first. (Fields alphabetical, as the answer always
+/// had them: it was a `json!` object, whose keys serde_json sorts.)
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ProposalPage {
+    /// Pass as `before` for the next (older) page; `null` on the last page.
+    pub next_before: Option<String>,
+    /// Each with the evidence's counts, without its `files`.
+    pub proposals: Vec<ProposalRow>,
+}
+
+/// `POST /v1/policy/proposals/{id}/approve`: the proposal and what approving it applied.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ApprovedProposal {
+    pub applied: Applied,
+    pub proposal: ProposalRow,
+}
+
+/// `POST /v1/executions/{id}/access-request`: the proposal opened for a reviewer, in brief.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AccessRequested {
+    /// `{"data/<file>.yaml": <JSON merge patch>}`, the bundle's suggestion.
+    #[schema(value_type = Object)]
+    pub patch: Value,
+    pub proposal_id: String,
+    pub status: ProposalStatus,
+    pub tests_passed: bool,
 }
 
 #[utoipa::path(
@@ -132,7 +156,7 @@ fn view(row: ProposalRow) -> Value {
     security(("bearer" = ["reviewer", "admin"])),
     request_body = serde_json::Value,
     responses(
-        (status = 201, description = "the proposal with its evidence", body = serde_json::Value),
+        (status = 201, description = "the proposal with its evidence", body = ProposalRow),
         (status = 422, description = "no_suggestion: the bundle suggests nothing for that execution", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
@@ -141,7 +165,7 @@ pub async fn create(
     State(app): State<Arc<App>>,
     caller: Caller,
     body: axum::extract::Request,
-) -> Result<(axum::http::StatusCode, Json<Value>), ApiError> {
+) -> Result<(axum::http::StatusCode, Json<ProposalRow>), ApiError> {
     caller.require_role(DECIDERS)?;
     let ApiJson(request) = ApiJson::<NewProposal>::from_request(body, &app).await?;
     let window = window(request.days, request.replay_limit)?;
@@ -190,11 +214,11 @@ pub async fn create(
         source_execution: request.from_execution,
         source_approval: request.source_approval,
         justification: None,
-        origin: Origin::Reviewer,
+        origin: ProposalOrigin::Reviewer,
         window,
     };
     let row = app.create_proposal(&caller.0, draft).await?;
-    Ok((axum::http::StatusCode::CREATED, Json(view(row))))
+    Ok((axum::http::StatusCode::CREATED, Json(row)))
 }
 
 #[utoipa::path(
@@ -210,7 +234,7 @@ pub async fn create(
         ("before" = Option<String>, Query),
     ),
     responses(
-        (status = 200, description = "`{proposals, next_before}`", body = serde_json::Value),
+        (status = 200, description = "a page of proposals", body = ProposalPage),
         super::openapi::ApiErrors,
     ),
 )]
@@ -218,7 +242,7 @@ pub async fn list(
     State(app): State<Arc<App>>,
     caller: Caller,
     query: Result<Query<ProposalQuery>, QueryRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProposalPage>, ApiError> {
     caller.require_role(READERS)?;
     let Query(query) = query
         .map_err(|rejection| ApiError::new(ErrorCode::InvalidRequest, rejection.body_text()))?;
@@ -241,19 +265,19 @@ pub async fn list(
     let next_before = (rows.len() as i64 == limit)
         .then(|| rows.last().map(|row| row.id.clone()))
         .flatten();
-    let proposals: Vec<Value> = rows.into_iter().map(summary).collect();
-    Ok(Json(
-        json!({"proposals": proposals, "next_before": next_before}),
-    ))
+    let proposals = rows.into_iter().map(summary).collect();
+    Ok(Json(ProposalPage {
+        next_before,
+        proposals,
+    }))
 }
 
 /// A listed proposal: the evidence's counts, not its examples and files.
-fn summary(row: ProposalRow) -> Value {
-    let mut value = view(row);
-    if let Some(evidence) = value.get_mut("evidence").and_then(Value::as_object_mut) {
+fn summary(mut row: ProposalRow) -> ProposalRow {
+    if let Some(evidence) = row.evidence.0.as_object_mut() {
         evidence.remove("files");
     }
-    value
+    row
 }
 
 #[utoipa::path(
@@ -265,7 +289,7 @@ fn summary(row: ProposalRow) -> Value {
     security(("bearer" = ["reviewer", "auditor", "admin"])),
     params(("id" = String, Path)),
     responses(
-        (status = 200, description = "the proposal", body = serde_json::Value),
+        (status = 200, description = "the proposal", body = ProposalRow),
         super::openapi::ApiErrors,
     ),
 )]
@@ -273,9 +297,9 @@ pub async fn get(
     State(app): State<Arc<App>>,
     caller: Caller,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProposalRow>, ApiError> {
     caller.require_role(READERS)?;
-    Ok(Json(view(app.get_proposal(&id).await?)))
+    Ok(Json(app.get_proposal(&id).await?))
 }
 
 #[utoipa::path(
@@ -288,7 +312,7 @@ pub async fn get(
     params(("id" = String, Path)),
     request_body = serde_json::Value,
     responses(
-        (status = 200, description = "the proposal and the reload it made", body = serde_json::Value),
+        (status = 200, description = "the proposal and the reload it made", body = ApprovedProposal),
         super::openapi::ApiErrors,
     ),
 )]
@@ -297,7 +321,7 @@ pub async fn approve(
     caller: Caller,
     Path(id): Path<String>,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ApprovedProposal>, ApiError> {
     caller.require_role(DECIDERS)?;
     let approval: Approval = super::policy::optional_body(body).await?;
     let comment = approval
@@ -316,7 +340,10 @@ pub async fn approve(
     let (row, applied) = app
         .approve_proposal(&caller.0, &id, (reviewed, comment))
         .await?;
-    Ok(Json(json!({"proposal": view(row), "applied": applied})))
+    Ok(Json(ApprovedProposal {
+        applied,
+        proposal: row,
+    }))
 }
 
 #[utoipa::path(
@@ -329,7 +356,7 @@ pub async fn approve(
     params(("id" = String, Path)),
     request_body = serde_json::Value,
     responses(
-        (status = 200, description = "the proposal", body = serde_json::Value),
+        (status = 200, description = "the proposal", body = ProposalRow),
         super::openapi::ApiErrors,
     ),
 )]
@@ -338,7 +365,7 @@ pub async fn reject(
     caller: Caller,
     Path(id): Path<String>,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProposalRow>, ApiError> {
     caller.require_role(DECIDERS)?;
     let verdict: Verdict = super::policy::optional_body(body).await?;
     let comment = verdict
@@ -348,7 +375,7 @@ pub async fn reject(
     let row = app
         .reject_proposal(&caller.0, &id, bounded("comment", comment)?)
         .await?;
-    Ok(Json(view(row)))
+    Ok(Json(row))
 }
 
 #[utoipa::path(
@@ -361,7 +388,7 @@ pub async fn reject(
     params(("id" = String, Path)),
     request_body = serde_json::Value,
     responses(
-        (status = 200, description = "the proposal", body = serde_json::Value),
+        (status = 200, description = "the proposal", body = ProposalRow),
         super::openapi::ApiErrors,
     ),
 )]
@@ -370,12 +397,12 @@ pub async fn rebase(
     caller: Caller,
     Path(id): Path<String>,
     body: axum::extract::Request,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<ProposalRow>, ApiError> {
     caller.require_role(DECIDERS)?;
     let request: Rebase = super::policy::optional_body(body).await?;
     let window = window(request.days, request.replay_limit)?;
     let row = app.rebase_proposal(&caller.0, &id, window).await?;
-    Ok(Json(view(row)))
+    Ok(Json(row))
 }
 
 #[utoipa::path(
@@ -388,7 +415,7 @@ pub async fn rebase(
     params(("id" = String, Path)),
     request_body = serde_json::Value,
     responses(
-        (status = 201, description = "the proposal (id, status, patch, evidence)", body = serde_json::Value),
+        (status = 201, description = "the proposal (id, status, patch, tests_passed)", body = AccessRequested),
         (status = 422, description = "no_suggestion", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
@@ -398,18 +425,155 @@ pub async fn access_request(
     caller: Caller,
     Path(id): Path<String>,
     body: axum::extract::Request,
-) -> Result<(axum::http::StatusCode, Json<Value>), ApiError> {
+) -> Result<(axum::http::StatusCode, Json<AccessRequested>), ApiError> {
     caller.require_role(&[Role::Agent])?;
     let ApiJson(request) = ApiJson::<AccessRequest>::from_request(body, &app).await?;
     let justification = bounded("justification", request.justification)?;
     let row = app.request_access(&caller.0, &id, justification).await?;
     Ok((
         axum::http::StatusCode::CREATED,
-        Json(json!({
-            "proposal_id": row.id,
-            "status": row.status,
-            "patch": row.patch.0,
-            "tests_passed": row.tests_passed,
-        })),
+        Json(AccessRequested {
+            patch: row.patch.0,
+            proposal_id: row.id,
+            status: row.status,
+            tests_passed: row.tests_passed,
+        }),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{DateTime, Utc};
+    use serde::Serialize;
+    use serde_json::json;
+
+    use super::*;
+    use crate::audit::egress::ConnectionRow;
+    use crate::audit::review::RequestRow;
+
+    fn at() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-12-03T09:30:00.123456Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    /// What axum writes for `typed` is what `json!(typed)` wrote before (serde_json's map sorts
+    /// the keys, so this holds when every struct declares its fields alphabetically).
+    fn as_before<T: Serialize>(typed: &T) {
+        assert_eq!(
+            serde_json::to_string(typed).unwrap(),
+            json!(typed).to_string()
+        );
+    }
+
+    fn row() -> ProposalRow {
+        ProposalRow {
+            author_key_id: "key_1".into(),
+            author_principal: "ana".into(),
+            author_tenant: "acme".into(),
+            base_revision: "sha256:aa".into(),
+            candidate_revision: "sha256:bb".into(),
+            comment: None,
+            created_at: at(),
+            decided_at: Some(at()),
+            decided_by: None,
+            evidence: sqlx::types::Json(json!({"tests": {"passed": true}, "files": {"a": 1}})),
+            id: "pp_1".into(),
+            justification: Some("need pypi".into()),
+            origin: ProposalOrigin::Agent,
+            patch: sqlx::types::Json(json!({"data/tenants.yaml": {"acme": {"hosts": ["x"]}}})),
+            rationale: "why".into(),
+            source_approval: None,
+            source_execution: Some("ex_1".into()),
+            status: ProposalStatus::Open,
+            tests_passed: true,
+            title: "Allow x".into(),
+        }
+    }
+
+    #[test]
+    fn proposal_answers_are_written_as_before() {
+        as_before(&row());
+        let listed = summary(row());
+        assert!(listed.evidence.0.get("files").is_none());
+        as_before(&ProposalPage {
+            next_before: None,
+            proposals: vec![listed],
+        });
+        as_before(&ApprovedProposal {
+            applied: Applied {
+                policy_dir_error: Some("read-only".into()),
+                policy_dir_written: false,
+                previous: "sha256:aa".into(),
+                revision: "sha256:bb".into(),
+            },
+            proposal: row(),
+        });
+        let requested = AccessRequested {
+            patch: row().patch.0,
+            proposal_id: "pp_1".into(),
+            status: ProposalStatus::Open,
+            tests_passed: false,
+        };
+        assert_eq!(
+            serde_json::to_string(&requested).unwrap(),
+            json!({
+                "proposal_id": "pp_1",
+                "status": "open",
+                "patch": row().patch.0,
+                "tests_passed": false,
+            })
+            .to_string()
+        );
+    }
+
+    #[test]
+    fn connection_answers_are_written_as_before() {
+        let connection = ConnectionRow {
+            allow: true,
+            bytes_down: 10,
+            bytes_up: 5,
+            close_reason: Some("eof".into()),
+            closed_at: Some(at()),
+            duration_ms: Some(3),
+            error: None,
+            host: "pypi.org".into(),
+            id: "cn_1".into(),
+            message: "allowed".into(),
+            method: None,
+            opened_at: at(),
+            path: None,
+            policy_revision: "sha256:aa".into(),
+            port: 443,
+            reason: "egress.allowed".into(),
+            resolved_addr: Some("1.2.3.4:443".into()),
+            scheme: "tls".into(),
+            sni: Some("pypi.org".into()),
+        };
+        let request = RequestRow {
+            allow: false,
+            bytes_down: 0,
+            bytes_up: 0,
+            connection_id: "cn_1".into(),
+            credentials: vec!["github".into()],
+            duration_ms: None,
+            host: "pypi.org".into(),
+            id: "rq_1".into(),
+            message: "m".into(),
+            method: "GET".into(),
+            path: "/simple".into(),
+            port: 443,
+            reason: "r".into(),
+            started_at: at(),
+            status_code: Some(200),
+        };
+        let typed = crate::api::executions::Connections {
+            connections: vec![connection.clone()],
+            requests: vec![request.clone()],
+        };
+        assert_eq!(
+            serde_json::to_string(&typed).unwrap(),
+            json!({ "connections": [connection], "requests": [request] }).to_string()
+        );
+    }
 }

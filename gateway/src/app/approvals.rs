@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use policy_engine::Reason;
 
@@ -23,6 +23,7 @@ use super::{App, AppError};
 use crate::audit::approvals::{
     ApprovalRow, ApprovalSubject, Held, NewApproval, Pending, PendingCaps, Verdict, Withdrawn,
 };
+use crate::audit::events::{self, approvals as approval_events, sessions as session_events};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 
@@ -258,14 +259,16 @@ impl App {
             tenant: approval.tenant.clone(),
             decision_id: None,
             allow: Some(false),
-            reasons: json!([{"code": "approval.self_review", "message": message}]),
-            input: json!({
-                "approval_id": approval.id,
-                "session_id": approval.session_id,
-                "decision": if decision == ReviewDecision::Approve { "approve" } else { "reject" },
-                "reviewer": {"key_id": caller.id, "principal": caller.principal},
+            reasons: events::reason("approval.self_review", message),
+            input: events::column(&approval_events::SelfReview {
+                approval_id: approval.id.clone(),
+                session_id: approval.session_id.clone(),
+                decision,
+                reviewer: party(caller),
             }),
-            decision: json!({"status": approval.status}),
+            decision: events::column(&approval_events::Status {
+                status: approval.status,
+            }),
             policy_revision: None,
         };
         self.audit.record_event(&event).await?;
@@ -283,10 +286,22 @@ impl App {
 }
 
 fn verb(approve: bool) -> &'static str {
+    status_of(approve).as_str()
+}
+
+fn status_of(approve: bool) -> ApprovalStatus {
     if approve {
-        ApprovalStatus::Approved.as_str()
+        ApprovalStatus::Approved
     } else {
-        ApprovalStatus::Rejected.as_str()
+        ApprovalStatus::Rejected
+    }
+}
+
+/// A key as an approval event names it.
+fn party(key: &ApiKey) -> approval_events::Party {
+    approval_events::Party {
+        key_id: key.id.clone(),
+        principal: key.principal.clone(),
     }
 }
 
@@ -366,9 +381,12 @@ impl App {
             tenant: Some(tenant.to_owned()),
             decision_id: None,
             allow: Some(false),
-            reasons: json!([reason]),
-            input: json!({}),
-            decision: json!({"status": "withdrawn"}),
+            reasons: events::column(&[&reason]),
+            // The store writes the input once it knows the approval withdrawn.
+            input: Value::Object(serde_json::Map::new()),
+            decision: events::column(&approval_events::Status {
+                status: ApprovalStatus::Withdrawn,
+            }),
             policy_revision: None,
         };
         Ok(self
@@ -427,18 +445,28 @@ fn review_event(
         tenant: approval.tenant.clone(),
         decision_id: None,
         allow: Some(approve),
-        reasons: json!([reason]),
-        input: json!({
-            "approval_id": approval.id,
-            "session_id": approval.session_id,
-            "reviewer": {"key_id": caller.id, "principal": caller.principal, "role": caller.role},
-            "requested_by": {
-                "key_id": approval.requester_key_id,
-                "principal": approval.requester_principal,
+        reasons: events::column(&[reason]),
+        input: events::column(&approval_events::Reviewed {
+            approval_id: approval.id.clone(),
+            session_id: approval.session_id.clone(),
+            reviewer: approval_events::Reviewer {
+                key_id: caller.id.clone(),
+                principal: caller.principal.clone(),
+                role: caller.role,
             },
-            "comment": comment,
+            requested_by: approval_events::Requester {
+                key_id: approval.requester_key_id.clone(),
+                principal: approval.requester_principal.clone(),
+            },
+            comment: comment.map(str::to_owned),
         }),
-        decision: json!({"status": verb(approve), "runnable": approval.runnable}),
+        decision: events::column(&approval_events::Verdict {
+            status: status_of(approve),
+            runnable: approval
+                .runnable
+                .as_ref()
+                .map(|runnable| runnable.0.clone()),
+        }),
         policy_revision: None,
     }
 }
@@ -457,13 +485,16 @@ fn session_denied_event(
         tenant: approval.tenant.clone(),
         decision_id: None,
         allow: Some(false),
-        reasons: json!([reason]),
-        input: json!({
-            "session_id": session_id,
-            "approval_id": approval.id,
-            "reviewer": {"key_id": reviewer.id, "principal": reviewer.principal},
+        reasons: events::column(&[reason]),
+        input: events::column(&session_events::Denial {
+            session_id: session_id.to_owned(),
+            approval_id: approval.id.clone(),
+            reviewer: party(reviewer),
         }),
-        decision: json!({"status": "rejected", "closed_reason": "denied"}),
+        decision: events::column(&session_events::Denied {
+            status: ApprovalStatus::Rejected,
+            closed_reason: crate::session_wire::ClosedReason::Denied,
+        }),
         policy_revision: None,
     }
 }

@@ -26,7 +26,8 @@ use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
-use crate::audit::proposals::{OpenCounts, ProposalRow, ProposalStatus};
+use crate::audit::events::{self, proposals as proposal_events, proposals::ReplayCounts};
+use crate::audit::proposals::{OpenCounts, ProposalOrigin, ProposalRow, ProposalStatus};
 use crate::audit::{ApiKey, NewEvent};
 
 /// Most example executions kept per kind of change.
@@ -43,21 +44,16 @@ pub const MAX_PATCH_BYTES: usize = 64 * 1024;
 /// the window held more.
 pub const MAX_REPLAY_DECISIONS: usize = 20_000;
 
-/// Who opened a proposal.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Origin {
-    Reviewer,
-    Agent,
-}
-
-impl Origin {
-    fn as_str(self) -> &'static str {
-        match self {
-            Origin::Reviewer => "reviewer",
-            Origin::Agent => "agent",
-        }
-    }
+/// What approving a proposal applied: the revision now active, the one before, and whether
+/// the policy directory was written too. (Fields alphabetical, as the answer always had them:
+/// it was a `json!` object, whose keys serde_json sorts.)
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+pub struct Applied {
+    /// Why the policy directory was not written (the revision is active and stored anyway).
+    pub policy_dir_error: Option<String>,
+    pub policy_dir_written: bool,
+    pub previous: String,
+    pub revision: String,
 }
 
 /// What a new proposal says (already bounded by the API).
@@ -69,7 +65,7 @@ pub struct Draft {
     pub source_execution: Option<String>,
     pub source_approval: Option<String>,
     pub justification: Option<String>,
-    pub origin: Origin,
+    pub origin: ProposalOrigin,
     pub window: Window,
 }
 
@@ -182,7 +178,7 @@ impl App {
             author_key_id: caller.id.clone(),
             author_principal: caller.principal.clone(),
             author_tenant: caller.tenant.clone(),
-            origin: draft.origin.as_str().to_owned(),
+            origin: draft.origin,
             justification: draft.justification,
             source_execution: draft.source_execution,
             source_approval: draft.source_approval,
@@ -200,11 +196,11 @@ impl App {
             api_types::EventKind::PolicyProposed,
             &row,
             caller,
-            json!({
-                "status": "open",
-                "candidate_revision": row.candidate_revision,
-                "tests_passed": tests_passed,
-                "replay": summary(&row.evidence.0["replay"]),
+            events::column(&proposal_events::Proposed {
+                status: ProposalStatus::Open,
+                candidate_revision: row.candidate_revision.clone(),
+                tests_passed,
+                replay: ReplayCounts::of(&row.evidence.0["replay"]),
             }),
         );
         if let Some(open) = self
@@ -381,7 +377,7 @@ impl App {
         caller: &ApiKey,
         id: &str,
         (reviewed, comment): (String, Option<String>),
-    ) -> Result<(ProposalRow, Value), AppError> {
+    ) -> Result<(ProposalRow, Applied), AppError> {
         let (app, caller, id) = (Arc::clone(self), caller.clone(), id.to_owned());
         let task = self
             .tasks
@@ -395,7 +391,7 @@ impl App {
         caller: &ApiKey,
         id: &str,
         (reviewed, comment): (String, Option<String>),
-    ) -> Result<(ProposalRow, Value), AppError> {
+    ) -> Result<(ProposalRow, Applied), AppError> {
         let row = self.open_proposal(caller, id, &reviewed).await?;
         let active = self.policy.current();
         if active.state.revision() != row.base_revision {
@@ -414,12 +410,12 @@ impl App {
         drop(candidate);
         self.announce_policy(&accepted.revision).await;
         let written = accepted.policy_dir.clone().unwrap_or(Ok(()));
-        let applied = json!({
-            "revision": accepted.revision,
-            "previous": accepted.previous,
-            "policy_dir_written": written.is_ok(),
-            "policy_dir_error": written.err(),
-        });
+        let applied = Applied {
+            policy_dir_error: written.as_ref().err().cloned(),
+            policy_dir_written: written.is_ok(),
+            previous: accepted.previous,
+            revision: accepted.revision,
+        };
         Ok((self.get_proposal(id).await?, applied))
     }
 
@@ -434,11 +430,11 @@ impl App {
             api_types::EventKind::PolicyProposalApproved,
             row,
             caller,
-            json!({
-                "status": "approved",
-                "revision": row.candidate_revision,
-                "previous": row.base_revision,
-                "comment": comment,
+            events::column(&proposal_events::Approved {
+                status: ProposalStatus::Approved,
+                revision: row.candidate_revision.clone(),
+                previous: row.base_revision.clone(),
+                comment: comment.clone(),
             }),
         );
         let claim = ProposalClaim {
@@ -484,9 +480,9 @@ impl App {
             api_types::EventKind::PolicyProposalRejected,
             &row,
             caller,
-            json!({
-                "status": "rejected",
-                "comment": comment,
+            events::column(&proposal_events::Rejected {
+                status: ProposalStatus::Rejected,
+                comment: comment.clone(),
             }),
         );
         let done = self
@@ -535,13 +531,13 @@ impl App {
             api_types::EventKind::PolicyProposalRebased,
             &row,
             caller,
-            json!({
-                "status": "open",
-                "previous_base": old_base,
-                "previous_candidate": old_candidate,
-                "candidate_revision": row.candidate_revision,
-                "tests_passed": row.tests_passed,
-                "replay": summary(&row.evidence.0["replay"]),
+            events::column(&proposal_events::Rebased {
+                status: ProposalStatus::Open,
+                previous_base: old_base,
+                previous_candidate: old_candidate,
+                candidate_revision: row.candidate_revision.clone(),
+                tests_passed: row.tests_passed,
+                replay: ReplayCounts::of(&row.evidence.0["replay"]),
             }),
         );
         if !self.audit.rebase_proposal(&row, &event).await? {
@@ -603,19 +599,6 @@ fn conflict(row: &ProposalRow, active: &str) -> AppError {
     ))
 }
 
-/// Counts of a replay evidence, for the audit event.
-fn summary(replay: &Value) -> Value {
-    let count = |name: &str| replay[name]["count"].clone();
-    json!({
-        "days": replay["days"],
-        "total": replay["total"],
-        "allow_to_deny": count("allow_to_deny"),
-        "deny_to_allow": count("deny_to_allow"),
-        "review_changes": count("review_changes"),
-        "limit_changes": count("limit_changes"),
-    })
-}
-
 fn proposal_event(
     kind: api_types::EventKind,
     row: &ProposalRow,
@@ -629,16 +612,16 @@ fn proposal_event(
         tenant: Some(caller.tenant.clone()),
         decision_id: None,
         allow: None,
-        reasons: json!([]),
-        input: json!({
-            "proposal_id": row.id,
-            "title": row.title,
-            "origin": row.origin,
-            "author_key_id": row.author_key_id,
-            "source_execution": row.source_execution,
-            "source_approval": row.source_approval,
-            "base_revision": row.base_revision,
-            "patch": crate::app::refusals::bounded_json(&row.patch.0),
+        reasons: events::no_reasons(),
+        input: events::column(&proposal_events::Proposal {
+            proposal_id: row.id.clone(),
+            title: row.title.clone(),
+            origin: row.origin,
+            author_key_id: row.author_key_id.clone(),
+            source_execution: row.source_execution.clone(),
+            source_approval: row.source_approval.clone(),
+            base_revision: row.base_revision.clone(),
+            patch: crate::app::refusals::bounded_json(&row.patch.0),
         }),
         decision,
         policy_revision: Some(row.base_revision.clone()),
@@ -692,7 +675,7 @@ impl App {
             source_execution: Some(id.to_owned()),
             source_approval: None,
             justification: Some(justification),
-            origin: Origin::Agent,
+            origin: ProposalOrigin::Agent,
             window: Window::default(),
         };
         self.create_proposal(caller, draft).await

@@ -13,6 +13,7 @@ use sqlx::types::Json;
 
 use policy_engine::Reason;
 
+use super::events::{self, approvals as approval_events, sessions as session_events};
 use super::sessions::{session_room, SessionRow, SessionsFull};
 use super::{chain, insert_execution, AuditError, AuditStore, ExecutionRow, NewEvent};
 use crate::metrics::DecisionOutcome;
@@ -345,15 +346,18 @@ impl AuditStore {
         let session = match subject {
             ApprovalSubject::Execution(execution_id) => {
                 cancel_execution(&mut tx, execution_id, reason).await?;
-                event.input = json!({"approval_id": approval_id, "requested_by": event.key_id});
+                event.input = events::column(&approval_events::ExecutionWithdrawal {
+                    approval_id: approval_id.clone(),
+                    requested_by: event.key_id.clone(),
+                });
                 chain::append(&mut tx, &event).await?;
                 None
             }
             ApprovalSubject::Session(session_id) => {
-                event.input = json!({
-                    "approval_id": approval_id,
-                    "session_id": session_id,
-                    "requested_by": event.key_id,
+                event.input = events::column(&approval_events::SessionWithdrawal {
+                    approval_id: approval_id.clone(),
+                    session_id: session_id.to_owned(),
+                    requested_by: event.key_id.clone(),
                 });
                 chain::append(&mut tx, &event).await?;
                 close_held(&mut tx, session_id, ClosedReason::Deleted, reason).await?
@@ -401,9 +405,15 @@ impl AuditStore {
                 tenant: tenant.clone(),
                 decision_id: None,
                 allow: Some(false),
-                reasons: json!([reason]),
-                input: json!({"approval_id": id, "session_id": session_id, "expires_at": expires_at}),
-                decision: json!({"status": "expired"}),
+                reasons: events::column(&[&reason]),
+                input: events::column(&approval_events::Expiry {
+                    approval_id: id.clone(),
+                    session_id: session_id.clone(),
+                    expires_at: *expires_at,
+                }),
+                decision: events::column(&approval_events::Status {
+                    status: ApprovalStatus::Expired,
+                }),
                 policy_revision: None,
             };
             chain::append(&mut tx, &event).await?;
@@ -734,12 +744,15 @@ pub(super) async fn close_held(
         tenant: Some(row.tenant.clone()),
         decision_id: None,
         allow: None,
-        reasons: json!([why]),
-        input: json!({"session_id": row.id, "approval_id": row.approval_id}),
-        decision: json!({
-            "closed_reason": row.closed_reason,
-            "executions": row.executions,
-            "created_at": row.created_at,
+        reasons: events::column(&[why]),
+        input: events::column(&session_events::HeldSession {
+            session_id: row.id.clone(),
+            approval_id: row.approval_id.clone(),
+        }),
+        decision: events::column(&session_events::HeldClosed {
+            closed_reason: row.closed_reason,
+            executions: row.executions,
+            created_at: row.created_at,
         }),
         policy_revision: None,
     };

@@ -49,28 +49,29 @@ pub struct ConnectionClose {
     pub closed_at: DateTime<Utc>,
 }
 
-/// A row of `egress_connections`, as the API returns it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// A row of `egress_connections`, as the API returns it. (Fields alphabetical, as the answer
+/// always had them: it was a `json!` object, whose keys serde_json sorts.)
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ConnectionRow {
-    pub id: String,
+    pub allow: bool,
+    pub bytes_down: i64,
+    pub bytes_up: i64,
+    pub close_reason: Option<String>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub duration_ms: Option<i64>,
+    pub error: Option<String>,
     pub host: String,
+    pub id: String,
+    pub message: String,
+    pub method: Option<String>,
+    pub opened_at: DateTime<Utc>,
+    pub path: Option<String>,
+    pub policy_revision: String,
     pub port: i32,
+    pub reason: String,
+    pub resolved_addr: Option<String>,
     pub scheme: String,
     pub sni: Option<String>,
-    pub method: Option<String>,
-    pub path: Option<String>,
-    pub resolved_addr: Option<String>,
-    pub allow: bool,
-    pub reason: String,
-    pub message: String,
-    pub policy_revision: String,
-    pub opened_at: DateTime<Utc>,
-    pub closed_at: Option<DateTime<Utc>>,
-    pub bytes_up: i64,
-    pub bytes_down: i64,
-    pub duration_ms: Option<i64>,
-    pub close_reason: Option<String>,
-    pub error: Option<String>,
 }
 
 impl AuditStore {

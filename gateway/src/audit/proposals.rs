@@ -15,79 +15,46 @@ use sqlx::types::Json;
 
 use super::{chain, AuditError, AuditStore, NewEvent, StoredDecision};
 
+/// The closed sets of a stored proposal: a text outside them fails the row's decoding
+/// (`audit::unknown_value`: fail closed, logged once, counted).
+pub use api_types::{ProposalOrigin, ProposalStatus};
+
 /// The advisory lock every activation of a policy revision holds (one key: "sgpolicy").
 const POLICY_LOCK: i64 = 0x7367_706f_6c69_6379;
 /// The class of the per-tenant lock around the open-proposal bound (with `hashtext(tenant)`).
 const PROPOSALS_LOCK_CLASS: i32 = 0x7370_7270; // "sprp"
 
-/// One stored proposal, as `GET /v1/policy/proposals/{id}` shows it.
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// One stored proposal, as `GET /v1/policy/proposals/{id}` shows it. (Fields alphabetical, as
+/// the answer always had them: it was a `json!` object, whose keys serde_json sorts.)
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct ProposalRow {
-    pub id: String,
-    pub created_at: DateTime<Utc>,
-    pub title: String,
-    pub rationale: String,
     pub author_key_id: String,
     pub author_principal: String,
     pub author_tenant: String,
-    /// `reviewer` (opened by a reviewer or admin) or `agent` (an agent asked for access).
-    pub origin: String,
-    /// The agent's own words, never trusted.
-    pub justification: Option<String>,
-    pub source_execution: Option<String>,
-    pub source_approval: Option<String>,
-    pub patch: Json<Value>,
     pub base_revision: String,
     pub candidate_revision: String,
-    pub evidence: Json<Value>,
-    pub tests_passed: bool,
-    #[sqlx(try_from = "String")]
-    pub status: ProposalStatus,
+    pub comment: Option<String>,
+    pub created_at: DateTime<Utc>,
     pub decided_at: Option<DateTime<Utc>>,
     pub decided_by: Option<String>,
-    pub comment: Option<String>,
-}
-
-/// Where a proposal stands: a closed set, stored as its text.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ProposalStatus {
-    Open,
-    Approved,
-    Rejected,
-}
-
-impl ProposalStatus {
-    pub const ALL: [ProposalStatus; 3] = [Self::Open, Self::Approved, Self::Rejected];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Approved => "approved",
-            Self::Rejected => "rejected",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<ProposalStatus> {
-        Self::ALL.into_iter().find(|status| status.as_str() == text)
-    }
-}
-
-impl std::fmt::Display for ProposalStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// A stored status outside the set fails the row's decoding (fail closed).
-impl TryFrom<String> for ProposalStatus {
-    type Error = String;
-
-    fn try_from(text: String) -> Result<ProposalStatus, String> {
-        ProposalStatus::parse(&text).ok_or_else(|| {
-            format!("policy_proposals.status {text:?} is not open, approved or rejected")
-        })
-    }
+    /// The candidate's tests and the replay of recorded decisions against it (a listed
+    /// proposal leaves out `files`).
+    #[schema(value_type = Object)]
+    pub evidence: Json<Value>,
+    pub id: String,
+    /// The agent's own words, never trusted.
+    pub justification: Option<String>,
+    /// Opened by a reviewer or admin, or by an agent asking for access.
+    pub origin: ProposalOrigin,
+    /// `{"data/<file>.yaml": <JSON merge patch>}`.
+    #[schema(value_type = Object)]
+    pub patch: Json<Value>,
+    pub rationale: String,
+    pub source_approval: Option<String>,
+    pub source_execution: Option<String>,
+    pub status: ProposalStatus,
+    pub tests_passed: bool,
+    pub title: String,
 }
 
 /// The open proposals one key and one tenant have, for their bounds.
@@ -131,7 +98,7 @@ impl AuditStore {
         .bind(&row.author_key_id)
         .bind(&row.author_principal)
         .bind(&row.author_tenant)
-        .bind(&row.origin)
+        .bind(row.origin)
         .bind(&row.justification)
         .bind(&row.source_execution)
         .bind(&row.source_approval)

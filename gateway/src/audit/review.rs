@@ -11,24 +11,25 @@ use super::{AuditError, AuditStore};
 /// Most requests one execution's listing returns.
 pub const MAX_REQUESTS: i64 = 1000;
 
-/// One row of `egress_requests` as the API shows it (no query, only its hash).
-#[derive(Debug, Clone, Serialize, sqlx::FromRow)]
+/// One row of `egress_requests` as the API shows it (no query, only its hash). (Fields
+/// alphabetical, as the answer always had them: it was a `json!` object.)
+#[derive(Debug, Clone, Serialize, sqlx::FromRow, utoipa::ToSchema)]
 pub struct RequestRow {
-    pub id: String,
+    pub allow: bool,
+    pub bytes_down: i64,
+    pub bytes_up: i64,
     pub connection_id: String,
+    pub credentials: Vec<String>,
+    pub duration_ms: Option<i64>,
     pub host: String,
-    pub port: i32,
+    pub id: String,
+    pub message: String,
     pub method: String,
     pub path: String,
-    pub credentials: Vec<String>,
-    pub allow: bool,
+    pub port: i32,
     pub reason: String,
-    pub message: String,
     pub started_at: DateTime<Utc>,
     pub status_code: Option<i32>,
-    pub bytes_up: i64,
-    pub bytes_down: i64,
-    pub duration_ms: Option<i64>,
 }
 
 impl AuditStore {

@@ -14,7 +14,7 @@ use super::{AuditError, AuditStore};
 const PAGE: i64 = 1000;
 
 /// One row of `audit_events` with its links, as stored and as an export bundle carries it.
-#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct StoredEvent {
     pub seq: i64,
@@ -33,6 +33,7 @@ pub struct StoredEvent {
     pub prev_hash: String,
     pub hash: String,
     /// How `hash` was made (scheme 1 for every event written before scheme 2 existed).
+    #[schema(value_type = i16, minimum = 1, maximum = 2)]
     pub hash_version: HashScheme,
 }
 
@@ -60,14 +61,15 @@ impl StoredEvent {
 }
 
 /// The first event that does not verify, and why.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Broken {
     pub seq: i64,
     pub id: String,
     pub problem: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+/// The walk of the hash chain: intact (`head` set) or `broken` at its first bad event.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct Verification {
     /// Events checked (all of them when the chain is intact).
     pub events: i64,

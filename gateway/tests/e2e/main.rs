@@ -71,6 +71,7 @@ mod policy_reload;
 mod proposals;
 mod proposals_page;
 mod proposals_races;
+mod proposals_unknown_values;
 mod python_sdk;
 mod records;
 mod refusals;

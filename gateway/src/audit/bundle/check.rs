@@ -6,9 +6,7 @@
 //! to it, and the proof matches what the walk found.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::{BufRead, Read};
-use std::str::FromStr;
 
 use chrono::{DateTime, SubsecRound, Utc};
 use serde_json::Value;
@@ -19,215 +17,9 @@ use super::{FORMAT, MAX_LINE_BYTES, VERSION};
 use crate::audit::chain;
 use crate::audit::verify::{self, StoredEvent};
 
-/// A head kept outside the database (`sandgate audit head` prints it), as `SEQ:HASH`: the
-/// bundle's event `seq` must have this hash, so nothing up to it can be changed or removed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Anchor {
-    pub seq: i64,
-    pub hash: String,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("{0:?} is not a head: expected SEQ:HASH, as `sandgate audit head` prints it")]
-pub struct AnchorError(String);
-
-impl FromStr for Anchor {
-    type Err = AnchorError;
-    fn from_str(text: &str) -> Result<Anchor, AnchorError> {
-        let bad = || AnchorError(text.to_owned());
-        let (seq, hash) = seq_hash(text).ok_or_else(bad)?;
-        if seq < 1 {
-            return Err(bad());
-        }
-        Ok(Anchor { seq, hash })
-    }
-}
-
-/// `SEQ:HASH` with a lowercase sha256 `HASH`.
-fn seq_hash(text: &str) -> Option<(i64, String)> {
-    let (seq, hash) = text.trim().split_once(':')?;
-    let seq = seq.parse::<i64>().ok()?;
-    is_sha256(hash).then(|| (seq, hash.to_ascii_lowercase()))
-}
-
-/// Where the bundle must start (`--from SEQ:HASH`): right after event `seq`, whose hash is
-/// `hash`, such as the last event of the previous bundle an auditor checked (or `0`, the chain's
-/// start). The bundle must hold event `seq + 1` and link it to `hash`, so no event after `seq`
-/// can be missing from its start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StartAnchor {
-    pub seq: i64,
-    pub hash: String,
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "{0:?} is not a start: expected SEQ:HASH (an event the bundle must start right after, such as \
-     the previous bundle's last event), or 0 for the chain's start"
-)]
-pub struct StartAnchorError(String);
-
-impl FromStr for StartAnchor {
-    type Err = StartAnchorError;
-    fn from_str(text: &str) -> Result<StartAnchor, StartAnchorError> {
-        let bad = || StartAnchorError(text.to_owned());
-        if text.trim() == "0" {
-            return Ok(StartAnchor {
-                seq: 0,
-                hash: chain::GENESIS.to_owned(),
-            });
-        }
-        let (seq, hash) = seq_hash(text).ok_or_else(bad)?;
-        if seq < 0 || (seq == 0 && hash != chain::GENESIS) {
-            return Err(bad());
-        }
-        Ok(StartAnchor { seq, hash })
-    }
-}
-
-/// The anchors a bundle is checked against: its end (`--head`) and its start (`--from`).
-#[derive(Debug, Clone, Default)]
-pub struct Anchors {
-    pub head: Option<Anchor>,
-    pub from: Option<StartAnchor>,
-}
-
-/// What a bundle proves about its start.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
-    /// Its first event is the chain's first (`seq` 1, linked to the genesis hash).
-    ChainStart,
-    /// It starts right after the start anchor's event (`--from`).
-    AfterAnchor(i64),
-    /// Nothing: events before its first one (of the window or not) could have been removed.
-    Unanchored,
-}
-
-impl fmt::Display for Anchor {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.seq, self.hash)
-    }
-}
-
-/// Scheme-1 events (written before scheme 2) that the bundle shows without their content: their
-/// hashes cannot be recomputed, only taken as given, so nothing after them vouches for what
-/// comes before them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Unproven {
-    pub first: i64,
-    pub last: i64,
-    pub count: u64,
-}
-
-/// What an intact bundle holds.
-#[derive(Debug, Clone)]
-pub struct BundleReport {
-    pub header: Header,
-    pub proof: Proof,
-    /// Revisions whose files were in the bundle and hash to them.
-    pub revisions_checked: Vec<String>,
-    /// Revisions recorded without files (before sandgate stored them): named, not recomputed.
-    pub revisions_without_files: Vec<String>,
-    /// The anchor the bundle was checked against (its event at `seq` has that hash).
-    pub anchor: Option<Anchor>,
-    /// What is proven about where it starts.
-    pub start: Start,
-    /// Links taken as given: when set, the bundle is intact as far as it can tell but does not
-    /// prove the events up to `unproven.last` (verify says `unproven`, not `ok`).
-    pub unproven: Option<Unproven>,
-}
-
-impl BundleReport {
-    /// Every link was recomputed: nothing in the bundle is taken as given.
-    pub fn proven(&self) -> bool {
-        self.unproven.is_none()
-    }
-
-    /// What `sandgate audit verify --bundle` prints for a bundle with no broken link.
-    pub fn summary(&self) -> String {
-        let verdict = if self.proven() { "ok" } else { "unproven" };
-        let mut summary = format!("{verdict} {}", self.ends());
-        if let Some(anchor) = &self.anchor {
-            summary.push_str(&format!("; matches the anchored head {}", anchor.seq));
-        }
-        match self.start {
-            Start::ChainStart => summary.push_str("; starts at the chain's first event"),
-            Start::AfterAnchor(seq) => {
-                summary.push_str(&format!("; starts right after the anchored event {seq}"))
-            }
-            Start::Unanchored => {}
-        }
-        summary.push_str(&format!(
-            "; {} policy revisions recomputed; chain at export: {}",
-            self.revisions_checked.len(),
-            self.proof.chain.summary()
-        ));
-        if let Some(unproven) = &self.unproven {
-            summary.push_str(&format!(
-                "\nunproven: {} events shown without content and without the parts of their \
-                 hash (events {}..{}): events written before hash scheme 2, whose hashes can only \
-                 be taken as given (or events stripped of their parts). So the events up to {} \
-                 are checked only against this bundle's own hashes, and a head vouches only for \
-                 the events after it. Export a window covering them without --tenant to check \
-                 them (docs/audit.md, \"Export\")",
-                unproven.count, unproven.first, unproven.last, unproven.last
-            ));
-        }
-        if !self.revisions_without_files.is_empty() {
-            summary.push_str(&format!(
-                "\nnote: policy revisions stored without their files (not recomputed): {}",
-                self.revisions_without_files.join(", ")
-            ));
-        }
-        if let Some(tenant) = &self.header.tenant {
-            summary.push_str(&format!(
-                "\nnote: filtered to tenant {tenant}: the {} omitted events are shown by their \
-                 links and content hashes only",
-                self.proof.omitted
-            ));
-        }
-        if let (Start::Unanchored, Some(first)) = (self.start, &self.proof.first) {
-            summary.push_str(&format!(
-                "\nnote: the start is not anchored: nothing shows that no event before event {} \
-                 (of the window or not) was removed; give --from SEQ:HASH (the last event of the \
-                 bundle before this one, or 0 for the chain's start) to check it",
-                first.seq
-            ));
-        }
-        summary
-    }
-
-    fn ends(&self) -> String {
-        let proof = &self.proof;
-        match (&proof.first, &proof.last, &proof.head) {
-            (Some(first), Some(last), Some(head)) => {
-                format!(
-                "events {}..{} ({} with content, {} omitted) of the window {} to {}, last hash {}; \
-                 linked to the head at export, event {} ({} events after the window), hash {}",
-                first.seq, last.seq, proof.events, proof.omitted, chain::time_text(&self.header.since),
-                chain::time_text(&self.header.until), last.hash, head.seq, proof.after, head.hash
-            )
-            }
-            _ => format!(
-                "no events in the window {} to {}",
-                chain::time_text(&self.header.since),
-                chain::time_text(&self.header.until)
-            ),
-        }
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum BundleError {
-    #[error("reading the bundle: {0}")]
-    Read(#[from] std::io::Error),
-    #[error("line {line}: {problem}")]
-    Line { line: u64, problem: String },
-    #[error("{0}")]
-    Incomplete(String),
-    #[error("{0}")]
-    Anchor(String),
-}
+use super::anchors::is_sha256;
+pub use super::anchors::{Anchor, AnchorError, Anchors, Start, StartAnchor, StartAnchorError};
+pub use super::report::{BundleError, BundleReport, Unproven};
 
 /// The walk's state between lines.
 #[derive(Default)]
@@ -726,10 +518,6 @@ fn check_parts(
         }
     }
     Ok(at)
-}
-
-fn is_sha256(text: &str) -> bool {
-    text.len() == 64 && text.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 fn describe(link: &Option<Link>) -> String {

@@ -9,9 +9,11 @@
 //! does ([`super::verify::check`], the chain's one hash definition in [`super::chain`]).
 //! `docs/audit.md` ("Export") says what a bundle proves.
 
+mod anchors;
 pub mod check;
 mod export;
 pub mod ocsf;
+mod report;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

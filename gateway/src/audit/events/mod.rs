@@ -11,13 +11,16 @@
 //!
 //! [`NewEvent`]: super::NewEvent
 
+pub mod approvals;
 pub mod egress;
 pub mod execution;
 pub mod keys;
 pub mod policy;
+pub mod proposals;
 pub mod refusals;
 pub mod retention;
 pub mod session_files;
+pub mod sessions;
 
 use serde::Serialize;
 use serde_json::Value;

@@ -481,3 +481,278 @@ fn refusal_and_retention_events_are_written_as_before() {
         json!({"purged": ["stdout", "stderr", "outputs"]}),
     );
 }
+
+#[test]
+fn proposal_events_are_written_as_before() {
+    use super::proposals::{Approved, Proposal, Proposed, Rebased, Rejected, ReplayCounts};
+    use api_types::{ProposalOrigin, ProposalStatus};
+
+    let patch =
+        json!({"data/tenants.yaml": {"tenants": {"lab": {"languages": ["python", "bash"]}}}});
+    for (origin, old_origin, source) in [
+        (ProposalOrigin::Agent, "agent", Some("ex_1".to_owned())),
+        (ProposalOrigin::Reviewer, "reviewer", None),
+    ] {
+        same(
+            &Proposal {
+                proposal_id: "pp_1".into(),
+                title: "Allow bash".into(),
+                origin,
+                author_key_id: "key_1".into(),
+                source_execution: source.clone(),
+                source_approval: None,
+                base_revision: "sha256:aa".into(),
+                patch: patch.clone(),
+            },
+            // `"origin": row.origin` was the stored text.
+            json!({
+                "proposal_id": "pp_1",
+                "title": "Allow bash",
+                "origin": old_origin,
+                "author_key_id": "key_1",
+                "source_execution": source,
+                "source_approval": null,
+                "base_revision": "sha256:aa",
+                "patch": patch,
+            }),
+        );
+    }
+    // What `replay_evidence` stores: counts with their examples.
+    let replay = json!({
+        "days": 7, "total": 12, "unchanged": 10, "truncated": false, "limit": 20000,
+        "allow_to_deny": {"count": 0, "examples": []},
+        "deny_to_allow": {"count": 1, "examples": ["ex_1"]},
+        "review_changes": {"count": 1, "examples": ["ex_2"]},
+        "limit_changes": {"count": 0, "examples": []},
+    });
+    // The summary the event carried before.
+    let count = |name: &str| replay[name]["count"].clone();
+    let old_summary = json!({
+        "days": replay["days"],
+        "total": replay["total"],
+        "allow_to_deny": count("allow_to_deny"),
+        "deny_to_allow": count("deny_to_allow"),
+        "review_changes": count("review_changes"),
+        "limit_changes": count("limit_changes"),
+    });
+    assert_eq!(
+        column(&ReplayCounts::of(&replay)).to_string(),
+        old_summary.to_string()
+    );
+    assert_eq!(
+        column(&ReplayCounts::of(&json!({}))).to_string(),
+        json!({"days": null, "total": null, "allow_to_deny": null, "deny_to_allow": null,
+               "review_changes": null, "limit_changes": null})
+        .to_string()
+    );
+    same(
+        &Proposed {
+            status: ProposalStatus::Open,
+            candidate_revision: "sha256:bb".into(),
+            tests_passed: true,
+            replay: ReplayCounts::of(&replay),
+        },
+        json!({
+            "status": "open",
+            "candidate_revision": "sha256:bb",
+            "tests_passed": true,
+            "replay": old_summary,
+        }),
+    );
+    same(
+        &Rebased {
+            status: ProposalStatus::Open,
+            previous_base: "sha256:aa".into(),
+            previous_candidate: "sha256:bb".into(),
+            candidate_revision: "sha256:cc".into(),
+            tests_passed: false,
+            replay: ReplayCounts::of(&replay),
+        },
+        json!({
+            "status": "open",
+            "previous_base": "sha256:aa",
+            "previous_candidate": "sha256:bb",
+            "candidate_revision": "sha256:cc",
+            "tests_passed": false,
+            "replay": old_summary,
+        }),
+    );
+    for comment in [Some("lab shell ok".to_owned()), None] {
+        same(
+            &Approved {
+                status: ProposalStatus::Approved,
+                revision: "sha256:bb".into(),
+                previous: "sha256:aa".into(),
+                comment: comment.clone(),
+            },
+            json!({
+                "status": "approved",
+                "revision": "sha256:bb",
+                "previous": "sha256:aa",
+                "comment": comment,
+            }),
+        );
+    }
+    same(
+        &Rejected {
+            status: ProposalStatus::Rejected,
+            comment: "too broad".into(),
+        },
+        json!({"status": "rejected", "comment": "too broad"}),
+    );
+}
+
+#[test]
+fn approval_and_held_session_events_are_written_as_before() {
+    use super::approvals::{
+        ExecutionWithdrawal, Expiry, Party, Requester, Reviewed, Reviewer, SelfReview,
+        SessionWithdrawal, Status, Verdict,
+    };
+    use super::sessions::{Denial, Denied, HeldClosed, HeldSession};
+    use api_types::{ApprovalStatus, ClosedReason, ReviewDecision};
+
+    let session = Some("se_1".to_owned());
+    for (decision, old) in [
+        (ReviewDecision::Approve, "approve"),
+        (ReviewDecision::Reject, "reject"),
+    ] {
+        same(
+            &SelfReview {
+                approval_id: "ap_1".into(),
+                session_id: session.clone(),
+                decision,
+                reviewer: Party {
+                    key_id: "key_1".into(),
+                    principal: "ana".into(),
+                },
+            },
+            json!({
+                "approval_id": "ap_1",
+                "session_id": session,
+                "decision": old,
+                "reviewer": {"key_id": "key_1", "principal": "ana"},
+            }),
+        );
+    }
+    for status in ApprovalStatus::ALL {
+        same(&Status { status: *status }, json!({"status": status}));
+    }
+    same(
+        &Status {
+            status: ApprovalStatus::Withdrawn,
+        },
+        json!({"status": "withdrawn"}),
+    );
+    let comment: Option<&str> = Some("fine");
+    let (requester_key, requester_principal): (Option<String>, Option<String>) =
+        (Some("key_2".into()), None);
+    same(
+        &Reviewed {
+            approval_id: "ap_1".into(),
+            session_id: None,
+            reviewer: Reviewer {
+                key_id: "key_1".into(),
+                principal: "ana".into(),
+                role: Role::Reviewer,
+            },
+            requested_by: Requester {
+                key_id: requester_key.clone(),
+                principal: requester_principal.clone(),
+            },
+            comment: comment.map(str::to_owned),
+        },
+        json!({
+            "approval_id": "ap_1",
+            "session_id": null,
+            "reviewer": {"key_id": "key_1", "principal": "ana", "role": Role::Reviewer},
+            "requested_by": {
+                "key_id": requester_key,
+                "principal": requester_principal,
+            },
+            "comment": comment,
+        }),
+    );
+    let runnable = json!({"backend": "gvisor", "limits": {"memory_mb": 256}, "network": null});
+    for (approve, stored) in [(true, Some(runnable.clone())), (false, None)] {
+        let old_runnable = stored.clone().map(sqlx::types::Json);
+        let verb = if approve { "approved" } else { "rejected" };
+        same(
+            &Verdict {
+                status: if approve {
+                    ApprovalStatus::Approved
+                } else {
+                    ApprovalStatus::Rejected
+                },
+                runnable: stored,
+            },
+            json!({"status": verb, "runnable": old_runnable}),
+        );
+    }
+    same(
+        &Expiry {
+            approval_id: "ap_1".into(),
+            session_id: None,
+            expires_at: at(),
+        },
+        json!({"approval_id": "ap_1", "session_id": null, "expires_at": at()}),
+    );
+    let key_id = Some("key_1".to_owned());
+    same(
+        &ExecutionWithdrawal {
+            approval_id: "ap_1".into(),
+            requested_by: key_id.clone(),
+        },
+        json!({"approval_id": "ap_1", "requested_by": key_id}),
+    );
+    same(
+        &SessionWithdrawal {
+            approval_id: "ap_1".into(),
+            session_id: "se_1".into(),
+            requested_by: key_id.clone(),
+        },
+        json!({"approval_id": "ap_1", "session_id": "se_1", "requested_by": key_id}),
+    );
+    same(
+        &Denial {
+            session_id: "se_1".into(),
+            approval_id: "ap_1".into(),
+            reviewer: Party {
+                key_id: "key_1".into(),
+                principal: "ana".into(),
+            },
+        },
+        json!({
+            "session_id": "se_1",
+            "approval_id": "ap_1",
+            "reviewer": {"key_id": "key_1", "principal": "ana"},
+        }),
+    );
+    same(
+        &Denied {
+            status: ApprovalStatus::Rejected,
+            closed_reason: ClosedReason::Denied,
+        },
+        json!({"status": "rejected", "closed_reason": "denied"}),
+    );
+    same(
+        &HeldSession {
+            session_id: "se_1".into(),
+            approval_id: Some("ap_1".into()),
+        },
+        json!({"session_id": "se_1", "approval_id": "ap_1"}),
+    );
+    for reason in [
+        Some(ClosedReason::Expired),
+        Some(ClosedReason::Deleted),
+        None,
+    ] {
+        same(
+            &HeldClosed {
+                closed_reason: reason,
+                executions: 0,
+                created_at: at(),
+            },
+            json!({"closed_reason": reason, "executions": 0i64, "created_at": at()}),
+        );
+    }
+}

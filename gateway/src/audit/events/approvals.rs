@@ -1,0 +1,91 @@
+//! `approval.approved`, `approval.rejected`, `approval.refused`, `approval.expired` and
+//! `approval.withdrawn`: an execution or a session held for review, decided by a reviewer,
+//! refused as a self-review, left to expire, or withdrawn before anyone decided.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use api_types::{ApprovalStatus, ReviewDecision};
+
+use crate::role::Role;
+
+/// A key and its principal (who refused or denied).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Party {
+    pub key_id: String,
+    pub principal: String,
+}
+
+/// The reviewer of a decided approval, with its role.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reviewer {
+    pub key_id: String,
+    pub principal: String,
+    pub role: Role,
+}
+
+/// Who asked for what was held, as the approval stored it (absent on old rows).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Requester {
+    pub key_id: Option<String>,
+    pub principal: Option<String>,
+}
+
+/// `approval.approved` and `approval.rejected`'s input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reviewed {
+    pub approval_id: String,
+    pub session_id: Option<String>,
+    pub reviewer: Reviewer,
+    pub requested_by: Requester,
+    pub comment: Option<String>,
+}
+
+/// `approval.approved` and `approval.rejected`'s decision: the new status and what runs once
+/// approved (the stored runnable decision; `null` when the row has none).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Verdict {
+    pub status: ApprovalStatus,
+    pub runnable: Option<Value>,
+}
+
+/// `approval.refused`'s input: a reviewer tried to decide its own (or its principal's) request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SelfReview {
+    pub approval_id: String,
+    pub session_id: Option<String>,
+    pub decision: ReviewDecision,
+    pub reviewer: Party,
+}
+
+/// The decision of `approval.refused` (the status it keeps), `approval.expired` and
+/// `approval.withdrawn` (the status it took).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Status {
+    pub status: ApprovalStatus,
+}
+
+/// `approval.expired`'s input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Expiry {
+    pub approval_id: String,
+    pub session_id: Option<String>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `approval.withdrawn`'s input for a held execution: the approval and the key that withdrew
+/// it (the event's `key_id`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionWithdrawal {
+    pub approval_id: String,
+    pub requested_by: Option<String>,
+}
+
+/// `approval.withdrawn`'s input for a held session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionWithdrawal {
+    pub approval_id: String,
+    pub session_id: String,
+    pub requested_by: Option<String>,
+}

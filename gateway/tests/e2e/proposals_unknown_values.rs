@@ -1,0 +1,102 @@
+//! A stored proposal whose `origin` or `status` is outside its closed set (a newer version, or a
+//! hand edit, could leave it): the row is not read as any other value. The API answers 500
+//! `internal` for it, and `sandgate_store_unknown_values_total{column}` counts each refusal,
+//! the one rule of `audit::unknown_value` (as for executions, sessions, approvals and keys).
+
+use crate::common;
+
+use serde_json::Value;
+
+use common::TestGateway;
+
+/// `sandgate_store_unknown_values_total{column="<column>"}` as `/metrics` shows it.
+async fn unknown_values(gw: &TestGateway, admin: &str, column: &str) -> f64 {
+    let text = gw
+        .http
+        .get(format!("{}/metrics", gw.url))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let series = format!("sandgate_store_unknown_values_total{{column=\"{column}\"}} ");
+    let line = text
+        .lines()
+        .find_map(|line| line.strip_prefix(&series))
+        .unwrap_or_else(|| panic!("no {series}in\n{text}"));
+    line.parse().unwrap()
+}
+
+/// Stores a proposal as the gateway would (every column within its set).
+async fn stored_proposal(pool: &sqlx::PgPool, id: &str) {
+    sqlx::query(
+        "INSERT INTO policy_proposals (id, title, rationale, author_key_id, author_principal, \
+         author_tenant, origin, patch, base_revision, candidate_revision, evidence, \
+         tests_passed) VALUES ($1, 'Allow lab', '', 'key_x', 'ana', 'ops', 'reviewer', \
+         '{}'::jsonb, 'sha256:aa', 'sha256:bb', '{}'::jsonb, true)",
+    )
+    .bind(id)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+async fn refused(gw: &TestGateway, reviewer: &str, path: &str) {
+    let (status, body): (u16, Value) = gw.get(reviewer, path).await;
+    assert_eq!(status, 500, "{path}: {body}");
+    assert_eq!(body["error"]["code"], "internal", "{body}");
+    assert!(!body.to_string().contains("operator"), "{body}");
+    assert!(!body.to_string().contains("withdrawn"), "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_stored_proposal_origins_and_statuses_fail_closed_and_are_counted() {
+    let gw = TestGateway::start().await;
+    let admin = gw.key("admin", "ops").await;
+    let reviewer = gw.key("reviewer", "ops").await;
+    let pool = gw.pool().await;
+    stored_proposal(&pool, "pp_known").await;
+    let (status, body) = gw.get(&reviewer, "/v1/policy/proposals/pp_known").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["origin"], "reviewer", "{body}");
+    assert_eq!(
+        unknown_values(&gw, &admin, "policy_proposals.origin").await,
+        0.0
+    );
+
+    for constraint in [
+        "policy_proposals_origin_check",
+        "policy_proposals_status_check",
+    ] {
+        sqlx::query(&format!(
+            "ALTER TABLE policy_proposals DROP CONSTRAINT {constraint}"
+        ))
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+    sqlx::query("UPDATE policy_proposals SET origin = 'operator' WHERE id = 'pp_known'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    refused(&gw, &reviewer, "/v1/policy/proposals/pp_known").await;
+    refused(&gw, &reviewer, "/v1/policy/proposals").await;
+    assert_eq!(
+        unknown_values(&gw, &admin, "policy_proposals.origin").await,
+        2.0
+    );
+
+    stored_proposal(&pool, "pp_later").await;
+    sqlx::query("UPDATE policy_proposals SET status = 'withdrawn' WHERE id = 'pp_later'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    refused(&gw, &reviewer, "/v1/policy/proposals/pp_later").await;
+    assert_eq!(
+        unknown_values(&gw, &admin, "policy_proposals.status").await,
+        1.0
+    );
+    gw.stop().await;
+}
