@@ -105,13 +105,20 @@ async fn follow(
     // then has it all).
     if let Some(stream) = app.streams.get(&row.id) {
         let mut from = 0;
+        let mut pending = String::new();
         while let Some(batch) = stream.next_batch(from).await {
             from += batch.len();
             for event in batch {
                 if let StreamEvent::Stdout(text) = event {
-                    let line = json!({"type": "stdout", "text": text, "timestamp": now_nanos()});
+                    pending.push_str(&text);
+                    let Some(whole) = whole_lines(&pending) else {
+                        continue;
+                    };
+                    let line = json!({"type": "stdout", "text": whole, "timestamp": now_nanos()});
                     let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
-                    sent.push_str(&text);
+                    sent.push_str(whole);
+                    let taken = whole.len();
+                    pending.drain(..taken);
                 }
             }
         }
@@ -132,6 +139,20 @@ async fn follow(
     super::envd::settled(app, reached).await;
     let count = executions(app, reached).await;
     let _ = tx.send(Bytes::from(result_lines(&row, count, &sent))).await;
+}
+
+/// Longest stdout held back waiting for its line's end.
+const MAX_PARTIAL_LINE: usize = 64 * 1024;
+
+/// What of `pending` to send now: up to its last newline (E2B's interpreter sends whole
+/// lines: a `print` whose text and newline arrive apart is one message), or all of it past
+/// [`MAX_PARTIAL_LINE`]. The rest goes with the cell's final lines.
+fn whole_lines(pending: &str) -> Option<&str> {
+    match pending.rfind('\n') {
+        Some(end) => Some(&pending[..=end]),
+        None if pending.len() > MAX_PARTIAL_LINE => Some(pending),
+        None => None,
+    }
 }
 
 fn now_nanos() -> i64 {
@@ -311,6 +332,15 @@ fn split_error(stderr: &str, row: &ExecutionRow) -> (String, Option<Value>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stdout_is_sent_in_whole_lines() {
+        assert_eq!(whole_lines("late"), None);
+        assert_eq!(whole_lines("late\n"), Some("late\n"));
+        assert_eq!(whole_lines("a\nb\nc"), Some("a\nb\n"));
+        let long = "x".repeat(MAX_PARTIAL_LINE + 1);
+        assert_eq!(whole_lines(&long), Some(long.as_str()));
+    }
 
     #[test]
     fn languages_map_onto_the_session_s_runner() {
