@@ -441,12 +441,14 @@ fn busy_with_a_cell(id: &str) -> AppError {
     ))
 }
 
-/// The session's environment, as its runner got it (its egress bridge's included).
+/// The session's environment, as its runner got it (its egress bridge's included), with E2B's
+/// `HOME`: processes are started only by the E2B layer, whose SDKs assume `/home/user`.
 fn session_env(
     held: &super::sessions::Held,
     limits: &policy_engine::Limits,
 ) -> BTreeMap<String, String> {
     let mut env = super::launch::sandbox_env(limits.cpus);
+    env.insert("HOME".to_owned(), crate::runtime::USER_HOME.to_owned());
     if let Some(egress) = &held.egress {
         super::launch::with_egress(egress, &mut env, &mut Vec::new());
     }
