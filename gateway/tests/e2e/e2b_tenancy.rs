@@ -448,7 +448,7 @@ async fn audited(gw: &TestGateway, mine: &str) {
         [
             "succeeded",
             "succeeded",
-            "cancelled",
+            "killed",
             "succeeded",
             "succeeded"
         ],
