@@ -68,6 +68,11 @@ impl App {
                 "session {session_id} is running an execution: snapshot it once that ended"
             )));
         };
+        if open.runs_processes() {
+            return Err(AppError::Conflict(format!(
+                "session {session_id} is running a process: snapshot it once its processes ended"
+            )));
+        }
         let Some(held) = guard.as_mut() else {
             return Err(AppError::Conflict(format!(
                 "session {session_id} is not open"

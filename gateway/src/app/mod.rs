@@ -124,7 +124,7 @@ impl App {
         let pool = pool::WarmPool::new(
             pool_sizing(&config),
             config.python_preload.clone(),
-            pool_restore::templates_dir(&config, &instance),
+            pool_restore::templates_dir(&config, &instance).inspect(|dir| pool_restore::sweep(dir)),
         );
         App {
             pool,

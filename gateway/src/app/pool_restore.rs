@@ -304,6 +304,18 @@ pub fn templates_dir(config: &crate::config::Config, instance: &str) -> Option<P
     Some(std::path::absolute(&dir).unwrap_or(dir))
 }
 
+/// Removes what a previous run of this instance left in its templates directory (a crash
+/// skips the removal at stop): templates are made again from a boot, never reused.
+pub fn sweep(dir: &std::path::Path) {
+    match std::fs::remove_dir_all(dir) {
+        Ok(()) => tracing::info!(dir = %dir.display(), "templates left by a previous run removed"),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+        Err(err) => {
+            tracing::warn!(dir = %dir.display(), error = %err, "templates left by a previous run not removed")
+        }
+    }
+}
+
 /// A directory only the gateway's user may enter.
 fn private_dir(path: &std::path::Path) -> std::io::Result<()> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};

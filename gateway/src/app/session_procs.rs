@@ -30,8 +30,11 @@ use crate::runtime::{CappedOutput, Channel, OutputSink};
 use crate::session_wire::TurnLimits;
 use crate::status::ExecutionStatus;
 
-/// Most input messages queued for a process before `send_input` waits (bounded memory).
+/// Most input chunks queued for a process before `send_input` waits (bounded memory: at most
+/// `INPUT_QUEUE * INPUT_CHUNK` bytes a process, whatever size the caller's messages are).
 const INPUT_QUEUE: usize = 16;
+/// Input is queued in pieces of at most this many bytes.
+const INPUT_CHUNK: usize = 64 * 1024;
 /// Longest wait for the session's lock (held for a moment by other starts, for a whole cell
 /// by a running cell).
 const HELD_WAIT: Duration = Duration::from_secs(5);
@@ -105,10 +108,27 @@ impl ProcessControl {
                 self.tag
             )));
         };
-        sender
-            .send(input)
-            .await
-            .map_err(|_| AppError::Conflict(format!("the stdin of process {} is closed", self.tag)))
+        let closed = || AppError::Conflict(format!("the stdin of process {} is closed", self.tag));
+        match input {
+            ProcessInput::Data(bytes) => {
+                for chunk in bytes.chunks(INPUT_CHUNK) {
+                    sender
+                        .send(ProcessInput::Data(chunk.to_vec()))
+                        .await
+                        .map_err(|_| closed())?;
+                }
+                Ok(())
+            }
+            ProcessInput::Close => sender.send(input).await.map_err(|_| closed()),
+        }
+    }
+
+    /// Takes back a `stop` that found nothing to stop (the process had ended by itself).
+    fn unstop(&self, why: ExecutionStatus) {
+        let mut stopped = self.stopped.lock().unwrap_or_else(PoisonError::into_inner);
+        if *stopped == Some(why) {
+            *stopped = None;
+        }
     }
 }
 
@@ -121,8 +141,29 @@ type Admitted = (
     BTreeMap<String, String>,
 );
 
+/// One of a session's running processes, counted while it lives (`OpenSession::processes`).
+struct Running(Arc<OpenSession>);
+
+impl Running {
+    fn of(open: &Arc<OpenSession>) -> Self {
+        open.processes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Running(Arc::clone(open))
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0
+            .processes
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// What the follower of one process needs.
 struct Following {
+    /// Counted among the session's running processes until the follower is done.
+    _running: Running,
     row: ExecutionRow,
     started: StartedProcess,
     control: Arc<ProcessControl>,
@@ -190,6 +231,7 @@ impl App {
         {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
         }
+        let running = Running::of(&open);
         let mut started = match self.runtime.start_process(&container, spec).await {
             Ok(started) => started,
             Err(err) => {
@@ -204,9 +246,10 @@ impl App {
             stopped: Mutex::new(None),
             input: started.input.take().map(feed_stdin),
         });
-        let mut running = row.clone();
-        running.status = ExecutionStatus::Running;
+        let mut shown = row.clone();
+        shown.status = ExecutionStatus::Running;
         let following = Following {
+            _running: running,
             row,
             started,
             control: Arc::clone(&control),
@@ -218,7 +261,7 @@ impl App {
         let app = Arc::clone(self);
         self.tasks
             .spawn(async move { app.follow_process(following).await });
-        Ok(ProcessStarted::Running(running, control))
+        Ok(ProcessStarted::Running(shown, control))
     }
 
     /// The decision and its record, under the session's lock: the admitted record, the
@@ -288,21 +331,26 @@ impl App {
         control: &ProcessControl,
         signal: ProcessSignal,
     ) -> Result<bool, AppError> {
-        if signal == ProcessSignal::Kill {
-            control.stop(ExecutionStatus::Killed);
-        }
-        self.runtime
+        // Marked before the signal: the follower may see the end before this call returns.
+        let kill = signal == ProcessSignal::Kill && control.stop(ExecutionStatus::Killed);
+        let signalled = self
+            .runtime
             .signal_process(&control.container, &control.tag, signal)
             .await
             .map_err(|err| {
                 AppError::ReplicaUnavailable(format!("signalling the process failed: {err}"))
-            })
+            });
+        if kill && !matches!(signalled, Ok(true)) {
+            control.unstop(ExecutionStatus::Killed);
+        }
+        signalled
     }
 
     /// Keeps the process's output until it ends (its deadline and a cancel end it), then
     /// completes its record.
     async fn follow_process(self: Arc<Self>, following: Following) {
         let Following {
+            _running,
             row,
             started,
             control,

@@ -63,6 +63,16 @@ pub(super) struct OpenSession {
     pub(super) held: tokio::sync::Mutex<Option<Held>>,
     pub(super) last_used: Mutex<Instant>,
     pub(super) closing: CancellationToken,
+    /// Processes running beside the runner (`app::session_procs`): the session is in use
+    /// while any runs, so it is neither idle nor paused nor snapshotted under them.
+    pub(super) processes: std::sync::atomic::AtomicUsize,
+}
+
+impl OpenSession {
+    /// Whether a process runs beside the runner now.
+    pub(super) fn runs_processes(&self) -> bool {
+        self.processes.load(std::sync::atomic::Ordering::SeqCst) > 0
+    }
 }
 
 /// What an open session owns.
@@ -303,6 +313,7 @@ impl App {
             held: tokio::sync::Mutex::new(held),
             last_used: Mutex::new(Instant::now()),
             closing: self.shutdown.child_token(),
+            processes: std::sync::atomic::AtomicUsize::new(0),
         });
         self.sessions.lock().insert(id.clone(), Arc::clone(&open));
         self.watch_session(id, open, idle, ttl);
@@ -417,6 +428,14 @@ impl App {
                         }
                         return;
                     }
+                }
+                if reason == ClosedReason::Idle && open.runs_processes() {
+                    // A running process is use, even a silent one: the clock starts again.
+                    *open
+                        .last_used
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner) = Instant::now();
+                    continue;
                 }
                 let still = *open
                     .last_used

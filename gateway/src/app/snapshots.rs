@@ -208,6 +208,11 @@ impl App {
                 "session {id} is running an execution: pause it once that ended"
             )));
         };
+        if open.runs_processes() {
+            return Err(AppError::Conflict(format!(
+                "session {id} is running a process: pause it once its processes ended"
+            )));
+        }
         let Some(held) = guard.as_mut() else {
             return Err(not_open(row));
         };
@@ -640,8 +645,11 @@ pub(super) const PARTIAL_SUFFIX: &str = ".partial";
 /// with its cause (503: `AppError::ReplicaUnavailable` is the one 503 carrying its message).
 pub(super) fn checkpoint_failed(what: &str, err: &CheckpointError) -> AppError {
     let outcome = match err {
-        CheckpointError::NoRoom(_) | CheckpointError::Image(_) => {
-            "failed and the session goes on running"
+        CheckpointError::NoRoom(_) => "failed and the session goes on running",
+        // The checkpoint had stopped the sandbox before its image was found wanting.
+        CheckpointError::Image(_) => {
+            "failed after the sandbox was checkpointed: nothing was kept, and the sandbox may \
+             not have survived it (its next execution says)"
         }
         CheckpointError::Checkpoint(_) => "failed",
     };

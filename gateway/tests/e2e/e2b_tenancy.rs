@@ -445,13 +445,7 @@ async fn audited(gw: &TestGateway, mine: &str) {
     // identity, cat, the background sleep (killed), still-fine, alive.
     assert_eq!(
         commands,
-        [
-            "succeeded",
-            "succeeded",
-            "killed",
-            "succeeded",
-            "succeeded"
-        ],
+        ["succeeded", "succeeded", "killed", "succeeded", "succeeded"],
         "no refused call became an execution"
     );
     let events: Vec<(String, String)> = sqlx::query_as(

@@ -101,13 +101,23 @@ async fn a_reviewer_reads_the_evidence_and_approves_on_the_page() {
     assert_eq!(after["comment"], "lab shell ok");
 
     // The example opens the execution's detail; "Propose a change" asks the bundle again.
-    cdp.click(&example).await;
-    cdp.wait_for(
-        "!!document.querySelector('#proposal-execution button.propose')",
-        "the execution's detail with Propose a change",
-        30,
-    )
-    .await;
+    // The approval re-renders the proposal view; a click that lands on the old one opens
+    // nothing, so it is tried again while the detail has not appeared.
+    let detail = "!!document.querySelector('#proposal-execution button.propose')";
+    for _ in 0..6 {
+        cdp.click(&example).await;
+        for _ in 0..25 {
+            if cdp.eval(detail).await == serde_json::json!(true) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+        if cdp.eval(detail).await == serde_json::json!(true) {
+            break;
+        }
+    }
+    cdp.wait_for(detail, "the execution's detail with Propose a change", 5)
+        .await;
     cdp.click("#proposal-execution button.propose").await;
     cdp.wait_for(
         "document.getElementById('message').textContent.includes('suggests no change')",
