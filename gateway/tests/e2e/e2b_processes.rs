@@ -308,3 +308,33 @@ async fn run_script(script: &'static str, url: &str, agent: &str) -> Value {
     serde_json::from_str(stdout.lines().last().unwrap_or_default())
         .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
 }
+
+/// A silent background process outlasting the session's idle timeout, then a command.
+const QUIET: &str = r#"
+import json, time
+from e2b import Sandbox
+out = {}
+sbx = Sandbox.create(timeout=120)
+handle = sbx.commands.run("sleep 8; echo done", background=True)
+time.sleep(7)
+out["waited"] = handle.wait().stdout
+out["after"] = sbx.commands.run("echo alive").stdout
+sbx.kill()
+print(json.dumps(out))
+"#;
+
+/// A running process is use of its session, even a silent one: the idle timeout (3 s here)
+/// does not close the sandbox under it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_running_process_keeps_its_session_from_going_idle() {
+    common::require_docker();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), |config| {
+        config.ceilings.session_idle_s = 3;
+    })
+    .await;
+    let agent = gw.key("agent", "acme").await;
+    let said = run_script(QUIET, &gw.url, &agent).await;
+    assert_eq!(said["waited"], "done\n", "{said}");
+    assert_eq!(said["after"], "alive\n", "{said}");
+    gw.stop().await;
+}
