@@ -495,35 +495,9 @@ impl WarmPool {
 
 #[cfg(test)]
 mod tests {
-    use super::super::floor::Runnable;
     use super::*;
-    use crate::runtime::ReadOnlyMount;
-    use policy_engine::Limits;
-    use std::path::PathBuf;
 
-    fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
-        Runnable {
-            backend: "gvisor".into(),
-            runtime: "runsc".into(),
-            image: "sandgate/python".into(),
-            limits: Limits {
-                timeout_ms: 30_000,
-                memory_mb,
-                cpus: 0.5,
-                pids: 256,
-                disk_mb: 64,
-                output_bytes: 1024,
-            },
-            mounts: mounts
-                .iter()
-                .map(|name| ReadOnlyMount {
-                    source: PathBuf::from(format!("/srv/{name}")),
-                    target: format!("/data/{name}"),
-                })
-                .collect(),
-            network: None,
-        }
-    }
+    use super::super::pool_key::tests::runnable;
 
     #[test]
     fn the_preload_allowance_is_the_pools_cost_for_python_executions_only() {

@@ -153,10 +153,11 @@ impl PoolKey {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
+    /// A Python decision of `memory_mb` with read-only `mounts` (`/srv/<name>` at `/data/<name>`).
+    pub(in crate::app) fn runnable(memory_mb: u64, mounts: &[&str]) -> Runnable {
         Runnable {
             backend: "gvisor".into(),
             runtime: "runsc".into(),

@@ -561,3 +561,44 @@ pub fn python_venv() -> PathBuf {
     );
     venv
 }
+
+/// Runs `script` with the test environment's Python as an agent platform runs E2B's SDKs:
+/// `E2B_API_URL` and `E2B_SANDBOX_URL` at the gateway's `/e2b`, `E2B_API_KEY` the agent's key,
+/// and `extra` variables (e.g. `OTHER_KEY`, a second key). The script prints one JSON line
+/// last: its answer.
+pub async fn e2b_agent(
+    script: &str,
+    url: &str,
+    agent: &str,
+    extra: &[(&str, &str)],
+) -> serde_json::Value {
+    let python = python_venv().join("bin/python");
+    let e2b = format!("{url}/e2b");
+    let (script, agent) = (script.to_owned(), agent.to_owned());
+    let extra: Vec<(String, String)> = extra
+        .iter()
+        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+        .collect();
+    let output = tokio::task::spawn_blocking(move || {
+        Command::new(python)
+            .args(["-c", &script])
+            .env("E2B_API_URL", &e2b)
+            .env("E2B_SANDBOX_URL", &e2b)
+            .env("E2B_API_KEY", agent)
+            .env_remove("E2B_DOMAIN")
+            .env_remove("E2B_DEBUG")
+            .envs(extra)
+            .output()
+            .expect("running the test environment's python")
+    })
+    .await
+    .expect("the agent's task");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the agent failed:\n{stdout}\n{stderr}"
+    );
+    serde_json::from_str(stdout.lines().last().unwrap_or_default())
+        .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+}

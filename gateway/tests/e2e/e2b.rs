@@ -5,9 +5,7 @@
 
 use crate::common;
 
-use std::process::Command;
-
-use common::{python_venv, TestGateway};
+use common::TestGateway;
 use serde_json::Value;
 
 /// A policy bundle that also denies E2B sandboxes asking for `purpose: forbidden`, and
@@ -267,31 +265,7 @@ async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
 }
 
 async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -> Value {
-    let python = python_venv().join("bin/python");
-    let e2b = format!("{url}/e2b");
-    let (agent, other) = (agent.to_owned(), other.to_owned());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-c", script])
-            .env("E2B_API_URL", &e2b)
-            .env("E2B_SANDBOX_URL", &e2b)
-            .env("E2B_API_KEY", agent)
-            .env("OTHER_KEY", other)
-            .env_remove("E2B_DOMAIN")
-            .env_remove("E2B_DEBUG")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the agent failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+    common::e2b_agent(script, url, agent, &[("OTHER_KEY", other)]).await
 }
 
 /// The copy's network part, with sessions labelled `purpose: review` sent to a reviewer first.

@@ -7,9 +7,7 @@
 
 use crate::common;
 
-use std::process::Command;
-
-use common::{python_venv, TestGateway};
+use common::TestGateway;
 use serde_json::Value;
 
 /// A policy bundle that also denies one cell (by its code's SHA-256) through run_code.
@@ -295,28 +293,5 @@ fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 async fn run_agent(url: &str, agent: &str) -> Value {
-    let python = python_venv().join("bin/python");
-    let e2b = format!("{url}/e2b");
-    let agent = agent.to_owned();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-c", AGENT])
-            .env("E2B_API_URL", &e2b)
-            .env("E2B_SANDBOX_URL", &e2b)
-            .env("E2B_API_KEY", agent)
-            .env_remove("E2B_DOMAIN")
-            .env_remove("E2B_DEBUG")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the agent failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+    common::e2b_agent(AGENT, url, agent, &[]).await
 }

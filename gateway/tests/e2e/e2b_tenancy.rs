@@ -12,9 +12,7 @@
 
 use crate::common;
 
-use std::process::Command;
-
-use common::{python_venv, TestGateway};
+use common::TestGateway;
 use serde_json::{json, Value};
 
 /// The largest file an upload may carry (`sandbox_protocol::MAX_FILE_BYTES`, 16 MiB) and the
@@ -476,33 +474,13 @@ async fn run_agent(url: &str, agent: &str, other: &str) -> Value {
 }
 
 async fn run_script(script: &'static str, url: &str, agent: &str, other: &str) -> Value {
-    let python = python_venv().join("bin/python");
-    let e2b = format!("{url}/e2b");
-    let (agent, other) = (agent.to_owned(), other.to_owned());
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-c", script])
-            .env("E2B_API_URL", &e2b)
-            .env("E2B_SANDBOX_URL", &e2b)
-            .env("E2B_API_KEY", agent)
-            .env("OTHER_KEY", other)
-            .env("MAX_FILE", MAX_FILE_BYTES.to_string())
-            .env("MAX_UPLOAD", MAX_UPLOAD_BYTES.to_string())
-            .env_remove("E2B_DOMAIN")
-            .env_remove("E2B_DEBUG")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the agent failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+    let (max_file, max_upload) = (MAX_FILE_BYTES.to_string(), MAX_UPLOAD_BYTES.to_string());
+    let extra = [
+        ("OTHER_KEY", other),
+        ("MAX_FILE", max_file.as_str()),
+        ("MAX_UPLOAD", max_upload.as_str()),
+    ];
+    common::e2b_agent(script, url, agent, &extra).await
 }
 
 /// Templates come from the config (`e2b.templates`): a template named there opens a session

@@ -7,9 +7,7 @@
 
 use crate::common;
 
-use std::process::Command;
-
-use common::{python_venv, TestGateway};
+use common::TestGateway;
 use serde_json::Value;
 
 use crate::snapshots::{events, gateway_with, shared_daemon};
@@ -49,30 +47,7 @@ print(json.dumps(out))
 "#;
 
 async fn run_agent(gw: &TestGateway, agent: &str) -> Value {
-    let python = python_venv().join("bin/python");
-    let e2b = format!("{}/e2b", gw.url);
-    let agent = agent.to_owned();
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python)
-            .args(["-c", AGENT])
-            .env("E2B_API_URL", &e2b)
-            .env("E2B_SANDBOX_URL", &e2b)
-            .env("E2B_API_KEY", agent)
-            .env_remove("E2B_DOMAIN")
-            .env_remove("E2B_DEBUG")
-            .output()
-            .unwrap()
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the agent failed:\n{stdout}\n{stderr}"
-    );
-    serde_json::from_str(stdout.lines().last().unwrap_or_default())
-        .unwrap_or_else(|err| panic!("{err}: {stdout}\n{stderr}"))
+    common::e2b_agent(AGENT, &gw.url, agent, &[]).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -38,6 +38,7 @@ pub async fn checkpoint(docker: &Docker, name: &str, image: &Path) -> Result<(),
         docker.create_checkpoint(name, options),
     )
     .await?;
+    sweep_containerd_copies(Path::new(CONTAINERD_TMP), CONTAINERD_COPY_AGE);
     restrict(image).map_err(|err| io_error("restrict the checkpoint image", &err))
 }
 
@@ -116,11 +117,45 @@ pub async fn restore(
                 "sandbox restored from its checkpoint"
             );
             sandbox.watch_oom().await;
+            sweep_containerd_copies(Path::new(CONTAINERD_TMP), CONTAINERD_COPY_AGE);
             Ok(sandbox)
         }
         Err(err) => {
             Box::new(sandbox).discard().await;
             Err(err)
+        }
+    }
+}
+
+/// Where dockerd 20.10's containerd copies a checkpoint it restores (its `TMPDIR`).
+const CONTAINERD_TMP: &str = "/tmp";
+/// A copy older than this is no restore's in progress (a restore takes seconds).
+const CONTAINERD_COPY_AGE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Removes the copies of restored checkpoints containerd leaves behind: each restore leaves
+/// a `ctrd-checkpoint<N>` directory holding the whole image (18 MB for a pandas session, seen
+/// here with dockerd 20.10), never removed, so refilling the pool by restore would fill the
+/// disk. Only directories of that name older than `age` are removed; failures are logged.
+fn sweep_containerd_copies(tmp: &Path, age: std::time::Duration) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().starts_with("ctrd-checkpoint") {
+            continue;
+        }
+        let old = entry
+            .metadata()
+            .and_then(|meta| meta.modified())
+            .ok()
+            .and_then(|at| at.elapsed().ok())
+            .is_some_and(|elapsed| elapsed > age);
+        let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+        if old && is_dir {
+            if let Err(err) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(path = %entry.path().display(), error = %err, "containerd's copy of a restored checkpoint not removed");
+            }
         }
     }
 }
@@ -219,6 +254,21 @@ fn io_error(operation: &'static str, err: &std::io::Error) -> RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_old_containerd_copies_are_swept() {
+        let tmp = tempfile::tempdir().unwrap();
+        let old = tmp.path().join("ctrd-checkpoint1");
+        let other = tmp.path().join("other-dir");
+        std::fs::create_dir(&old).unwrap();
+        std::fs::write(old.join("checkpoint.img"), b"x").unwrap();
+        std::fs::create_dir(&other).unwrap();
+        sweep_containerd_copies(tmp.path(), std::time::Duration::from_secs(3600));
+        assert!(old.exists(), "a recent copy may be a restore in progress");
+        sweep_containerd_copies(tmp.path(), std::time::Duration::ZERO);
+        assert!(!old.exists());
+        assert!(other.exists(), "nothing else is touched");
+    }
 
     #[test]
     fn an_image_path_splits_into_dockerds_directory_and_checkpoint_id() {
