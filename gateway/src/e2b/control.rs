@@ -408,6 +408,21 @@ fn later_end(live: &Live, e2b: &E2bSandboxRow, session: &SessionRow, secs: u64) 
     capped_end(session, current.max(Utc::now() + seconds(secs)))
 }
 
+/// Refuses E2B's filesystem-only mode (`memory: false`): sandgate `does` a sandbox with its
+/// memory only.
+fn memory_only(memory: Option<bool>, does: &str) -> Result<(), E2bError> {
+    if memory == Some(false) {
+        return Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            format!(
+                "sandgate {does} a sandbox with its memory only (mode \"filesystem\" is not \
+                 supported; docs/e2b.md)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// `POST /sandboxes/{id}/pause` (the SDK's `pause()`): sandgate's pause of the session (its
 /// sandbox checkpointed, no container left); 409 when already paused, as E2B answers. A paused
 /// sandbox waits for its connect: its end moves to the session's own end.
@@ -420,13 +435,7 @@ pub async fn pause(
 ) -> Result<Response, E2bError> {
     let key = api_caller(&app, &parts).await?;
     let request: PauseRequest = optional_body(&body)?;
-    if request.memory == Some(false) {
-        return Err(E2bError::new(
-            StatusCode::BAD_REQUEST,
-            "sandgate pauses a sandbox with its memory only (mode \"filesystem\" is not \
-             supported; docs/e2b.md)",
-        ));
-    }
+    memory_only(request.memory, "pauses")?;
     let (_, session) = open_sandbox(&app, &key, &id).await?;
     if session.is(SessionStatus::PendingApproval) {
         return Err(held(&session));
@@ -453,13 +462,7 @@ pub async fn snapshot(
 ) -> Result<Response, E2bError> {
     let key = api_caller(&app, &parts).await?;
     let request: SnapshotRequest = optional_body(&body)?;
-    if request.memory == Some(false) {
-        return Err(E2bError::new(
-            StatusCode::BAD_REQUEST,
-            "sandgate snapshots a sandbox with its memory only (mode \"filesystem\" is not \
-             supported; docs/e2b.md)",
-        ));
-    }
+    memory_only(request.memory, "snapshots")?;
     open_sandbox(&app, &key, &id).await?;
     let snapshot = app.create_snapshot(&key, &id).await?;
     let answer = SnapshotInfo {
