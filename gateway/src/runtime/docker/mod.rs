@@ -6,6 +6,7 @@
 mod body;
 mod call;
 mod checkpoint;
+mod context;
 pub mod cleanup;
 mod oom;
 mod procs;
