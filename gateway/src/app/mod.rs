@@ -2,6 +2,7 @@
 //! policy engine, the audit store and the runtime, in that order.
 
 pub mod approvals;
+pub mod contexts;
 mod approved;
 pub mod executions;
 pub mod floor;

@@ -74,6 +74,7 @@ pub async fn create(
             template: Some(request.template_id.clone()),
             allow_internet_access: request.allow_internet_access,
             call: None,
+            context: None,
         }),
         from_snapshot,
         ..SessionRequest::default()
