@@ -175,7 +175,9 @@ impl App {
         context: &str,
     ) -> Result<SessionRunner, AppError> {
         let open = self.context_session(caller, id).await?;
-        open.contexts.runner(context).ok_or_else(|| not_found(context))
+        open.contexts
+            .runner(context)
+            .ok_or_else(|| not_found(context))
     }
 
     /// Starts a new context in the session: at most [`MAX_CONTEXTS`]; 409 while a cell runs.

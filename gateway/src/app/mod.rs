@@ -2,8 +2,8 @@
 //! policy engine, the audit store and the runtime, in that order.
 
 pub mod approvals;
-pub mod contexts;
 mod approved;
+pub mod contexts;
 pub mod executions;
 pub mod floor;
 mod forks;

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 
 use policy_engine::RequestedLimits;
 
+use super::contexts::Taken;
 use super::floor::Runnable;
 use super::pipeline::{Ask, InSession, Outcome, Subject};
 use super::reaper::LiveGuard;
-use super::contexts::Taken;
 use super::request::{ExecutionRequest, MAX_CODE_BYTES};
 use super::sessions::{Held, SessionExecutionRequest};
 use super::subjects::ExecutionRecord;

@@ -578,6 +578,7 @@ fn sandbox_answer(e2b: &E2bSandboxRow, token: String) -> Sandbox {
         sandbox_id: e2b.session_id.clone(),
         client_id: CLIENT_ID.to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
+        traffic_access_token: token.clone(),
         envd_access_token: token,
         domain: None,
     }

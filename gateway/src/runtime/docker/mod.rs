@@ -6,8 +6,8 @@
 mod body;
 mod call;
 mod checkpoint;
-mod context;
 pub mod cleanup;
+mod context;
 mod oom;
 mod procs;
 mod run;

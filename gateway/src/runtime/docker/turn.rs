@@ -47,7 +47,9 @@ pub(super) trait TurnIo: Send {
     /// Ends it: the runner did not answer within the grace after an interrupt.
     fn kill(&mut self) -> impl std::future::Future<Output = ()> + Send;
     /// The output ended under a turn: how.
-    fn ended(&mut self) -> impl std::future::Future<Output = Result<TurnEnding, RuntimeError>> + Send;
+    fn ended(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<TurnEnding, RuntimeError>> + Send;
 }
 
 impl TurnIo for DockerSandbox {
@@ -141,7 +143,9 @@ async fn report(sandbox: &mut impl TurnIo) -> Vec<String> {
 
 /// Asks the init for its report; `None` when it did not answer in time (or its output ended:
 /// then `ended` holds what its stderr said meanwhile).
-pub(super) async fn asked_report(sandbox: &mut impl TurnIo) -> Option<sandbox_protocol::InitReport> {
+pub(super) async fn asked_report(
+    sandbox: &mut impl TurnIo,
+) -> Option<sandbox_protocol::InitReport> {
     let nonce = nonce();
     let request = Job {
         argv: vec![REPORT_REQUEST.to_owned()],
