@@ -44,6 +44,7 @@ mod cli;
 mod cli_cancel;
 mod dashboards;
 mod e2b;
+mod e2b_contexts;
 mod e2b_files;
 mod e2b_processes;
 mod e2b_tenancy;
