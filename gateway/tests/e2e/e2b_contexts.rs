@@ -100,6 +100,7 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
     .await;
     let agent = gw.key("agent", "acme").await;
     let said = common::e2b_agent(AGENT, &gw.url, &agent, &[]).await;
+    eprintln!("the agent saw: {said:#}");
     let id = said["id"].as_str().unwrap().to_owned();
     let (a, b) = (
         said["ids"][0].as_str().unwrap().to_owned(),
@@ -112,7 +113,7 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
     );
     assert_eq!(
         said["values"],
-        serde_json::json!(["'in a'", "'in b'", "'default'"]),
+        serde_json::json!(["in a", "in b", "default"]),
         "each context keeps its own variables"
     );
     let pids: Vec<&str> = said["pids"]
@@ -125,13 +126,19 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
         pids[0] != pids[1] && pids[1] != pids[2] && pids[0] != pids[2],
         "three interpreters: {pids:?}"
     );
-    assert_eq!(said["cwds"], serde_json::json!(["'/home/user'", "'/tmp'"]));
+    assert_eq!(said["cwds"], serde_json::json!(["/home/user", "/tmp"]));
     assert_eq!(
-        said["init_reach"], "'EPERM'",
+        said["init_reach"], "EPERM",
         "a context's runner cannot signal its init"
     );
     assert_eq!(said["uid"], "65534");
-    assert_eq!(said["stream"], serde_json::json!(["one\n", "two\n"]));
+    let streamed: String = said["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| line.as_str().unwrap())
+        .collect();
+    assert_eq!(streamed, "one\ntwo\n", "a context's cell streams its stdout");
     assert_eq!(said["bash"], serde_json::json!(["hi from /tmp\n"]));
     assert_eq!(said["bash_error"], "exit status 3");
 
