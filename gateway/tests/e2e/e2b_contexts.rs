@@ -138,7 +138,10 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
         .iter()
         .map(|line| line.as_str().unwrap())
         .collect();
-    assert_eq!(streamed, "one\ntwo\n", "a context's cell streams its stdout");
+    assert_eq!(
+        streamed, "one\ntwo\n",
+        "a context's cell streams its stdout"
+    );
     assert_eq!(said["bash"], serde_json::json!(["hi from /tmp\n"]));
     assert_eq!(said["bash_error"], "exit status 3");
 
