@@ -134,3 +134,61 @@ async fn allow_internet_access_true_reaches_at_most_the_policy_grant_false_nothi
     pool.close().await;
     gw.stop().await;
 }
+
+/// A policy that grants every E2B sandbox its tenant's allowlist, whatever it asks.
+const E2B_GRANT_ALWAYS: &str = r#"network_part := {"require_approval": false, "reasons": [], "network": e2b_grant} if {
+	input.request.kind == "session"
+	input.request.e2b
+} else := {"require_approval": false, "reasons": []} if {
+	input.request.network == []
+}"#;
+
+const AGENT_FALSE: &str = r#"
+import json
+from e2b import Sandbox, SandboxException
+out = {}
+try:
+    sbx = Sandbox.create(template="base", allow_internet_access=False, timeout=60)
+    out["false"] = "created " + sbx.sandbox_id
+    sbx.kill()
+except SandboxException as e:
+    out["false"] = str(e)
+sbx = Sandbox.create(template="base", allow_internet_access=True, timeout=60)
+out["true"] = sbx.sandbox_id
+sbx.kill()
+print(json.dumps(out))
+"#;
+
+/// `false` is the gateway's to keep, not only the policy's: a decision that grants network to
+/// a sandbox asking `allow_internet_access: false` is refused (403) and its session closed.
+#[tokio::test(flavor = "multi_thread")]
+async fn allow_internet_access_false_refuses_a_policy_that_grants_network_anyway() {
+    common::require_docker();
+    let policies = bundle_with_test_tenant(&[("files.test", 8080)]);
+    let rego = policies.path().join("execution.rego");
+    let text = std::fs::read_to_string(&rego).unwrap();
+    let shipped = "network_part := {\"require_approval\": false, \"reasons\": []} if {\n\tinput.request.network == []\n}";
+    let text = text.replace(shipped, E2B_GRANT_ALWAYS) + E2B_GRANT_RULE;
+    std::fs::write(&rego, text).unwrap();
+    let gw = gateway_with(policies.path(), &[("files.test", UPSTREAM)]).await;
+    let agent = gw.key("agent", "nettest").await;
+    let said = common::e2b_agent(AGENT_FALSE, &gw.url, &agent, &[]).await;
+    let refused = said["false"].as_str().unwrap();
+    assert!(
+        refused.contains("403") && refused.contains("allow_internet_access is false"),
+        "{refused}"
+    );
+    assert!(said["true"].as_str().unwrap().starts_with("ss_"), "{said}");
+    let pool = gw.pool().await;
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM sessions WHERE status <> 'closed' AND decision -> 'network' IS NOT NULL \
+         AND id <> $1",
+    )
+    .bind(said["true"].as_str().unwrap())
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "the refused sandbox's session is closed");
+    pool.close().await;
+    gw.stop().await;
+}
