@@ -46,6 +46,7 @@ mod dashboards;
 mod e2b;
 mod e2b_contexts;
 mod e2b_files;
+mod e2b_js;
 mod e2b_network;
 mod e2b_processes;
 mod e2b_tenancy;
