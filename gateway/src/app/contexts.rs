@@ -110,6 +110,23 @@ impl Contexts {
         self.lock().get(id).map(|entry| entry.info.runner)
     }
 
+    /// Ends the running ones, kept as ended (`why`) until restarted: a pause checkpoints the
+    /// session's runner only.
+    pub(super) async fn end_all(&self, why: &str) {
+        let running: Vec<_> = self
+            .lock()
+            .values_mut()
+            .filter_map(|entry| {
+                let running = entry.running.take()?;
+                entry.ended = Some(why.to_owned());
+                Some(running)
+            })
+            .collect();
+        for context in running {
+            context.close().await;
+        }
+    }
+
     /// Ends them all (the session closes).
     pub(super) async fn close_all(&self) {
         let all: Vec<_> = std::mem::take(&mut *self.lock())
