@@ -153,9 +153,9 @@ pub enum Mode {
     /// `pool [python [MODULE...]]`: be PID 1 of a pooled sandbox, waiting for its job
     /// ([`pool`]).
     Pool(pool::Runner),
-    /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
-    /// ([`session`]).
-    /// `context`: an extra code context beside PID 1 (`sandbox_protocol::SESSION_CONTEXT`).
+    /// `session python|bash [context]`: be PID 1 of a session sandbox, serving many turns (with
+    /// `context`: an extra code context's init beside PID 1, started by `docker exec` as root)
+    /// ([`session`], `sandbox_protocol::SESSION_CONTEXT`).
     Session {
         runner: session::Runner,
         context: bool,
@@ -223,7 +223,7 @@ pub enum InitError {
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
-    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash` or `exec -- PROGRAM [ARG...]`")]
+    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash [context]` or `exec -- PROGRAM [ARG...]`")]
     Args,
     #[error(transparent)]
     Pool(pool::PoolError),
