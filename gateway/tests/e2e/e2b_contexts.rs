@@ -256,3 +256,96 @@ async fn recorded(gw: &TestGateway, id: &str, a: &str) {
     );
     pool.close().await;
 }
+
+/// A cell past its deadline in a context, then in the default context.
+const TIMEOUT_AGENT: &str = r#"
+import json
+from e2b_code_interpreter import Sandbox
+
+def err(f):
+    try:
+        f()
+        return "no error"
+    except Exception as e:
+        return type(e).__name__ + ": " + str(e)
+
+out = {}
+sbx = Sandbox.create(timeout=120)
+out["id"] = sbx.sandbox_id
+c = sbx.create_code_context()
+sbx.run_code("kept = 1", context=c)
+e = sbx.run_code("import time\ntime.sleep(30)", context=c).error
+out["timed_out"] = [e.name, e.value] if e else None
+out["after"] = err(lambda: sbx.run_code("kept", context=c))
+out["listed"] = [x.id for x in sbx.list_code_contexts()] == ["default", c.id]
+sbx.restart_code_context(c)
+out["restarted"] = [sbx.run_code("2", context=c).text,
+                    sbx.run_code("kept", context=c).error.name]
+sbx.run_code("default_kept = 3")
+e = sbx.run_code("import time\ntime.sleep(30)").error
+out["default_timed_out"] = e.value if e else None
+out["default_after"] = sbx.run_code("default_kept").text
+sbx.kill()
+print(json.dumps(out))
+"#;
+
+/// A deadline cannot interrupt a context's cell (its init is out of everyone's reach but the
+/// gateway's exec): it ends the context, recorded `timeout`; the context answers "ended" until
+/// restarted, the sandbox and its default context go on.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_timed_out_cell_ends_its_context_until_restarted() {
+    common::require_docker();
+    let policies = common::copy_of_shipped();
+    // A tenant as acme, with a 4 s deadline (the bundle's own tests keep acme's).
+    let tenants = policies.path().join("data/tenants.yaml");
+    let mut data: serde_yaml_ng::Value =
+        serde_yaml_ng::from_str(&std::fs::read_to_string(&tenants).unwrap()).unwrap();
+    let mut tenant = data["tenants"]["acme"].clone();
+    tenant["limits"]["timeout_ms"] = serde_yaml_ng::Value::from(4000);
+    data["tenants"]["ctxtest"] = tenant;
+    std::fs::write(&tenants, serde_yaml_ng::to_string(&data).unwrap()).unwrap();
+    let policy_dir = policies.path().to_owned();
+    let gw = TestGateway::start_with(Some(common::fresh_database().await), move |config| {
+        config.policy_dir = policy_dir;
+    })
+    .await;
+    let agent = gw.key("agent", "ctxtest").await;
+    let said = common::e2b_agent(TIMEOUT_AGENT, &gw.url, &agent, &[]).await;
+    eprintln!("the agent saw: {said:#}");
+    assert!(said["timed_out"].is_array(), "{said}");
+    let after = said["after"].as_str().unwrap();
+    assert!(
+        after.contains("409") && after.contains("ended") && after.contains("restart_code_context"),
+        "{after}"
+    );
+    assert_eq!(said["listed"], true);
+    assert_eq!(said["restarted"], serde_json::json!(["2", "NameError"]));
+    assert!(said["default_timed_out"].is_string(), "{said}");
+    assert_eq!(
+        said["default_after"], "3",
+        "the default context is interrupted and goes on"
+    );
+    let pool = gw.pool().await;
+    let statuses: Vec<String> = sqlx::query_scalar(
+        "SELECT status FROM executions WHERE session_id = $1 ORDER BY created_at",
+    )
+    .bind(said["id"].as_str().unwrap())
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        statuses,
+        [
+            "succeeded",
+            "timeout",
+            "succeeded",
+            "failed",
+            "succeeded",
+            "timeout",
+            "succeeded"
+        ],
+        "the refused cell after the end left no record"
+    );
+    pool.close().await;
+    gw.stop().await;
+}
