@@ -58,6 +58,8 @@ out["bash_error"] = sbx.run_code("(exit 3)", context=sh).error.value
 
 out["listed"] = [[c.id, c.language, c.cwd] for c in sbx.list_code_contexts()]
 
+# A cwd the sandbox cannot enter: refused with the init's words, and not counted.
+out["bad_cwd"] = err(lambda: sbx.create_code_context(cwd="/nonexistent/dir"))
 # At most four besides the default one.
 d = sbx.create_code_context()
 out["fifth"] = err(lambda: sbx.create_code_context())
@@ -152,6 +154,11 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
         serde_json::json!(["default", "python", "/home/user"])
     );
     assert_eq!(listed[3][1], "bash");
+    let bad_cwd = said["bad_cwd"].as_str().unwrap();
+    assert!(
+        bad_cwd.contains("400") && bad_cwd.contains("/nonexistent/dir"),
+        "{bad_cwd}"
+    );
     let fifth = said["fifth"].as_str().unwrap();
     assert!(
         fifth.contains("429") && fifth.contains("has 4 code contexts already"),

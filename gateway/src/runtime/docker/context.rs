@@ -12,6 +12,7 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::Docker;
 use futures_util::{FutureExt, StreamExt};
+use sandbox_protocol::{ExitTrailer, REPORT_REQUEST};
 use tokio::io::AsyncWriteExt;
 
 use super::call::bounded;
@@ -20,6 +21,9 @@ use super::turn::{self, TurnIo};
 use crate::runtime::{
     CodeContext, Ending, Job, RunControl, RuntimeError, SessionRunner, TurnEnding, TurnRan,
 };
+
+/// How long a new context's init has to answer.
+const READY_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Who the context's init starts as: root, with the container's two capabilities
 /// (`CAP_SETUID`, `CAP_SETGID`), which it gives up at once for the init's identity.
@@ -87,39 +91,60 @@ pub(super) async fn open(
         output,
     };
     job.exit_nonce = Some(turn::nonce());
-    turn::write_line(&mut context, &job).await?;
-    if turn::asked_report(&mut context).await.is_none() {
-        let said = context.last_words().await;
-        return Err(RuntimeError::Docker {
+    let opened = turn::write_line(&mut context, &job).await;
+    drop(job);
+    match context.ready(opened.is_ok()).await {
+        Ok(()) => Ok(context),
+        Err(said) => Err(RuntimeError::Docker {
             operation: "open the code context",
             message: said,
-        });
+        }),
     }
-    Ok(context)
 }
 
 impl DockerContext {
-    /// Closes its stdin (the init then kills its runner and exits) and gathers what its
-    /// stderr still says, for an opening that failed.
-    async fn last_words(&mut self) -> String {
-        let _ = self.input.shutdown().await;
+    /// Asks the init for its report (`sandbox_protocol::REPORT_REQUEST`) and waits for its
+    /// answer: it then runs its runner. An init that failed (a cwd it cannot enter) says why
+    /// on stderr and ends: that is the error, in its words.
+    async fn ready(&mut self, opened: bool) -> Result<(), String> {
+        let nonce = turn::nonce();
+        let request = Job {
+            argv: vec![REPORT_REQUEST.to_owned()],
+            cwd: None,
+            env: None,
+            files: Vec::new(),
+            proxy: None,
+            exit_nonce: Some(nonce.clone()),
+        };
+        let asked = opened && turn::write_line(self, &request).await.is_ok();
+        let mut trailer = ExitTrailer::new(&nonce);
         let mut said = Vec::new();
-        let drained = async {
+        let answer = async {
             while let Some(Ok(frame)) = self.output.next().await {
                 if let LogOutput::StdErr { message } = frame {
-                    said.extend_from_slice(&message);
+                    said.extend(trailer.feed(&message));
+                    if trailer.code().is_some() {
+                        return true;
+                    }
                 }
             }
+            false
         };
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), drained).await;
+        let answered = tokio::time::timeout(READY_WAIT, answer)
+            .await
+            .unwrap_or(false);
+        if asked && answered {
+            return Ok(());
+        }
+        let _ = self.input.shutdown().await;
         // The init's own lines, without its trailer (from its NUL on).
         let text = said.split(|byte| *byte == 0).next().unwrap_or_default();
         let text = String::from_utf8_lossy(text).trim().to_owned();
-        if text.is_empty() {
-            "the context's init ended without answering".to_owned()
+        Err(if text.is_empty() {
+            "the context's init did not answer".to_owned()
         } else {
             text
-        }
+        })
     }
 }
 

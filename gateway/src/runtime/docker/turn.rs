@@ -135,17 +135,6 @@ pub(super) async fn write_line(
 /// and waits for its answer, an exit trailer for a fresh nonce on stderr. What else the
 /// sandbox prints meanwhile belongs to no turn and is dropped. No answer in time: nothing.
 async fn report(sandbox: &mut impl TurnIo) -> Vec<String> {
-    asked_report(sandbox)
-        .await
-        .map(|report| report.special_files)
-        .unwrap_or_default()
-}
-
-/// Asks the init for its report; `None` when it did not answer in time (or its output ended:
-/// then `ended` holds what its stderr said meanwhile).
-pub(super) async fn asked_report(
-    sandbox: &mut impl TurnIo,
-) -> Option<sandbox_protocol::InitReport> {
     let nonce = nonce();
     let request = Job {
         argv: vec![REPORT_REQUEST.to_owned()],
@@ -157,7 +146,7 @@ pub(super) async fn asked_report(
     };
     if let Err(err) = write_line(sandbox, &request).await {
         tracing::warn!(container = %sandbox.label(), error = %err, "asking the session's init for its report failed");
-        return None;
+        return Vec::new();
     }
     let mut trailer = ExitTrailer::new(&nonce);
     let output = sandbox.output();
@@ -174,7 +163,7 @@ pub(super) async fn asked_report(
     if tokio::time::timeout(REPORT_WAIT, answer).await.is_err() {
         tracing::warn!(container = %sandbox.label(), "the session's init did not answer its report request");
     }
-    trailer.code().map(|_| trailer.report().clone())
+    trailer.report().special_files.clone()
 }
 
 /// Why the turn was interrupted.
