@@ -46,6 +46,23 @@ out["init_reach"] = sbx.run_code(
     "import os\ntry:\n    os.kill(os.getppid(), 9)\n    r = 'signalled'\n"
     "except PermissionError:\n    r = 'EPERM'\nr", context=a).text
 out["uid"] = sbx.run_code("import os; os.getuid()", context=a).text
+# Its init's memory and descriptors (its stdin carries the turns' nonces) are closed to it,
+# as PID 1's are to the default context's runner.
+PROBE = """
+import os
+def probe(pid):
+    out = []
+    for path in ("/proc/%d/mem" % pid, "/proc/%d/fd/0" % pid, "/proc/%d/environ" % pid):
+        try:
+            with open(path, "rb") as f:
+                f.read(1)
+            out.append("read")
+        except OSError as err:
+            out.append(type(err).__name__)
+    return out
+"""
+out["init_files"] = sbx.run_code(PROBE + "str(probe(os.getppid()))", context=a).text
+out["pid1_files"] = sbx.run_code(PROBE + "str(probe(1))").text
 out["stream"] = []
 sbx.run_code("print('one'); print('two')", context=b,
              on_stdout=lambda m: out["stream"].append(m.line))
@@ -134,6 +151,13 @@ async fn e2b_contexts_are_separate_interpreters_each_cell_recorded() {
         "a context's runner cannot signal its init"
     );
     assert_eq!(said["uid"], "65534");
+    // Memory and stdin closed; `environ` (the container's environment, no secret in it) is
+    // readable under gVisor for PID 1 as for a context's init.
+    assert_eq!(
+        said["init_files"], "['PermissionError', 'PermissionError', 'read']",
+        "a context's init's memory and stdin are closed to its runner: {said}"
+    );
+    assert_eq!(said["init_files"], said["pid1_files"], "as PID 1 is");
     let streamed: String = said["stream"]
         .as_array()
         .unwrap()
@@ -236,13 +260,14 @@ async fn recorded(gw: &TestGateway, id: &str, a: &str) {
         .iter()
         .find(|(context, _)| context.as_deref() == Some(a))
         .map(|(_, n)| *n);
-    // x=, x, pid, cwd, init_reach, uid; after the restart: x, y=; y from the other sandbox's turn.
-    assert_eq!(in_a, Some(9), "{by_context:?}");
+    // x=, x, pid, cwd, init_reach, uid, probe; after the restart: x, y=; y after the other
+    // sandbox's refused calls.
+    assert_eq!(in_a, Some(10), "{by_context:?}");
     let default = by_context
         .iter()
         .find(|(context, _)| context.is_none())
         .map(|(_, n)| *n);
-    assert_eq!(default, Some(3), "{by_context:?}");
+    assert_eq!(default, Some(4), "{by_context:?}");
     let languages: Vec<(String, String)> = sqlx::query_as(
         "SELECT e.language, e.status FROM audit_events a JOIN executions e \
          ON e.id = a.execution_id WHERE e.session_id = $1 AND a.kind = 'execution.decision' \
