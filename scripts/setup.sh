@@ -29,6 +29,10 @@ readonly PACKAGES=(
 # itself is imported from clients/python/src, so it is never stale.
 readonly PY_VENV=${SANDGATE_PY_VENV:-$ROOT/target/py}
 readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 e2b==2.63.0 e2b-code-interpreter==2.11.5 wheel)
+# E2B's JS SDKs for gateway/tests/e2e/e2b_js.rs, from npm into a project-local directory (the
+# machine's node, 18 or later; none: that test says so and fails).
+readonly JS_DIR=${SANDGATE_JS_DIR:-$ROOT/target/js}
+readonly JS_PACKAGES=(e2b@2.51.0 @e2b/code-interpreter@2.8.0)
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.
 readonly RUNSC_ARGS=(--network=none --host-uds=open)
@@ -206,6 +210,22 @@ python_env() {
     log "python test environment made ($PY_VENV: ${PY_PACKAGES[*]})"
 }
 
+js_env() {
+    if ! command -v npm >/dev/null 2>&1; then
+        log "no npm: skipping E2B's JS SDKs (gateway/tests/e2e/e2b_js.rs needs them: apt-get install nodejs npm)"
+        return
+    fi
+    if [[ -f $JS_DIR/node_modules/e2b/package.json && -f $JS_DIR/node_modules/@e2b/code-interpreter/package.json ]] \
+        && grep -q '"version": "2.51.0"' "$JS_DIR/node_modules/e2b/package.json"; then
+        log "JS test environment ready ($JS_DIR)"
+        return
+    fi
+    mkdir -p "$JS_DIR"
+    npm install --prefix "$JS_DIR" --no-audit --no-fund --save-exact "${JS_PACKAGES[@]}" >>"$APT_LOG" 2>&1 \
+        || die "npm install ${JS_PACKAGES[*]} into $JS_DIR failed; read $APT_LOG"
+    log "JS test environment made ($JS_DIR: ${JS_PACKAGES[*]})"
+}
+
 main() {
     require_root
     local start=$SECONDS
@@ -222,6 +242,7 @@ main() {
     smoke_test
     check_postgres
     python_env
+    js_env
     log "done in $((SECONDS - start))s"
 }
 

@@ -153,9 +153,13 @@ pub enum Mode {
     /// `pool [python [MODULE...]]`: be PID 1 of a pooled sandbox, waiting for its job
     /// ([`pool`]).
     Pool(pool::Runner),
-    /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
-    /// ([`session`]).
-    Session(session::Runner),
+    /// `session python|bash [context]`: be PID 1 of a session sandbox, serving many turns (with
+    /// `context`: an extra code context's init beside PID 1, started by `docker exec` as root)
+    /// ([`session`], `sandbox_protocol::SESSION_CONTEXT`).
+    Session {
+        runner: session::Runner,
+        context: bool,
+    },
     /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
     /// init, see [`identity`]).
     Exec { apart: bool, argv: Vec<OsString> },
@@ -178,7 +182,7 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
             pool::Runner::parse(args).map(Mode::Pool)
         }
         Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
-            session::Runner::parse(args).map(Mode::Session)
+            session::Runner::parse(args).map(|(runner, context)| Mode::Session { runner, context })
         }
         Some(mode) if mode == EXEC_MODE => {
             let apart = match args.next() {
@@ -219,7 +223,7 @@ pub enum InitError {
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
-    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash` or `exec -- PROGRAM [ARG...]`")]
+    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash [context]` or `exec -- PROGRAM [ARG...]`")]
     Args,
     #[error(transparent)]
     Pool(pool::PoolError),
@@ -306,16 +310,21 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
 }
 
 /// Serves a session (`session python|bash`, see [`session`]).
-pub fn run_session(runner: session::Runner, end: &mut End) -> Result<u8, InitError> {
-    let supervisor = guarded()?;
+pub fn run_session(runner: session::Runner, context: bool, end: &mut End) -> Result<u8, InitError> {
+    let supervisor = guarded_as(context)?;
     session::run(&supervisor, runner, &mut end.nonce)
 }
 
 /// The first steps of every init mode.
 fn guarded() -> Result<Supervisor, InitError> {
+    guarded_as(false)
+}
+
+/// [`guarded`], for PID 1 or (`context`) an extra context's init beside it.
+fn guarded_as(context: bool) -> Result<Supervisor, InitError> {
     // First of all: the init's own uid, which the program will not have (see `identity`).
     // Changing ids resets dumpability, so this comes before the next step.
-    identity::settle().map_err(InitError::Identity)?;
+    identity::settle(context).map_err(InitError::Identity)?;
     // Before anything secret is read: the program must not read this process's memory or file
     // descriptors through /proc or ptrace (its uid differs from the init's real uid already;
     // this also holds where the init keeps the program's uid, outside a sandbox).

@@ -11,7 +11,9 @@ fn main() -> ExitCode {
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
             Mode::Init => sandbox_init::run(None, &mut end),
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut end),
-            Mode::Session(runner) => sandbox_init::run_session(runner, &mut end),
+            Mode::Session { runner, context } => {
+                sandbox_init::run_session(runner, context, &mut end)
+            }
             Mode::Attach { argv } => sandbox_init::attach::attach(&argv).map_err(InitError::Attach),
             Mode::Signal { tag, signal } => {
                 sandbox_init::attach::signal(&tag, signal).map_err(InitError::Attach)

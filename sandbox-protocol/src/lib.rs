@@ -47,7 +47,7 @@ pub use session::{
     bash_turn, end_marker, parse_report, python_cell, runner_report, turn_end_marker, EndMarker,
     RichResult, RichResults, RunnerReport, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
     MAX_REPORT_LINE, MAX_RESULTS_BYTES, MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
-    REPORT_REQUEST, SESSION_BASH, SESSION_MODE, SESSION_PYTHON,
+    REPORT_REQUEST, SESSION_BASH, SESSION_CONTEXT, SESSION_MODE, SESSION_PYTHON,
 };
 pub use trailer::{
     exit_trailer, ExitTrailer, InitReport, EXIT_TRAILER_PREFIX, MAX_REPORT_BYTES, MAX_SPECIAL_FILES,

@@ -3,6 +3,7 @@
 
 pub mod approvals;
 mod approved;
+pub mod contexts;
 pub mod executions;
 pub mod floor;
 mod forks;

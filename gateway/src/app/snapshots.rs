@@ -216,6 +216,8 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(not_open(row));
         };
+        // The checkpoint keeps the session's runner only: its code contexts end here.
+        open.contexts.end_all("the sandbox was paused").await;
         let started = std::time::Instant::now();
         let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
         let (sha256, bytes) = checkpoint_complete(held, &image, &self.instance)

@@ -74,6 +74,7 @@ pub async fn create(
             template: Some(request.template_id.clone()),
             allow_internet_access: request.allow_internet_access,
             call: None,
+            context: None,
         }),
         from_snapshot,
         ..SessionRequest::default()
@@ -577,6 +578,7 @@ fn sandbox_answer(e2b: &E2bSandboxRow, token: String) -> Sandbox {
         sandbox_id: e2b.session_id.clone(),
         client_id: CLIENT_ID.to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
+        traffic_access_token: token.clone(),
         envd_access_token: token,
         domain: None,
     }

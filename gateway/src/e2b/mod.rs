@@ -65,7 +65,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/files", get(files::download).post(files::upload))
         .route("/execute", post(interpreter::execute))
         .route("/contexts", any(interpreter::contexts))
-        .route("/contexts/{*rest}", any(interpreter::contexts))
+        .route("/contexts/{*rest}", any(interpreter::context))
         .fallback(control::no_such_route)
         .layer(Extension(Arc::new(live::Live::default())))
 }

@@ -91,6 +91,11 @@ pub struct Sandbox {
     pub envd_version: String,
     #[serde(rename = "envdAccessToken")]
     pub envd_access_token: String,
+    /// The same token again: the code interpreter SDK sends no `X-Access-Token` on its
+    /// `/contexts` calls, only this one (as `E2B-Traffic-Access-Token`), so the interpreter's
+    /// routes take it there too (`envd::reach_interpreter`).
+    #[serde(rename = "trafficAccessToken")]
+    pub traffic_access_token: String,
     /// `null`: the SDK then reaches envd through `E2B_SANDBOX_URL`.
     pub domain: Option<String>,
 }

@@ -7,6 +7,7 @@ mod body;
 mod call;
 mod checkpoint;
 pub mod cleanup;
+mod context;
 mod oom;
 mod procs;
 mod run;
