@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 
 use policy_engine::Reason;
 
-use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
+use super::policy::{ActivePolicy, Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, Outcome, ReplayReport};
 use super::{App, AppError};
@@ -167,7 +167,7 @@ impl App {
         let active = self.policy.current();
         let base = active.state.revision().to_owned();
         let (candidate, evidence) = self
-            .evidence(&active.state, &draft.patch, draft.window)
+            .evidence(&active, &draft.patch, draft.window)
             .await?;
         let tests_passed = candidate.tests.passed;
         let row = ProposalRow {
@@ -269,19 +269,26 @@ impl App {
     /// The candidate of `patch` on `state` and its evidence: tests and a replay of `window`.
     async fn evidence(
         &self,
-        state: &PolicyState,
+        active: &Arc<ActivePolicy>,
         patch: &Map<String, Value>,
         window: Window,
     ) -> Result<(Candidate, Value), AppError> {
-        let candidate = self.candidate(state, patch, false).await?;
+        let candidate = self.candidate(&active.state, patch, false).await?;
         let since = crate::ids::now_micros() - chrono::Duration::days(i64::from(window.days));
         let recent = self
             .audit
             .execution_decisions_recent(since, window.limit)
             .await?;
         let truncated = recent.truncated;
+        let active = Arc::clone(active);
         let (candidate, report) = tokio::task::spawn_blocking(move || {
-            let report = replay::replay(&candidate.engine, &recent.decisions);
+            let report = match &active.state {
+                PolicyState::Loaded(base) => {
+                    replay::replay_between(base, &candidate.engine, &recent.decisions)
+                }
+                // `candidate` refuses a state without a bundle before this runs.
+                PolicyState::Failed { .. } => ReplayReport::default(),
+            };
             (candidate, report)
         })
         .await
@@ -521,7 +528,7 @@ impl App {
         }
         let active = self.policy.current();
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
-        let (candidate, evidence) = self.evidence(&active.state, &patch, window).await?;
+        let (candidate, evidence) = self.evidence(&active, &patch, window).await?;
         let (old_base, old_candidate) = (row.base_revision.clone(), row.candidate_revision.clone());
         row.base_revision = active.state.revision().to_owned();
         row.candidate_revision = candidate.engine.revision().to_owned();

@@ -292,12 +292,37 @@ fn matches(case: &ChangedCase, rule: FailOn) -> bool {
     }
 }
 
-/// Re-decides every stored input with `candidate`.
+/// Re-decides every stored input with `candidate` and compares with the recorded decision
+/// (`sandgate policy replay`: what the candidate changes against what really happened).
 pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayReport {
+    replay_with(candidate, stored, |past| past.decision.clone())
+}
+
+/// Re-decides every stored input with both `base` and `candidate` and compares the two: exactly
+/// what the change from `base` to `candidate` does to that traffic. A proposal's evidence uses
+/// this, not [`replay`]: a recorded decision was made by whatever revision was active then, so
+/// comparing with it would blame the proposal for every change approved since.
+pub fn replay_between(
+    base: &PolicyEngine,
+    candidate: &PolicyEngine,
+    stored: &[StoredDecision],
+) -> ReplayReport {
+    replay_with(candidate, stored, |past| decided(base, &past.input))
+}
+
+fn decided(engine: &PolicyEngine, input: &Value) -> Value {
+    serde_json::to_value(engine.decide_json(input)).unwrap_or(Value::Null)
+}
+
+fn replay_with(
+    candidate: &PolicyEngine,
+    stored: &[StoredDecision],
+    before: impl Fn(&StoredDecision) -> Value,
+) -> ReplayReport {
     let mut report = ReplayReport::default();
     for past in stored {
         report.total += 1;
-        let after = serde_json::to_value(candidate.decide_json(&past.input)).unwrap_or(Value::Null);
+        let after = decided(candidate, &past.input);
         let reasons = reason_codes(&after);
         if reasons
             .iter()
@@ -305,7 +330,7 @@ pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayRepo
         {
             report.candidate_errors += 1;
         }
-        let changes = compare(&past.decision, &after);
+        let changes = compare(&before(past), &after);
         if changes.is_empty() {
             report.unchanged += 1;
             continue;
