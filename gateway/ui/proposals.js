@@ -9,17 +9,47 @@
 (function (sg) {
   const { $, el, api, errorText, when, table, say } = sg;
 
+  // An example is {kind, id}: an execution opens its detail, a session its own view (the
+  // session and its executions), never an execution lookup that would 404.
   function bucket(name, b) {
     const box = el('div', null, 'bucket');
     box.appendChild(el('strong', name + ': ' + ((b && b.count) || 0)));
-    ((b && b.examples) || []).forEach((id) => {
-      const open = el('button', id, 'link');
+    ((b && b.examples) || []).forEach((example) => {
+      const open = el('button', example.id, 'link');
       open.type = 'button';
-      open.setAttribute('aria-label', 'open execution ' + id);
+      open.dataset.kind = example.kind;
+      open.setAttribute('aria-label', 'open ' + example.kind + ' ' + example.id);
       open.addEventListener('click', async () => {
         const target = $('proposal-execution');
-        target.replaceChildren(await sg.detail.render(id));
+        target.replaceChildren(example.kind === 'session'
+          ? await sessionView(example.id)
+          : await sg.detail.render(example.id));
         target.focus();
+      });
+      box.appendChild(open);
+    });
+    return box;
+  }
+
+  // A session: its state and its executions, each opening its detail.
+  async function sessionView(id) {
+    const box = el('div', null, 'session-view');
+    box.dataset.sessionId = id;
+    const reply = await api('GET', '/v1/sessions/' + encodeURIComponent(id));
+    if (reply.status !== 200) {
+      box.appendChild(el('p', 'session ' + id + ': ' + errorText(reply), 'error'));
+      return box;
+    }
+    const s = reply.data;
+    box.appendChild(el('h3', 'Session ' + s.id));
+    box.appendChild(el('p', 'tenant ' + s.tenant + ', ' + s.language + ', ' + s.status
+      + (s.closed_reason ? ' (' + s.closed_reason + ')' : '') + ', ' + s.executions + ' executions'));
+    const runs = await api('GET', '/v1/executions?limit=100&session=' + encodeURIComponent(id));
+    ((runs.status === 200 && runs.data.executions) || []).forEach((x) => {
+      const open = el('button', x.id + ' (' + x.status + ')', 'link');
+      open.type = 'button';
+      open.addEventListener('click', async () => {
+        box.appendChild(await sg.detail.render(x.id));
       });
       box.appendChild(open);
     });
@@ -52,6 +82,8 @@
     box.appendChild(bucket('deny -> allow', r.deny_to_allow));
     box.appendChild(bucket('review changes', r.review_changes));
     box.appendChild(bucket('limit changes', r.limit_changes));
+    box.appendChild(bucket('grant changes (hosts, inspection, credentials, mounts, backend)',
+      r.grant_changes));
     return box;
   }
 

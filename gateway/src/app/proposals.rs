@@ -24,7 +24,7 @@ use policy_engine::Reason;
 
 use super::policy::{ActivePolicy, Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
 use super::proposal_candidate::{self, Candidate, CandidateError};
-use super::replay::{self, Change, Outcome, ReplayReport};
+use super::replay::{self, Change, ChangedCase, Outcome, ReplayReport};
 use super::{App, AppError};
 use crate::audit::events::{self, proposals as proposal_events, proposals::ReplayCounts};
 use crate::audit::proposals::{OpenCounts, ProposalOrigin, ProposalRow, ProposalStatus};
@@ -85,24 +85,48 @@ impl Default for Window {
     }
 }
 
-/// One replay count with its first examples.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Bucket {
-    pub count: usize,
-    /// Execution ids (or session ids), at most [`MAX_EXAMPLES`].
-    pub examples: Vec<String>,
+/// One example of a bucket: the execution or session whose opening was decided differently.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Example {
+    pub kind: api_types::SubjectKind,
+    pub id: String,
 }
 
-impl Bucket {
-    fn add(&mut self, id: Option<&String>) {
-        self.count += 1;
-        if let Some(id) = id.filter(|_| self.examples.len() < MAX_EXAMPLES) {
-            self.examples.push(id.clone());
+impl Example {
+    fn of(case: &ChangedCase) -> Option<Example> {
+        use api_types::SubjectKind;
+        match (&case.execution_id, &case.session_id) {
+            (Some(id), _) => Some(Example {
+                kind: SubjectKind::Execution,
+                id: id.clone(),
+            }),
+            (None, Some(id)) => Some(Example {
+                kind: SubjectKind::Session,
+                id: id.clone(),
+            }),
+            (None, None) => None,
         }
     }
 }
 
-/// What the candidate would have decided differently over the last `days`.
+/// One replay count with its first examples.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Bucket {
+    pub count: usize,
+    /// At most [`MAX_EXAMPLES`], each with its kind (an execution, or a session opening).
+    pub examples: Vec<Example>,
+}
+
+impl Bucket {
+    fn add(&mut self, example: Option<&Example>) {
+        self.count += 1;
+        if let Some(example) = example.filter(|_| self.examples.len() < MAX_EXAMPLES) {
+            self.examples.push(example.clone());
+        }
+    }
+}
+
+/// What the candidate would have decided differently from its base over the last `days`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayEvidence {
     pub days: u32,
@@ -118,10 +142,14 @@ pub struct ReplayEvidence {
     pub review_changes: Bucket,
     /// Allowed before and after, with another limit.
     pub limit_changes: Bucket,
+    /// Allowed before and after, with another grant: hosts or ports, a rule's inspection,
+    /// credentials or request rules, the network budget, mounts, or the backend.
+    pub grant_changes: Bucket,
     pub candidate_errors: usize,
 }
 
-/// Summarises a replay report as a proposal's evidence.
+/// Summarises a replay report as a proposal's evidence: each changed decision counts once per
+/// bucket it falls in.
 pub fn replay_evidence(window: Window, truncated: bool, report: &ReplayReport) -> ReplayEvidence {
     let mut evidence = ReplayEvidence {
         days: window.days,
@@ -133,20 +161,24 @@ pub fn replay_evidence(window: Window, truncated: bool, report: &ReplayReport) -
         ..ReplayEvidence::default()
     };
     for case in &report.changed {
-        let id = case.execution_id.as_ref().or(case.session_id.as_ref());
+        let example = Example::of(case);
+        let (mut limits, mut grants) = (false, false);
         for change in &case.changes {
             match change {
                 Change::Outcome { from, to } => match (from, to) {
-                    (Outcome::Allow, Outcome::Deny) => evidence.allow_to_deny.add(id),
-                    (Outcome::Deny, Outcome::Allow) => evidence.deny_to_allow.add(id),
-                    _ => evidence.review_changes.add(id),
+                    (Outcome::Allow, Outcome::Deny) => evidence.allow_to_deny.add(example.as_ref()),
+                    (Outcome::Deny, Outcome::Allow) => evidence.deny_to_allow.add(example.as_ref()),
+                    _ => evidence.review_changes.add(example.as_ref()),
                 },
-                Change::Limit { limit, .. } if !limit.starts_with("network.") => {
-                    evidence.limit_changes.add(id);
-                    break;
-                }
-                _ => {}
+                Change::Limit { limit, .. } if !limit.starts_with("network.") => limits = true,
+                _ => grants = true,
             }
+        }
+        if limits {
+            evidence.limit_changes.add(example.as_ref());
+        }
+        if grants {
+            evidence.grant_changes.add(example.as_ref());
         }
     }
     evidence
