@@ -94,7 +94,7 @@ async fn a_denial_becomes_a_tested_replayed_approved_revision_and_the_request_th
     );
     assert_eq!(
         evidence["replay"]["deny_to_allow"]["examples"],
-        json!([execution])
+        json!([{"kind": "execution", "id": execution}])
     );
     assert_eq!(evidence["replay"]["allow_to_deny"]["count"], 0);
     let base = proposal["base_revision"].as_str().unwrap().to_owned();
