@@ -69,6 +69,7 @@ mod pipeline;
 mod policy;
 mod policy_reload;
 mod proposals;
+mod proposals_evidence;
 mod proposals_page;
 mod proposals_races;
 mod proposals_unknown_values;
