@@ -158,9 +158,35 @@
     box.focus();
   }
 
-  async function refresh() {
+  // Paging: the open proposals, PAGE at a time, newest first. `pages` holds the `before`
+  // cursor of each page shown so far (the first is none), so Newer goes back.
+  const PAGE = 50;
+  let pages = [''];
+
+  function pager(next) {
+    const nav = el('p', null, 'pager');
+    const newer = el('button', 'Newer proposals');
+    newer.type = 'button';
+    newer.id = 'proposals-newer';
+    newer.disabled = pages.length <= 1;
+    newer.addEventListener('click', () => { pages.pop(); refresh(false); });
+    const older = el('button', 'Older proposals');
+    older.type = 'button';
+    older.id = 'proposals-older';
+    older.disabled = !next;
+    older.addEventListener('click', () => { pages.push(next); refresh(false); });
+    nav.appendChild(newer);
+    nav.appendChild(older);
+    nav.appendChild(document.createTextNode(' page ' + pages.length));
+    return nav;
+  }
+
+  async function refresh(first) {
     if (!sg.key()) return;
-    const reply = await api('GET', '/v1/policy/proposals?status=open&limit=50');
+    if (first !== false) pages = [''];
+    const before = pages[pages.length - 1];
+    const reply = await api('GET', '/v1/policy/proposals?status=open&limit=' + PAGE
+      + (before ? '&before=' + encodeURIComponent(before) : ''));
     const list = $('proposals-list');
     list.replaceChildren();
     if (reply.status !== 200) {
@@ -170,6 +196,7 @@
     const rows = reply.data.proposals || [];
     if (rows.length === 0) {
       list.appendChild(el('p', 'No open proposals.', 'muted'));
+      if (pages.length > 1) list.appendChild(pager(null));
       return;
     }
     list.appendChild(table(['Proposed', 'Title', 'Origin', 'Tests', 'deny -> allow', 'allow -> deny', ''],
@@ -181,6 +208,7 @@
         return [when(p.created_at), p.title, p.origin, p.tests_passed ? 'pass' : 'FAIL',
           (r.deny_to_allow || {}).count, (r.allow_to_deny || {}).count, open];
       }, 'proposals'));
+    list.appendChild(pager(reply.data.next_before || null));
   }
 
   // "Propose a change" for a denied or held execution: the bundle's suggestion as a proposal.
@@ -197,7 +225,7 @@
   }
 
   document.addEventListener('DOMContentLoaded', () => {
-    $('proposals-refresh').addEventListener('click', refresh);
+    $('proposals-refresh').addEventListener('click', () => refresh());
     $('key-form').addEventListener('submit', () => setTimeout(refresh, 0));
     refresh();
   });
