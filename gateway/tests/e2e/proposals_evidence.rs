@@ -165,7 +165,7 @@ async fn an_agents_request_for_a_shipped_tenant_passes_the_shipped_cases_and_is_
 async fn metric(gw: &TestGateway, admin: &str, name: &str) -> u64 {
     let text = gw
         .http
-        .get(format!("{}/v1/metrics", gw.url))
+        .get(format!("{}/metrics", gw.url))
         .bearer_auth(admin)
         .send()
         .await
