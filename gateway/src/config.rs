@@ -603,8 +603,7 @@ impl Config {
             );
         }
         let p = &self.proposals;
-        if p.concurrent_builds == 0 || p.concurrent_builds > 64 || p.access_requests_per_hour == 0
-        {
+        if p.concurrent_builds == 0 || p.concurrent_builds > 64 || p.access_requests_per_hour == 0 {
             return invalid(
                 "proposals: concurrent_builds between 1 and 64 and access_requests_per_hour >= 1"
                     .to_owned(),

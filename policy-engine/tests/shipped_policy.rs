@@ -144,7 +144,10 @@ fn the_shipped_cases_pass_after_the_suggestions_for_shipped_tenants_are_applied(
             .filter(|o| o.file.ends_with("suggest.yaml") || o.file.ends_with("reasons.yaml"))
             .collect();
         assert!(suggest.len() >= 10, "{rendered}");
-        assert!(suggest.iter().all(|o| o.passed), "after {patch}:\n{rendered}");
+        assert!(
+            suggest.iter().all(|o| o.passed),
+            "after {patch}:\n{rendered}"
+        );
         if patch["tenants"]["classroom"]["datasets"].is_array() {
             assert_eq!(report.failed(), 0, "after {patch}:\n{rendered}");
         }

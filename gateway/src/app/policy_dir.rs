@@ -297,7 +297,10 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), before);
         // The right one: the new bundle holds a plain file; the target is untouched.
         replace(&dir, &files, wanted.revision()).unwrap();
-        assert!(!std::fs::symlink_metadata(&tenants).unwrap().file_type().is_symlink());
+        assert!(!std::fs::symlink_metadata(&tenants)
+            .unwrap()
+            .file_type()
+            .is_symlink());
         assert_eq!(std::fs::read_to_string(&tenants).unwrap(), text);
         assert_eq!(std::fs::read_to_string(&outside).unwrap(), before);
 

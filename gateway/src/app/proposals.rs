@@ -24,7 +24,9 @@ use serde_json::{json, Map, Value};
 
 use policy_engine::Reason;
 
-use super::policy::{ActivePolicy, Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
+use super::policy::{
+    ActivePolicy, Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source,
+};
 use super::proposal_candidate::{self, Candidate, CandidateError};
 use super::replay::{self, Change, ChangedCase, Outcome, ReplayReport};
 use super::{App, AppError};
@@ -105,15 +107,13 @@ impl Builds {
 
     /// A slot for one build, or 429 naming the bound.
     fn start(&self) -> Result<BuildSlot, AppError> {
-        let permit = Arc::clone(&self.permits)
-            .try_acquire_owned()
-            .map_err(|_| {
-                AppError::RateLimited(format!(
-                    "too many policy proposals are being built at once (at most {} per replica, \
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            AppError::RateLimited(format!(
+                "too many policy proposals are being built at once (at most {} per replica, \
                      proposals.concurrent_builds); try again shortly",
-                    self.limit
-                ))
-            })?;
+                self.limit
+            ))
+        })?;
         self.started.fetch_add(1, Ordering::Relaxed);
         let now = self.running.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -309,9 +309,7 @@ impl App {
         self.check_source_approval(&draft).await?;
         let active = self.policy.current();
         let base = active.state.revision().to_owned();
-        let (candidate, evidence) = self
-            .evidence(&active, &draft.patch, draft.window)
-            .await?;
+        let (candidate, evidence) = self.evidence(&active, &draft.patch, draft.window).await?;
         let tests_passed = candidate.tests.passed;
         let row = ProposalRow {
             id: crate::ids::new("pp"),

@@ -517,7 +517,11 @@ fn compare_rules(
 /// `inspect: false` as absent too: both mean no inspection).
 fn rule_terms(decision: &Value) -> BTreeMap<String, Value> {
     let mut terms: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for rule in decision["network"]["allow"].as_array().into_iter().flatten() {
+    for rule in decision["network"]["allow"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         let Some(object) = rule.as_object() else {
             continue;
         };
@@ -664,7 +668,9 @@ mod tests {
         after["network"]["allow"][0]["credentials"] = json!(["github"]);
         let changes = compare(&before, &after);
         assert_eq!(changes.len(), 1, "{changes:?}");
-        assert!(matches!(&changes[0], Change::RuleChanged { host, .. } if host == "api.example.com"));
+        assert!(
+            matches!(&changes[0], Change::RuleChanged { host, .. } if host == "api.example.com")
+        );
         assert!(matches(
             &ChangedCase {
                 execution_id: None,

@@ -68,6 +68,10 @@ async fn the_cli_reloads_only_on_the_revision_it_names() {
     // `*`: any loaded revision.
     let out = sandgate(&gw, &admin, &["policy", "reload", "--if-match", "*"]);
     assert!(out.status.success(), "{out:?}");
-    assert_eq!(active(&gw, &admin).await, first, "the policy directory again");
+    assert_eq!(
+        active(&gw, &admin).await,
+        first,
+        "the policy directory again"
+    );
     gw.stop().await;
 }

@@ -62,7 +62,12 @@ async fn a_later_proposal_is_not_blamed_for_one_approved_before_it() {
     // B, on A's revision, changes something else: the same denials are recorded as denials,
     // but B does not open them (A did). Comparing with the recorded decisions blamed B.
     let patch = json!({"data/tenants.yaml": {"tenants": {"lab": {"datasets": ["census"]}}}});
-    let second = propose(&gw, &alice, &json!({"title": "lab reads census", "patch": patch})).await;
+    let second = propose(
+        &gw,
+        &alice,
+        &json!({"title": "lab reads census", "patch": patch}),
+    )
+    .await;
     let replay = &second["evidence"]["replay"];
     assert_eq!(second["base_revision"], first["candidate_revision"]);
     assert!(replay["total"].as_u64().unwrap() >= 21, "{replay}");
@@ -225,7 +230,10 @@ async fn parallel_access_requests_are_refused_past_the_bounds_and_builds_stay_bo
         (1..=3).contains(&started),
         "{started} builds started for 12 requests"
     );
-    assert_eq!(metric(&gw, &admin, "sandgate_proposal_builds_peak").await, 1);
+    assert_eq!(
+        metric(&gw, &admin, "sandgate_proposal_builds_peak").await,
+        1
+    );
 
     // Later, one at a time: the hour's rate holds whatever is open.
     for _ in created..3 {

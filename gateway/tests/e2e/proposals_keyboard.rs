@@ -51,7 +51,10 @@ async fn a_held_execution_becomes_a_proposal_approved_with_the_keyboard() {
     let mut cdp = browser.page().await;
     cdp.open(&format!("{}/ui/", gw.url)).await;
     cdp.use_key(&alice).await;
-    let details = format!("#executions tr[data-execution-id={}] button.details", js(&held));
+    let details = format!(
+        "#executions tr[data-execution-id={}] button.details",
+        js(&held)
+    );
     cdp.wait_for(
         &format!("!!document.querySelector({})", js(&details)),
         "the held execution in the list",
@@ -104,8 +107,11 @@ async fn a_held_execution_becomes_a_proposal_approved_with_the_keyboard() {
     .await;
     cdp.eval("document.getElementById('proposal-comment').focus(); true")
         .await;
-    cdp.call("Input.insertText", json!({"text": "keyboard.example is ours"}))
-        .await;
+    cdp.call(
+        "Input.insertText",
+        json!({"text": "keyboard.example is ours"}),
+    )
+    .await;
     press(&mut cdp, "Tab", 9).await;
     assert_eq!(focused(&mut cdp).await, json!("proposal-approve"));
     cdp.screenshot("proposals-keyboard.png").await;
