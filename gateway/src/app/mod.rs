@@ -94,6 +94,8 @@ pub struct App {
     pub sessions: sessions::Sessions,
     /// This replica's side of the coordination with the others on the database.
     pub replicas: replicas::Replicas,
+    /// Proposal builds running here, bounded (`proposals.concurrent_builds`).
+    pub proposal_builds: proposals::Builds,
 }
 
 impl std::fmt::Debug for App {
@@ -138,6 +140,7 @@ impl App {
             refusals: refusals::Refusals::new(config.refusals),
             sessions: sessions::Sessions::default(),
             replicas: replicas::Replicas::default(),
+            proposal_builds: proposals::Builds::new(config.proposals.concurrent_builds),
             scheduler: scheduler::Scheduler::new(
                 config.max_concurrent,
                 config.max_queued,
