@@ -210,9 +210,24 @@ python_env() {
     log "python test environment made ($PY_VENV: ${PY_PACKAGES[*]})"
 }
 
+# True when `node` runs and is at least 20.18.1 (what E2B's JS SDKs declare in `engines`).
+node_is_recent() {
+    command -v node >/dev/null 2>&1 \
+        && node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+                    process.exit(a > 20 || (a === 20 && b >= 18) ? 0 : 1)' 2>/dev/null
+}
+
 js_env() {
     if ! command -v npm >/dev/null 2>&1; then
-        log "no npm: skipping E2B's JS SDKs (gateway/tests/e2e/e2b_js.rs needs them: apt-get install nodejs npm)"
+        log "installing nodejs and npm for E2B's JS SDKs (log: $APT_LOG)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm >>"$APT_LOG" 2>&1 \
+            || die "apt-get install nodejs npm failed; read $APT_LOG"
+    fi
+    if ! node_is_recent; then
+        # Debian 12 ships Node 18; the SDKs refuse it. gateway/tests/e2e/e2b_js.rs then fails
+        # naming this directory, and this line says what to install.
+        log "node $(node --version 2>/dev/null || echo missing) is older than the 20.18.1 E2B's JS SDKs need:" \
+            "install Node 20 or newer (e.g. nodesource's nodejs 20), then run setup again"
         return
     fi
     if [[ -f $JS_DIR/node_modules/e2b/package.json && -f $JS_DIR/node_modules/@e2b/code-interpreter/package.json ]] \

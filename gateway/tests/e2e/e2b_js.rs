@@ -19,7 +19,7 @@ fn js_dir() -> PathBuf {
         dir.join("node_modules/@e2b/code-interpreter/package.json")
             .is_file(),
         "no E2B JS SDK at {}: run `bash scripts/setup.sh` (it installs e2b and \
-         @e2b/code-interpreter with npm)",
+         @e2b/code-interpreter with npm, and needs Node 20.18.1 or newer)",
         dir.display()
     );
     dir
