@@ -354,7 +354,7 @@ pub async fn resume(
 /// Resumes the sandbox's session if it is paused; says whether it was. A held one is E2B's
 /// "not ready yet"; a resume from the disk only (`memory: false`) is not offered.
 async fn resume_for(
-    app: &App,
+    app: &Arc<App>,
     key: &ApiKey,
     session: &SessionRow,
     request: &ConnectRequest,

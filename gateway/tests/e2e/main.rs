@@ -95,6 +95,7 @@ mod snapshots;
 mod snapshots_credentials;
 mod snapshots_e2b;
 mod snapshots_faults;
+mod snapshots_replicas;
 mod snapshots_restart;
 mod tls;
 mod toolbox;
