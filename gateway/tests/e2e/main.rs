@@ -97,6 +97,7 @@ mod snapshots_e2b;
 mod snapshots_faults;
 mod snapshots_replicas;
 mod snapshots_restart;
+mod snapshots_review;
 mod tls;
 mod toolbox;
 mod types_unknown_values;
