@@ -156,7 +156,10 @@ impl App {
                 .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
             let places = (slot, live, share);
             match fork {
-                Some(snapshot) => self.start_approved_fork(&row, snapshot, runnable, places).await,
+                Some(snapshot) => {
+                    self.start_approved_fork(&row, snapshot, runnable, places)
+                        .await
+                }
                 None => self.start_approved_session(&row, runnable, places).await,
             }
         };

@@ -682,7 +682,9 @@ pub(super) fn reasons_text(reasons: &[Reason]) -> String {
 }
 
 /// A body the SDKs may leave empty.
-pub(super) fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, E2bError> {
+pub(super) fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, E2bError> {
     if body.is_empty() {
         return Ok(T::default());
     }

@@ -94,6 +94,7 @@ mod situations;
 mod snapshots;
 mod snapshots_credentials;
 mod snapshots_e2b;
+mod snapshots_e2b_fork;
 mod snapshots_faults;
 mod snapshots_replicas;
 mod snapshots_restart;

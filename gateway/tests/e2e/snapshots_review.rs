@@ -51,13 +51,19 @@ async fn an_approved_fork_starts_from_its_snapshot_not_cold() {
     )
     .await;
     let (status, snapshot) = gw
-        .post(&agent, &format!("/v1/sessions/{parent}/snapshots"), &json!({}))
+        .post(
+            &agent,
+            &format!("/v1/sessions/{parent}/snapshots"),
+            &json!({}),
+        )
         .await;
     assert_eq!(status, 201, "{snapshot}");
     let snapshot = snapshot["id"].as_str().unwrap().to_owned();
 
     let (fork, approval) = held_fork(&gw, &agent, &snapshot).await;
-    let (status, listed) = gw.get(&reviewer, &format!("/v1/approvals/{approval}")).await;
+    let (status, listed) = gw
+        .get(&reviewer, &format!("/v1/approvals/{approval}"))
+        .await;
     assert_eq!(status, 200, "{listed}");
     assert_eq!(listed["request"]["from_snapshot"]["id"], snapshot.as_str());
     let decided = approve(&gw, &reviewer, &approval).await;
@@ -79,7 +85,10 @@ async fn an_approved_fork_starts_from_its_snapshot_not_cold() {
     assert_eq!(status, 200, "{deleted}");
     let decided = approve(&gw, &reviewer, &approval).await;
     assert_eq!(decided["session"]["status"], "closed", "{decided}");
-    assert_eq!(decided["session"]["closed_reason"], "start_failed", "{decided}");
+    assert_eq!(
+        decided["session"]["closed_reason"], "start_failed",
+        "{decided}"
+    );
     let closed: Value = sqlx::query_scalar(
         "SELECT reasons FROM audit_events WHERE kind = 'session.closed' \
          AND input->>'session_id' = $1",
