@@ -211,3 +211,58 @@ async fn a_killed_replicas_paused_session_is_adopted_and_resumed_by_the_survivor
     a.stop().await;
     b.stop().await;
 }
+
+/// On A: a code-interpreter sandbox with state; prints its id.
+const E2B_ON_A: &str = r#"
+import json
+from e2b_code_interpreter import Sandbox
+sbx = Sandbox.create(timeout=300)
+sbx.run_code("x = 41")
+sbx.commands.run("echo kept > /home/user/state.txt")
+print(json.dumps({"id": sbx.sandbox_id}))
+"#;
+
+/// On B: pause (relayed to A), connect (restored on B), state read, a snapshot, kill.
+const E2B_ON_B: &str = r#"
+import json, os
+from e2b_code_interpreter import Sandbox
+sid = os.environ["SANDBOX_ID"]
+out = {"paused": Sandbox.pause(sid)}
+out["state"] = Sandbox.get_info(sid).state.value
+sbx = Sandbox.connect(sid)
+out["x"] = sbx.run_code("x + 1").text
+out["file"] = sbx.commands.run("cat /home/user/state.txt").stdout
+out["snapshot"] = sbx.create_snapshot().snapshot_id
+sbx.kill()
+print(json.dumps(out))
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_e2b_sdks_pause_and_connect_work_through_either_replica() {
+    let daemon = shared_daemon().await;
+    let shared = Shared::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = format!("unix://{}", daemon.socket().display());
+    let env = settings(&socket, dir.path());
+    let a = start(&shared, None, &env).await;
+    let b = start(&shared, None, &env).await;
+    let pool = sqlx::PgPool::connect(&shared.database_url).await.unwrap();
+    let agent = shared.key("agent", "acme").await;
+    let made = common::e2b_agent(E2B_ON_A, &a.url, &agent, &[]).await;
+    let id = made["id"].as_str().unwrap().to_owned();
+    let said = common::e2b_agent(E2B_ON_B, &b.url, &agent, &[("SANDBOX_ID", id.as_str())]).await;
+    assert_eq!(said["paused"], true, "{said}");
+    assert_eq!(said["state"], "paused", "{said}");
+    assert_eq!(said["x"], "42", "{said}");
+    assert_eq!(said["file"], "kept\n", "{said}");
+    assert!(
+        said["snapshot"].as_str().unwrap().starts_with("sn_"),
+        "{said}"
+    );
+    let said = resumed_events(&pool, &id).await;
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert_eq!(said[0]["replica"], b.instance.as_str(), "{said:?}");
+    assert_eq!(said[0]["paused_on"], a.instance.as_str(), "{said:?}");
+    a.stop().await;
+    b.stop().await;
+}
