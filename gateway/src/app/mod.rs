@@ -40,6 +40,7 @@ mod session_relay;
 pub mod session_results;
 mod session_runs;
 pub mod sessions;
+mod snapshot_replicas;
 mod snapshot_restart;
 pub mod snapshots;
 pub mod stream;

@@ -34,7 +34,7 @@ impl App {
         id: &str,
         request: SessionExecutionRequest,
     ) -> Result<ExecutionRow, AppError> {
-        if let Some(session) = self.session_held_elsewhere(caller, id).await? {
+        if let Some(session) = self.session_relayed_or_taken(caller, id).await? {
             return self
                 .relay_session_execution(caller, &session, request)
                 .await;

@@ -137,6 +137,11 @@ impl Sessions {
     pub(super) fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
         self.lock().get(id).cloned()
     }
+
+    /// Forgets the session here without closing it (another replica serves it now).
+    pub(super) fn remove(&self, id: &str) -> Option<Arc<OpenSession>> {
+        self.lock().remove(id)
+    }
 }
 
 impl App {
@@ -318,7 +323,15 @@ impl App {
             processes: std::sync::atomic::AtomicUsize::new(0),
             contexts: super::contexts::Contexts::default(),
         });
-        self.sessions.lock().insert(id.clone(), Arc::clone(&open));
+        {
+            let mut sessions = self.sessions.lock();
+            // Two requests taking over one paused session of another replica at once
+            // (`app::snapshot_replicas`): the first registration holds.
+            if sessions.contains_key(&id) {
+                return;
+            }
+            sessions.insert(id.clone(), Arc::clone(&open));
+        }
         self.watch_session(id, open, idle, ttl);
     }
 

@@ -19,6 +19,7 @@ pub mod error;
 mod files;
 mod filesystem;
 mod follow;
+mod fork;
 mod interpreter;
 mod live;
 mod process;
@@ -54,6 +55,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/snapshots", post(control::snapshot))
+        .route("/sandboxes/{id}/fork", post(fork::fork))
         .route("/sandboxes/{id}/{action}", any(control::unsupported))
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))

@@ -179,6 +179,29 @@ pub struct PauseRequest {
     pub require_healthy_guest: Option<bool>,
 }
 
+/// `POST /sandboxes/{id}/fork` (`SandboxForkRequest`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ForkRequest {
+    /// Seconds each fork lives from now (E2B's default: 15).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Forks to start from the one snapshot (1 to [`MAX_FORKS`]; E2B's default: 1).
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+/// Most forks in one call (E2B's SDKs send at most this many).
+pub const MAX_FORKS: u64 = 20;
+
+/// One fork's outcome (`SandboxForkResult`): exactly one of the two is set.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
+}
+
 /// `POST /sandboxes/{id}/snapshots`.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SnapshotRequest {
