@@ -12,13 +12,22 @@ fn main() -> ExitCode {
             Mode::Init => sandbox_init::run(None, &mut end),
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut end),
             Mode::Session(runner) => sandbox_init::run_session(runner, &mut end),
-            Mode::Attach { argv } => sandbox_init::attach::attach(&argv).map_err(InitError::Attach),
+            Mode::Attach { pty: None, argv } => {
+                sandbox_init::attach::attach(&argv).map_err(InitError::Attach)
+            }
+            Mode::Attach {
+                pty: Some(size),
+                argv,
+            } => sandbox_init::pty::attach(&argv, size).map_err(InitError::Attach),
+            Mode::Watch { recursive, path } => {
+                sandbox_init::watch::watch(&path, recursive).map_err(InitError::Watch)
+            }
             Mode::Signal { tag, signal } => {
                 sandbox_init::attach::signal(&tag, signal).map_err(InitError::Attach)
             }
             // Returns only if the exec failed.
-            Mode::Exec { apart, argv } => {
-                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))
+            Mode::Exec { apart, tty, argv } => {
+                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart, tty)))
             }
         });
     let code = match result {
