@@ -26,4 +26,7 @@ pub enum E2bCall {
     CommandsRun,
     #[serde(rename = "run_code")]
     RunCode,
+    /// `pty.create`: an interactive terminal (`process.Process/Start` with `pty`).
+    #[serde(rename = "pty.create")]
+    PtyCreate,
 }

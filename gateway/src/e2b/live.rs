@@ -63,6 +63,8 @@ pub struct Running {
     pub execution_id: Option<String>,
     /// How to reach it (stdin, signals); `None` until it started.
     pub control: Option<Arc<ProcessControl>>,
+    /// Runs on a terminal (`pty.create`): its output events are `pty` data.
+    pub pty: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -108,7 +110,7 @@ impl LiveSandbox {
 
     /// A pid for a new process, and its entry among the running ones; `None` when
     /// [`MAX_PROCESSES`] run already.
-    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> Option<u32> {
+    pub fn start(&self, config: ProcessConfig, tag: Option<String>, pty: bool) -> Option<u32> {
         let mut running = lock(&self.running);
         if running.len() >= MAX_PROCESSES {
             return None;
@@ -119,6 +121,7 @@ impl LiveSandbox {
             tag,
             execution_id: None,
             control: None,
+            pty,
         };
         running.insert(pid, entry);
         Some(pid)

@@ -46,6 +46,7 @@ mod dashboards;
 mod e2b;
 mod e2b_files;
 mod e2b_processes;
+mod e2b_pty;
 mod e2b_tenancy;
 mod egress;
 mod egress_hardening;

@@ -18,13 +18,15 @@ pub(super) async fn start(
     container: &str,
     spec: ProcessSpec,
 ) -> Result<StartedProcess, RuntimeError> {
+    // A terminal's exec stdin is its supervisor's control channel, always attached.
+    let stdin = spec.stdin || spec.pty.is_some();
     let options = CreateExecOptions {
-        attach_stdin: Some(spec.stdin),
+        attach_stdin: Some(stdin),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
         env: Some(spec.env),
-        cmd: Some(attach_argv(&spec.tag, &spec.argv)),
+        cmd: Some(attach_argv(&spec.tag, spec.pty, &spec.argv)),
         privileged: Some(false),
         user: Some(PROGRAM_USER.to_owned()),
         working_dir: Some(spec.cwd),
@@ -59,7 +61,7 @@ pub(super) async fn start(
     Ok(StartedProcess {
         handle: created.id,
         output,
-        input: spec.stdin.then_some(input),
+        input: stdin.then_some(input),
     })
 }
 
