@@ -35,6 +35,7 @@ pub mod scheduler;
 pub mod session_files;
 mod session_owner;
 pub mod session_procs;
+pub mod session_watch;
 mod session_relay;
 pub mod session_results;
 mod session_runs;

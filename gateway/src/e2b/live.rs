@@ -42,6 +42,8 @@ pub struct LiveSandbox {
     running: Mutex<BTreeMap<u32, Running>>,
     /// Connections following its processes now (at most [`MAX_FOLLOWERS`]).
     followers: Arc<AtomicUsize>,
+    /// Its directory watchers (`super::watch`): they end when it is dropped (killed).
+    pub watchers: super::watch::Watchers,
 }
 
 /// One of a sandbox's [`MAX_FOLLOWERS`]; given back when dropped.
@@ -96,6 +98,7 @@ impl LiveSandbox {
             end_changed: tokio::sync::Notify::new(),
             running: Mutex::new(BTreeMap::new()),
             followers: Arc::new(AtomicUsize::new(0)),
+            watchers: super::watch::Watchers::default(),
         }
     }
 

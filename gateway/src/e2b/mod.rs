@@ -22,6 +22,7 @@ mod follow;
 mod interpreter;
 mod live;
 mod process;
+mod watch;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};

@@ -28,6 +28,16 @@ pub struct ProcessSpec {
     pub pty: Option<PtySize>,
 }
 
+/// A directory watcher to start (`sandbox_protocol`'s `watch` module).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSpec {
+    /// Names the watcher ([`sandbox_protocol::valid_tag`]).
+    pub tag: String,
+    /// Absolute and normalised, in a writable place.
+    pub path: String,
+    pub recursive: bool,
+}
+
 /// A started process: its output until its streams close, its stdin when asked for.
 pub struct StartedProcess {
     /// The runtime's handle, for [`super::SandboxRuntime::process_exit`].

@@ -48,6 +48,7 @@ mod e2b_files;
 mod e2b_processes;
 mod e2b_pty;
 mod e2b_tenancy;
+mod e2b_watch;
 mod egress;
 mod egress_hardening;
 mod egress_inspect;
