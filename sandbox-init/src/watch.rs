@@ -139,7 +139,12 @@ impl Watches {
         let wd = self
             .inotify
             .add_watch(format!("/proc/self/fd/{}", dir.as_raw_fd()).as_str(), MASK)
-            .map_err(|errno| (FileFailure::Io, format!("watching {path}: {}", errno.desc())))?;
+            .map_err(|errno| {
+                (
+                    FileFailure::Io,
+                    format!("watching {path}: {}", errno.desc()),
+                )
+            })?;
         self.below.insert(wd, rel.to_owned());
         if !self.recursive {
             return Ok(());
@@ -239,7 +244,10 @@ impl Watches {
         let Some(rel) = self.below.get(&event.wd).cloned() else {
             return Ok(());
         };
-        let name = event.name.as_ref().map(|n| n.to_string_lossy().into_owned());
+        let name = event
+            .name
+            .as_ref()
+            .map(|n| n.to_string_lossy().into_owned());
         let is_self = name.is_none();
         if is_self && !rel.is_empty() {
             // A directory below the root: its parent's watch tells of it.
@@ -303,9 +311,16 @@ mod tests {
     #[test]
     fn arguments_are_checked() {
         let (tag, recursive, path) = parse_watch(os(&["wt_1", "recursive", "--", "/tmp"])).unwrap();
-        assert_eq!((tag.as_str(), recursive, path.as_str()), ("wt_1", true, "/tmp"));
+        assert_eq!(
+            (tag.as_str(), recursive, path.as_str()),
+            ("wt_1", true, "/tmp")
+        );
         assert!(!parse_watch(os(&["wt_1", "--", "/tmp"])).unwrap().1);
-        for bad in [&["wt_1", "/tmp"][..], &["a b", "--", "/tmp"], &["wt_1", "--"]] {
+        for bad in [
+            &["wt_1", "/tmp"][..],
+            &["a b", "--", "/tmp"],
+            &["wt_1", "--"],
+        ] {
             assert!(parse_watch(os(bad)).is_err(), "{bad:?}");
         }
     }

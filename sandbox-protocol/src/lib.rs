@@ -46,10 +46,6 @@ pub use procs::{
     attach_argv, signal_argv, signaled_status, valid_tag, ProcessSignal, PtyFrame, PtySize,
     ATTACH_MODE, INIT_PATH, MAX_PTY_FRAME, MAX_TAG, PROGRAM_USER, PTY_ARG_PREFIX, SIGNAL_MODE,
 };
-pub use watch::{
-    watch_argv, WatchKind, WatchLine, FLUSH_REQUEST, MAX_WATCH_DIRS, MAX_WATCH_LINE, RECURSIVE_ARG,
-    WATCH_MODE,
-};
 pub use session::{
     bash_turn, end_marker, parse_report, python_cell, runner_report, turn_end_marker, EndMarker,
     RichResult, RichResults, RunnerReport, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
@@ -58,6 +54,10 @@ pub use session::{
 };
 pub use trailer::{
     exit_trailer, ExitTrailer, InitReport, EXIT_TRAILER_PREFIX, MAX_REPORT_BYTES, MAX_SPECIAL_FILES,
+};
+pub use watch::{
+    watch_argv, WatchKind, WatchLine, FLUSH_REQUEST, MAX_WATCH_DIRS, MAX_WATCH_LINE, RECURSIVE_ARG,
+    WATCH_MODE,
 };
 
 /// The job line. File contents borrow from the line when deserialised (base64 needs no JSON

@@ -170,7 +170,11 @@ impl PtyFrame {
             }
         };
         let mut out = vec![kind];
-        out.extend_from_slice(&u32::try_from(payload.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(
+            &u32::try_from(payload.len())
+                .unwrap_or(u32::MAX)
+                .to_be_bytes(),
+        );
         out.extend_from_slice(&payload);
         out
     }
@@ -183,7 +187,9 @@ impl PtyFrame {
         }
         let len = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
         if len > MAX_PTY_FRAME {
-            return Err(format!("a PTY frame of {len} bytes is over {MAX_PTY_FRAME}"));
+            return Err(format!(
+                "a PTY frame of {len} bytes is over {MAX_PTY_FRAME}"
+            ));
         }
         if buffer.len() < 5 + len {
             return Ok(None);

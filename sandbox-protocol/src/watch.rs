@@ -97,7 +97,14 @@ mod tests {
         assert_eq!(back, line);
         assert_eq!(
             watch_argv("wt_1", true, "/tmp/x"),
-            ["/sandgate/init", "watch", "wt_1", "recursive", "--", "/tmp/x"]
+            [
+                "/sandgate/init",
+                "watch",
+                "wt_1",
+                "recursive",
+                "--",
+                "/tmp/x"
+            ]
         );
     }
 }

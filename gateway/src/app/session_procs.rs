@@ -26,10 +26,10 @@ use super::{App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow};
 use crate::outputs::Collected;
 use crate::runtime::procs::{ProcessSignal, ProcessSpec, PtySize, StartedProcess};
-use sandbox_protocol::PtyFrame;
 use crate::runtime::{CappedOutput, Channel, OutputSink};
 use crate::session_wire::TurnLimits;
 use crate::status::ExecutionStatus;
+use sandbox_protocol::PtyFrame;
 
 /// Most input chunks queued for a process before `send_input` waits (bounded memory: at most
 /// `INPUT_QUEUE * INPUT_CHUNK` bytes a process, whatever size the caller's messages are).

@@ -92,10 +92,9 @@ impl App {
         match tokio::time::timeout(START_WAIT, lines.next()).await {
             Ok(Some(WatchLine::Ready)) => Ok(SessionWatcher { lines, requests }),
             Ok(Some(WatchLine::Failed { failure, message })) => Err(refused(failure, message)),
-            Ok(other) => Err(AppError::Internal(format!(
-                "the watcher did not start: {other:?}"
-            ))
-            .into()),
+            Ok(other) => {
+                Err(AppError::Internal(format!("the watcher did not start: {other:?}")).into())
+            }
             Err(_) => Err(AppError::ReplicaUnavailable(
                 "the watcher did not start in time".to_owned(),
             )

@@ -356,7 +356,9 @@ pub struct ListResponse {
 /// `ProcessEvent`'s `event` oneof, wrapped as `StartResponse` / `ConnectResponse` (`{event}`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProcessEvent {
-    Start { pid: u32 },
+    Start {
+        pid: u32,
+    },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     /// What a PTY process's terminal shows.

@@ -169,7 +169,10 @@ async fn update(reached: &Reached, body: &[u8]) -> Result<Response, ConnectError
 async fn send_input(reached: &Reached, body: &[u8]) -> Result<Response, ConnectError> {
     let request: SendInputRequest = decode(body)?;
     let control = control_of(reached, request.process)?;
-    let bytes = request.input.unwrap_or_default().bytes_for(control.is_pty())?;
+    let bytes = request
+        .input
+        .unwrap_or_default()
+        .bytes_for(control.is_pty())?;
     control
         .send_input(ProcessInput::Data(bytes))
         .await

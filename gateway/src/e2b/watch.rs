@@ -101,9 +101,7 @@ impl Watchers {
             .map_err(|_| {
                 ConnectError::new(
                     Code::ResourceExhausted,
-                    format!(
-                        "sandbox {id} already has {MAX_WATCHERS} watchers; stop one first"
-                    ),
+                    format!("sandbox {id} already has {MAX_WATCHERS} watchers; stop one first"),
                 )
             })
     }
@@ -211,9 +209,9 @@ async fn pump(
             Some(WatchLine::Ready) => {}
             Some(WatchLine::Failed { message, .. }) => state.ended = Some(message),
             None => {
-                state.ended.get_or_insert_with(|| {
-                    "its sandbox was paused, killed or closed".to_owned()
-                });
+                state
+                    .ended
+                    .get_or_insert_with(|| "its sandbox was paused, killed or closed".to_owned());
             }
         }
         let ended = state.ended.is_some();
@@ -309,7 +307,12 @@ pub(super) fn remove(reached: &Reached, body: &[u8]) -> Result<Response, Connect
 
 /// `WatchDir` (a server stream): a start event, then each event as it happens; a client too
 /// slow for [`MAX_QUEUED`] events gets the stream ended with `resource_exhausted`.
-pub(super) async fn watch_dir(app: &App, reached: &Reached, parts: &Parts, body: &[u8]) -> Response {
+pub(super) async fn watch_dir(
+    app: &App,
+    reached: &Reached,
+    parts: &Parts,
+    body: &[u8],
+) -> Response {
     let request = single_envelope(body).and_then(decode::<WatchRequest>);
     let (watcher, slot) = match request {
         Ok(request) => match started(app, reached, request).await {
@@ -354,7 +357,11 @@ async fn stream_events(
         let line = match tokio::time::timeout(every, watcher.lines.next()).await {
             Ok(line) => line,
             Err(_) => {
-                if tx.send(message(&serde_json::json!({"keepalive": {}}))).await.is_err() {
+                if tx
+                    .send(message(&serde_json::json!({"keepalive": {}})))
+                    .await
+                    .is_err()
+                {
                     return;
                 }
                 continue;

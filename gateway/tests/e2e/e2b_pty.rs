@@ -109,11 +109,17 @@ async fn a_pty_is_a_terminal_that_is_resized_typed_into_interrupted_and_recorded
         regex_like_pts(first),
         "tty names the terminal, not `not a tty`: {first}"
     );
-    assert!(first.contains("24 80"), "stty size is the asked one: {first}");
+    assert!(
+        first.contains("24 80"),
+        "stty size is the asked one: {first}"
+    );
     assert!(first.contains("xterm-256color"), "{first}");
     assert_eq!(said["m2"], true, "{said}");
     let resized = said["resized"].as_str().unwrap();
-    assert!(resized.contains("40 120"), "the resize reached it: {resized}");
+    assert!(
+        resized.contains("40 120"),
+        "the resize reached it: {resized}"
+    );
     assert_eq!(said["prompted"], true, "read's prompt is shown: {said}");
     assert_eq!(said["m3"], true, "the answer typed reached read: {said}");
     assert_eq!(said["interrupted"], true, "{said}");
