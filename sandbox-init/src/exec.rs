@@ -32,8 +32,6 @@ pub enum ExecError {
     Unblock(Errno),
     #[error("taking the program's identity: {0}")]
     Identity(crate::identity::IdentityError),
-    #[error("taking the terminal as the controlling one: {0}")]
-    Terminal(io::Error),
     #[error("cannot run \"{program}\": {err}")]
     Exec { program: String, err: io::Error },
 }
@@ -54,10 +52,8 @@ impl ExecError {
 }
 
 /// Replaces the current process with `argv`; returns only on failure. `apart`: started by a
-/// settled init, wait until PID 1 is out of reach first (see [`crate::identity`]). `tty`:
-/// started by a PTY supervisor with a terminal as stdin ([`crate::pty`]): lead a new session
-/// whose controlling terminal it is, so the terminal's signals (`^C`) reach the program.
-pub fn exec(argv: &[OsString], apart: bool, tty: bool) -> ExecError {
+/// settled init, wait until PID 1 is out of reach first (see [`crate::identity`]).
+pub fn exec(argv: &[OsString], apart: bool) -> ExecError {
     let Some((program, args)) = argv.split_first() else {
         return ExecError::NoProgram;
     };
@@ -68,13 +64,6 @@ pub fn exec(argv: &[OsString], apart: bool, tty: bool) -> ExecError {
     }
     if let Err(err) = crate::identity::become_effective() {
         return ExecError::Identity(err);
-    }
-    if tty {
-        let controlled = rustix::process::setsid()
-            .and_then(|_| rustix::process::ioctl_tiocsctty(std::io::stdin()));
-        if let Err(err) = controlled {
-            return ExecError::Terminal(err.into());
-        }
     }
     if let Err(errno) = sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None) {
         return ExecError::Unblock(errno);
@@ -109,12 +98,12 @@ mod tests {
 
     #[test]
     fn an_empty_argv_is_refused_without_exec() {
-        assert!(matches!(exec(&[], false, false), ExecError::NoProgram));
+        assert!(matches!(exec(&[], false), ExecError::NoProgram));
     }
 
     #[test]
     fn a_missing_program_is_reported_not_exec_d() {
-        let err = exec(&["sandgate-no-such-program".into()], false, false);
+        let err = exec(&["sandgate-no-such-program".into()], false);
         assert_eq!(err.exit_code(), 127, "{err}");
         assert!(err
             .to_string()

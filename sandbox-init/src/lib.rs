@@ -131,7 +131,7 @@ pub const EXIT_INIT_ERROR: u8 = 125;
 pub const EXEC_MODE: &str = "exec";
 /// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
 pub const APART_FLAG: &str = "--apart";
-/// After [`EXEC_MODE`]: start a new session whose controlling terminal is stdin ([`pty`]).
+/// After [`EXEC_MODE`]: be the session keeper of a terminal on stdin ([`pty::keep`]).
 pub const TTY_FLAG: &str = "--tty";
 pub use sandbox_protocol::{end_marker, exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
 

@@ -26,8 +26,11 @@ fn main() -> ExitCode {
                 sandbox_init::attach::signal(&tag, signal).map_err(InitError::Attach)
             }
             // Returns only if the exec failed.
-            Mode::Exec { apart, tty, argv } => {
-                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart, tty)))
+            Mode::Exec {
+                tty: true, argv, ..
+            } => sandbox_init::pty::keep(&argv).map_err(InitError::Attach),
+            Mode::Exec { apart, argv, .. } => {
+                Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))
             }
         });
     let code = match result {

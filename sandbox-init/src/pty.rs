@@ -2,16 +2,25 @@
 //! `sandbox_protocol`'s `procs` module): E2B's `pty.create`.
 //!
 //! It opens a pseudo-terminal in the sandbox (`/dev/ptmx`, which gVisor provides), keeps the
-//! master and gives the program the other end as stdin, stdout and stderr; the exec trampoline
-//! (`exec --tty`) makes the program lead a new session whose controlling terminal that is, so
-//! `^C` typed into the terminal interrupts its foreground job as in any terminal. Like the
-//! plain supervisor ([`crate::attach`]) it blocks the signals it passes on and `SIGCHLD`
-//! before anything starts, and waits for them; two threads carry the bytes meanwhile: the
-//! terminal's output to the exec's stdout, and the exec's stdin, read as [`PtyFrame`]s, to
-//! the terminal (input) or to its size (`TIOCSWINSZ`, which sends the program `SIGWINCH`).
-//! When the program ends, or on a forwarded kill, every process of its session is killed
-//! (an interactive shell puts its jobs in process groups of their own), what the terminal
-//! still holds is written out, and the supervisor exits with the program's status.
+//! master and gives the other end as stdin, stdout and stderr to a **session keeper** (the
+//! init binary as `exec --tty`, [`keep`]): that one leads a new session whose controlling
+//! terminal it is, starts the program in a process group of its own as the terminal's
+//! foreground group, and stays, so the terminal's signal keys reach the foreground job. Like
+//! the plain supervisor ([`crate::attach`]) the supervisor blocks the signals it passes on and
+//! `SIGCHLD` before anything starts, and waits for them; two threads carry the bytes
+//! meanwhile: the terminal's output to the exec's stdout, and the exec's stdin, read as
+//! [`PtyFrame`]s, to the terminal (input) or to its size (`TIOCSWINSZ`, which sends the
+//! program `SIGWINCH`). When the program ends, or on a forwarded kill, every process of the
+//! session is killed (an interactive shell puts its jobs in process groups of their own),
+//! what the terminal still holds is written out, and the supervisor exits with the program's
+//! status.
+//!
+//! Signal keys: the gVisor this runs on (runsc 20221219 here) echoes `^C` but signals no one,
+//! and answers `TIOCGPGRP` only to a process of the terminal's session. So while the
+//! terminal's `ISIG` is on, the supervisor takes its signal keys (`^C`, `^\`, `^Z` as its
+//! settings name them) out of the input and sends the keeper that signal, and the keeper,
+//! in the session, passes it to the terminal's foreground group, as a kernel's line discipline
+//! would. With `ISIG` off (a program in raw mode) they are input bytes like any other.
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions};
@@ -55,7 +64,7 @@ pub fn attach(argv: &[OsString], size: PtySize) -> Result<u8, AttachError> {
     drop(replica);
     let leader = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
     let output = copy_output(&master).map_err(AttachError::Terminal)?;
-    feed_control(master);
+    feed_control(master, leader);
     loop {
         match signals.wait().map_err(AttachError::Wait)? {
             Signal::SIGCHLD => {
@@ -140,7 +149,7 @@ fn copy_output(master: &OwnedFd) -> std::io::Result<mpsc::Receiver<()>> {
 }
 
 /// Reads the control channel (stdin) and acts on its frames until it ends or is malformed.
-fn feed_control(master: OwnedFd) {
+fn feed_control(master: OwnedFd, keeper: Pid) {
     let terminal = File::from(master);
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();
@@ -154,7 +163,9 @@ fn feed_control(master: OwnedFd) {
             held.extend_from_slice(&buffer[..read]);
             loop {
                 let acted = match PtyFrame::take(&mut held) {
-                    Ok(Some(PtyFrame::Input(bytes))) => (&terminal).write_all(&bytes).is_ok(),
+                    Ok(Some(PtyFrame::Input(bytes))) => {
+                        type_into(&terminal, &bytes, keeper).is_ok()
+                    }
                     Ok(Some(PtyFrame::Resize(size))) => set_size(&terminal, size).is_ok(),
                     Ok(None) => break,
                     Err(err) => {
@@ -169,6 +180,100 @@ fn feed_control(master: OwnedFd) {
         }
     });
 }
+
+/// Writes typed bytes to the terminal; a signal key (while `ISIG` is on) is sent to the
+/// keeper as its signal instead (see the module's docs).
+fn type_into(terminal: &File, bytes: &[u8], keeper: Pid) -> std::io::Result<()> {
+    let keys = signal_keys(terminal);
+    let mut writer = terminal;
+    let mut from = 0;
+    for (at, byte) in bytes.iter().enumerate() {
+        if let Some((_, signal)) = keys.iter().find(|(key, _)| key == byte) {
+            writer.write_all(&bytes[from..at])?;
+            let _ = kill(keeper, *signal);
+            from = at + 1;
+        }
+    }
+    writer.write_all(&bytes[from..])
+}
+
+/// The terminal's signal keys now, with their signals; none while its `ISIG` is off.
+fn signal_keys(terminal: &File) -> Vec<(u8, Signal)> {
+    use rustix::termios::{LocalModes, SpecialCodeIndex};
+    let Ok(settings) = rustix::termios::tcgetattr(terminal) else {
+        return Vec::new();
+    };
+    if !settings.local_modes.contains(LocalModes::ISIG) {
+        return Vec::new();
+    }
+    [
+        (SpecialCodeIndex::VINTR, Signal::SIGINT),
+        (SpecialCodeIndex::VQUIT, Signal::SIGQUIT),
+        (SpecialCodeIndex::VSUSP, Signal::SIGTSTP),
+    ]
+    .into_iter()
+    .map(|(index, signal)| (settings.special_codes[index], signal))
+    // 0 is `_POSIX_VDISABLE`: that key is off.
+    .filter(|(key, _)| *key != 0)
+    .collect()
+}
+
+/// The session keeper (`exec --tty -- PROGRAM...`, started by the PTY supervisor with the
+/// terminal as stdin): leads a new session with the terminal as its controlling one, starts
+/// the program through the trampoline in a process group of its own, makes that the
+/// terminal's foreground group, and waits: `SIGINT`, `SIGQUIT`, `SIGTSTP` go to whatever group
+/// is in the foreground then (the supervisor's signal keys), `SIGTERM` and `SIGHUP` to the
+/// program's group; it exits with the program's status.
+pub fn keep(argv: &[OsString]) -> Result<u8, AttachError> {
+    let mut signals = SigSet::empty();
+    for signal in KEPT {
+        signals.add(signal);
+    }
+    signals.add(Signal::SIGCHLD);
+    signals.thread_block().map_err(AttachError::Block)?;
+    let terminal = std::io::stdin();
+    rustix::process::setsid()
+        .and_then(|_| rustix::process::ioctl_tiocsctty(&terminal))
+        .map_err(|err| AttachError::Terminal(err.into()))?;
+    let mut child = Command::new(TRAMPOLINE)
+        .arg0("sandgate-init")
+        .arg(EXEC_MODE)
+        .arg("--")
+        .args(argv)
+        .process_group(0)
+        .spawn()
+        .map_err(AttachError::Spawn)?;
+    let group = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    if let Some(foreground) = rustix::process::Pid::from_raw(group.as_raw()) {
+        let _ = rustix::termios::tcsetpgrp(&terminal, foreground);
+    }
+    // A shell that found itself in the background before that stopped itself (SIGTTIN).
+    let _ = killpg(group, Signal::SIGCONT);
+    loop {
+        match signals.wait().map_err(AttachError::Wait)? {
+            Signal::SIGCHLD => {
+                if let Some(status) = child.try_wait().map_err(AttachError::Status)? {
+                    return Ok(status_code(status));
+                }
+            }
+            signal @ (Signal::SIGINT | Signal::SIGQUIT | Signal::SIGTSTP) => {
+                let foreground = rustix::termios::tcgetpgrp(&terminal)
+                    .map_or(group, |pgrp| Pid::from_raw(pgrp.as_raw_pid()));
+                let _ = killpg(foreground, signal);
+            }
+            signal => pass(group, signal),
+        }
+    }
+}
+
+/// What the keeper waits for besides `SIGCHLD`.
+const KEPT: [Signal; 5] = [
+    Signal::SIGINT,
+    Signal::SIGQUIT,
+    Signal::SIGTSTP,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+];
 
 /// Waits for the terminal's last output: until it closed, is quiet, or [`DRAIN_MOST`] passed.
 fn drain(copied: &mpsc::Receiver<()>) {
