@@ -157,8 +157,8 @@ async fn a_pty_is_a_terminal_that_is_resized_typed_into_interrupted_and_recorded
         }
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let (status, code, stdout): (String, String, Option<Vec<u8>>) = sqlx::query_as(
-        "SELECT e.status, e.code, e.stdout FROM executions e JOIN audit_events a \
+    let (status, code_sha256, stdout): (String, String, Option<Vec<u8>>) = sqlx::query_as(
+        "SELECT e.status, e.code_sha256, e.stdout FROM executions e JOIN audit_events a \
          ON a.execution_id = e.id AND a.kind = 'execution.decision' \
          WHERE e.session_id = $1 AND a.input -> 'request' -> 'e2b' ->> 'call' = 'pty.create'",
     )
@@ -167,7 +167,10 @@ async fn a_pty_is_a_terminal_that_is_resized_typed_into_interrupted_and_recorded
     .await
     .unwrap();
     assert_eq!(status, "killed");
-    assert!(code.contains("'/bin/bash' '-i' '-l'"), "{code}");
+    // The record's code: the SDK's program and arguments, its cwd, its envs' names only.
+    let shown = "cd -- '/home/user'\n# envs: LANG LC_ALL TERM\n'/bin/bash' '-i' '-l'\n";
+    use sha2::Digest as _;
+    assert_eq!(code_sha256, hex::encode(sha2::Sha256::digest(shown)));
     let stdout = String::from_utf8_lossy(stdout.as_deref().unwrap_or_default()).into_owned();
     for seen in ["24 80", "40 120", "hello-sandgate-6", "interrupted-10"] {
         assert!(
