@@ -3,15 +3,18 @@
 //! (dockerd, runsc, PostgreSQL): create, write, rename and remove seen in order, a recursive
 //! watch seeing a directory made after it started, a path outside the writable places and a
 //! symlink to outside refused, at most 8 watchers (a ninth refused), `stop()` ending the
-//! watcher in the sandbox.
+//! watcher in the sandbox; and the streamed `WatchDir` (the JS SDK's form, driven through the
+//! Python SDK's own Connect client) ending with its sandbox.
 
 use crate::common;
 
 use common::TestGateway;
 
 const AGENT: &str = r#"
-import json, time
+import json, threading, time
 from e2b import Sandbox
+from e2b.envd.filesystem import filesystem_pb
+from e2b.sandbox.filesystem.watch_handle import map_event_type
 
 out = {}
 sbx = Sandbox.create(template="base", timeout=180)
@@ -65,7 +68,32 @@ for h in handles:
     h.stop()
 time.sleep(0.5)
 out["running_after_stop"] = watchers_running()
+
+# The streamed form (WatchDir, what the JS SDK uses), through the SDK's own Connect client.
+sbx.files.make_dir("s")
+stream = sbx.files._rpc.watch_dir(filesystem_pb.WatchDirRequest(path="/home/user/s"),
+                                  timeout_ms=60000)
+out["stream_first"] = next(stream).event.field
+streamed = []
+def reader():
+    try:
+        for r in stream:
+            if r.event is not None and r.event.field == "filesystem":
+                streamed.append([map_event_type(r.event.value.type).value, r.event.value.name])
+        streamed.append(["ended", "cleanly"])
+    except Exception as e:
+        streamed.append(["ended", type(e).__name__ + ": " + str(e)])
+thread = threading.Thread(target=reader, daemon=True)
+thread.start()
+sbx.files.write("s/x.txt", "x")
+for _ in range(100):
+    if ["create", "x.txt"] in streamed:
+        break
+    time.sleep(0.05)
+out["streamed"] = list(streamed)
 sbx.kill()
+thread.join(15)
+out["stream_end"] = streamed[-1] if streamed else None
 print(json.dumps(out))
 "#;
 
@@ -140,6 +168,17 @@ async fn watchers_see_changes_in_order_and_are_confined_and_bounded() {
     assert_eq!(
         said["running_after_stop"], 0,
         "stop() ends the watcher in the sandbox"
+    );
+    assert_eq!(said["stream_first"], "start", "{said}");
+    let streamed = said["streamed"].as_array().unwrap();
+    assert!(
+        streamed.contains(&serde_json::json!(["create", "x.txt"])),
+        "WatchDir streams the events as they happen: {said}"
+    );
+    let end = said["stream_end"].to_string();
+    assert!(
+        end.contains("ended") && end.contains("paused, killed or closed"),
+        "the stream ends with its sandbox, saying so: {end}"
     );
     gw.stop().await;
 }
