@@ -5,9 +5,14 @@
 //! component by component without following a symlink. Who may: who may run code in the
 //! session (`get_session`). Watching changes nothing, so nothing is audited per event; a
 //! watcher is not recorded either (as stats and listings are not). A watcher ends with its
-//! sandbox (closed, killed, paused: its exec's stream ends) or when its requests end.
+//! sandbox (closed, killed: its exec's stream ends) or when its requests end. While it
+//! watches it is use of the session, counted with its running processes
+//! (`OpenSession::processes`): no pause, snapshot or idle close under it, since a checkpoint
+//! cannot carry the watcher's exec across a restore.
 
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::stream::BoxStream;
@@ -16,6 +21,7 @@ use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use super::session_files::{placed, refused, SessionFileError};
 use super::session_runs::closed_conflict;
+use super::sessions::OpenSession;
 use super::{App, AppError};
 use crate::audit::ApiKey;
 use crate::runtime::procs::WatchSpec;
@@ -30,6 +36,23 @@ const START_WAIT: Duration = Duration::from_secs(10);
 pub struct SessionWatcher {
     pub lines: BoxStream<'static, WatchLine>,
     requests: Pin<Box<dyn AsyncWrite + Send>>,
+    _in_use: InUse,
+}
+
+/// The session is in use while its watcher lives (counted as a running process).
+struct InUse(Arc<OpenSession>);
+
+impl InUse {
+    fn of(open: &Arc<OpenSession>) -> InUse {
+        open.processes.fetch_add(1, Ordering::SeqCst);
+        InUse(Arc::clone(open))
+    }
+}
+
+impl Drop for InUse {
+    fn drop(&mut self) {
+        self.0.processes.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for SessionWatcher {
@@ -88,9 +111,14 @@ impl App {
         let requests = started.input.ok_or_else(|| {
             AppError::Internal("the watcher's requests were not attached".to_owned())
         })?;
+        let in_use = InUse::of(&open);
         let mut lines = watch_lines(started.output);
         match tokio::time::timeout(START_WAIT, lines.next()).await {
-            Ok(Some(WatchLine::Ready)) => Ok(SessionWatcher { lines, requests }),
+            Ok(Some(WatchLine::Ready)) => Ok(SessionWatcher {
+                lines,
+                requests,
+                _in_use: in_use,
+            }),
             Ok(Some(WatchLine::Failed { failure, message })) => Err(refused(failure, message)),
             Ok(other) => {
                 Err(AppError::Internal(format!("the watcher did not start: {other:?}")).into())
