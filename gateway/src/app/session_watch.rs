@@ -112,7 +112,11 @@ impl App {
             AppError::Internal("the watcher's requests were not attached".to_owned())
         })?;
         let in_use = InUse::of(&open);
-        let mut lines = watch_lines(started.output);
+        // The lines end when the session closes, whenever dockerd ends the exec's stream.
+        let closing = open.closing.clone();
+        let mut lines = watch_lines(started.output)
+            .take_until(async move { closing.cancelled().await })
+            .boxed();
         match tokio::time::timeout(START_WAIT, lines.next()).await {
             Ok(Some(WatchLine::Ready)) => Ok(SessionWatcher {
                 lines,
