@@ -2,7 +2,8 @@
 //! `GetWatcherEvents`, `RemoveWatcher`) driven by E2B's own Python SDK through the real stack
 //! (dockerd, runsc, PostgreSQL): create, write, rename and remove seen in order, a recursive
 //! watch seeing a directory made after it started, a path outside the writable places and a
-//! symlink to outside refused, at most 8 watchers (a ninth refused), `stop()` ending the
+//! symlink to outside refused, more than the 1024 events a watcher keeps said rather than cut
+//! silently, at most 8 watchers (a ninth refused), `stop()` ending the
 //! watcher in the sandbox; and the streamed `WatchDir` (the JS SDK's form, driven through the
 //! Python SDK's own Connect client) ending with its sandbox.
 
@@ -44,6 +45,18 @@ sbx.files.write("w/new/n.txt", "n")
 sbx.files.write("w/sub/deep2.txt", "y")
 out["recursive"] = seen(deep)
 deep.stop()
+
+# Past the 1024 events a watcher keeps between two reads: said, not silently cut.
+sbx.files.make_dir("many")
+many = sbx.files.watch_dir("many")
+sbx.commands.run("cd /home/user/many && for i in $(seq 1100); do : > f$i; done")
+try:
+    out["overflow"] = "%d events" % len(many.get_new_events())
+except Exception as e:
+    out["overflow"] = type(e).__name__ + ": " + str(e)
+sbx.files.write("many/after.txt", "a")
+out["after_overflow"] = seen(many)
+many.stop()
 
 def refusal(path):
     try:
@@ -143,6 +156,19 @@ async fn watchers_see_changes_in_order_and_are_confined_and_bounded() {
             "{wanted:?} in {deep:?}"
         );
     }
+
+    let overflow = said["overflow"].as_str().unwrap();
+    assert!(
+        overflow.contains("lost events") && overflow.contains("past the 1024"),
+        "{overflow}"
+    );
+    let after: Vec<(String, String)> =
+        serde_json::from_value(said["after_overflow"].clone()).unwrap();
+    assert_eq!(
+        after.first(),
+        Some(&("create".to_owned(), "after.txt".to_owned())),
+        "the read after the loss has what followed it"
+    );
 
     for name in ["outside", "traversal"] {
         let refused = said[name].as_str().unwrap();
