@@ -30,4 +30,7 @@ pub enum E2bCall {
     CommandsRun,
     #[serde(rename = "run_code")]
     RunCode,
+    /// `pty.create`: an interactive terminal (`process.Process/Start` with `pty`).
+    #[serde(rename = "pty.create")]
+    PtyCreate,
 }

@@ -102,9 +102,11 @@ pub mod identity;
 pub mod leftovers;
 pub mod pool;
 pub mod process;
+pub mod pty;
 pub mod session;
 pub mod spec;
 pub mod streams;
+pub mod watch;
 
 use std::ffi::OsString;
 use std::io::BufRead;
@@ -129,6 +131,8 @@ pub const EXIT_INIT_ERROR: u8 = 125;
 pub const EXEC_MODE: &str = "exec";
 /// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
 pub const APART_FLAG: &str = "--apart";
+/// After [`EXEC_MODE`]: be the session keeper of a terminal on stdin ([`pty::keep`]).
+pub const TTY_FLAG: &str = "--tty";
 pub use sandbox_protocol::{end_marker, exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
 
 /// What the init's exit trailer says besides the code: the job's nonce (the trailer is
@@ -162,10 +166,19 @@ pub enum Mode {
     },
     /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
     /// init, see [`identity`]).
-    Exec { apart: bool, argv: Vec<OsString> },
-    /// `attach <tag> -- PROGRAM [ARG...]`: a session's later process, started by `docker exec`
-    /// ([`attach`]).
-    Attach { argv: Vec<OsString> },
+    Exec {
+        apart: bool,
+        tty: bool,
+        argv: Vec<OsString>,
+    },
+    /// `attach <tag> [pty=<cols>x<rows>] -- PROGRAM [ARG...]`: a session's later process,
+    /// started by `docker exec` ([`attach`]; with a terminal: [`pty`]).
+    Attach {
+        pty: Option<sandbox_protocol::PtySize>,
+        argv: Vec<OsString>,
+    },
+    /// `watch <tag> [recursive] -- PATH`: a session's directory watcher ([`watch`]).
+    Watch { recursive: bool, path: String },
     /// `signal <tag> <SIGNAL>`: signals the attach supervisor of `<tag>` ([`attach`]).
     Signal {
         tag: String,
@@ -184,28 +197,36 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
         Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
             session::Runner::parse(args).map(|(runner, context)| Mode::Session { runner, context })
         }
-        Some(mode) if mode == EXEC_MODE => {
-            let apart = match args.next() {
-                Some(flag) if flag == APART_FLAG => true,
-                Some(dashes) if dashes == "--" => false,
-                _ => return Err(InitError::Args),
-            };
-            if apart && args.next().is_none_or(|dashes| dashes != "--") {
-                return Err(InitError::Args);
-            }
-            Ok(Mode::Exec {
-                apart,
-                argv: args.collect(),
-            })
-        }
+        Some(mode) if mode == EXEC_MODE => parse_exec(args),
         Some(mode) if mode == sandbox_protocol::ATTACH_MODE => attach::parse_attach(args)
-            .map(|(_, argv)| Mode::Attach { argv })
+            .map(|(_, pty, argv)| Mode::Attach { pty, argv })
             .map_err(InitError::Attach),
+        Some(mode) if mode == sandbox_protocol::WATCH_MODE => watch::parse_watch(args)
+            .map(|(_, recursive, path)| Mode::Watch { recursive, path })
+            .map_err(InitError::Watch),
         Some(mode) if mode == sandbox_protocol::SIGNAL_MODE => attach::parse_signal(args)
             .map(|(tag, signal)| Mode::Signal { tag, signal })
             .map_err(InitError::Attach),
         Some(_) => Err(InitError::Args),
     }
+}
+
+/// `exec [--apart] [--tty] -- PROGRAM [ARG...]`.
+fn parse_exec(mut args: impl Iterator<Item = OsString>) -> Result<Mode, InitError> {
+    let (mut apart, mut tty) = (false, false);
+    loop {
+        match args.next() {
+            Some(flag) if flag == APART_FLAG && !apart && !tty => apart = true,
+            Some(flag) if flag == TTY_FLAG && !tty => tty = true,
+            Some(dashes) if dashes == "--" => break,
+            _ => return Err(InitError::Args),
+        }
+    }
+    Ok(Mode::Exec {
+        apart,
+        tty,
+        argv: args.collect(),
+    })
 }
 
 /// Everything that makes the init fail instead of reporting the program's own status.
@@ -231,6 +252,8 @@ pub enum InitError {
     Session(session::SessionError),
     #[error(transparent)]
     Attach(attach::AttachError),
+    #[error(transparent)]
+    Watch(watch::WatchError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
     #[error(transparent)]
@@ -359,6 +382,7 @@ mod tests {
             parse_args(args(&["exec", "--", "sh", "-c", "--"])).unwrap(),
             Mode::Exec {
                 apart: false,
+                tty: false,
                 argv: args(&["sh", "-c", "--"])
             }
         );
@@ -366,6 +390,7 @@ mod tests {
             parse_args(args(&["exec", "--"])).unwrap(),
             Mode::Exec {
                 apart: false,
+                tty: false,
                 argv: Vec::new()
             }
         );
@@ -373,7 +398,16 @@ mod tests {
             parse_args(args(&["exec", "--apart", "--", "--apart"])).unwrap(),
             Mode::Exec {
                 apart: true,
+                tty: false,
                 argv: args(&["--apart"])
+            }
+        );
+        assert_eq!(
+            parse_args(args(&["exec", "--tty", "--", "bash"])).unwrap(),
+            Mode::Exec {
+                apart: false,
+                tty: true,
+                argv: args(&["bash"])
             }
         );
     }
@@ -384,6 +418,7 @@ mod tests {
             &["exec"][..],
             &["exec", "sh"],
             &["exec", "--apart", "sh"],
+            &["exec", "--tty", "--apart", "--", "sh"],
             &["--help"],
             &["-", "--"],
         ] {

@@ -39,6 +39,7 @@ pub mod session_procs;
 mod session_relay;
 pub mod session_results;
 mod session_runs;
+pub mod session_watch;
 pub mod sessions;
 mod snapshot_replicas;
 mod snapshot_restart;

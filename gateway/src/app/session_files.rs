@@ -254,7 +254,7 @@ impl App {
 }
 
 /// The normalised path, or a refusal naming the places.
-fn placed(path: &str) -> Answer<String> {
+pub(super) fn placed(path: &str) -> Answer<String> {
     locate(path).map(|at| at.path()).map_err(|failure| {
         refused(
             failure,
@@ -267,7 +267,7 @@ fn placed(path: &str) -> Answer<String> {
     })
 }
 
-fn refused(failure: FileFailure, message: impl Into<String>) -> SessionFileError {
+pub(super) fn refused(failure: FileFailure, message: impl Into<String>) -> SessionFileError {
     SessionFileError::Refused {
         failure,
         message: message.into(),

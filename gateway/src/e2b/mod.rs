@@ -23,6 +23,7 @@ mod fork;
 mod interpreter;
 mod live;
 mod process;
+mod watch;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};

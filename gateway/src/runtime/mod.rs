@@ -469,6 +469,21 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         }
         .boxed()
     }
+    /// Starts a directory watcher in a session sandbox (`procs::WatchSpec`), as the program's
+    /// user: its stdout carries its lines, its stdin its requests.
+    fn start_watcher<'a>(
+        &'a self,
+        container: &'a str,
+        spec: procs::WatchSpec,
+    ) -> BoxFuture<'a, Result<procs::StartedProcess, RuntimeError>> {
+        let _ = (container, spec);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no watchers".into(),
+            ))
+        }
+        .boxed()
+    }
     /// The exit code of a started process whose output ended (`None`: it still runs, or
     /// the runtime does not know).
     fn process_exit<'a>(

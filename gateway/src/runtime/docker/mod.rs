@@ -161,6 +161,14 @@ impl SandboxRuntime for DockerRuntime {
         async move { procs::exit(self.client().await?, handle).await }.boxed()
     }
 
+    fn start_watcher<'a>(
+        &'a self,
+        container: &'a str,
+        spec: crate::runtime::procs::WatchSpec,
+    ) -> BoxFuture<'a, Result<crate::runtime::procs::StartedProcess, RuntimeError>> {
+        async move { procs::start_watcher(self.client().await?, container, spec).await }.boxed()
+    }
+
     fn signal_process<'a>(
         &'a self,
         container: &'a str,
