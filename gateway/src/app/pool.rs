@@ -152,6 +152,28 @@ pub(super) struct State {
     failing: BTreeMap<PoolKey, String>,
     /// Per failing key: not retried before this, and the next back-off.
     retry: BTreeMap<PoolKey, (Instant, Duration)>,
+    /// Per key: starts in flight ([`Starting`]), counted as waiting when choosing the next.
+    starting: BTreeMap<PoolKey, usize>,
+}
+
+/// A start of a sandbox of `key` in flight: counted by [`WarmPool::next_to_start`] as if it
+/// waited (several restores may run at once) until dropped.
+#[derive(Debug)]
+pub(super) struct Starting {
+    pool: Arc<WarmPool>,
+    pub(super) key: PoolKey,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        if let Some(count) = state.starting.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                state.starting.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One line of `/readyz`'s `warm_pool.keys`.
@@ -323,9 +345,19 @@ impl WarmPool {
     }
 
     /// Drops what waits beyond its key's target (oldest first: their watchers remove them),
-    /// then names the key to start a sandbox of next: the one furthest below its target that
-    /// is not backing off and fits the budget (a floor always fits).
-    pub(super) fn next_to_start(&self) -> Option<PoolKey> {
+    /// then names the key to start a sandbox of next: the one furthest below its target (what
+    /// waits and what is starting) that is not backing off and fits the budget (a floor always
+    /// fits). The start is counted until the returned [`Starting`] is dropped.
+    pub(super) fn next_to_start(self: &Arc<Self>) -> Option<Starting> {
+        let key = self.next_key()?;
+        *self.lock().starting.entry(key.clone()).or_default() += 1;
+        Some(Starting {
+            pool: Arc::clone(self),
+            key,
+        })
+    }
+
+    fn next_key(&self) -> Option<PoolKey> {
         let mut state = self.lock();
         let now = Instant::now();
         let targets = self.compute_targets(&mut state, now);
@@ -343,7 +375,11 @@ impl WarmPool {
         state.waiting = kept;
         state.failing.retain(|key, _| targets.contains_key(key));
         state.retry.retain(|key, _| targets.contains_key(key));
-        let held: u64 = state.waiting.iter().map(|w| self.cost_mb(&w.key)).sum();
+        let mut held: u64 = state.waiting.iter().map(|w| self.cost_mb(&w.key)).sum();
+        for (key, count) in &state.starting {
+            *have.entry(key.clone()).or_default() += count;
+            held += self.cost_mb(key) * *count as u64;
+        }
         let next = targets
             .iter()
             .filter(|(key, target)| have.get(*key).copied().unwrap_or(0) < **target)
@@ -532,7 +568,8 @@ mod tests {
         let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
         assert!(pool.claim(&key).await.is_none());
         assert!(pool.claim(&key).await.is_none());
-        assert_eq!(pool.next_to_start(), Some(key.clone()));
+        let starting = pool.next_to_start().map(|s| s.key.clone());
+        assert_eq!(starting, Some(key.clone()));
         let claims = pool.snapshot().claims;
         assert_eq!(claims[&("python".to_owned(), WarmClaim::MissNewKey)], 1);
         assert_eq!(claims[&("python".to_owned(), WarmClaim::MissEmpty)], 1);
