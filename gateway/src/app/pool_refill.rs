@@ -49,10 +49,11 @@ async fn keep_filled(app: &Arc<App>, pool: &Arc<WarmPool>) {
             let restores = pool.restore.ready(&starting.key);
             if restores || starts.is_empty() {
                 booting += usize::from(!restores);
+                let at_once = starts.len() + 1;
                 let (app, pool) = (Arc::clone(app), Arc::clone(pool));
                 starts.spawn(async move {
                     let key = starting.key.clone();
-                    let result = start_one(&app, &pool, key.clone()).await;
+                    let result = start_one(&app, &pool, key.clone(), at_once).await;
                     pool.started(&key, result);
                     drop(starting);
                     !restores
@@ -82,10 +83,16 @@ async fn keep_filled(app: &Arc<App>, pool: &Arc<WarmPool>) {
 
 /// Starts one sandbox of `key` and leaves it waiting, watched, in the pool: restored from the
 /// key's template where the pool refills by restore ([`super::pool_restore`]), else booted (a
-/// failed restore boots instead, so a key never waits on a broken template).
-async fn start_one(app: &Arc<App>, pool: &Arc<WarmPool>, key: PoolKey) -> Result<(), String> {
+/// failed restore boots instead, so a key never waits on a broken template). `at_once`: the
+/// starts in flight when this one began, itself included.
+async fn start_one(
+    app: &Arc<App>,
+    pool: &Arc<WarmPool>,
+    key: PoolKey,
+    at_once: usize,
+) -> Result<(), String> {
     if let Some(template) = super::pool_restore::template_for(app, pool, &key).await {
-        match super::pool_restore::restore_one(app, pool, &key, &template).await {
+        match super::pool_restore::restore_one(app, pool, &key, &template, at_once).await {
             Ok(()) => return Ok(()),
             Err(cause) => pool.restore.failed(&key, &cause),
         }

@@ -272,14 +272,17 @@ async fn make_template(
 }
 
 /// Restores the template into a new sandbox of `key` and leaves it waiting: refused if the
-/// image's bytes are not the ones checkpointed. A restore slower than the template's boot
-/// sends the key back to booting (for [`RETRY_AFTER`]): restoring is only ever chosen for
-/// being faster, and on the ptrace platform it need not be (docs/performance.md).
+/// image's bytes are not the ones checkpointed. Restores slower than the template's boot send
+/// the key back to booting (for [`RETRY_AFTER`]): restoring is only ever chosen for being
+/// faster, and on the ptrace platform it need not be (docs/performance.md). "Slower" compares
+/// rates: `at_once` restores ran side by side (boots run alone), so this one is slower when it
+/// took longer than `at_once` boots.
 pub(super) async fn restore_one(
     app: &Arc<App>,
     pool: &Arc<WarmPool>,
     key: &PoolKey,
     template: &Template,
+    at_once: usize,
 ) -> Result<(), String> {
     let begun = Instant::now();
     checked_image(template).await?;
@@ -290,10 +293,14 @@ pub(super) async fn restore_one(
     enlist(app, pool, key.clone(), sandbox, home);
     let took = begun.elapsed();
     // Where a refill's time goes (docs/performance.md); the runtime logs create/copy/start.
-    tracing::debug!(language = %key.language, serves = ?key.serves, memory_mb = key.memory_mb, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
-    if pool.restore.timed(key, took > template.boot) {
+    tracing::debug!(language = %key.language, serves = ?key.serves, memory_mb = key.memory_mb, at_once, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
+    let rivals = u32::try_from(at_once.max(1)).unwrap_or(u32::MAX);
+    if pool
+        .restore
+        .timed(key, took > template.boot.saturating_mul(rivals))
+    {
         let cause = format!(
-            "{SLOWER}: {SLOWER_IN_A_ROW} restores in a row took longer than the template's boot ({} ms; the last {} ms)",
+            "{SLOWER}: {SLOWER_IN_A_ROW} restores in a row took longer than the template's boot ({} ms) times the restores at once; the last {} ms, {at_once} at once",
             template.boot.as_millis(),
             took.as_millis(),
         );
@@ -362,7 +369,9 @@ mod tests {
             preload: Vec::new()
         })));
         assert!(restores(&Waits::Pool(PoolRunner::Plain)));
-        assert!(restores(&Waits::Session(crate::runtime::SessionRunner::Bash)));
+        assert!(restores(&Waits::Session(
+            crate::runtime::SessionRunner::Bash
+        )));
         assert!(!restores(&Waits::Init));
     }
 

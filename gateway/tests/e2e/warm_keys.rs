@@ -91,7 +91,10 @@ async fn bash_python_session_and_e2b_keys_refill_by_restore_and_serve_warm() {
     let first = open().await;
     assert_eq!(first["start"], "cold", "{first}");
     let id = first["id"].as_str().unwrap();
-    assert_eq!(gw.delete(&agent, &format!("/v1/sessions/{id}")).await.0, 200);
+    assert_eq!(
+        gw.delete(&agent, &format!("/v1/sessions/{id}")).await.0,
+        200
+    );
     restoring(&gw, serving("python", "session")).await;
     let second = open().await;
     assert_eq!(second["start"], "warm", "{second}");
@@ -147,9 +150,12 @@ async fn a_restored_sandbox_of_a_small_shape_keeps_its_memory_and_pids_limits() 
     let gw = gateway_on(&daemon).await;
     let instance = gw.instance().await;
     let agent = gw.key("agent", "acme").await;
-    let small = json!({"limits": {"memory_mb": 128, "cpus": 0.5, "pids": 256, "timeout_ms": 20000}});
+    let small =
+        json!({"limits": {"memory_mb": 128, "cpus": 0.5, "pids": 256, "timeout_ms": 20000}});
     let shape = |k: &Value| serving("python", "execution")(k) && k["memory_mb"] == 128;
-    let (status, first) = gw.execute(&agent, "python", "print(1)", small.clone()).await;
+    let (status, first) = gw
+        .execute(&agent, "python", "print(1)", small.clone())
+        .await;
     assert_eq!(status, 200, "{first}");
     assert_eq!(first["start"], "cold", "{first}");
     let key = restoring(&gw, shape).await;
