@@ -554,6 +554,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn starts_in_flight_count_as_waiting_until_they_end() {
+        let pool = WarmPool::new(
+            Sizing {
+                floors: BTreeMap::new(),
+                window: Duration::from_secs(600),
+                budget_mb: 2048,
+                languages: BTreeSet::from(["python".to_owned()]),
+            },
+            Vec::new(),
+            None,
+        );
+        let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
+        assert!(pool.claim(&key).await.is_none());
+        assert!(pool.claim(&key).await.is_none());
+        // Target 2: two starts may be in flight at once, not a third.
+        let first = pool.next_to_start().unwrap();
+        let second = pool.next_to_start().unwrap();
+        assert_eq!((&first.key, &second.key), (&key, &key));
+        assert!(pool.next_to_start().is_none());
+        drop(first);
+        assert!(pool.next_to_start().is_some());
+    }
+
+    #[tokio::test]
     async fn claims_are_counted_and_make_their_key_wanted() {
         let pool = WarmPool::new(
             Sizing {
