@@ -357,6 +357,11 @@ impl WarmPool {
         })
     }
 
+    /// Starts of `key` in flight.
+    pub(super) fn starting_of(&self, key: &PoolKey) -> usize {
+        self.lock().starting.get(key).copied().unwrap_or(0)
+    }
+
     fn next_key(&self) -> Option<PoolKey> {
         let mut state = self.lock();
         let now = Instant::now();

@@ -26,9 +26,10 @@ pub async fn refill(app: Arc<App>) {
     pool.restore.clear();
 }
 
-/// Restores that may run at once: a restore waits on dockerd and runsc's reading of the image
-/// as much as it computes, and two keep both cores busy here (docs/performance.md). A boot
-/// (or a template being made) runs alone, as before: its imports are CPU-bound.
+/// Restores that may run at once, each of a different key's template (two of one template
+/// collide in containerd: see `keep_filled`): two keep both cores busy here
+/// (docs/performance.md). A boot (or a template being made) runs alone, as before: its imports
+/// are CPU-bound.
 pub const RESTORES_AT_ONCE: usize = 2;
 
 async fn keep_filled(app: &Arc<App>, pool: &Arc<WarmPool>) {
@@ -46,7 +47,11 @@ async fn keep_filled(app: &Arc<App>, pool: &Arc<WarmPool>) {
             None
         };
         if let Some(starting) = next {
-            let restores = pool.restore.ready(&starting.key);
+            // Restores of one template never run side by side: dockerd 20.10 uploads the image
+            // to containerd's content store on each start, and two uploads of the same bytes
+            // fail ("commit failed: content sha256:...: already exists"), seen here.
+            let restores =
+                pool.restore.ready(&starting.key) && pool.starting_of(&starting.key) == 1;
             if restores || starts.is_empty() {
                 booting += usize::from(!restores);
                 let at_once = starts.len() + 1;
