@@ -19,8 +19,8 @@
 //! program keeps what the decision granted, and the budget counts the whole container.
 //!
 //! One sandbox serves one execution (or one session) and is then removed: nothing of one run
-//! reaches another. Waiting sandboxes take no execution slot; the refill starts one sandbox at
-//! a time and only while nothing waits for a slot and fewer than half the slots run
+//! reaches another. Waiting sandboxes take no execution slot; the refill boots one sandbox at
+//! a time (or restores up to two of different keys) and only while nothing waits for a slot and fewer than half the slots run
 //! (`Scheduler::is_quiet`), so it never delays a queued execution and leaves CPU to the running
 //! ones.
 
