@@ -19,8 +19,8 @@
 //! program keeps what the decision granted, and the budget counts the whole container.
 //!
 //! One sandbox serves one execution (or one session) and is then removed: nothing of one run
-//! reaches another. Waiting sandboxes take no execution slot; the refill starts one sandbox at
-//! a time and only while nothing waits for a slot and fewer than half the slots run
+//! reaches another. Waiting sandboxes take no execution slot; the refill boots one sandbox at
+//! a time (or restores up to two of different keys) and only while nothing waits for a slot and fewer than half the slots run
 //! (`Scheduler::is_quiet`), so it never delays a queued execution and leaves CPU to the running
 //! ones.
 
@@ -159,6 +159,28 @@ pub(super) struct State {
     failing: BTreeMap<PoolKey, String>,
     /// Per failing key: not retried before this, and the next back-off.
     retry: BTreeMap<PoolKey, (Instant, Duration)>,
+    /// Per key: starts in flight ([`Starting`]), counted as waiting when choosing the next.
+    starting: BTreeMap<PoolKey, usize>,
+}
+
+/// A start of a sandbox of `key` in flight: counted by [`WarmPool::next_to_start`] as if it
+/// waited (several restores may run at once) until dropped.
+#[derive(Debug)]
+pub(super) struct Starting {
+    pool: Arc<WarmPool>,
+    pub(super) key: PoolKey,
+}
+
+impl Drop for Starting {
+    fn drop(&mut self) {
+        let mut state = self.pool.lock();
+        if let Some(count) = state.starting.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                state.starting.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One line of `/readyz`'s `warm_pool.keys`.
@@ -330,9 +352,24 @@ impl WarmPool {
     }
 
     /// Drops what waits beyond its key's target (oldest first: their watchers remove them),
-    /// then names the key to start a sandbox of next: the one furthest below its target that
-    /// is not backing off and fits the budget (a floor always fits).
-    pub(super) fn next_to_start(&self) -> Option<PoolKey> {
+    /// then names the key to start a sandbox of next: the one furthest below its target (what
+    /// waits and what is starting) that is not backing off and fits the budget (a floor always
+    /// fits). The start is counted until the returned [`Starting`] is dropped.
+    pub(super) fn next_to_start(self: &Arc<Self>) -> Option<Starting> {
+        let key = self.next_key()?;
+        *self.lock().starting.entry(key.clone()).or_default() += 1;
+        Some(Starting {
+            pool: Arc::clone(self),
+            key,
+        })
+    }
+
+    /// Starts of `key` in flight.
+    pub(super) fn starting_of(&self, key: &PoolKey) -> usize {
+        self.lock().starting.get(key).copied().unwrap_or(0)
+    }
+
+    fn next_key(&self) -> Option<PoolKey> {
         let mut state = self.lock();
         let now = Instant::now();
         let targets = self.compute_targets(&mut state, now);
@@ -350,7 +387,11 @@ impl WarmPool {
         state.waiting = kept;
         state.failing.retain(|key, _| targets.contains_key(key));
         state.retry.retain(|key, _| targets.contains_key(key));
-        let held: u64 = state.waiting.iter().map(|w| self.cost_mb(&w.key)).sum();
+        let mut held: u64 = state.waiting.iter().map(|w| self.cost_mb(&w.key)).sum();
+        for (key, count) in &state.starting {
+            *have.entry(key.clone()).or_default() += count;
+            held += self.cost_mb(key) * *count as u64;
+        }
         let next = targets
             .iter()
             .filter(|(key, target)| have.get(*key).copied().unwrap_or(0) < **target)
@@ -525,6 +566,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn starts_in_flight_count_as_waiting_until_they_end() {
+        let pool = WarmPool::new(
+            Sizing {
+                floors: BTreeMap::new(),
+                window: Duration::from_secs(600),
+                budget_mb: 2048,
+                languages: BTreeSet::from(["python".to_owned()]),
+            },
+            Vec::new(),
+            None,
+        );
+        let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
+        assert!(pool.claim(&key).await.is_none());
+        assert!(pool.claim(&key).await.is_none());
+        // Target 2: two starts may be in flight at once, not a third.
+        let first = pool.next_to_start().unwrap();
+        let second = pool.next_to_start().unwrap();
+        assert_eq!((&first.key, &second.key), (&key, &key));
+        assert!(pool.next_to_start().is_none());
+        drop(first);
+        assert!(pool.next_to_start().is_some());
+    }
+
+    #[tokio::test]
     async fn claims_are_counted_and_make_their_key_wanted() {
         let pool = WarmPool::new(
             Sizing {
@@ -539,7 +604,8 @@ mod tests {
         let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
         assert!(pool.claim(&key).await.is_none());
         assert!(pool.claim(&key).await.is_none());
-        assert_eq!(pool.next_to_start(), Some(key.clone()));
+        let starting = pool.next_to_start().map(|s| s.key.clone());
+        assert_eq!(starting, Some(key.clone()));
         let claims = pool.snapshot().claims;
         assert_eq!(claims[&("python".to_owned(), WarmClaim::MissNewKey)], 1);
         assert_eq!(claims[&("python".to_owned(), WarmClaim::MissEmpty)], 1);

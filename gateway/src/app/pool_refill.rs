@@ -1,11 +1,12 @@
-//! The warm pool's refill: one task keeps every key at its target, one start at a time and only
-//! while the scheduler is quiet; each waiting sandbox has a keeper ([`Watched`]) that hands it
+//! The warm pool's refill: one task keeps every key at its target, only while the scheduler is
+//! quiet, one boot at a time or up to [`RESTORES_AT_ONCE`] restores; each waiting sandbox has a keeper ([`Watched`]) that hands it
 //! to its claim or removes it. A start boots a sandbox ([`start_one`]), or, where checkpoints
 //! are available, restores the key's preloaded template ([`super::pool_restore`]).
 
 use std::sync::Arc;
 
 use tokio::sync::oneshot;
+use tokio::task::JoinSet;
 
 use super::home::SandboxHome;
 use super::pool::{ClaimReply, Claimed, PoolKey, Waiting, WarmPool, IDLE_CHECK};
@@ -25,39 +26,78 @@ pub async fn refill(app: Arc<App>) {
     pool.restore.clear();
 }
 
+/// Restores that may run at once, each of a different key's template (two of one template
+/// collide in containerd: see `keep_filled`): two keep both cores busy here
+/// (docs/performance.md). A boot (or a template being made) runs alone, as before: its imports
+/// are CPU-bound.
+pub const RESTORES_AT_ONCE: usize = 2;
+
 async fn keep_filled(app: &Arc<App>, pool: &Arc<WarmPool>) {
+    let mut starts = JoinSet::new();
+    // Starts in flight that boot (at most one, and then nothing else starts).
+    let mut booting = 0_usize;
     loop {
-        let next = if app.scheduler.is_quiet() {
+        if app.shutdown.is_cancelled() {
+            break;
+        }
+        let room = booting == 0 && starts.len() < RESTORES_AT_ONCE;
+        let next = if room && app.scheduler.is_quiet() {
             pool.next_to_start()
         } else {
             None
         };
-        let idle = match next {
-            Some(key) => {
-                let started = start_one(app, pool, key.clone()).await;
-                pool.started(&key, started);
-                false
+        if let Some(starting) = next {
+            // Restores of one template never run side by side: dockerd 20.10 uploads the image
+            // to containerd's content store on each start, and two uploads of the same bytes
+            // fail ("commit failed: content sha256:...: already exists"), seen here.
+            let restores =
+                pool.restore.ready(&starting.key) && pool.starting_of(&starting.key) == 1;
+            if restores || starts.is_empty() {
+                booting += usize::from(!restores);
+                let at_once = starts.len() + 1;
+                let (app, pool) = (Arc::clone(app), Arc::clone(pool));
+                starts.spawn(async move {
+                    let key = starting.key.clone();
+                    let result = start_one(&app, &pool, key.clone(), at_once).await;
+                    pool.started(&key, result);
+                    drop(starting);
+                    !restores
+                });
+                continue;
             }
-            None => true,
-        };
-        if idle {
-            tokio::select! {
-                () = app.shutdown.cancelled() => return,
-                () = pool.wake.notified() => {}
-                () = tokio::time::sleep(IDLE_CHECK) => {}
+            // A boot waits until the restores in flight are done.
+        }
+        tokio::select! {
+            () = app.shutdown.cancelled() => break,
+            Some(done) = starts.join_next(), if !starts.is_empty() => {
+                booting = match done {
+                    Ok(true) => booting.saturating_sub(1),
+                    Ok(false) => booting,
+                    // A panicked start: which kind is unknown; none can boot once all ended.
+                    Err(_) => booting.min(starts.len()),
+                };
             }
-        } else if app.shutdown.is_cancelled() {
-            return;
+            () = pool.wake.notified() => {}
+            () = tokio::time::sleep(IDLE_CHECK) => {}
         }
     }
+    // Starts in flight end (bounded by the runtime's timeouts); their keepers see the shutdown
+    // and remove what they started.
+    while starts.join_next().await.is_some() {}
 }
 
 /// Starts one sandbox of `key` and leaves it waiting, watched, in the pool: restored from the
 /// key's template where the pool refills by restore ([`super::pool_restore`]), else booted (a
-/// failed restore boots instead, so a key never waits on a broken template).
-async fn start_one(app: &Arc<App>, pool: &Arc<WarmPool>, key: PoolKey) -> Result<(), String> {
+/// failed restore boots instead, so a key never waits on a broken template). `at_once`: the
+/// starts in flight when this one began, itself included.
+async fn start_one(
+    app: &Arc<App>,
+    pool: &Arc<WarmPool>,
+    key: PoolKey,
+    at_once: usize,
+) -> Result<(), String> {
     if let Some(template) = super::pool_restore::template_for(app, pool, &key).await {
-        match super::pool_restore::restore_one(app, pool, &key, &template).await {
+        match super::pool_restore::restore_one(app, pool, &key, &template, at_once).await {
             Ok(()) => return Ok(()),
             Err(cause) => pool.restore.failed(&key, &cause),
         }

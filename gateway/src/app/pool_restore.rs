@@ -1,7 +1,9 @@
 //! Refill by restore: where checkpoints are available (`snapshots.enabled`, and dockerd in
-//! experimental mode: docs/snapshots.md), a Python execution key with a preload refills by
-//! restoring a checkpoint of a preloaded waiting sandbox (its template) into a fresh container
-//! instead of booting runsc and importing `python_preload` again.
+//! experimental mode: docs/snapshots.md), every key the pool serves (Python executions with or
+//! without a preload, bash, sessions, so E2B sandboxes too) refills by restoring a checkpoint
+//! of a waiting sandbox of that key (its template) into a fresh container instead of booting
+//! runsc (and importing `python_preload`) again; a key whose restores are slower than its boot
+//! goes back to booting.
 //!
 //! Per key, the pool boots one waiting sandbox exactly as it would to serve (the same plan:
 //! image, limits, mounts, resident runner), checkpoints it once (the template is never served:
@@ -33,7 +35,7 @@ use super::pool::{PoolKey, WarmPool};
 use super::pool_refill::{enlist, prepare, started};
 use super::snapshots::{check_image, image_digest, remove_image};
 use super::{error_chain, App};
-use crate::runtime::{PoolRunner, Waits};
+use crate::runtime::Waits;
 
 /// How long a key whose template or restore failed boots before it tries again.
 pub const RETRY_AFTER: Duration = Duration::from_secs(300);
@@ -132,6 +134,12 @@ impl Restore {
         }
     }
 
+    /// Whether `key` has a template ready: its next start is a restore (which may run beside
+    /// other restores, `pool_refill::RESTORES_AT_ONCE`).
+    pub(super) fn ready(&self, key: &PoolKey) -> bool {
+        matches!(self.lock().get(key), Some(Slot::Ready(..)))
+    }
+
     /// Drops the key's template (its image removed) and boots it for a while.
     pub(super) fn failed(&self, key: &PoolKey, cause: &str) {
         let for_good = cause.contains(NOT_EXPERIMENTAL);
@@ -184,10 +192,14 @@ impl Restore {
     }
 }
 
-/// Whether what waits in a key's sandbox is worth a template: a Python interpreter with a
-/// preload (booting runsc is a third of its start, the imports the rest). Other keys boot.
+/// Whether a key whose sandboxes wait with `waits` refills by restore: every waiting shape
+/// the pool serves (a Python interpreter with or without a preload, a plain init for bash, a
+/// session's init before its opening line). What waits holds no secret of its own yet: the
+/// job's nonce and a session's report key arrive or are made after the claim, and Python's
+/// generators are reseeded per job. Whether a restore is faster than a boot is measured per
+/// key: three slower in a row send it back to booting ([`SLOWER_IN_A_ROW`]).
 fn restores(waits: &Waits) -> bool {
-    matches!(waits, Waits::Pool(PoolRunner::Python { preload }) if !preload.is_empty())
+    matches!(waits, Waits::Pool(_) | Waits::Session(_))
 }
 
 /// The key's template, made now if it has none: `None` when the key boots.
@@ -260,34 +272,50 @@ async fn make_template(
 }
 
 /// Restores the template into a new sandbox of `key` and leaves it waiting: refused if the
-/// image's bytes are not the ones checkpointed. A restore slower than the template's boot
-/// sends the key back to booting (for [`RETRY_AFTER`]): restoring is only ever chosen for
-/// being faster, and on the ptrace platform it need not be (docs/performance.md).
+/// image's bytes are not the ones checkpointed. Restores slower than the template's boot send
+/// the key back to booting (for [`RETRY_AFTER`]): restoring is only ever chosen for being
+/// faster, and on the ptrace platform it need not be (docs/performance.md). "Slower" compares
+/// rates: `at_once` restores ran side by side (boots run alone), so this one is slower when it
+/// took longer than `at_once` boots.
 pub(super) async fn restore_one(
     app: &Arc<App>,
     pool: &Arc<WarmPool>,
     key: &PoolKey,
     template: &Template,
+    at_once: usize,
 ) -> Result<(), String> {
     let begun = Instant::now();
-    check_image(&template.image, &template.sha256)
-        .map_err(|err| format!("the template's image: {err}"))?;
+    checked_image(template).await?;
     let checked = begun.elapsed();
     let (home, plan) = prepare(app, pool, key)?;
     let restored = app.runtime.restore(plan, &template.image).await;
     let (sandbox, home) = started(pool, home, restored)?;
     enlist(app, pool, key.clone(), sandbox, home);
     let took = begun.elapsed();
-    tracing::debug!(language = %key.language, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
-    if pool.restore.timed(key, took > template.boot) {
+    // Where a refill's time goes (docs/performance.md); the runtime logs create/copy/start.
+    tracing::debug!(language = %key.language, serves = ?key.serves, memory_mb = key.memory_mb, at_once, check_ms = checked.as_millis() as u64, took_ms = took.as_millis() as u64, "warm pool: sandbox restored");
+    let rivals = u32::try_from(at_once.max(1)).unwrap_or(u32::MAX);
+    if pool
+        .restore
+        .timed(key, took > template.boot.saturating_mul(rivals))
+    {
         let cause = format!(
-            "{SLOWER}: {SLOWER_IN_A_ROW} restores in a row took longer than the template's boot ({} ms; the last {} ms)",
+            "{SLOWER}: {SLOWER_IN_A_ROW} restores in a row took longer than the template's boot ({} ms) times the restores at once; the last {} ms, {at_once} at once",
             template.boot.as_millis(),
             took.as_millis(),
         );
         pool.restore.failed(key, &cause);
     }
     Ok(())
+}
+
+/// The sha256 check of the template's image, off the async workers (it reads every byte).
+async fn checked_image(template: &Template) -> Result<(), String> {
+    let (image, sha256) = (template.image.clone(), template.sha256.clone());
+    tokio::task::spawn_blocking(move || check_image(&image, &sha256))
+        .await
+        .map_err(|err| format!("checking the template's image: {err}"))?
+        .map_err(|err| format!("the template's image: {err}"))
 }
 
 /// Where this gateway's templates live: `<snapshots dir>/pool-<instance>`.
@@ -329,17 +357,22 @@ fn private_dir(path: &std::path::Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::PoolRunner;
 
     #[test]
-    fn only_a_preloaded_python_waiting_sandbox_restores() {
+    fn every_waiting_shape_restores_and_a_cold_init_does_not() {
         let python = Waits::Pool(PoolRunner::Python {
             preload: vec!["pandas".into()],
         });
         assert!(restores(&python));
-        assert!(!restores(&Waits::Pool(PoolRunner::Python {
+        assert!(restores(&Waits::Pool(PoolRunner::Python {
             preload: Vec::new()
         })));
-        assert!(!restores(&Waits::Pool(PoolRunner::Plain)));
+        assert!(restores(&Waits::Pool(PoolRunner::Plain)));
+        assert!(restores(&Waits::Session(
+            crate::runtime::SessionRunner::Bash
+        )));
+        assert!(!restores(&Waits::Init));
     }
 
     #[test]

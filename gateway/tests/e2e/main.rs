@@ -111,6 +111,7 @@ mod tls;
 mod toolbox;
 mod types_unknown_values;
 mod warm;
+mod warm_keys;
 mod warm_restore;
 mod warm_shapes;
 mod withdraw;

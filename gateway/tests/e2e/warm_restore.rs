@@ -22,14 +22,14 @@ use serde_json::{json, Value};
 #[path = "../dockerd_restart/daemon.rs"]
 mod daemon;
 
-use daemon::PrivateDockerd;
+pub(crate) use daemon::PrivateDockerd;
 use gateway::runtime::docker::DockerRuntime;
 
 static DAEMON: Mutex<Weak<PrivateDockerd>> = Mutex::new(Weak::new());
 
-/// The area's experimental dockerd, started (with the python image) by the first test that
-/// needs it and stopped when the last one holding it ends.
-async fn shared_daemon() -> Arc<PrivateDockerd> {
+/// The area's experimental dockerd, started (with the python and bash images) by the first
+/// test that needs it and stopped when the last one holding it ends (`warm_keys` uses it too).
+pub(crate) async fn shared_daemon() -> Arc<PrivateDockerd> {
     tokio::task::spawn_blocking(|| {
         let mut slot = DAEMON
             .lock()
@@ -39,6 +39,7 @@ async fn shared_daemon() -> Arc<PrivateDockerd> {
         }
         let daemon = PrivateDockerd::start_experimental();
         daemon.load_image("sandgate/python");
+        daemon.load_image("sandgate/bash");
         let daemon = Arc::new(daemon);
         *slot = Arc::downgrade(&daemon);
         daemon
@@ -101,7 +102,7 @@ fn templates(gw: &TestGateway, instance: &str) -> Vec<PathBuf> {
 
 /// Names of this gateway's waiting containers on the daemon that were restored from a
 /// checkpoint (dockerd holds the image in the container's own checkpoint directory).
-fn restored_containers(daemon: &PrivateDockerd, instance: &str) -> Vec<String> {
+pub(crate) fn restored_containers(daemon: &PrivateDockerd, instance: &str) -> Vec<String> {
     let data = daemon.socket().with_file_name("data");
     let filter = format!("label=sandgate.instance={instance}");
     let out = daemon.docker(&["ps", "-q", "--no-trunc", "--filter", &filter]);

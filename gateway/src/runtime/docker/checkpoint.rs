@@ -86,37 +86,31 @@ pub async fn restore(
     let mut sandbox = DockerSandbox::create(docker.clone(), plan).await?;
     let created = began.elapsed();
     let started = async {
-        let info = bounded(
-            "inspect container",
-            docker.inspect_container(&sandbox.name, None),
-        )
-        .await?;
-        let id = info.id.unwrap_or_default();
-        let root = bounded("docker info", docker.info())
-            .await?
-            .docker_root_dir
-            .unwrap_or_else(|| "/var/lib/docker".to_owned());
-        let target = PathBuf::from(root)
-            .join("containers")
-            .join(&id)
-            .join("checkpoints")
-            .join(RESTORE_NAME);
-        copy_image(image, &target).map_err(|err| io_error("hand the image to dockerd", &err))?;
+        let target = checkpoint_dir(&docker, &sandbox.name).await?;
+        let located = began.elapsed();
+        let from = image.to_owned();
+        tokio::task::spawn_blocking(move || copy_image(&from, &target))
+            .await
+            .map_err(|err| io_error("hand the image to dockerd", &std::io::Error::other(err)))?
+            .map_err(|err| io_error("hand the image to dockerd", &err))?;
         let copied = began.elapsed();
         start_restored(socket, &sandbox.name).await?;
-        Ok::<_, RuntimeError>(copied)
+        Ok::<_, RuntimeError>((located, copied))
     };
     match started.await {
-        Ok(copied) => {
-            // Where a restore's time goes (docs/snapshots.md, "Measured").
+        Ok((located, copied)) => {
+            let run = began.elapsed();
+            sandbox.watch_oom().await;
+            // Where a restore's time goes (docs/snapshots.md, docs/performance.md).
             tracing::info!(
                 container = %sandbox.name,
                 create_ms = created.as_millis(),
-                copy_ms = (copied - created).as_millis(),
-                start_ms = (began.elapsed() - copied).as_millis(),
+                locate_ms = (located - created).as_millis(),
+                copy_ms = (copied - located).as_millis(),
+                start_ms = (run - copied).as_millis(),
+                watch_ms = (began.elapsed() - run).as_millis(),
                 "sandbox restored from its checkpoint"
             );
-            sandbox.watch_oom().await;
             sweep_containerd_copies(Path::new(CONTAINERD_TMP), CONTAINERD_COPY_AGE);
             Ok(sandbox)
         }
@@ -125,6 +119,24 @@ pub async fn restore(
             Err(err)
         }
     }
+}
+
+/// The restored container's own checkpoint directory under dockerd's root, where the image
+/// is handed over (`RESTORE_NAME`).
+async fn checkpoint_dir(docker: &Docker, name: &str) -> Result<PathBuf, RuntimeError> {
+    let (info, daemon) = tokio::join!(
+        bounded("inspect container", docker.inspect_container(name, None)),
+        bounded("docker info", docker.info()),
+    );
+    let id = info?.id.unwrap_or_default();
+    let root = daemon?
+        .docker_root_dir
+        .unwrap_or_else(|| "/var/lib/docker".to_owned());
+    Ok(PathBuf::from(root)
+        .join("containers")
+        .join(id)
+        .join("checkpoints")
+        .join(RESTORE_NAME))
 }
 
 /// Where dockerd 20.10's containerd copies a checkpoint it restores (its `TMPDIR`).
