@@ -38,7 +38,7 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
         expires_at: row.expires_at,
         closed_at: row.closed_at,
         approval_id: row.approval_id,
-        start: row.start,
+        start: row.start.map(|start| start.0),
     })
 }
 

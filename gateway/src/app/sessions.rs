@@ -253,7 +253,7 @@ impl App {
             expires_at: now + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(0)),
             closed_at: None,
             approval_id: None,
-            start: Some(held.start.as_str().to_owned()),
+            start: Some(api_types::SessionStart(held.start)),
         };
         let created = record.event(api_types::EventKind::SessionCreated);
         self.sessions

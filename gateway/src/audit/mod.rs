@@ -117,7 +117,7 @@ pub struct ExecutionRow {
     /// When retention removed stdout, stderr and the output files.
     pub purged_at: Option<DateTime<Utc>>,
     /// `warm` (a pooled sandbox) or `cold`; unset until it runs.
-    pub start: Option<String>,
+    pub start: Option<api_types::ExecutionStart>,
     /// The container that ran it.
     pub container: Option<String>,
     /// The session it ran in.
@@ -314,7 +314,7 @@ impl AuditStore {
         &self,
         id: &str,
         at: DateTime<Utc>,
-        start: &str,
+        start: api_types::SandboxStart,
         container: &str,
     ) -> Result<(), AuditError> {
         sqlx::query(
@@ -323,7 +323,7 @@ impl AuditStore {
         )
         .bind(id)
         .bind(at)
-        .bind(start)
+        .bind(api_types::ExecutionStart(start))
         .bind(container)
         .execute(&self.pool)
         .await?;

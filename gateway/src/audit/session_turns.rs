@@ -73,6 +73,10 @@ impl TurnErrorCode {
     }
 }
 
+// Decoded under the one rule of `super::unknown_value` (a value outside the set is not read).
+api_types::stored_text!(TurnKind);
+api_types::stored_text!(TurnErrorCode);
+
 /// A request to relay.
 #[derive(Debug)]
 pub struct NewTurn<'a> {
@@ -93,14 +97,14 @@ pub struct TurnRow {
     pub owner: String,
     pub asked_by: String,
     pub key_id: String,
-    pub kind: String,
+    pub kind: TurnKind,
     pub request: Json<Value>,
     pub created_at: DateTime<Utc>,
     pub picked_at: Option<DateTime<Utc>>,
     pub abandoned_at: Option<DateTime<Utc>>,
     pub answered_at: Option<DateTime<Utc>>,
     pub execution_id: Option<String>,
-    pub error_code: Option<String>,
+    pub error_code: Option<TurnErrorCode>,
     pub error: Option<String>,
 }
 
@@ -126,7 +130,7 @@ impl AuditStore {
         .bind(turn.owner)
         .bind(turn.asked_by)
         .bind(turn.key_id)
-        .bind(turn.kind.as_str())
+        .bind(turn.kind)
         .bind(Json(&turn.request))
         .execute(&self.pool)
         .await?;
@@ -177,7 +181,7 @@ impl AuditStore {
     pub async fn answer_turn(&self, id: &str, answer: TurnAnswer<'_>) -> Result<(), AuditError> {
         let (execution, code, error) = match answer {
             TurnAnswer::Done(execution) => (execution, None, None),
-            TurnAnswer::Refused(code, message) => (None, Some(code.as_str()), Some(message)),
+            TurnAnswer::Refused(code, message) => (None, Some(code), Some(message)),
         };
         sqlx::query(
             "UPDATE session_turns SET answered_at = now(), execution_id = $2, error_code = $3, \
