@@ -28,6 +28,7 @@ use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::subjects::SessionRecord;
 use super::{error_chain, App, AppError};
+use crate::audit::events::{self, sessions as session_events};
 use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -492,12 +493,14 @@ impl App {
             tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: None,
-            reasons: json!([]),
-            input: json!({"session_id": row.id}),
-            decision: json!({
-                "closed_reason": row.closed_reason,
-                "executions": row.executions,
-                "created_at": row.created_at,
+            reasons: events::no_reasons(),
+            input: events::column(&session_events::SessionRef {
+                session_id: row.id.clone(),
+            }),
+            decision: events::column(&session_events::HeldClosed {
+                closed_reason: row.closed_reason,
+                executions: row.executions,
+                created_at: row.created_at,
             }),
             policy_revision: None,
         };

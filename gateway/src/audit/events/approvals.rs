@@ -1,4 +1,5 @@
-//! `approval.approved`, `approval.rejected`, `approval.refused`, `approval.expired` and
+//! `approval.requested` (an execution or a session held for review), `approval.approved`,
+//! `approval.rejected`, `approval.refused`, `approval.expired` and
 //! `approval.withdrawn`: an execution or a session held for review, decided by a reviewer,
 //! refused as a self-review, left to expire, or withdrawn before anyone decided.
 
@@ -7,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use api_types::{ApprovalStatus, ReviewDecision};
+use policy_engine::{Decision, PolicyInput};
 
 use crate::role::Role;
 
@@ -88,4 +90,39 @@ pub struct SessionWithdrawal {
     pub approval_id: String,
     pub session_id: String,
     pub requested_by: Option<String>,
+}
+
+/// `approval.requested`'s input for a held execution (its decision event carries the policy
+/// input).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutionRequested {
+    pub approval_id: String,
+    pub requested_by: Party,
+}
+
+/// `approval.requested`'s decision for a held execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Pending {
+    pub status: ApprovalStatus,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// `approval.requested`'s input for a held session (its only decision event): the policy input
+/// too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRequested {
+    pub approval_id: String,
+    pub session_id: String,
+    pub requested_by: Party,
+    pub request: PolicyInput,
+}
+
+/// `approval.requested`'s decision for a held session: `require_approval` at the top (so
+/// `v_decisions` counts it as a review outcome) and what the policy said.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionPending {
+    pub status: ApprovalStatus,
+    pub expires_at: DateTime<Utc>,
+    pub require_approval: bool,
+    pub policy: Decision,
 }
