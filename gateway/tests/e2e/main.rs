@@ -40,6 +40,7 @@ mod audit_chain;
 mod audit_export;
 mod audit_listen;
 mod audit_page;
+mod audit_replayed;
 mod cli;
 mod cli_cancel;
 mod dashboards;
