@@ -37,7 +37,7 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
         last_used_at: row.last_used_at,
         expires_at: row.expires_at,
         closed_at: row.closed_at,
-        approval_id: row.approval_id,
+        approval_id: row.approval_id.map(String::from),
         start: row.start.map(|start| start.0),
     })
 }

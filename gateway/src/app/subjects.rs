@@ -132,7 +132,7 @@ impl Record for ExecutionRecord {
             Held::KeyNotLive => return Err(key_not_live()),
         }
         tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
-        Ok((row, approval.id))
+        Ok((row, approval.id.into()))
     }
 }
 

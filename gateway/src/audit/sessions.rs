@@ -28,7 +28,7 @@ pub struct SessionRow {
     pub expires_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
     /// Set when it was held for review: its approval.
-    pub approval_id: Option<String>,
+    pub approval_id: Option<crate::ids::ApprovalId>,
     /// `warm` (claimed from the pool) or `cold`; absent until its sandbox started.
     pub start: Option<api_types::SessionStart>,
 }

@@ -5,6 +5,8 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
+
+use crate::ids::ApprovalId;
 use serde_json::Value;
 
 use api_types::{ApprovalStatus, ReviewDecision};
@@ -37,7 +39,7 @@ pub struct Requester {
 /// `approval.approved` and `approval.rejected`'s input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reviewed {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session_id: Option<String>,
     pub reviewer: Reviewer,
     pub requested_by: Requester,
@@ -55,7 +57,7 @@ pub struct Verdict {
 /// `approval.refused`'s input: a reviewer tried to decide its own (or its principal's) request.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SelfReview {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session_id: Option<String>,
     pub decision: ReviewDecision,
     pub reviewer: Party,
@@ -71,7 +73,7 @@ pub struct Status {
 /// `approval.expired`'s input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Expiry {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session_id: Option<String>,
     pub expires_at: DateTime<Utc>,
 }
@@ -80,14 +82,14 @@ pub struct Expiry {
 /// it (the event's `key_id`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionWithdrawal {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub requested_by: Option<String>,
 }
 
 /// `approval.withdrawn`'s input for a held session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionWithdrawal {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session_id: String,
     pub requested_by: Option<String>,
 }
@@ -96,7 +98,7 @@ pub struct SessionWithdrawal {
 /// input).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExecutionRequested {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub requested_by: Party,
 }
 
@@ -111,7 +113,7 @@ pub struct Pending {
 /// too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SessionRequested {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session_id: String,
     pub requested_by: Party,
     pub request: PolicyInput,

@@ -6,6 +6,8 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::ids::ApprovalId;
+
 use api_types::{ApprovalStatus, ClosedReason};
 use policy_engine::PolicyInput;
 
@@ -29,7 +31,7 @@ pub struct Opened {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovedOpen {
     pub session_id: String,
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub reviewer: Party,
 }
 
@@ -68,7 +70,7 @@ pub struct Corrupt {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Denial {
     pub session_id: String,
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub reviewer: Party,
 }
 
@@ -83,7 +85,7 @@ pub struct Denied {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HeldSession {
     pub session_id: String,
-    pub approval_id: Option<String>,
+    pub approval_id: Option<ApprovalId>,
 }
 
 /// `session.closed`'s decision: why, how many executions (none, for a held session), when it

@@ -900,7 +900,7 @@ fn approval_requests_are_written_as_before() {
     };
     same(
         &ExecutionRequested {
-            approval_id: approval.clone(),
+            approval_id: approval.as_str().into(),
             requested_by: party.clone(),
         },
         json!({
@@ -919,7 +919,7 @@ fn approval_requests_are_written_as_before() {
     let (session, input) = ("ss_1".to_owned(), policy_input());
     same(
         &SessionRequested {
-            approval_id: approval.clone(),
+            approval_id: approval.as_str().into(),
             session_id: session.clone(),
             requested_by: party,
             request: input.clone(),
