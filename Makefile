@@ -20,7 +20,7 @@ GATEWAY := target/release/sandgate
 INIT_STATIC := target/$(TARGET_TRIPLE)/release/sandbox-init
 # The gateway looks for sandbox-init next to its own executable by default.
 INIT_BESIDE_GATEWAY := target/release/sandbox-init
-SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh images/build.sh .ci/run
+SHELL_SCRIPTS := scripts/setup.sh scripts/lib.sh scripts/netns.sh scripts/test-pg-clean.sh images/build.sh .ci/run
 
 .PHONY: help setup images build gateway init run check test policy-test bench lint fmt fmt-check \
 	clippy shellcheck module-cycles clean check-cargo fuzz

@@ -29,6 +29,10 @@ readonly PACKAGES=(
 # itself is imported from clients/python/src, so it is never stale.
 readonly PY_VENV=${SANDGATE_PY_VENV:-$ROOT/target/py}
 readonly PY_PACKAGES=(httpx==0.28.1 pytest==9.2.0 pytest-asyncio==1.5.0 openapi-spec-validator==0.9.0 mcp==2.3.0 e2b==2.63.0 e2b-code-interpreter==2.11.5 wheel)
+# E2B's JS SDKs for gateway/tests/e2e/e2b_js.rs, from npm into a project-local directory (the
+# machine's node, 18 or later; none: that test says so and fails).
+readonly JS_DIR=${SANDGATE_JS_DIR:-$ROOT/target/js}
+readonly JS_PACKAGES=(e2b@2.51.0 @e2b/code-interpreter@2.8.0)
 # The isolation floor (DESIGN.md section 5): no network stack inside the sandbox; the only way
 # out is the egress Unix socket that sandgate bind-mounts in, which needs --host-uds=open.
 readonly RUNSC_ARGS=(--network=none --host-uds=open)
@@ -206,6 +210,37 @@ python_env() {
     log "python test environment made ($PY_VENV: ${PY_PACKAGES[*]})"
 }
 
+# True when `node` runs and is at least 20.18.1 (what E2B's JS SDKs declare in `engines`).
+node_is_recent() {
+    command -v node >/dev/null 2>&1 \
+        && node -e 'const [a, b] = process.versions.node.split(".").map(Number);
+                    process.exit(a > 20 || (a === 20 && b >= 18) ? 0 : 1)' 2>/dev/null
+}
+
+js_env() {
+    if ! command -v npm >/dev/null 2>&1; then
+        log "installing nodejs and npm for E2B's JS SDKs (log: $APT_LOG)"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends nodejs npm >>"$APT_LOG" 2>&1 \
+            || die "apt-get install nodejs npm failed; read $APT_LOG"
+    fi
+    if ! node_is_recent; then
+        # Debian 12 ships Node 18; the SDKs refuse it. gateway/tests/e2e/e2b_js.rs then fails
+        # naming this directory, and this line says what to install.
+        log "node $(node --version 2>/dev/null || echo missing) is older than the 20.18.1 E2B's JS SDKs need:" \
+            "install Node 20 or newer (e.g. nodesource's nodejs 20), then run setup again"
+        return
+    fi
+    if [[ -f $JS_DIR/node_modules/e2b/package.json && -f $JS_DIR/node_modules/@e2b/code-interpreter/package.json ]] \
+        && grep -q '"version": "2.51.0"' "$JS_DIR/node_modules/e2b/package.json"; then
+        log "JS test environment ready ($JS_DIR)"
+        return
+    fi
+    mkdir -p "$JS_DIR"
+    npm install --prefix "$JS_DIR" --no-audit --no-fund --save-exact "${JS_PACKAGES[@]}" >>"$APT_LOG" 2>&1 \
+        || die "npm install ${JS_PACKAGES[*]} into $JS_DIR failed; read $APT_LOG"
+    log "JS test environment made ($JS_DIR: ${JS_PACKAGES[*]})"
+}
+
 main() {
     require_root
     local start=$SECONDS
@@ -222,6 +257,7 @@ main() {
     smoke_test
     check_postgres
     python_env
+    js_env
     log "done in $((SECONDS - start))s"
 }
 

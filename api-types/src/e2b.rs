@@ -17,6 +17,10 @@ pub struct E2bInput {
     /// The SDK call (`request.kind: "session_execution"`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub call: Option<E2bCall>,
+    /// The code context a `run_code` cell runs in (`cx_...`, from `create_code_context`);
+    /// absent: the sandbox's default context, its session's runner.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<String>,
 }
 
 /// `request.e2b.call`: which SDK call started a session execution.
@@ -26,4 +30,7 @@ pub enum E2bCall {
     CommandsRun,
     #[serde(rename = "run_code")]
     RunCode,
+    /// `pty.create`: an interactive terminal (`process.Process/Start` with `pty`).
+    #[serde(rename = "pty.create")]
+    PtyCreate,
 }

@@ -38,7 +38,7 @@ pub use execution::{
     FileUpload, OutputFile, SkippedOutput,
 };
 pub use policy::{CredentialsReload, HostPort, Limits, PolicyAccepted, Reason, RequestedLimits};
-pub use proposal::{ProposalOrigin, ProposalStatus};
+pub use proposal::{AccessRequested, ProposalOrigin, ProposalStatus};
 pub use role::Role;
 pub use session::{
     ClosedReason, IdleAction, SandboxStart, SessionExecutionRequest, SessionList, SessionRequest,

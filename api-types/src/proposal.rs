@@ -36,6 +36,18 @@ crate::text_forms::text_forms!(ProposalOrigin {
     Agent => "agent",
 });
 
+/// What asking for access answers (`POST /v1/executions/{id}/access-request`, and the MCP tool
+/// `request_access` over either transport): the proposal opened for a reviewer, by id, and where
+/// it stands. Not its patch: for a network refusal that holds the tenant's whole allowlist, with
+/// the names of its credentials, which are the reviewers' to read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct AccessRequested {
+    pub proposal_id: String,
+    pub status: ProposalStatus,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

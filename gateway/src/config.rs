@@ -162,6 +162,9 @@ pub struct Config {
     /// Bounds on refusals anyone can cause in bulk (failed authentications, traversal, probes,
     /// a full queue): the aggregation window and the per-source and per-key rates.
     pub refusals: RefusalLimits,
+    /// Bounds on building policy proposals (`app::proposals`): builds at once, and agents'
+    /// access-requests per key per hour.
+    pub proposals: ProposalLimits,
     /// PEM certificates the proxy trusts, besides this machine's roots, when it verifies an
     /// inspected upstream: e.g. an internal CA.
     pub egress_ca_file: Option<PathBuf>,
@@ -260,6 +263,26 @@ impl Default for RefusalLimits {
     }
 }
 
+/// `proposals: {concurrent_builds, access_requests_per_hour}`. Building a proposal copies the
+/// bundle, runs its tests and replays up to 20,000 decisions twice: at most `concurrent_builds`
+/// run at once on a replica (another is refused with 429, not queued), and an agent key may open
+/// at most `access_requests_per_hour` proposals by access-request in any hour.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ProposalLimits {
+    pub concurrent_builds: u32,
+    pub access_requests_per_hour: u32,
+}
+
+impl Default for ProposalLimits {
+    fn default() -> Self {
+        ProposalLimits {
+            concurrent_builds: 2,
+            access_requests_per_hour: 10,
+        }
+    }
+}
+
 /// `audit_listen: {address: 127.0.0.1:5433, password_file: /etc/sandgate/auditor.password}`.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -331,6 +354,7 @@ impl Default for Config {
             warm_pool_window_s: 600,
             warm_pool_memory_mb: 2048,
             refusals: RefusalLimits::default(),
+            proposals: ProposalLimits::default(),
             egress_ca_file: None,
             credentials: BTreeMap::new(),
             audit_listen: None,
@@ -399,6 +423,7 @@ const ENV_KEYS: &[(&str, EnvValue)] = &[
     ("warm_pool_window_s", EnvValue::Yaml),
     ("warm_pool_memory_mb", EnvValue::Yaml),
     ("refusals", EnvValue::Yaml),
+    ("proposals", EnvValue::Yaml),
     ("egress_ca_file", EnvValue::Text),
     ("credentials", EnvValue::Yaml),
     ("audit_listen", EnvValue::Yaml),
@@ -574,6 +599,13 @@ impl Config {
             return invalid(
                 "ceilings: timeout_ms > 0, memory_mb >= 16, cpus > 0 and pids >= 256 are required \
                  (gVisor's own threads count against the pids limit)"
+                    .to_owned(),
+            );
+        }
+        let p = &self.proposals;
+        if p.concurrent_builds == 0 || p.concurrent_builds > 64 || p.access_requests_per_hour == 0 {
+            return invalid(
+                "proposals: concurrent_builds between 1 and 64 and access_requests_per_hour >= 1"
                     .to_owned(),
             );
         }

@@ -9,17 +9,47 @@
 (function (sg) {
   const { $, el, api, errorText, when, table, say } = sg;
 
+  // An example is {kind, id}: an execution opens its detail, a session its own view (the
+  // session and its executions), never an execution lookup that would 404.
   function bucket(name, b) {
     const box = el('div', null, 'bucket');
     box.appendChild(el('strong', name + ': ' + ((b && b.count) || 0)));
-    ((b && b.examples) || []).forEach((id) => {
-      const open = el('button', id, 'link');
+    ((b && b.examples) || []).forEach((example) => {
+      const open = el('button', example.id, 'link');
       open.type = 'button';
-      open.setAttribute('aria-label', 'open execution ' + id);
+      open.dataset.kind = example.kind;
+      open.setAttribute('aria-label', 'open ' + example.kind + ' ' + example.id);
       open.addEventListener('click', async () => {
         const target = $('proposal-execution');
-        target.replaceChildren(await sg.detail.render(id));
+        target.replaceChildren(example.kind === 'session'
+          ? await sessionView(example.id)
+          : await sg.detail.render(example.id));
         target.focus();
+      });
+      box.appendChild(open);
+    });
+    return box;
+  }
+
+  // A session: its state and its executions, each opening its detail.
+  async function sessionView(id) {
+    const box = el('div', null, 'session-view');
+    box.dataset.sessionId = id;
+    const reply = await api('GET', '/v1/sessions/' + encodeURIComponent(id));
+    if (reply.status !== 200) {
+      box.appendChild(el('p', 'session ' + id + ': ' + errorText(reply), 'error'));
+      return box;
+    }
+    const s = reply.data;
+    box.appendChild(el('h3', 'Session ' + s.id));
+    box.appendChild(el('p', 'tenant ' + s.tenant + ', ' + s.language + ', ' + s.status
+      + (s.closed_reason ? ' (' + s.closed_reason + ')' : '') + ', ' + s.executions + ' executions'));
+    const runs = await api('GET', '/v1/executions?limit=100&session=' + encodeURIComponent(id));
+    ((runs.status === 200 && runs.data.executions) || []).forEach((x) => {
+      const open = el('button', x.id + ' (' + x.status + ')', 'link');
+      open.type = 'button';
+      open.addEventListener('click', async () => {
+        box.appendChild(await sg.detail.render(x.id));
       });
       box.appendChild(open);
     });
@@ -52,6 +82,8 @@
     box.appendChild(bucket('deny -> allow', r.deny_to_allow));
     box.appendChild(bucket('review changes', r.review_changes));
     box.appendChild(bucket('limit changes', r.limit_changes));
+    box.appendChild(bucket('grant changes (hosts, inspection, credentials, mounts, backend)',
+      r.grant_changes));
     return box;
   }
 
@@ -126,9 +158,35 @@
     box.focus();
   }
 
-  async function refresh() {
+  // Paging: the open proposals, PAGE at a time, newest first. `pages` holds the `before`
+  // cursor of each page shown so far (the first is none), so Newer goes back.
+  const PAGE = 50;
+  let pages = [''];
+
+  function pager(next) {
+    const nav = el('p', null, 'pager');
+    const newer = el('button', 'Newer proposals');
+    newer.type = 'button';
+    newer.id = 'proposals-newer';
+    newer.disabled = pages.length <= 1;
+    newer.addEventListener('click', () => { pages.pop(); refresh(false); });
+    const older = el('button', 'Older proposals');
+    older.type = 'button';
+    older.id = 'proposals-older';
+    older.disabled = !next;
+    older.addEventListener('click', () => { pages.push(next); refresh(false); });
+    nav.appendChild(newer);
+    nav.appendChild(older);
+    nav.appendChild(document.createTextNode(' page ' + pages.length));
+    return nav;
+  }
+
+  async function refresh(first) {
     if (!sg.key()) return;
-    const reply = await api('GET', '/v1/policy/proposals?status=open&limit=50');
+    if (first !== false) pages = [''];
+    const before = pages[pages.length - 1];
+    const reply = await api('GET', '/v1/policy/proposals?status=open&limit=' + PAGE
+      + (before ? '&before=' + encodeURIComponent(before) : ''));
     const list = $('proposals-list');
     list.replaceChildren();
     if (reply.status !== 200) {
@@ -138,6 +196,7 @@
     const rows = reply.data.proposals || [];
     if (rows.length === 0) {
       list.appendChild(el('p', 'No open proposals.', 'muted'));
+      if (pages.length > 1) list.appendChild(pager(null));
       return;
     }
     list.appendChild(table(['Proposed', 'Title', 'Origin', 'Tests', 'deny -> allow', 'allow -> deny', ''],
@@ -149,6 +208,7 @@
         return [when(p.created_at), p.title, p.origin, p.tests_passed ? 'pass' : 'FAIL',
           (r.deny_to_allow || {}).count, (r.allow_to_deny || {}).count, open];
       }, 'proposals'));
+    list.appendChild(pager(reply.data.next_before || null));
   }
 
   // "Propose a change" for a denied or held execution: the bundle's suggestion as a proposal.
@@ -165,7 +225,7 @@
   }
 
   document.addEventListener('DOMContentLoaded', () => {
-    $('proposals-refresh').addEventListener('click', refresh);
+    $('proposals-refresh').addEventListener('click', () => refresh());
     $('key-form').addEventListener('submit', () => setTimeout(refresh, 0));
     refresh();
   });

@@ -19,6 +19,11 @@
 //! `input` is applied to `base_input` as a JSON merge patch (RFC 7386): mappings merge key by key,
 //! `null` removes a key, anything else replaces the value.
 //!
+//! A file may carry its own data: `data: {tenants: {...}}` replaces each named top-level document
+//! of the bundle's data (here `data.tenants`, whole) for that file's cases, so they do not depend
+//! on the live data. The `suggest` cases do this: a proposal changes the tenants, and cases that
+//! read them would fail on exactly the change the suggestion proposes.
+//!
 //! `expect` is matched **partially** against the decision the engine returns (after its own checks,
 //! so an engine-made `policy.error` deny is what a case sees):
 //! - only the fields listed are compared, and that holds inside nested mappings too
@@ -210,6 +215,9 @@ struct CaseFile {
     entry: Entry,
     #[serde(default = "empty_object")]
     base_input: Value,
+    /// Top-level data documents that replace the bundle's for this file's cases.
+    #[serde(default)]
+    data: Option<Map<String, Value>>,
     cases: Vec<Case>,
 }
 
@@ -239,16 +247,29 @@ pub fn run_cases(engine: &PolicyEngine, cases_dir: &Path) -> Result<CaseReport, 
             dir: cases_dir.to_path_buf(),
         });
     }
-    let mut session = engine.coverage_session();
+    let mut shared = engine.coverage_session();
+    let mut own_data = Vec::new();
     let mut outcomes = Vec::new();
     for path in &paths {
         let file = read_case_file(path)?;
         let shown = path.display().to_string();
+        let session = match &file.data {
+            Some(data) => {
+                own_data.push(session_with_data(engine, data).map_err(|message| {
+                    PolicyError::Cases {
+                        path: path.clone(),
+                        message,
+                    }
+                })?);
+                own_data.last_mut().unwrap_or(&mut shared)
+            }
+            None => &mut shared,
+        };
         for case in file.cases {
             let entry = case.entry.unwrap_or(file.entry);
             let mut input = file.base_input.clone();
             merge_patch(&mut input, &case.input);
-            let actual = decide(engine, &mut session, entry, &input);
+            let actual = decide(engine, session, entry, &input);
             let diff = diff_expect(&case.expect, &actual);
             outcomes.push(CaseOutcome {
                 file: shown.clone(),
@@ -258,8 +279,33 @@ pub fn run_cases(engine: &PolicyEngine, cases_dir: &Path) -> Result<CaseReport, 
             });
         }
     }
-    let coverage = coverage(engine, &session);
+    own_data.push(shared);
+    let coverage = coverage(engine, &own_data);
     Ok(CaseReport { outcomes, coverage })
+}
+
+/// A coverage session whose data is the bundle's with each document of `data` replaced.
+fn session_with_data(
+    engine: &PolicyEngine,
+    data: &Map<String, Value>,
+) -> Result<regorus::Engine, String> {
+    let mut session = engine.coverage_session();
+    let bundle = serde_json::to_value(session.get_data())
+        .map_err(|err| format!("cannot read the bundle's data: {err}"))?;
+    let mut merged = match bundle {
+        Value::Object(map) => map,
+        _ => Map::new(),
+    };
+    for (name, document) in data {
+        merged.insert(name.clone(), document.clone());
+    }
+    let merged = regorus::Value::from_json_str(&Value::Object(merged).to_string())
+        .map_err(|err| format!("data: {err}"))?;
+    session.clear_data();
+    session
+        .add_data(merged)
+        .map_err(|err| format!("data: {err:#}"))?;
+    Ok(session)
 }
 
 /// The `*.yaml` / `*.yml` files directly in `dir` (hidden ones skipped), sorted.
@@ -436,15 +482,15 @@ fn same(expected: &Value, actual: &Value) -> bool {
 
 /// Line coverage of every `.rego` file of the bundle from the session's report. regorus leaves out
 /// a module no case reached; such a file counts every line holding code as not covered.
-fn coverage(engine: &PolicyEngine, session: &regorus::Engine) -> Vec<FileCoverage> {
-    let mut reported: BTreeMap<String, (Vec<u32>, Vec<u32>)> = BTreeMap::new();
-    if let Ok(report) = session.get_coverage_report() {
+/// Several sessions (files with data of their own run on their own) count as one: a line is
+/// covered when any covered it.
+fn coverage(engine: &PolicyEngine, sessions: &[regorus::Engine]) -> Vec<FileCoverage> {
+    let mut reported: BTreeMap<String, (BTreeSet<u32>, BTreeSet<u32>)> = BTreeMap::new();
+    for report in sessions.iter().filter_map(|s| s.get_coverage_report().ok()) {
         for file in report.files {
-            let lines = (
-                file.covered.into_iter().collect(),
-                file.not_covered.into_iter().collect(),
-            );
-            reported.insert(file.path, lines);
+            let lines = reported.entry(file.path).or_default();
+            lines.0.extend(file.covered);
+            lines.1.extend(file.not_covered);
         }
     }
     let mut files: Vec<FileCoverage> = engine
@@ -453,6 +499,10 @@ fn coverage(engine: &PolicyEngine, session: &regorus::Engine) -> Vec<FileCoverag
         .map(|(rel, contents)| {
             let (covered, not_covered) = reported
                 .remove(&rel)
+                .map(|(covered, not_covered)| {
+                    let missed = not_covered.difference(&covered).copied().collect();
+                    (covered.into_iter().collect(), missed)
+                })
                 .unwrap_or_else(|| (Vec::new(), code_lines(&contents)));
             FileCoverage {
                 file: rel,

@@ -201,3 +201,55 @@ fn a_cases_dir_without_case_files_is_an_error() {
     let dir = bundle(&[]);
     assert!(matches!(run(&dir), Err(PolicyError::Read { .. })));
 }
+
+const DATA_EXECUTION: &str = r#"package sandgate.execution
+
+decision := {"allow": true, "backend": "gvisor", "limits": limits, "reasons": []} if {
+	input.tenant in data.allowed
+}
+
+decision := {"allow": false, "reasons": [{"code": "tenant.unknown", "message": "who?"}]} if {
+	not input.tenant in data.allowed
+}
+
+limits := {"timeout_ms": 1000, "memory_mb": 64, "cpus": 0.5, "pids": 64, "disk_mb": 16, "output_bytes": 4096}
+"#;
+
+/// A file's `data` replaces those documents of the bundle's data for its cases only; the other
+/// files read the bundle's; coverage counts the lines either reached.
+#[test]
+fn a_file_with_its_own_data_does_not_read_the_bundles() {
+    let dir = TempDir::new().unwrap();
+    let files = [
+        ("execution.rego", DATA_EXECUTION),
+        ("egress.rego", EGRESS),
+        ("data/allowed.yaml", "allowed: [acme]\n"),
+        (
+            "tests/own.yaml",
+            "data: {allowed: [forge]}\ncases:\n  - name: forge, from the file's data\n    \
+             input: {tenant: forge}\n    expect: {allow: true}\n  - name: acme is not in it\n    \
+             input: {tenant: acme}\n    expect: {allow: false}\n",
+        ),
+        (
+            "tests/live.yaml",
+            "cases:\n  - name: acme, from the bundle's data\n    input: {tenant: acme}\n    \
+             expect: {allow: true}\n",
+        ),
+    ];
+    for (rel, contents) in files {
+        let path = dir.path().join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, contents).unwrap();
+    }
+    let report = run(&dir).unwrap();
+    let rendered = report.render();
+    assert_eq!(report.failed(), 0, "{rendered}");
+    assert_eq!(report.passed(), 3, "{rendered}");
+    let execution = report
+        .coverage
+        .iter()
+        .find(|f| f.file == "execution.rego")
+        .unwrap();
+    // Both decisions ran (one in each session): every line of both is covered.
+    assert!(execution.not_covered.is_empty(), "{rendered}");
+}

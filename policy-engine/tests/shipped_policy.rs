@@ -94,3 +94,62 @@ fn bundle_lists_policy_and_data_but_not_tests_or_docs() {
     assert!(engine.revision().starts_with("sha256:"));
     assert_eq!(engine.revision().len(), "sha256:".len() + 64);
 }
+
+/// A copy of the shipped bundle with `patch` (a JSON merge patch) applied to data/tenants.yaml,
+/// as an approved proposal writes it.
+fn shipped_with(patch: &serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["", "data", "tests"] {
+        std::fs::create_dir_all(dir.path().join(sub)).unwrap();
+        for entry in std::fs::read_dir(policies_dir().join(sub)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                let target = dir.path().join(sub).join(path.file_name().unwrap());
+                std::fs::copy(&path, target).unwrap();
+            }
+        }
+    }
+    let tenants = dir.path().join("data/tenants.yaml");
+    let text = std::fs::read_to_string(&tenants).unwrap();
+    let yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&text).unwrap();
+    let mut document = serde_json::to_value(yaml).unwrap();
+    policy_engine::merge_patch(&mut document, patch);
+    std::fs::write(&tenants, serde_yaml_ng::to_string(&document).unwrap()).unwrap();
+    dir
+}
+
+/// The shipped cases do not pin what a suggestion for a shipped tenant would change: approving
+/// the suggestions an agent's access-request opens (classroom may mount census, run ruby, reach
+/// a host; a raised limit) leaves every case passing, so such a proposal can be approved.
+#[test]
+fn the_shipped_cases_pass_after_the_suggestions_for_shipped_tenants_are_applied() {
+    let patches = [
+        serde_json::json!({"tenants": {"classroom": {"datasets": ["census"]}}}),
+        serde_json::json!({"tenants": {"classroom": {"languages": ["python", "ruby"]}}}),
+        serde_json::json!({"tenants": {"research": {"network": {"allow": [
+            {"host": "*.census.gov", "ports": [443]}, {"host": "data.example.org", "ports": [443]}]}}}}),
+        serde_json::json!({"tenants": {"acme": {"network": {"allow": [
+            {"host": "pypi.org", "ports": [443]}, {"host": "files.pythonhosted.org", "ports": [443]},
+            {"host": "api.example.com", "ports": [443]}]}}}}),
+        serde_json::json!({"tenants": {"classroom": {"limits": {"memory_mb": 1024}}}}),
+    ];
+    for patch in patches {
+        let dir = shipped_with(&patch);
+        let engine = PolicyEngine::load(dir.path()).unwrap();
+        let report = cases::run_cases(&engine, &dir.path().join("tests")).unwrap();
+        let rendered = report.render();
+        let suggest: Vec<_> = report
+            .outcomes
+            .iter()
+            .filter(|o| o.file.ends_with("suggest.yaml") || o.file.ends_with("reasons.yaml"))
+            .collect();
+        assert!(suggest.len() >= 10, "{rendered}");
+        assert!(
+            suggest.iter().all(|o| o.passed),
+            "after {patch}:\n{rendered}"
+        );
+        if patch["tenants"]["classroom"]["datasets"].is_array() {
+            assert_eq!(report.failed(), 0, "after {patch}:\n{rendered}");
+        }
+    }
+}

@@ -17,14 +17,16 @@ use std::process::{Command, ExitStatus};
 use nix::errno::Errno;
 use nix::sys::signal::{kill, killpg, SigSet, Signal};
 use nix::unistd::Pid;
-use sandbox_protocol::{signaled_status, valid_tag, ProcessSignal, ATTACH_MODE};
+use sandbox_protocol::{
+    signaled_status, valid_tag, ProcessSignal, PtySize, ATTACH_MODE, PTY_ARG_PREFIX,
+};
 use thiserror::Error;
 
 use crate::process::TRAMPOLINE;
 use crate::{EXEC_MODE, EXIT_INIT_ERROR};
 
 /// Signals the supervisor passes on; `SIGUSR2` stands for `SIGKILL`.
-const PASSED: [Signal; 5] = [
+pub(crate) const PASSED: [Signal; 5] = [
     Signal::SIGTERM,
     Signal::SIGINT,
     Signal::SIGHUP,
@@ -40,6 +42,10 @@ pub enum AttachError {
     Tag(String),
     #[error("{0:?} is not a signal a process may be sent")]
     Signal(String),
+    #[error("{0:?} is not a terminal size (pty=<cols>x<rows>)")]
+    Size(String),
+    #[error("opening the terminal: {0}")]
+    Terminal(std::io::Error),
     #[error("attach needs a program after `--`")]
     NoProgram,
     #[error("blocking signals: {0}")]
@@ -54,23 +60,32 @@ pub enum AttachError {
     Proc(std::io::Error),
 }
 
-/// The arguments after [`ATTACH_MODE`]: the tag, `--`, the program.
+/// The arguments after [`ATTACH_MODE`]: the tag, the terminal's size in PTY mode, `--`, the
+/// program.
 pub fn parse_attach(
     mut args: impl Iterator<Item = OsString>,
-) -> Result<(String, Vec<OsString>), AttachError> {
+) -> Result<(String, Option<PtySize>, Vec<OsString>), AttachError> {
     let tag = args.next().map(|tag| tag.to_string_lossy().into_owned());
     let tag = tag.unwrap_or_default();
     if !valid_tag(&tag) {
         return Err(AttachError::Tag(tag));
     }
-    if args.next().is_none_or(|dashes| dashes != "--") {
+    let mut pty = None;
+    let mut next = args.next();
+    if let Some(arg) = next.as_ref().and_then(|arg| arg.to_str()) {
+        if arg.starts_with(PTY_ARG_PREFIX) {
+            pty = Some(PtySize::parse_arg(arg).ok_or_else(|| AttachError::Size(arg.to_owned()))?);
+            next = args.next();
+        }
+    }
+    if next.is_none_or(|dashes| dashes != "--") {
         return Err(AttachError::NoProgram);
     }
     let argv: Vec<OsString> = args.collect();
     if argv.is_empty() {
         return Err(AttachError::NoProgram);
     }
-    Ok((tag, argv))
+    Ok((tag, pty, argv))
 }
 
 /// The arguments after `signal`: the tag and the signal's name.
@@ -125,13 +140,13 @@ pub fn attach(argv: &[OsString]) -> Result<u8, AttachError> {
     }
 }
 
-fn pass(group: Pid, signal: Signal) {
+pub(crate) fn pass(group: Pid, signal: Signal) {
     // ESRCH: the program is gone, its SIGCHLD is on the way.
     let _ = killpg(group, signal);
 }
 
 /// The program's status as a shell reports it.
-fn status_code(status: ExitStatus) -> u8 {
+pub(crate) fn status_code(status: ExitStatus) -> u8 {
     match (status.code(), status.signal()) {
         (Some(code), _) => u8::try_from(code).unwrap_or(EXIT_INIT_ERROR),
         (None, Some(signal)) => u8::try_from(signaled_status(signal)).unwrap_or(u8::MAX),
@@ -183,9 +198,17 @@ mod tests {
 
     #[test]
     fn arguments_are_checked() {
-        let (tag, argv) = parse_attach(os(&["ex_1", "--", "sleep", "1"])).unwrap();
-        assert_eq!((tag.as_str(), argv.len()), ("ex_1", 2));
-        for bad in [&["ex_1", "sleep"][..], &["a b", "--", "x"], &["ex_1", "--"]] {
+        let (tag, pty, argv) = parse_attach(os(&["ex_1", "--", "sleep", "1"])).unwrap();
+        assert_eq!((tag.as_str(), pty, argv.len()), ("ex_1", None, 2));
+        let (_, pty, _) = parse_attach(os(&["ex_1", "pty=80x24", "--", "bash"])).unwrap();
+        assert_eq!(pty, PtySize::new(80, 24));
+        for bad in [
+            &["ex_1", "sleep"][..],
+            &["a b", "--", "x"],
+            &["ex_1", "--"],
+            &["ex_1", "pty=0x1", "--", "x"],
+            &["ex_1", "pty=80x24", "x"],
+        ] {
             assert!(parse_attach(os(bad)).is_err(), "{bad:?}");
         }
         assert_eq!(

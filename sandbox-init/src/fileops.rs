@@ -154,6 +154,13 @@ fn walk(place: &str, names: &[String]) -> Done<Dir> {
     Ok(dir)
 }
 
+/// The directory at `path` (absolute, in a place), open the way every operation reaches one:
+/// for a directory watcher ([`crate::watch`]).
+pub(crate) fn open_dir(path: &str) -> Result<Dir, (FileFailure, String)> {
+    let found = located(path).and_then(|at| walk(at.place, &at.below));
+    found.map_err(|Refused(failure, message)| (failure, message))
+}
+
 /// The parent directory, open, and the last name; the place itself has none.
 fn parent_of(at: &InPlace) -> Done<(Dir, String)> {
     let Some((name, parents)) = at.below.split_last() else {

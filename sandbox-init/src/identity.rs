@@ -47,7 +47,7 @@ use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::sys::signal::kill;
-use nix::unistd::{getegid, geteuid, getpid, getresgid, getresuid, Gid, Pid, Uid};
+use nix::unistd::{getegid, geteuid, getpid, getresgid, getresuid, Gid, Uid};
 use thiserror::Error;
 
 /// The init's real and saved uid inside a sandbox: a uid nothing else in the sandbox has.
@@ -81,10 +81,11 @@ pub enum IdentityError {
     Threads(usize),
 }
 
-/// As PID 1 started as root: takes the init's identity (see the module docs). Anything else:
-/// leaves the identity as it is.
-pub fn settle() -> Result<(), IdentityError> {
-    if getpid().as_raw() != 1 || !Uid::current().is_root() {
+/// As PID 1 started as root, or as an extra context's init started as root beside it
+/// (`context`, `sandbox_protocol::SESSION_CONTEXT`, by `docker exec`): takes the init's identity
+/// (see the module docs). Anything else: leaves the identity as it is.
+pub fn settle(context: bool) -> Result<(), IdentityError> {
+    if !(context || getpid().as_raw() == 1) || !Uid::current().is_root() {
         return Ok(());
     }
     let gid = Gid::from_raw(PROGRAM_GID);
@@ -127,12 +128,14 @@ pub fn lend<T>(spawn: impl FnOnce() -> T) -> Result<T, IdentityError> {
     Ok(spawned)
 }
 
-/// In the trampoline of a settled init: waits until PID 1 can no longer be signalled from
-/// here, at most [`APART_WAIT`].
+/// In the trampoline of a settled init: waits until its init (the parent: PID 1, or an extra
+/// context's init) can no longer be signalled from here, at most [`APART_WAIT`]. Were the
+/// init gone, the parent is PID 1 or a subreaper, out of reach all the same.
 pub fn wait_until_apart() -> Result<(), IdentityError> {
     let started = Instant::now();
+    let init = nix::unistd::getppid();
     loop {
-        match kill(Pid::from_raw(1), None) {
+        match kill(init, None) {
             Err(Errno::EPERM) => return Ok(()),
             Ok(()) if started.elapsed() < APART_WAIT => std::thread::sleep(APART_POLL),
             Ok(()) => return Err(IdentityError::NotApart),
@@ -163,7 +166,7 @@ mod tests {
     #[test]
     fn outside_pid_1_nothing_changes() {
         let before = (getresuid().unwrap(), getresgid().unwrap());
-        settle().unwrap();
+        settle(false).unwrap();
         become_effective().unwrap();
         let after = (getresuid().unwrap(), getresgid().unwrap());
         assert_eq!(

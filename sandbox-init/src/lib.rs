@@ -102,9 +102,11 @@ pub mod identity;
 pub mod leftovers;
 pub mod pool;
 pub mod process;
+pub mod pty;
 pub mod session;
 pub mod spec;
 pub mod streams;
+pub mod watch;
 
 use std::ffi::OsString;
 use std::io::BufRead;
@@ -129,6 +131,8 @@ pub const EXIT_INIT_ERROR: u8 = 125;
 pub const EXEC_MODE: &str = "exec";
 /// After [`EXEC_MODE`]: the trampoline of a settled init ([`identity`]).
 pub const APART_FLAG: &str = "--apart";
+/// After [`EXEC_MODE`]: be the session keeper of a terminal on stdin ([`pty::keep`]).
+pub const TTY_FLAG: &str = "--tty";
 pub use sandbox_protocol::{end_marker, exit_trailer, InitReport, EXIT_TRAILER_PREFIX};
 
 /// What the init's exit trailer says besides the code: the job's nonce (the trailer is
@@ -153,15 +157,28 @@ pub enum Mode {
     /// `pool [python [MODULE...]]`: be PID 1 of a pooled sandbox, waiting for its job
     /// ([`pool`]).
     Pool(pool::Runner),
-    /// `session python|bash`: be PID 1 of a session sandbox, serving many turns
-    /// ([`session`]).
-    Session(session::Runner),
+    /// `session python|bash [context]`: be PID 1 of a session sandbox, serving many turns (with
+    /// `context`: an extra code context's init beside PID 1, started by `docker exec` as root)
+    /// ([`session`], `sandbox_protocol::SESSION_CONTEXT`).
+    Session {
+        runner: session::Runner,
+        context: bool,
+    },
     /// `exec [--apart] -- PROGRAM [ARG...]`: the trampoline (`--apart`: started by a settled
     /// init, see [`identity`]).
-    Exec { apart: bool, argv: Vec<OsString> },
-    /// `attach <tag> -- PROGRAM [ARG...]`: a session's later process, started by `docker exec`
-    /// ([`attach`]).
-    Attach { argv: Vec<OsString> },
+    Exec {
+        apart: bool,
+        tty: bool,
+        argv: Vec<OsString>,
+    },
+    /// `attach <tag> [pty=<cols>x<rows>] -- PROGRAM [ARG...]`: a session's later process,
+    /// started by `docker exec` ([`attach`]; with a terminal: [`pty`]).
+    Attach {
+        pty: Option<sandbox_protocol::PtySize>,
+        argv: Vec<OsString>,
+    },
+    /// `watch <tag> [recursive] -- PATH`: a session's directory watcher ([`watch`]).
+    Watch { recursive: bool, path: String },
     /// `signal <tag> <SIGNAL>`: signals the attach supervisor of `<tag>` ([`attach`]).
     Signal {
         tag: String,
@@ -178,30 +195,38 @@ pub fn parse_args(args: impl IntoIterator<Item = OsString>) -> Result<Mode, Init
             pool::Runner::parse(args).map(Mode::Pool)
         }
         Some(mode) if mode == sandbox_protocol::SESSION_MODE => {
-            session::Runner::parse(args).map(Mode::Session)
+            session::Runner::parse(args).map(|(runner, context)| Mode::Session { runner, context })
         }
-        Some(mode) if mode == EXEC_MODE => {
-            let apart = match args.next() {
-                Some(flag) if flag == APART_FLAG => true,
-                Some(dashes) if dashes == "--" => false,
-                _ => return Err(InitError::Args),
-            };
-            if apart && args.next().is_none_or(|dashes| dashes != "--") {
-                return Err(InitError::Args);
-            }
-            Ok(Mode::Exec {
-                apart,
-                argv: args.collect(),
-            })
-        }
+        Some(mode) if mode == EXEC_MODE => parse_exec(args),
         Some(mode) if mode == sandbox_protocol::ATTACH_MODE => attach::parse_attach(args)
-            .map(|(_, argv)| Mode::Attach { argv })
+            .map(|(_, pty, argv)| Mode::Attach { pty, argv })
             .map_err(InitError::Attach),
+        Some(mode) if mode == sandbox_protocol::WATCH_MODE => watch::parse_watch(args)
+            .map(|(_, recursive, path)| Mode::Watch { recursive, path })
+            .map_err(InitError::Watch),
         Some(mode) if mode == sandbox_protocol::SIGNAL_MODE => attach::parse_signal(args)
             .map(|(tag, signal)| Mode::Signal { tag, signal })
             .map_err(InitError::Attach),
         Some(_) => Err(InitError::Args),
     }
+}
+
+/// `exec [--apart] [--tty] -- PROGRAM [ARG...]`.
+fn parse_exec(mut args: impl Iterator<Item = OsString>) -> Result<Mode, InitError> {
+    let (mut apart, mut tty) = (false, false);
+    loop {
+        match args.next() {
+            Some(flag) if flag == APART_FLAG && !apart && !tty => apart = true,
+            Some(flag) if flag == TTY_FLAG && !tty => tty = true,
+            Some(dashes) if dashes == "--" => break,
+            _ => return Err(InitError::Args),
+        }
+    }
+    Ok(Mode::Exec {
+        apart,
+        tty,
+        argv: args.collect(),
+    })
 }
 
 /// Everything that makes the init fail instead of reporting the program's own status.
@@ -219,7 +244,7 @@ pub enum InitError {
     Supervise(SuperviseError),
     #[error(transparent)]
     Exec(ExecError),
-    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash` or `exec -- PROGRAM [ARG...]`")]
+    #[error("unexpected arguments: run with none, `pool [python [MODULE...]]`, `session python|bash [context]` or `exec -- PROGRAM [ARG...]`")]
     Args,
     #[error(transparent)]
     Pool(pool::PoolError),
@@ -227,6 +252,8 @@ pub enum InitError {
     Session(session::SessionError),
     #[error(transparent)]
     Attach(attach::AttachError),
+    #[error(transparent)]
+    Watch(watch::WatchError),
     #[error("making the init non-dumpable: {0}")]
     Dumpable(std::io::Error),
     #[error(transparent)]
@@ -306,16 +333,21 @@ pub fn run(mode: Option<pool::Runner>, end: &mut End) -> Result<u8, InitError> {
 }
 
 /// Serves a session (`session python|bash`, see [`session`]).
-pub fn run_session(runner: session::Runner, end: &mut End) -> Result<u8, InitError> {
-    let supervisor = guarded()?;
+pub fn run_session(runner: session::Runner, context: bool, end: &mut End) -> Result<u8, InitError> {
+    let supervisor = guarded_as(context)?;
     session::run(&supervisor, runner, &mut end.nonce)
 }
 
 /// The first steps of every init mode.
 fn guarded() -> Result<Supervisor, InitError> {
+    guarded_as(false)
+}
+
+/// [`guarded`], for PID 1 or (`context`) an extra context's init beside it.
+fn guarded_as(context: bool) -> Result<Supervisor, InitError> {
     // First of all: the init's own uid, which the program will not have (see `identity`).
     // Changing ids resets dumpability, so this comes before the next step.
-    identity::settle().map_err(InitError::Identity)?;
+    identity::settle(context).map_err(InitError::Identity)?;
     // Before anything secret is read: the program must not read this process's memory or file
     // descriptors through /proc or ptrace (its uid differs from the init's real uid already;
     // this also holds where the init keeps the program's uid, outside a sandbox).
@@ -350,6 +382,7 @@ mod tests {
             parse_args(args(&["exec", "--", "sh", "-c", "--"])).unwrap(),
             Mode::Exec {
                 apart: false,
+                tty: false,
                 argv: args(&["sh", "-c", "--"])
             }
         );
@@ -357,6 +390,7 @@ mod tests {
             parse_args(args(&["exec", "--"])).unwrap(),
             Mode::Exec {
                 apart: false,
+                tty: false,
                 argv: Vec::new()
             }
         );
@@ -364,7 +398,16 @@ mod tests {
             parse_args(args(&["exec", "--apart", "--", "--apart"])).unwrap(),
             Mode::Exec {
                 apart: true,
+                tty: false,
                 argv: args(&["--apart"])
+            }
+        );
+        assert_eq!(
+            parse_args(args(&["exec", "--tty", "--", "bash"])).unwrap(),
+            Mode::Exec {
+                apart: false,
+                tty: true,
+                argv: args(&["bash"])
             }
         );
     }
@@ -375,6 +418,7 @@ mod tests {
             &["exec"][..],
             &["exec", "sh"],
             &["exec", "--apart", "sh"],
+            &["exec", "--tty", "--apart", "--", "sh"],
             &["--help"],
             &["-", "--"],
         ] {

@@ -11,13 +11,27 @@ fn main() -> ExitCode {
         sandbox_init::parse_args(std::env::args_os().skip(1)).and_then(|mode| match mode {
             Mode::Init => sandbox_init::run(None, &mut end),
             Mode::Pool(runner) => sandbox_init::run(Some(runner), &mut end),
-            Mode::Session(runner) => sandbox_init::run_session(runner, &mut end),
-            Mode::Attach { argv } => sandbox_init::attach::attach(&argv).map_err(InitError::Attach),
+            Mode::Session { runner, context } => {
+                sandbox_init::run_session(runner, context, &mut end)
+            }
+            Mode::Attach { pty: None, argv } => {
+                sandbox_init::attach::attach(&argv).map_err(InitError::Attach)
+            }
+            Mode::Attach {
+                pty: Some(size),
+                argv,
+            } => sandbox_init::pty::attach(&argv, size).map_err(InitError::Attach),
+            Mode::Watch { recursive, path } => {
+                sandbox_init::watch::watch(&path, recursive).map_err(InitError::Watch)
+            }
             Mode::Signal { tag, signal } => {
                 sandbox_init::attach::signal(&tag, signal).map_err(InitError::Attach)
             }
             // Returns only if the exec failed.
-            Mode::Exec { apart, argv } => {
+            Mode::Exec {
+                tty: true, argv, ..
+            } => sandbox_init::pty::keep(&argv).map_err(InitError::Attach),
+            Mode::Exec { apart, argv, .. } => {
                 Err(InitError::Exec(sandbox_init::exec::exec(&argv, apart)))
             }
         });

@@ -41,7 +41,7 @@ use nix::unistd::Pid;
 use sandbox_protocol::{
     bash_turn, end_marker, exit_trailer, file_answer, parse_report, python_cell, turn_end_marker,
     FileLine, FileRequest, InitReport, BASH_PRELUDE, MAX_REPORT_LINE, PYTHON_SESSION_RUNNER,
-    REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_PYTHON,
+    REPORT_KEY_LEN, REPORT_REQUEST, SESSION_BASH, SESSION_CONTEXT, SESSION_PYTHON,
 };
 use thiserror::Error;
 
@@ -74,15 +74,21 @@ pub enum SessionError {
 }
 
 impl Runner {
-    /// Parses the arguments after `session`.
-    pub fn parse(mut args: impl Iterator<Item = OsString>) -> Result<Runner, InitError> {
+    /// Parses the arguments after `session`: the runner, and whether this init serves an
+    /// extra context beside PID 1 ([`SESSION_CONTEXT`]).
+    pub fn parse(mut args: impl Iterator<Item = OsString>) -> Result<(Runner, bool), InitError> {
         let runner = match args.next() {
             Some(name) if name == SESSION_PYTHON => Runner::Python,
             Some(name) if name == SESSION_BASH => Runner::Bash,
             _ => return Err(InitError::Args),
         };
+        let context = match args.next() {
+            None => false,
+            Some(flag) if flag == SESSION_CONTEXT => true,
+            Some(_) => return Err(InitError::Args),
+        };
         match args.next() {
-            None => Ok(runner),
+            None => Ok((runner, context)),
             Some(_) => Err(InitError::Args),
         }
     }
@@ -420,15 +426,21 @@ fn refuse(nonce: &str, message: &str) {
 mod tests {
     use super::*;
 
-    fn parse(list: &[&str]) -> Result<Runner, InitError> {
+    fn parse(list: &[&str]) -> Result<(Runner, bool), InitError> {
         Runner::parse(list.iter().map(OsString::from))
     }
 
     #[test]
     fn runners() {
-        assert_eq!(parse(&["python"]).unwrap(), Runner::Python);
-        assert_eq!(parse(&["bash"]).unwrap(), Runner::Bash);
-        for bad in [&[][..], &["ruby"], &["python", "x"]] {
+        assert_eq!(parse(&["python"]).unwrap(), (Runner::Python, false));
+        assert_eq!(parse(&["bash"]).unwrap(), (Runner::Bash, false));
+        assert_eq!(parse(&["bash", "context"]).unwrap(), (Runner::Bash, true));
+        for bad in [
+            &[][..],
+            &["ruby"],
+            &["python", "x"],
+            &["python", "context", "x"],
+        ] {
             assert!(parse(bad).is_err(), "{bad:?}");
         }
     }

@@ -18,7 +18,9 @@
 //!   the `session` module; a session's file operations ([`FileLine`], [`FileAnswer`]): the
 //!   `files` module.
 //! - A session's processes (E2B's `process.Process`): [`ATTACH_MODE`] and [`SIGNAL_MODE`], see
-//!   the `procs` module.
+//!   the `procs` module (with PTY mode: [`PtySize`], [`PtyFrame`]).
+//! - A session's directory watchers (E2B's `filesystem.Filesystem` watch calls): [`WATCH_MODE`],
+//!   see the `watch` module.
 //!
 //! It is **not** a validator: `sandbox-init` validates every field before acting (`spec.rs`);
 //! this crate only names the fields. Serde only: no I/O, no processes.
@@ -32,6 +34,7 @@ mod files;
 mod procs;
 mod session;
 mod trailer;
+mod watch;
 
 pub use files::{
     content_answer, file_answer, locate, FileAnswer, FileAnswerTaker, FileEntry, FileFailure,
@@ -40,17 +43,21 @@ pub use files::{
 };
 
 pub use procs::{
-    attach_argv, signal_argv, signaled_status, valid_tag, ProcessSignal, ATTACH_MODE, INIT_PATH,
-    MAX_TAG, PROGRAM_USER, SIGNAL_MODE,
+    attach_argv, signal_argv, signaled_status, valid_tag, ProcessSignal, PtyFrame, PtySize,
+    ATTACH_MODE, INIT_PATH, MAX_PTY_FRAME, MAX_TAG, PROGRAM_USER, PTY_ARG_PREFIX, SIGNAL_MODE,
 };
 pub use session::{
     bash_turn, end_marker, parse_report, python_cell, runner_report, turn_end_marker, EndMarker,
     RichResult, RichResults, RunnerReport, TurnEnd, BASH_PRELUDE, END_MARKER_PREFIX,
     MAX_REPORT_LINE, MAX_RESULTS_BYTES, MAX_RESULT_BYTES, PYTHON_SESSION_RUNNER, REPORT_KEY_LEN,
-    REPORT_REQUEST, SESSION_BASH, SESSION_MODE, SESSION_PYTHON,
+    REPORT_REQUEST, SESSION_BASH, SESSION_CONTEXT, SESSION_MODE, SESSION_PYTHON,
 };
 pub use trailer::{
     exit_trailer, ExitTrailer, InitReport, EXIT_TRAILER_PREFIX, MAX_REPORT_BYTES, MAX_SPECIAL_FILES,
+};
+pub use watch::{
+    watch_argv, WatchKind, WatchLine, FLUSH_REQUEST, MAX_WATCH_DIRS, MAX_WATCH_LINE, RECURSIVE_ARG,
+    WATCH_MODE,
 };
 
 /// The job line. File contents borrow from the line when deserialised (base64 needs no JSON

@@ -60,6 +60,12 @@ pub const SESSION_MODE: &str = "session";
 /// The runner names after [`SESSION_MODE`].
 pub const SESSION_PYTHON: &str = "python";
 pub const SESSION_BASH: &str = "bash";
+/// Optional last argument of a session init started beside a running session's PID 1 (an
+/// extra code context, `docker exec` as root: `session python|bash context`). It settles into
+/// the init's identity as PID 1 does (see sandbox-init's `identity`), so the context's runner
+/// can neither signal it nor read its nonces; it never quiesces the sandbox (only PID 1 does),
+/// and it serves no proxy bridge (PID 1's serves the sandbox).
+pub const SESSION_CONTEXT: &str = "context";
 
 /// Starts a turn's end marker: `\0sandgate-end:<nonce>:<code>:<result>[:<results>]\n`, where
 /// `result` is the base64 of the UTF-8 `repr` (empty: none) and `results` the base64 of the

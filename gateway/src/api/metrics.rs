@@ -39,6 +39,7 @@ pub async fn scrape(
     metrics.set_warm(warm);
     // Sessions open on this replica (each replica reports its own; `v_sessions_open` has all).
     metrics.set_sessions_open(i64::try_from(app.sessions.open_here()).unwrap_or(i64::MAX));
-    let text = metrics.render();
+    let mut text = metrics.render();
+    app.proposal_builds.render(&mut text);
     Ok(([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text))
 }

@@ -21,6 +21,7 @@ use crate::app::proposals::{
 use crate::app::App;
 use crate::audit::proposals::{ProposalOrigin, ProposalRow, ProposalStatus};
 use crate::role::Role;
+use api_types::AccessRequested;
 
 /// Roles that may read proposals.
 const READERS: &[Role] = &[Role::Reviewer, Role::Auditor, Role::Admin];
@@ -134,17 +135,6 @@ pub struct ProposalPage {
 pub struct ApprovedProposal {
     pub applied: Applied,
     pub proposal: ProposalRow,
-}
-
-/// `POST /v1/executions/{id}/access-request`: the proposal opened for a reviewer, in brief.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AccessRequested {
-    /// `{"data/<file>.yaml": <JSON merge patch>}`, the bundle's suggestion.
-    #[schema(value_type = Object)]
-    pub patch: Value,
-    pub proposal_id: String,
-    pub status: ProposalStatus,
-    pub tests_passed: bool,
 }
 
 #[utoipa::path(
@@ -415,7 +405,7 @@ pub async fn rebase(
     params(("id" = String, Path)),
     request_body = serde_json::Value,
     responses(
-        (status = 201, description = "the proposal (id, status, patch, tests_passed)", body = AccessRequested),
+        (status = 201, description = "the proposal opened for a reviewer (its id and status; reviewers read its patch)", body = AccessRequested),
         (status = 422, description = "no_suggestion", body = super::error::ErrorBody),
         super::openapi::ApiErrors,
     ),
@@ -433,10 +423,8 @@ pub async fn access_request(
     Ok((
         axum::http::StatusCode::CREATED,
         Json(AccessRequested {
-            patch: row.patch.0,
             proposal_id: row.id,
             status: row.status,
-            tests_passed: row.tests_passed,
         }),
     ))
 }
@@ -510,20 +498,13 @@ mod tests {
             proposal: row(),
         });
         let requested = AccessRequested {
-            patch: row().patch.0,
             proposal_id: "pp_1".into(),
             status: ProposalStatus::Open,
-            tests_passed: false,
         };
         assert_eq!(
-            serde_json::to_string(&requested).unwrap(),
-            json!({
-                "proposal_id": "pp_1",
-                "status": "open",
-                "patch": row().patch.0,
-                "tests_passed": false,
-            })
-            .to_string()
+            serde_json::to_value(&requested).unwrap(),
+            json!({"proposal_id": "pp_1", "status": "open"}),
+            "the agent is not shown the patch (the tenant's allowlist, its credential names)"
         );
     }
 

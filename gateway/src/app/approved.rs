@@ -13,7 +13,8 @@ use super::floor::Runnable;
 use super::launch::{Launch, Program};
 use super::reaper::LiveGuard;
 use super::scheduler::Ticket;
-use super::sessions::{release, SessionShare, StartsIn};
+use super::sessions::{release, Held, SessionShare, StartsIn};
+use super::snapshots::{Places, Whose};
 use super::subjects::StoredRequest;
 use super::validate::decode_files;
 use super::{error_chain, App, AppError};
@@ -72,10 +73,16 @@ impl App {
         admitted: Option<Admission>,
     ) -> Result<(ApprovalRow, Reviewed), AppError> {
         if let Some(session) = decided.session {
+            // A held fork (`from_snapshot`) starts from its snapshot, as an admitted one does.
+            let fork = decided
+                .request
+                .as_ref()
+                .and_then(|request| request.get("from_snapshot"))
+                .and_then(serde_json::Value::as_str);
             let row = match admitted {
                 Some(Admission::Session(runnable, ticket, live, share)) => {
                     let admitted = (runnable, ticket, live, share);
-                    self.open_approved(reviewer, approval, session, admitted)
+                    self.open_approved(reviewer, approval, (session, fork), admitted)
                         .await?
                 }
                 _ => session,
@@ -138,26 +145,22 @@ impl App {
         self: &Arc<Self>,
         reviewer: &ApiKey,
         approval: &ApprovalRow,
-        row: SessionRow,
+        (row, fork): (SessionRow, Option<&str>),
         (runnable, ticket, live, share): (Runnable, Ticket, LiveGuard, SessionShare),
     ) -> Result<SessionRow, AppError> {
         let started = async {
-            let runner = SessionRunner::for_language(&row.language).ok_or_else(|| {
-                AppError::Internal(format!("language {:?} has no session runner", row.language))
-            })?;
             let slot = ticket
                 .slot()
                 .await
                 .ok_or_else(|| AppError::Internal("the gateway is shutting down".into()))?;
-            // A held E2B create has its E2B row already (`e2b/control.rs`): E2B's home.
-            let starts_in = match self.audit.e2b_sandbox(&row.id).await? {
-                Some(_) => StartsIn::UserHome,
-                None => StartsIn::Workspace,
-            };
-            let (id, tenant, language) = (&row.id, &row.tenant, &row.language);
-            let runner = (runner, starts_in);
-            self.start_session(id, tenant, runner, language, runnable, (slot, live, share))
-                .await
+            let places = (slot, live, share);
+            match fork {
+                Some(snapshot) => {
+                    self.start_approved_fork(&row, snapshot, runnable, places)
+                        .await
+                }
+                None => self.start_approved_session(&row, runnable, places).await,
+            }
         };
         let held = match started.await {
             Ok(held) => held,
@@ -190,6 +193,55 @@ impl App {
                 self.start_failed(&row.id, &AppError::from(err)).await
             }
         }
+    }
+
+    /// A fresh sandbox for an approved session.
+    async fn start_approved_session(
+        &self,
+        row: &SessionRow,
+        runnable: Runnable,
+        places: Places,
+    ) -> Result<Held, AppError> {
+        let runner = SessionRunner::for_language(&row.language).ok_or_else(|| {
+            AppError::Internal(format!("language {:?} has no session runner", row.language))
+        })?;
+        // A held E2B create has its E2B row already (`e2b/control.rs`): E2B's home.
+        let starts_in = match self.audit.e2b_sandbox(&row.id).await? {
+            Some(_) => StartsIn::UserHome,
+            None => StartsIn::Workspace,
+        };
+        let (id, tenant, language) = (&row.id, &row.tenant, &row.language);
+        self.start_session(id, tenant, (runner, starts_in), language, runnable, places)
+            .await
+    }
+
+    /// An approved fork, restored from its snapshot under the reviewed decision's grant. The
+    /// snapshot must still be kept (deleted or expired while the session waited: it does not
+    /// start) and be of the session's tenant.
+    async fn start_approved_fork(
+        &self,
+        row: &SessionRow,
+        snapshot_id: &str,
+        runnable: Runnable,
+        places: Places,
+    ) -> Result<Held, AppError> {
+        let snapshot = self
+            .audit
+            .get_snapshot(snapshot_id)
+            .await?
+            .filter(|snapshot| snapshot.tenant == row.tenant)
+            .ok_or_else(|| {
+                AppError::Conflict(format!(
+                    "snapshot {snapshot_id} was deleted or expired while the session waited \
+                     for review"
+                ))
+            })?;
+        let whose = Whose {
+            id: &row.id,
+            tenant: &row.tenant,
+            key_id: &row.key_id,
+        };
+        self.start_fork(whose, &snapshot, runnable, places).await
     }
 
     /// Closes an approved session that could not start (`start_failed`, the event says why).

@@ -23,6 +23,7 @@ use super::snapshots::{
 use super::{App, AppError};
 use crate::audit::events;
 use crate::audit::events::snapshots::{Snapshot, SnapshotOf};
+use crate::audit::session_turns::TurnKind;
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -52,10 +53,23 @@ impl SnapshotRow {
 impl App {
     /// `POST /v1/sessions/{id}/snapshots`: a kept image of the session, which goes on.
     pub async fn create_snapshot(
-        &self,
+        self: &std::sync::Arc<Self>,
         caller: &ApiKey,
         session_id: &str,
     ) -> Result<SnapshotRow, AppError> {
+        if let Some(held) = self.session_relayed_or_taken(caller, session_id).await? {
+            // Its sandbox runs on another replica (or its image is only readable there).
+            let answer = self
+                .relay_session_step(caller, &held, TurnKind::Snapshot)
+                .await?;
+            let kept = answer.snapshot_id.ok_or_else(|| {
+                AppError::Internal(format!(
+                    "replica {} answered a snapshot without its id",
+                    held.instance
+                ))
+            })?;
+            return self.get_snapshot(caller, &kept).await;
+        }
         let row = self.get_session(caller, session_id).await?;
         let dir = self.snapshot_dir(&row.tenant)?;
         self.within_quota(&row.tenant, 0).await?;

@@ -3,6 +3,7 @@
 
 pub mod approvals;
 mod approved;
+pub mod contexts;
 pub mod executions;
 pub mod floor;
 mod forks;
@@ -38,7 +39,9 @@ pub mod session_procs;
 mod session_relay;
 pub mod session_results;
 mod session_runs;
+pub mod session_watch;
 pub mod sessions;
+mod snapshot_replicas;
 mod snapshot_restart;
 pub mod snapshots;
 pub mod stream;
@@ -93,6 +96,8 @@ pub struct App {
     pub sessions: sessions::Sessions,
     /// This replica's side of the coordination with the others on the database.
     pub replicas: replicas::Replicas,
+    /// Proposal builds running here, bounded (`proposals.concurrent_builds`).
+    pub proposal_builds: proposals::Builds,
 }
 
 impl std::fmt::Debug for App {
@@ -137,6 +142,7 @@ impl App {
             refusals: refusals::Refusals::new(config.refusals),
             sessions: sessions::Sessions::default(),
             replicas: replicas::Replicas::default(),
+            proposal_builds: proposals::Builds::new(config.proposals.concurrent_builds),
             scheduler: scheduler::Scheduler::new(
                 config.max_concurrent,
                 config.max_queued,

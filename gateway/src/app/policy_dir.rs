@@ -70,15 +70,16 @@ fn stage(
     };
     let mut budget = (MAX_ENTRIES, MAX_BYTES);
     copy_tree(policy_dir, staging, &mut budget)?;
+    // Every target checked before any is written: none may lead through a link.
+    let mut targets = Vec::with_capacity(files.len());
     for (rel, bytes) in files {
-        let rel = super::policy_upload::plain_relative(Path::new(rel))
-            .filter(|rel| !rel.as_os_str().is_empty())
-            .ok_or_else(|| format!("odd file name {rel:?}"))?;
-        let path = staging.join(rel);
+        targets.push((writable_target(staging, rel)?, bytes));
+    }
+    for (path, bytes) in targets {
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
-        std::fs::write(&path, bytes).map_err(io(&path))?;
+        write_new(&path, bytes).map_err(io(&path))?;
     }
     let engine = policy_engine::PolicyEngine::load(staging).map_err(|err| {
         format!(
@@ -95,6 +96,50 @@ fn stage(
         ));
     }
     sync_tree(staging)
+}
+
+/// Where `rel` goes in `staging`, never through a symbolic link: a directory on the way that is
+/// a link is refused (writing there would write wherever it points, outside the bundle); the
+/// file itself, if a link, is removed from the staging copy so that a plain file replaces it
+/// (the link's target is not touched).
+fn writable_target(staging: &Path, rel: &str) -> Result<PathBuf, String> {
+    let rel = super::policy_upload::plain_relative(Path::new(rel))
+        .filter(|rel| !rel.as_os_str().is_empty())
+        .ok_or_else(|| format!("odd file name {rel:?}"))?;
+    let mut path = staging.to_owned();
+    let mut parts = rel.components().peekable();
+    while let Some(part) = parts.next() {
+        path.push(part);
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if !meta.file_type().is_symlink() {
+            continue;
+        }
+        if parts.peek().is_some() {
+            return Err(format!(
+                "{} is a symbolic link in the policy directory: a proposal's file is not written                  through it; replace the link by a directory",
+                rel.display()
+            ));
+        }
+        std::fs::remove_file(&path).map_err(|err| format!("{}: {err}", path.display()))?;
+    }
+    Ok(path)
+}
+
+/// Writes a new file at `path`, not following a link there (there is none: see
+/// [`writable_target`]; `O_NOFOLLOW` makes sure).
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt;
+    let _ = std::fs::remove_file(path);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .custom_flags(nix::libc::O_NOFOLLOW)
+        .open(path)?;
+    file.write_all(bytes)
 }
 
 /// Copies a directory tree (regular files, directories with their modes, symbolic links as
@@ -222,5 +267,54 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&tenants).unwrap(), text);
         assert!(dir.join("README.md").is_file());
         assert_eq!(entries(), 1);
+    }
+
+    /// A data file that is a link is replaced by a plain file in the new bundle and what it
+    /// pointed to is left alone; a linked directory on the way is refused before anything is
+    /// written.
+    #[test]
+    fn no_file_is_written_through_a_link() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = copy_of_shipped(root.path());
+        let tenants = dir.join("data/tenants.yaml");
+        let outside = root.path().join("outside.yaml");
+        std::fs::rename(&tenants, &outside).unwrap();
+        std::os::unix::fs::symlink(&outside, &tenants).unwrap();
+        let before = std::fs::read_to_string(&outside).unwrap();
+        let text = format!("{before}\n# a change\n");
+        let files = vec![("data/tenants.yaml".to_owned(), text.clone().into_bytes())];
+        let staged = root.path().join("expected");
+        copy_tree(&dir, &staged, &mut (MAX_ENTRIES, MAX_BYTES)).unwrap();
+        std::fs::remove_file(staged.join("data/tenants.yaml")).unwrap();
+        std::fs::write(staged.join("data/tenants.yaml"), &text).unwrap();
+        let wanted = policy_engine::PolicyEngine::load(&staged).unwrap();
+        std::fs::remove_dir_all(&staged).unwrap();
+
+        // A wrong revision: refused, and the link's target untouched (the old code wrote
+        // through the link before it checked the revision).
+        let refused = replace(&dir, &files, "sha256:0000");
+        assert!(refused.unwrap_err().contains("does not hold"));
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), before);
+        // The right one: the new bundle holds a plain file; the target is untouched.
+        replace(&dir, &files, wanted.revision()).unwrap();
+        assert!(!std::fs::symlink_metadata(&tenants)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read_to_string(&tenants).unwrap(), text);
+        assert_eq!(std::fs::read_to_string(&outside).unwrap(), before);
+
+        // A linked directory on the way: refused, nothing written.
+        let data = dir.join("data");
+        let elsewhere = root.path().join("elsewhere");
+        std::fs::rename(&data, &elsewhere).unwrap();
+        std::os::unix::fs::symlink(&elsewhere, &data).unwrap();
+        let kept = std::fs::read_to_string(elsewhere.join("tenants.yaml")).unwrap();
+        let refused = replace(&dir, &files, wanted.revision()).unwrap_err();
+        assert!(refused.contains("symbolic link"), "{refused}");
+        assert_eq!(
+            std::fs::read_to_string(elsewhere.join("tenants.yaml")).unwrap(),
+            kept
+        );
     }
 }

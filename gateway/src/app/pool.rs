@@ -127,6 +127,13 @@ impl Sandbox for Pooled {
     ) -> BoxFuture<'_, Result<TurnRan, RuntimeError>> {
         self.inner.turn(job, control)
     }
+    fn open_context(
+        &mut self,
+        runner: crate::runtime::SessionRunner,
+        job: Job<'static>,
+    ) -> BoxFuture<'_, Result<Box<dyn crate::runtime::CodeContext>, RuntimeError>> {
+        self.inner.open_context(runner, job)
+    }
 }
 
 pub(super) type ClaimReply = oneshot::Sender<Claimed>;

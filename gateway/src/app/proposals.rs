@@ -15,16 +15,20 @@
 //! then replaced whole with the new bundle (`app::policy_dir`), so a restart or SIGHUP loads the
 //! same revision; a directory it cannot replace is left as it was and the answer says why.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use policy_engine::Reason;
 
-use super::policy::{Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source};
+use super::policy::{
+    ActivePolicy, Guard, PolicyState, Precondition, ProposalClaim, ReloadError, Source,
+};
 use super::proposal_candidate::{self, Candidate, CandidateError};
-use super::replay::{self, Change, Outcome, ReplayReport};
+use super::replay::{self, Change, ChangedCase, Outcome, ReplayReport};
 use super::{App, AppError};
 use crate::audit::events::{self, proposals as proposal_events, proposals::ReplayCounts};
 use crate::audit::proposals::{OpenCounts, ProposalOrigin, ProposalRow, ProposalStatus};
@@ -43,6 +47,113 @@ pub const MAX_PATCH_BYTES: usize = 64 * 1024;
 /// Most recorded decisions one replay reads (the newest of its window); the evidence says when
 /// the window held more.
 pub const MAX_REPLAY_DECISIONS: usize = 20_000;
+
+/// Proposal builds (a copy of the bundle, its tests, a replay of up to
+/// [`MAX_REPLAY_DECISIONS`] decisions on two engines) on this replica: at most `limit` at once,
+/// another refused with 429 rather than queued; and the proposals each key is opening right
+/// now, reserved before the build so that concurrent requests of one key count each other
+/// against its bounds (the insert holds the open bound across replicas).
+pub struct Builds {
+    permits: Arc<tokio::sync::Semaphore>,
+    limit: u32,
+    started: Arc<AtomicU64>,
+    running: Arc<AtomicU64>,
+    peak: Arc<AtomicU64>,
+    reserved: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+/// One build running: its slot is given back when dropped (after the blocking work it moves
+/// into, even when the request that started it went away).
+pub struct BuildSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    running: Arc<AtomicU64>,
+}
+
+impl Drop for BuildSlot {
+    fn drop(&mut self) {
+        self.running.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A key's reservation of one proposal being opened; released when dropped.
+pub struct Reservation {
+    key: String,
+    reserved: Arc<Mutex<HashMap<String, i64>>>,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(count) = reserved.get_mut(&self.key) {
+            *count -= 1;
+            if *count <= 0 {
+                reserved.remove(&self.key);
+            }
+        }
+    }
+}
+
+impl Builds {
+    pub fn new(limit: u32) -> Builds {
+        Builds {
+            permits: Arc::new(tokio::sync::Semaphore::new(limit as usize)),
+            limit,
+            started: Arc::default(),
+            running: Arc::default(),
+            peak: Arc::default(),
+            reserved: Arc::default(),
+        }
+    }
+
+    /// A slot for one build, or 429 naming the bound.
+    fn start(&self) -> Result<BuildSlot, AppError> {
+        let permit = Arc::clone(&self.permits).try_acquire_owned().map_err(|_| {
+            AppError::RateLimited(format!(
+                "too many policy proposals are being built at once (at most {} per replica, \
+                     proposals.concurrent_builds); try again shortly",
+                self.limit
+            ))
+        })?;
+        self.started.fetch_add(1, Ordering::Relaxed);
+        let now = self.running.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(BuildSlot {
+            _permit: permit,
+            running: Arc::clone(&self.running),
+        })
+    }
+
+    /// Reserves one proposal for `key` if `counted` (what the store holds) plus the key's
+    /// reservations stays below `bound`; else the number counted with them.
+    fn reserve(&self, key: &str, counted: i64, bound: i64) -> Result<Reservation, i64> {
+        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = reserved.get(key).copied().unwrap_or(0);
+        if counted + mine >= bound {
+            return Err(counted + mine);
+        }
+        *reserved.entry(key.to_owned()).or_default() += 1;
+        Ok(Reservation {
+            key: key.to_owned(),
+            reserved: Arc::clone(&self.reserved),
+        })
+    }
+
+    /// The Prometheus series: builds started, and the most that ever ran at once.
+    pub fn render(&self, out: &mut String) {
+        use std::fmt::Write as _;
+        let started = self.started.load(Ordering::Relaxed);
+        let peak = self.peak.load(Ordering::Relaxed);
+        let _ = writeln!(
+            out,
+            "# HELP sandgate_proposal_builds_started_total Policy proposal builds (candidate, \
+             tests, replay) started on this replica.\n# TYPE sandgate_proposal_builds_started_total \
+             counter\nsandgate_proposal_builds_started_total {started}\n# HELP \
+             sandgate_proposal_builds_peak The most policy proposal builds that ran at once on \
+             this replica.\n# TYPE sandgate_proposal_builds_peak gauge\n\
+             sandgate_proposal_builds_peak {peak}"
+        );
+    }
+}
 
 /// What approving a proposal applied: the revision now active, the one before, and whether
 /// the policy directory was written too. (Fields alphabetical, as the answer always had them:
@@ -85,24 +196,48 @@ impl Default for Window {
     }
 }
 
-/// One replay count with its first examples.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Bucket {
-    pub count: usize,
-    /// Execution ids (or session ids), at most [`MAX_EXAMPLES`].
-    pub examples: Vec<String>,
+/// One example of a bucket: the execution or session whose opening was decided differently.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Example {
+    pub kind: api_types::SubjectKind,
+    pub id: String,
 }
 
-impl Bucket {
-    fn add(&mut self, id: Option<&String>) {
-        self.count += 1;
-        if let Some(id) = id.filter(|_| self.examples.len() < MAX_EXAMPLES) {
-            self.examples.push(id.clone());
+impl Example {
+    fn of(case: &ChangedCase) -> Option<Example> {
+        use api_types::SubjectKind;
+        match (&case.execution_id, &case.session_id) {
+            (Some(id), _) => Some(Example {
+                kind: SubjectKind::Execution,
+                id: id.clone(),
+            }),
+            (None, Some(id)) => Some(Example {
+                kind: SubjectKind::Session,
+                id: id.clone(),
+            }),
+            (None, None) => None,
         }
     }
 }
 
-/// What the candidate would have decided differently over the last `days`.
+/// One replay count with its first examples.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Bucket {
+    pub count: usize,
+    /// At most [`MAX_EXAMPLES`], each with its kind (an execution, or a session opening).
+    pub examples: Vec<Example>,
+}
+
+impl Bucket {
+    fn add(&mut self, example: Option<&Example>) {
+        self.count += 1;
+        if let Some(example) = example.filter(|_| self.examples.len() < MAX_EXAMPLES) {
+            self.examples.push(example.clone());
+        }
+    }
+}
+
+/// What the candidate would have decided differently from its base over the last `days`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ReplayEvidence {
     pub days: u32,
@@ -118,10 +253,14 @@ pub struct ReplayEvidence {
     pub review_changes: Bucket,
     /// Allowed before and after, with another limit.
     pub limit_changes: Bucket,
+    /// Allowed before and after, with another grant: hosts or ports, a rule's inspection,
+    /// credentials or request rules, the network budget, mounts, or the backend.
+    pub grant_changes: Bucket,
     pub candidate_errors: usize,
 }
 
-/// Summarises a replay report as a proposal's evidence.
+/// Summarises a replay report as a proposal's evidence: each changed decision counts once per
+/// bucket it falls in.
 pub fn replay_evidence(window: Window, truncated: bool, report: &ReplayReport) -> ReplayEvidence {
     let mut evidence = ReplayEvidence {
         days: window.days,
@@ -133,20 +272,24 @@ pub fn replay_evidence(window: Window, truncated: bool, report: &ReplayReport) -
         ..ReplayEvidence::default()
     };
     for case in &report.changed {
-        let id = case.execution_id.as_ref().or(case.session_id.as_ref());
+        let example = Example::of(case);
+        let (mut limits, mut grants) = (false, false);
         for change in &case.changes {
             match change {
                 Change::Outcome { from, to } => match (from, to) {
-                    (Outcome::Allow, Outcome::Deny) => evidence.allow_to_deny.add(id),
-                    (Outcome::Deny, Outcome::Allow) => evidence.deny_to_allow.add(id),
-                    _ => evidence.review_changes.add(id),
+                    (Outcome::Allow, Outcome::Deny) => evidence.allow_to_deny.add(example.as_ref()),
+                    (Outcome::Deny, Outcome::Allow) => evidence.deny_to_allow.add(example.as_ref()),
+                    _ => evidence.review_changes.add(example.as_ref()),
                 },
-                Change::Limit { limit, .. } if !limit.starts_with("network.") => {
-                    evidence.limit_changes.add(id);
-                    break;
-                }
-                _ => {}
+                Change::Limit { limit, .. } if !limit.starts_with("network.") => limits = true,
+                _ => grants = true,
             }
+        }
+        if limits {
+            evidence.limit_changes.add(example.as_ref());
+        }
+        if grants {
+            evidence.grant_changes.add(example.as_ref());
         }
     }
     evidence
@@ -162,13 +305,11 @@ impl App {
         caller: &ApiKey,
         draft: Draft,
     ) -> Result<ProposalRow, AppError> {
-        self.check_open_bounds(caller).await?;
+        let _reserved = self.check_open_bounds(caller).await?;
         self.check_source_approval(&draft).await?;
         let active = self.policy.current();
         let base = active.state.revision().to_owned();
-        let (candidate, evidence) = self
-            .evidence(&active.state, &draft.patch, draft.window)
-            .await?;
+        let (candidate, evidence) = self.evidence(&active, &draft.patch, draft.window).await?;
         let tests_passed = candidate.tests.passed;
         let row = ProposalRow {
             id: crate::ids::new("pp"),
@@ -215,18 +356,36 @@ impl App {
     }
 
     /// At most `pending_approvals.per_key` open proposals per author key and `per_tenant` per
-    /// tenant, as for requests waiting for review. A quick refusal before the candidate is
-    /// built; [`crate::audit::AuditStore::insert_proposal`] holds the bound.
-    async fn check_open_bounds(&self, caller: &ApiKey) -> Result<(), AppError> {
+    /// tenant, as for requests waiting for review. Refused before the candidate is built, the
+    /// key's proposals being built here counted with its open ones (reserved until stored);
+    /// [`crate::audit::AuditStore::insert_proposal`] holds the bound across replicas.
+    async fn check_open_bounds(&self, caller: &ApiKey) -> Result<Reservation, AppError> {
         let open = self
             .audit
             .open_proposals(&caller.id, &caller.tenant)
             .await?;
         let bounds = self.open_bounds();
-        if open.key >= bounds.key || open.tenant >= bounds.tenant {
+        if open.tenant >= bounds.tenant {
             return Err(self.bounded(open));
         }
-        Ok(())
+        self.proposal_builds
+            .reserve(&caller.id, open.key, bounds.key)
+            .map_err(|key| self.bounded(OpenCounts { key, ..open }))
+    }
+
+    /// At most `proposals.access_requests_per_hour` proposals opened by one agent key's
+    /// access-requests in any hour, those being built here counted too.
+    async fn check_access_rate(&self, caller: &ApiKey) -> Result<Reservation, AppError> {
+        let since = crate::ids::now_micros() - chrono::Duration::hours(1);
+        let asked = self.audit.agent_proposals_since(&caller.id, since).await?;
+        let limit = self.config.proposals.access_requests_per_hour;
+        self.proposal_builds
+            .reserve(&format!("access-request:{}", caller.id), asked, i64::from(limit))
+            .map_err(|_| {
+                AppError::RateLimited(format!(
+                    "too many access requests from this key (at most {limit} an hour,                      proposals.access_requests_per_hour); a reviewer sees the open ones"
+                ))
+            })
     }
 
     fn open_bounds(&self) -> OpenCounts {
@@ -269,19 +428,31 @@ impl App {
     /// The candidate of `patch` on `state` and its evidence: tests and a replay of `window`.
     async fn evidence(
         &self,
-        state: &PolicyState,
+        active: &Arc<ActivePolicy>,
         patch: &Map<String, Value>,
         window: Window,
     ) -> Result<(Candidate, Value), AppError> {
-        let candidate = self.candidate(state, patch, false).await?;
+        let slot = self.proposal_builds.start()?;
+        let (candidate, slot) = self
+            .candidate_in(&active.state, patch, false, Some(slot))
+            .await?;
         let since = crate::ids::now_micros() - chrono::Duration::days(i64::from(window.days));
         let recent = self
             .audit
             .execution_decisions_recent(since, window.limit)
             .await?;
         let truncated = recent.truncated;
+        let active = Arc::clone(active);
         let (candidate, report) = tokio::task::spawn_blocking(move || {
-            let report = replay::replay(&candidate.engine, &recent.decisions);
+            // The slot is held until the replay ends, even if the request went away.
+            let _slot = slot;
+            let report = match &active.state {
+                PolicyState::Loaded(base) => {
+                    replay::replay_between(base, &candidate.engine, &recent.decisions)
+                }
+                // `candidate` refuses a state without a bundle before this runs.
+                PolicyState::Failed { .. } => ReplayReport::default(),
+            };
             (candidate, report)
         })
         .await
@@ -302,6 +473,19 @@ impl App {
         patch: &Map<String, Value>,
         bless: bool,
     ) -> Result<Candidate, AppError> {
+        let (candidate, _) = self.candidate_in(state, patch, bless, None).await?;
+        Ok(candidate)
+    }
+
+    /// [`App::candidate`], holding `slot` (a proposal build's) in the blocking work and handing
+    /// it back.
+    async fn candidate_in(
+        &self,
+        state: &PolicyState,
+        patch: &Map<String, Value>,
+        bless: bool,
+        slot: Option<BuildSlot>,
+    ) -> Result<(Candidate, Option<BuildSlot>), AppError> {
         if let Some(error) = state.error() {
             return Err(AppError::Conflict(format!(
                 "no policy bundle is active to change: {error}"
@@ -312,15 +496,17 @@ impl App {
         let root = self.config.data_dir.join("policy-incoming");
         let dir = super::policy::scratch_dir(&root, "proposal-").map_err(AppError::Internal)?;
         let patch = patch.clone();
-        let built = tokio::task::spawn_blocking(move || {
-            proposal_candidate::build(&base, &tests, &patch, dir, bless)
+        let (built, slot) = tokio::task::spawn_blocking(move || {
+            let built = proposal_candidate::build(&base, &tests, &patch, dir, bless);
+            (built, slot)
         })
         .await
         .map_err(|err| AppError::Internal(format!("candidate task: {err}")))?;
-        built.map_err(|err| match err {
+        let candidate = built.map_err(|err| match err {
             CandidateError::Io(message) => AppError::Internal(message),
             other => AppError::Invalid(other.to_string()),
-        })
+        })?;
+        Ok((candidate, slot))
     }
 
     /// The bundle's suggestion for execution `id`'s decision, as a draft's patch, with any
@@ -521,7 +707,7 @@ impl App {
         }
         let active = self.policy.current();
         let patch = row.patch.0.as_object().cloned().unwrap_or_default();
-        let (candidate, evidence) = self.evidence(&active.state, &patch, window).await?;
+        let (candidate, evidence) = self.evidence(&active, &patch, window).await?;
         let (old_base, old_candidate) = (row.base_revision.clone(), row.candidate_revision.clone());
         row.base_revision = active.state.revision().to_owned();
         row.candidate_revision = candidate.engine.revision().to_owned();
@@ -662,6 +848,7 @@ impl App {
                 row.status
             )));
         }
+        let _rate = self.check_access_rate(caller).await?;
         let (patch, reasons) = self.suggestion_for(id).await?;
         let codes: Vec<&str> = reasons.iter().map(|r| r.code.as_str()).collect();
         let draft = Draft {

@@ -85,6 +85,13 @@ pub enum Change {
         kind: GrantKind,
         grant: String,
     },
+    /// A network rule granted before and after with other terms: its inspection, credentials
+    /// or request rules (everything but its host and ports).
+    RuleChanged {
+        host: String,
+        from: Value,
+        to: Value,
+    },
 }
 
 impl Change {
@@ -104,6 +111,9 @@ impl Change {
             Change::GrantAdded { kind: k, grant } => format!("grant added: {} {grant}", kind(k)),
             Change::GrantRemoved { kind: k, grant } => {
                 format!("grant removed: {} {grant}", kind(k))
+            }
+            Change::RuleChanged { host, from, to } => {
+                format!("network rule for {host}: {from} -> {to}")
             }
         }
     }
@@ -270,7 +280,7 @@ fn matches(case: &ChangedCase, rule: FailOn) -> bool {
                 } | Change::GrantRemoved {
                     kind: GrantKind::Network,
                     ..
-                }
+                } | Change::RuleChanged { .. }
             ) || matches!(c, Change::Limit { limit, .. } if limit.starts_with("network."))
         }),
         FailOn::Mounts => has(|c| {
@@ -292,12 +302,37 @@ fn matches(case: &ChangedCase, rule: FailOn) -> bool {
     }
 }
 
-/// Re-decides every stored input with `candidate`.
+/// Re-decides every stored input with `candidate` and compares with the recorded decision
+/// (`sandgate policy replay`: what the candidate changes against what really happened).
 pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayReport {
+    replay_with(candidate, stored, |past| past.decision.clone())
+}
+
+/// Re-decides every stored input with both `base` and `candidate` and compares the two: exactly
+/// what the change from `base` to `candidate` does to that traffic. A proposal's evidence uses
+/// this, not [`replay`]: a recorded decision was made by whatever revision was active then, so
+/// comparing with it would blame the proposal for every change approved since.
+pub fn replay_between(
+    base: &PolicyEngine,
+    candidate: &PolicyEngine,
+    stored: &[StoredDecision],
+) -> ReplayReport {
+    replay_with(candidate, stored, |past| decided(base, &past.input))
+}
+
+fn decided(engine: &PolicyEngine, input: &Value) -> Value {
+    serde_json::to_value(engine.decide_json(input)).unwrap_or(Value::Null)
+}
+
+fn replay_with(
+    candidate: &PolicyEngine,
+    stored: &[StoredDecision],
+    before: impl Fn(&StoredDecision) -> Value,
+) -> ReplayReport {
     let mut report = ReplayReport::default();
     for past in stored {
         report.total += 1;
-        let after = serde_json::to_value(candidate.decide_json(&past.input)).unwrap_or(Value::Null);
+        let after = decided(candidate, &past.input);
         let reasons = reason_codes(&after);
         if reasons
             .iter()
@@ -305,7 +340,7 @@ pub fn replay(candidate: &PolicyEngine, stored: &[StoredDecision]) -> ReplayRepo
         {
             report.candidate_errors += 1;
         }
-        let changes = compare(&past.decision, &after);
+        let changes = compare(&before(past), &after);
         if changes.is_empty() {
             report.unchanged += 1;
             continue;
@@ -344,6 +379,7 @@ fn count(report: &mut ReplayReport, changes: &[Change]) {
             Change::Backend { .. } => backend = true,
             Change::Limit { limit, .. } if limit.starts_with("network.") => network = true,
             Change::Limit { .. } => limits = true,
+            Change::RuleChanged { .. } => network = true,
             Change::GrantAdded { kind, .. } | Change::GrantRemoved { kind, .. } => match kind {
                 GrantKind::Network => network = true,
                 GrantKind::Mount => mounts = true,
@@ -382,6 +418,7 @@ fn compare(before: &Value, after: &Value) -> Vec<Change> {
         GrantKind::Network,
         &mut changes,
     );
+    compare_rules(&rule_terms(before), &rule_terms(after), &mut changes);
     compare_sets(
         mount_grants(before),
         mount_grants(after),
@@ -454,6 +491,53 @@ fn network_grants(decision: &Value) -> BTreeSet<String> {
             let ports = rule["ports"].as_array().cloned().unwrap_or_default();
             ports.into_iter().map(move |port| format!("{host}:{port}"))
         })
+        .collect()
+}
+
+/// Each host's rule terms other than host and ports (`inspect`, `credentials`, `requests`, ...),
+/// for hosts granted before and after.
+fn compare_rules(
+    before: &BTreeMap<String, Value>,
+    after: &BTreeMap<String, Value>,
+    changes: &mut Vec<Change>,
+) {
+    for (host, from) in before {
+        match after.get(host) {
+            Some(to) if to != from => changes.push(Change::RuleChanged {
+                host: host.clone(),
+                from: from.clone(),
+                to: to.clone(),
+            }),
+            _ => {}
+        }
+    }
+}
+
+/// Host -> the terms of its rule(s) besides host and ports (absent terms as absent, an
+/// `inspect: false` as absent too: both mean no inspection).
+fn rule_terms(decision: &Value) -> BTreeMap<String, Value> {
+    let mut terms: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for rule in decision["network"]["allow"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let Some(object) = rule.as_object() else {
+            continue;
+        };
+        let mut rest = object.clone();
+        rest.remove("host");
+        rest.remove("ports");
+        if rest.get("inspect") == Some(&Value::Bool(false)) {
+            rest.remove("inspect");
+        }
+        rest.retain(|_, value| !value.is_null());
+        let host = rule["host"].as_str().unwrap_or("?").to_owned();
+        terms.entry(host).or_default().push(Value::Object(rest));
+    }
+    terms
+        .into_iter()
+        .map(|(host, rules)| (host, Value::Array(rules)))
         .collect()
 }
 
@@ -572,5 +656,36 @@ mod tests {
             }]
         );
         assert!(compare(&before, &before).is_empty());
+    }
+
+    #[test]
+    fn a_rule_given_credentials_or_inspection_is_a_change_of_its_grant() {
+        let before = json!({"allow": true, "backend": "gvisor", "limits": {},
+            "network": {"allow": [{"host": "api.example.com", "ports": [443]}],
+                        "max_connections": 4, "max_bytes": 100}});
+        let mut after = before.clone();
+        after["network"]["allow"][0]["inspect"] = json!(true);
+        after["network"]["allow"][0]["credentials"] = json!(["github"]);
+        let changes = compare(&before, &after);
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        assert!(
+            matches!(&changes[0], Change::RuleChanged { host, .. } if host == "api.example.com")
+        );
+        assert!(matches(
+            &ChangedCase {
+                execution_id: None,
+                session_id: None,
+                at: String::new(),
+                tenant: String::new(),
+                language: String::new(),
+                reasons: vec![],
+                changes,
+            },
+            FailOn::Network
+        ));
+        // `inspect: false` and no `inspect` are the same grant.
+        let mut explicit = before.clone();
+        explicit["network"]["allow"][0]["inspect"] = json!(false);
+        assert!(compare(&before, &explicit).is_empty());
     }
 }

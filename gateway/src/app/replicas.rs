@@ -15,7 +15,8 @@
 //!   `/readyz`, why it runs another); `sandgate_turn` / `sandgate_turn_news` carry session
 //!   requests to the replica holding the session (`app::session_relay`); `sandgate_purged`
 //!   tells the replicas that ran purged executions to remove their files
-//!   (`app::purged_outputs`).
+//!   (`app::purged_outputs`); `sandgate_session_moved` tells a replica that another one
+//!   restored a session it held paused (`app::snapshot_replicas`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use super::purged_outputs::PURGED;
 use super::session_relay::{TURN, TURN_NEWS};
+use super::snapshot_replicas::MOVED;
 use super::stream::{Stream, StreamEvent};
 use super::App;
 use crate::runtime::Channel;
@@ -192,6 +194,8 @@ pub async fn run(app: Arc<App>) {
 async fn renew_periodically(app: Arc<App>) {
     let every = Duration::from_millis(app.config.lease_ms / 3);
     loop {
+        // Paused sessions of a dead replica are served here, not closed (`snapshot_replicas`).
+        app.adopt_orphaned_pauses().await;
         renew_once(&app).await;
         // What other replicas asked of this one whose notification was lost.
         app.take_waiting_turns().await;
@@ -241,7 +245,7 @@ async fn listen(app: Arc<App>) {
     loop {
         let mut listener = match app
             .audit
-            .listen(&[WATCH, CANCEL, POLICY, TURN, TURN_NEWS, PURGED, &own])
+            .listen(&[WATCH, CANCEL, POLICY, TURN, TURN_NEWS, PURGED, MOVED, &own])
             .await
         {
             Ok(listener) => listener,
@@ -279,6 +283,7 @@ fn handle(app: &Arc<App>, channel: &str, payload: &str) {
         }),
         POLICY => serde_json::from_str(payload).map(|loaded| follow_reload(app, loaded)),
         PURGED => serde_json::from_str(payload).map(|purged| app.purged_elsewhere(purged)),
+        MOVED => serde_json::from_str(payload).map(|moved| app.session_moved(moved)),
         TURN | TURN_NEWS => {
             serde_json::from_str(payload).map(|message| app.turn_message(channel, message))
         }

@@ -253,7 +253,7 @@ impl App {
 }
 
 /// The normalised path, or a refusal naming the places.
-fn placed(path: &str) -> Answer<String> {
+pub(super) fn placed(path: &str) -> Answer<String> {
     locate(path).map(|at| at.path()).map_err(|failure| {
         refused(
             failure,
@@ -266,7 +266,7 @@ fn placed(path: &str) -> Answer<String> {
     })
 }
 
-fn refused(failure: FileFailure, message: impl Into<String>) -> SessionFileError {
+pub(super) fn refused(failure: FileFailure, message: impl Into<String>) -> SessionFileError {
     SessionFileError::Refused {
         failure,
         message: message.into(),

@@ -25,16 +25,17 @@ use super::subjects::ExecutionRecord;
 use super::{App, AppError};
 use crate::audit::{ApiKey, Completion, ExecutionRow};
 use crate::outputs::Collected;
-use crate::runtime::procs::{ProcessSignal, ProcessSpec, StartedProcess};
+use crate::runtime::procs::{ProcessSignal, ProcessSpec, PtySize, StartedProcess};
 use crate::runtime::{CappedOutput, Channel, OutputSink};
 use crate::session_wire::TurnLimits;
 use crate::status::ExecutionStatus;
+use sandbox_protocol::PtyFrame;
 
 /// Most input chunks queued for a process before `send_input` waits (bounded memory: at most
 /// `INPUT_QUEUE * INPUT_CHUNK` bytes a process, whatever size the caller's messages are).
 const INPUT_QUEUE: usize = 16;
-/// Input is queued in pieces of at most this many bytes.
-const INPUT_CHUNK: usize = 64 * 1024;
+/// Input is queued in pieces of at most this many bytes (one `PtyFrame` each for a PTY).
+const INPUT_CHUNK: usize = sandbox_protocol::MAX_PTY_FRAME;
 /// Longest wait for the session's lock (held for a moment by other starts, for a whole cell
 /// by a running cell).
 const HELD_WAIT: Duration = Duration::from_secs(5);
@@ -56,6 +57,9 @@ pub struct ProcessStart {
     pub env: BTreeMap<String, String>,
     pub cwd: String,
     pub stdin: bool,
+    /// A terminal of this size (E2B's `pty.create`): input and resizes reach it, its output
+    /// is what the terminal shows (kept as the record's stdout).
+    pub pty: Option<PtySize>,
     pub timeout_ms: Option<u64>,
     pub e2b: Option<api_types::E2bInput>,
 }
@@ -69,11 +73,13 @@ pub enum ProcessStarted {
     Running(ExecutionRow, Arc<ProcessControl>),
 }
 
-/// Input for a process's stdin.
+/// Input for a process's stdin (or its terminal).
 #[derive(Debug)]
 pub enum ProcessInput {
     Data(Vec<u8>),
     Close,
+    /// A new size for a PTY process's terminal.
+    Resize(PtySize),
 }
 
 /// A running process, as its callers reach it.
@@ -84,6 +90,8 @@ pub struct ProcessControl {
     /// Why the gateway ended it, once it did.
     stopped: Mutex<Option<ExecutionStatus>>,
     input: Option<mpsc::Sender<ProcessInput>>,
+    /// Runs on a terminal: its input travels as `PtyFrame`s.
+    pty: bool,
 }
 
 impl ProcessControl {
@@ -100,8 +108,28 @@ impl ProcessControl {
         *self.stopped.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Queues input for the process's stdin.
+    /// Whether the process runs on a terminal.
+    pub fn is_pty(&self) -> bool {
+        self.pty
+    }
+
+    /// Queues input for the process's stdin (a PTY process's terminal).
     pub async fn send_input(&self, input: ProcessInput) -> Result<(), AppError> {
+        match (&input, self.pty) {
+            (ProcessInput::Close, true) => {
+                return Err(AppError::Conflict(format!(
+                    "process {} runs on a PTY: send Ctrl-D (0x04) to end its input",
+                    self.tag
+                )))
+            }
+            (ProcessInput::Resize(_), false) => {
+                return Err(AppError::Conflict(format!(
+                    "process {} has no PTY to resize",
+                    self.tag
+                )))
+            }
+            _ => {}
+        }
         let Some(sender) = &self.input else {
             return Err(AppError::Conflict(format!(
                 "process {} was started without stdin",
@@ -119,7 +147,9 @@ impl ProcessControl {
                 }
                 Ok(())
             }
-            ProcessInput::Close => sender.send(input).await.map_err(|_| closed()),
+            ProcessInput::Close | ProcessInput::Resize(_) => {
+                sender.send(input).await.map_err(|_| closed())
+            }
         }
     }
 
@@ -209,6 +239,7 @@ impl App {
             env: checked_env(&env)?,
             cwd: start.cwd,
             stdin: start.stdin,
+            pty: start.pty,
         };
         self.launch_process((row, container, limits), spec, open)
             .await
@@ -237,6 +268,7 @@ impl App {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
         }
         let running = Running::of(&open);
+        let spec_pty = spec.pty;
         let mut started = match self.runtime.start_process(&container, spec).await {
             Ok(started) => started,
             Err(err) => {
@@ -245,11 +277,13 @@ impl App {
                 return Err(AppError::ReplicaUnavailable(message));
             }
         };
+        let pty = spec_pty.is_some();
         let control = Arc::new(ProcessControl {
             container,
             tag: row.id.clone(),
             stopped: Mutex::new(None),
-            input: started.input.take().map(feed_stdin),
+            input: started.input.take().map(|stdin| feed_stdin(stdin, pty)),
+            pty,
         });
         let mut shown = row.clone();
         shown.status = ExecutionStatus::Running;
@@ -508,23 +542,26 @@ fn session_env(
     env
 }
 
-/// Writes queued input to the process's stdin until it is closed or the process is gone.
+/// Writes queued input to the process's stdin until it is closed or the process is gone. A
+/// PTY process's stdin is its supervisor's control channel: input and sizes as `PtyFrame`s.
 fn feed_stdin(
     mut stdin: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    pty: bool,
 ) -> mpsc::Sender<ProcessInput> {
     let (sender, mut receiver) = mpsc::channel::<ProcessInput>(INPUT_QUEUE);
     tokio::spawn(async move {
         while let Some(input) = receiver.recv().await {
-            match input {
-                ProcessInput::Data(bytes) => {
-                    if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
-                        return;
-                    }
-                }
+            let bytes = match input {
+                ProcessInput::Data(bytes) if pty => PtyFrame::Input(bytes).encode(),
+                ProcessInput::Data(bytes) => bytes,
+                ProcessInput::Resize(size) => PtyFrame::Resize(size).encode(),
                 ProcessInput::Close => {
                     let _ = stdin.shutdown().await;
                     return;
                 }
+            };
+            if stdin.write_all(&bytes).await.is_err() || stdin.flush().await.is_err() {
+                return;
             }
         }
     });

@@ -43,6 +43,13 @@ const CLOSED_GRACE: Duration = Duration::from_secs(5);
 /// How often the asker re-reads the row without a notification.
 const POLL: Duration = Duration::from_millis(500);
 
+/// What the owner did for a relayed request.
+enum Answered {
+    Nothing,
+    Execution(String),
+    Snapshot(String),
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 pub(super) struct TurnMessage {
     turn: String,
@@ -130,6 +137,17 @@ impl App {
         self.relay(caller, session, TurnKind::Close, json!({}))
             .await?;
         self.get_session(caller, &session.id).await
+    }
+
+    /// `POST .../pause`, `/resume` or `/snapshots` for a session another replica holds: the
+    /// owner's answer (a snapshot names the one it kept).
+    pub(super) async fn relay_session_step(
+        &self,
+        caller: &ApiKey,
+        session: &SessionRow,
+        kind: TurnKind,
+    ) -> Result<TurnRow, AppError> {
+        self.relay(caller, session, kind, json!({})).await
     }
 
     /// Inserts the request, tells the owner, waits for its claim (bounded) and its answer.
@@ -259,7 +277,9 @@ impl App {
             app.tell_asker(&claimed).await;
             let answered = app.run_turn_for(&claimed).await;
             let answer = match &answered {
-                Ok(execution) => TurnAnswer::Done(execution.as_deref()),
+                Ok(Answered::Nothing) => TurnAnswer::Done(None),
+                Ok(Answered::Execution(execution)) => TurnAnswer::Done(Some(execution)),
+                Ok(Answered::Snapshot(snapshot)) => TurnAnswer::Kept(snapshot),
                 Err((code, message)) => TurnAnswer::Refused(*code, message),
             };
             if let Err(err) = app.audit.answer_turn(&id, answer).await {
@@ -285,7 +305,7 @@ impl App {
     async fn run_turn_for(
         self: &Arc<Self>,
         row: &TurnRow,
-    ) -> Result<Option<String>, (TurnErrorCode, String)> {
+    ) -> Result<Answered, (TurnErrorCode, String)> {
         let caller = match self.audit.live_key_by_id(&row.key_id).await {
             Ok(Some(key)) => key,
             Ok(None) => {
@@ -302,12 +322,24 @@ impl App {
                     })?;
                 self.create_session_execution(&caller, &row.session_id, request)
                     .await
-                    .map(|record| Some(record.id))
+                    .map(|record| Answered::Execution(record.id))
             }
             TurnKind::Close => self
                 .delete_session(&caller, &row.session_id)
                 .await
-                .map(|_| None),
+                .map(|_| Answered::Nothing),
+            TurnKind::Pause => self
+                .pause_session(&caller, &row.session_id)
+                .await
+                .map(|_| Answered::Nothing),
+            TurnKind::Resume => self
+                .resume_session(&caller, &row.session_id)
+                .await
+                .map(|_| Answered::Nothing),
+            TurnKind::Snapshot => self
+                .create_snapshot(&caller, &row.session_id)
+                .await
+                .map(|snapshot| Answered::Snapshot(snapshot.id)),
         };
         ran.map_err(|err| answer_of(err, &self.instance))
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use policy_engine::RequestedLimits;
 
+use super::contexts::Taken;
 use super::floor::Runnable;
 use super::pipeline::{Ask, InSession, Outcome, Subject};
 use super::reaper::LiveGuard;
@@ -18,7 +19,7 @@ use super::{App, AppError};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, Completion, ExecutionRow};
 use crate::outputs::Collected;
-use crate::runtime::{Ending, Job, JobFile, TurnEnding, TurnRan};
+use crate::runtime::{Ending, Job, JobFile, SessionRunner, TurnEnding, TurnRan};
 use crate::session_wire::{ClosedReason, SessionStatus};
 use crate::status::ExecutionStatus;
 
@@ -33,7 +34,7 @@ impl App {
         id: &str,
         request: SessionExecutionRequest,
     ) -> Result<ExecutionRow, AppError> {
-        if let Some(session) = self.session_held_elsewhere(caller, id).await? {
+        if let Some(session) = self.session_relayed_or_taken(caller, id).await? {
             return self
                 .relay_session_execution(caller, &session, request)
                 .await;
@@ -81,13 +82,26 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(closed_conflict(id, &row));
         };
+        // A cell in an extra code context (`app::contexts`) runs there, taken out meanwhile.
+        let context = match request.e2b.as_ref().and_then(|e2b| e2b.context.as_deref()) {
+            Some(context) => Some(open.contexts.take(context)?),
+            None => None,
+        };
         let _ = self
             .audit
             .set_session_status(id, SessionStatus::Busy, false)
             .await;
+        let mut context = context;
         let ran = self
-            .run_in_session(caller, &row, held, request, started)
+            .run_in_session(caller, &row, held, request, (started, context.as_mut()))
             .await;
+        if let Some(taken) = context {
+            let ended = match &ran {
+                Ok((record, _)) => context_ended(record),
+                Err(_) => None,
+            };
+            open.contexts.put_back(taken, ended).await;
+        }
         *open
             .last_used
             .lock()
@@ -121,12 +135,19 @@ impl App {
         session_row: &SessionRow,
         held: &mut Held,
         request: SessionExecutionRequest,
-        started: Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
+        (started, mut context): (
+            Option<tokio::sync::oneshot::Sender<ExecutionRow>>,
+            Option<&mut Taken>,
+        ),
     ) -> Result<(ExecutionRow, Option<ClosedReason>), AppError> {
         let session_id = session_row.id.as_str();
         let files = self.checked_uploads(caller, &request.files).await?;
         let e2b = request.e2b.clone();
-        let as_execution = as_execution(&held.language, request)?;
+        let language = match &context {
+            Some(taken) => runner_language(taken.info.runner),
+            None => held.language.as_str(),
+        };
+        let as_execution = as_execution(language, request)?;
         let ask = Ask {
             caller,
             subject: Subject::SessionExecution(InSession {
@@ -159,10 +180,20 @@ impl App {
         let running = crate::egress::Running::start(&self.session_cursors, session_id, &row.id);
         let program = (as_execution.code, files);
         let ran = self
-            .run_turn(&row, held, program, (&live, stream), &runnable)
+            .run_turn(
+                &row,
+                (held, context.as_deref_mut()),
+                program,
+                (&live, stream),
+                &runnable,
+            )
             .await;
         drop(running);
-        let closes = closes(&ran);
+        // A context's end is its own (`context_ended`); the session goes on.
+        let closes = match context {
+            Some(_) => None,
+            None => closes(&ran),
+        };
         let output = (
             held.home.output.dir().to_owned(),
             runnable.limits.output_bytes,
@@ -262,7 +293,7 @@ impl App {
     async fn run_turn(
         &self,
         row: &ExecutionRow,
-        held: &mut Held,
+        (held, context): (&mut Held, Option<&mut Taken>),
         (code, files): (String, Vec<(String, Vec<u8>)>),
         (live, stream): (&LiveGuard, Arc<super::stream::Stream>),
         runnable: &Runnable,
@@ -285,9 +316,17 @@ impl App {
         {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");
         }
-        held.sandbox
-            .turn(turn_job(&held.language, &row.id, code, files), control)
-            .await
+        match context {
+            Some(taken) => {
+                let language = runner_language(taken.info.runner);
+                let job = turn_job(language, &row.id, code, files);
+                taken.running.turn(job, control).await
+            }
+            None => {
+                let job = turn_job(&held.language, &row.id, code, files);
+                held.sandbox.turn(job, control).await
+            }
+        }
     }
 }
 
@@ -370,6 +409,23 @@ fn turn_job(
         files: job_files,
         proxy: None,
         exit_nonce: None,
+    }
+}
+
+/// A context's language (its cells' record and file).
+fn runner_language(runner: SessionRunner) -> &'static str {
+    match runner {
+        SessionRunner::Python => "python",
+        SessionRunner::Bash => "bash",
+    }
+}
+
+/// Why a cell's ending ended its code context, if it did: a timeout or cancel ends a context
+/// (its init cannot be interrupted from outside), as does its runner's death.
+fn context_ended(record: &ExecutionRow) -> Option<String> {
+    match record.status {
+        ExecutionStatus::Succeeded | ExecutionStatus::Failed | ExecutionStatus::Denied => None,
+        other => Some(format!("its cell {} ended it ({other})", record.id)),
     }
 }
 

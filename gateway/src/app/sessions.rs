@@ -67,6 +67,8 @@ pub(super) struct OpenSession {
     /// Processes running beside the runner (`app::session_procs`): the session is in use
     /// while any runs, so it is neither idle nor paused nor snapshotted under them.
     pub(super) processes: std::sync::atomic::AtomicUsize,
+    /// Its extra code contexts (`app::contexts`); they end with it.
+    pub(super) contexts: super::contexts::Contexts,
 }
 
 impl OpenSession {
@@ -135,6 +137,11 @@ impl Sessions {
 
     pub(super) fn get(&self, id: &str) -> Option<Arc<OpenSession>> {
         self.lock().get(id).cloned()
+    }
+
+    /// Forgets the session here without closing it (another replica serves it now).
+    pub(super) fn remove(&self, id: &str) -> Option<Arc<OpenSession>> {
+        self.lock().remove(id)
     }
 }
 
@@ -315,8 +322,17 @@ impl App {
             last_used: Mutex::new(Instant::now()),
             closing: self.shutdown.child_token(),
             processes: std::sync::atomic::AtomicUsize::new(0),
+            contexts: super::contexts::Contexts::default(),
         });
-        self.sessions.lock().insert(id.clone(), Arc::clone(&open));
+        {
+            let mut sessions = self.sessions.lock();
+            // Two requests taking over one paused session of another replica at once
+            // (`app::snapshot_replicas`): the first registration holds.
+            if sessions.contains_key(&id) {
+                return;
+            }
+            sessions.insert(id.clone(), Arc::clone(&open));
+        }
         self.watch_session(id, open, idle, ttl);
     }
 
@@ -467,6 +483,7 @@ impl App {
         if let Some(held) = held {
             release(held).await;
         }
+        open.contexts.close_all().await;
         self.sessions.paused.forget(id);
         if let Err(err) = self.audit.forget_pause(id).await {
             tracing::warn!(session_id = %id, error = %err, "a closed session's pause not forgotten");
@@ -627,6 +644,17 @@ fn opening_line(egress: Option<&ExecutionEgress>, cpus: f64, starts_in: StartsIn
         proxy,
         exit_nonce: None,
     }
+}
+
+/// The environment an E2B session's runner started with (its proxy settings included), for
+/// its extra code contexts (`app::contexts`): only E2B sandboxes have them.
+pub(super) fn opening_env(held: &Held) -> std::collections::BTreeMap<String, String> {
+    let line = opening_line(
+        held.egress.as_ref(),
+        held.runnable.limits.cpus,
+        StartsIn::UserHome,
+    );
+    line.env.unwrap_or_default()
 }
 
 /// A session's opening, asked in an execution's terms: no code, no files.

@@ -91,7 +91,7 @@ impl App {
         }
     }
 
-    fn adoptable(&self, pause: &PauseRow) -> Result<Paused, &'static str> {
+    pub(super) fn adoptable(&self, pause: &PauseRow) -> Result<Paused, &'static str> {
         if !self.config.snapshots.enabled {
             return Err("snapshots are disabled");
         }
@@ -114,7 +114,7 @@ impl App {
         })
     }
 
-    fn adopt(self: &Arc<Self>, row: &SessionRow, pause: &PauseRow, paused: Paused) {
+    pub(super) fn adopt(self: &Arc<Self>, row: &SessionRow, pause: &PauseRow, paused: Paused) {
         let id = row.id.clone();
         self.sessions.paused.put(&id, paused);
         self.sessions
@@ -123,7 +123,7 @@ impl App {
         let idle = u64::try_from(row.idle_timeout_s).unwrap_or(1);
         let left = (row.expires_at - chrono::Utc::now()).num_seconds();
         let ttl = u64::try_from(left).unwrap_or(0).max(1);
-        tracing::info!(session_id = %id, "paused session served again after the restart");
+        tracing::info!(session_id = %id, "paused session served by this replica");
         self.keep_registered(id, None, (idle, ttl));
     }
 

@@ -22,6 +22,7 @@ use super::scheduler::Slot;
 use super::sessions::{release, Held, SessionShare};
 use super::{error_chain, App, AppError};
 use crate::audit::events::{self, sessions as session_events};
+use crate::audit::session_turns::TurnKind;
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::PauseRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -58,7 +59,7 @@ impl PausedSessions {
         self.map.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn take(&self, id: &str) -> Option<Paused> {
+    pub(super) fn take(&self, id: &str) -> Option<Paused> {
         self.lock().remove(id)
     }
 
@@ -190,12 +191,23 @@ impl From<SnapshotError> for AppError {
 
 impl App {
     /// `POST /v1/sessions/{id}/pause`: checkpoints the idle session and releases its sandbox.
-    pub async fn pause_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
+    pub async fn pause_session(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+    ) -> Result<SessionRow, AppError> {
         let row = self.get_session(caller, id).await?;
         if row.is(SessionStatus::Paused) {
             return Ok(row);
         }
-        self.pause_held(&row).await?;
+        match self.session_held_elsewhere(caller, id).await? {
+            // Its sandbox runs there: so does its checkpoint.
+            Some(row) => {
+                self.relay_session_step(caller, &row, TurnKind::Pause)
+                    .await?;
+            }
+            None => self.pause_held(&row).await?,
+        }
         self.get_session(caller, id).await
     }
 
@@ -217,6 +229,8 @@ impl App {
         let Some(held) = guard.as_mut() else {
             return Err(not_open(row));
         };
+        // The checkpoint keeps the session's runner only: its code contexts end here.
+        open.contexts.end_all("the sandbox was paused").await;
         let started = std::time::Instant::now();
         let image = dir.join(format!("{id}-{}", crate::ids::new("ck")));
         let (sha256, bytes) = checkpoint_complete(held, &image, &self.instance)
@@ -257,7 +271,7 @@ impl App {
 
     /// The session's row says `paused` and its checkpoint is stored with it, in one
     /// transaction (a restarted gateway serves it from there).
-    async fn store_pause(&self, id: &str, paused: &Paused) -> Result<(), AppError> {
+    pub(super) async fn store_pause(&self, id: &str, paused: &Paused) -> Result<(), AppError> {
         let row = PauseRow {
             session_id: id.to_owned(),
             image: paused.image.to_string_lossy().into_owned(),
@@ -274,8 +288,22 @@ impl App {
 
     /// `POST /v1/sessions/{id}/resume`: restores a paused session (a running one is answered
     /// as it is).
-    pub async fn resume_session(&self, caller: &ApiKey, id: &str) -> Result<SessionRow, AppError> {
-        let row = self.get_session(caller, id).await?;
+    pub async fn resume_session(
+        self: &Arc<Self>,
+        caller: &ApiKey,
+        id: &str,
+    ) -> Result<SessionRow, AppError> {
+        let row = match self.session_relayed_or_taken(caller, id).await? {
+            Some(row) if row.is(SessionStatus::Paused) => {
+                // Its image is not readable here (`snapshots.dir` not shared): its replica
+                // restores it.
+                self.relay_session_step(caller, &row, TurnKind::Resume)
+                    .await?;
+                return self.get_session(caller, id).await;
+            }
+            Some(row) => return Ok(row),
+            None => self.get_session(caller, id).await?,
+        };
         self.resume_paused(&row).await?;
         self.get_session(caller, id).await
     }
@@ -307,6 +335,21 @@ impl App {
         let Some(paused) = self.sessions.paused.take(id) else {
             return Ok(false);
         };
+        // The restore is this replica's alone: another one may be asked at the same moment.
+        let from = match self.claim_restore(id).await {
+            Ok(Some(from)) => from,
+            Ok(None) => {
+                drop(guard);
+                self.let_go(id);
+                return Err(AppError::Conflict(format!(
+                    "session {id} is no longer paused on this replica (another replica resumed                      it, or it closed): ask again"
+                )));
+            }
+            Err(err) => {
+                self.sessions.paused.put(id, paused);
+                return Err(err);
+            }
+        };
         let began = std::time::Instant::now();
         let mut check_ms = 0;
         match self.restore_held(row, &paused, &mut check_ms).await {
@@ -318,18 +361,25 @@ impl App {
                     .set_session_status(id, SessionStatus::Ready, false)
                     .await?;
                 self.audit.forget_pause(id).await?;
-                // Where a resume's time goes (`make bench`, the snapshots bench).
+                self.moved_from(id, &from).await;
+                // Where a resume's time goes (`make bench`, the snapshots bench), and where.
                 let detail = events::column(&session_events::Resumed {
                     sha256: paused.sha256.clone(),
                     bytes: paused.bytes,
                     restore_ms: began.elapsed().as_millis(),
                     check_ms,
+                    replica: self.instance.clone(),
+                    paused_on: from,
                 });
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
             }
             Err(err) => {
+                // Paused again, and this replica's now: stored for a restart or a takeover.
+                if let Err(stored) = self.store_pause(id, &paused).await {
+                    tracing::error!(session_id = %id, error = %stored, "a pause not restored was not stored again");
+                }
                 self.sessions.paused.put(id, paused);
                 Err(err)
             }

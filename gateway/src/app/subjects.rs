@@ -269,7 +269,9 @@ impl Record for SessionRecord {
             reasons: decided.decision.reasons.clone(),
             runnable,
             summary,
-            stored: json!({"language": request.language, "session": self.id}),
+            // A fork starts from its snapshot once approved (`approved.rs`).
+            stored: json!({"language": request.language, "session": self.id,
+                "from_snapshot": request.from_snapshot}),
         })?;
         let held = (runnable, &approval);
         let row = pending_row(ask.caller, &self, request, held, (lifetimes, now));

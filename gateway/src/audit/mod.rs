@@ -13,6 +13,7 @@ pub mod group;
 pub mod journal;
 pub mod key_withdrawals;
 pub mod keys;
+pub mod pause_claims;
 pub mod proposals;
 pub mod read;
 pub mod replicas;

@@ -240,6 +240,26 @@ async fn open_counts(
     })
 }
 
+impl AuditStore {
+    /// How many proposals agent key `key` opened by access-request since `since` (whatever
+    /// became of them), for `proposals.access_requests_per_hour`.
+    pub async fn agent_proposals_since(
+        &self,
+        key: &str,
+        since: DateTime<Utc>,
+    ) -> Result<i64, AuditError> {
+        let count = sqlx::query_scalar(
+            "SELECT count(*) FROM policy_proposals WHERE author_key_id = $1 \
+             AND origin = 'agent' AND created_at >= $2",
+        )
+        .bind(key)
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(count)
+    }
+}
+
 /// The newest recorded decisions of a window, for a proposal's replay.
 #[derive(Debug)]
 pub struct RecentDecisions {

@@ -83,8 +83,9 @@ impl AuditStore {
         .execute(&mut *tx)
         .await?;
         sqlx::query(
+            // A paused session holds no sandbox (no live entry), but its replica serves it.
             "UPDATE sessions SET lease_until = now() + $2 * interval '1 millisecond' \
-             WHERE instance = $1 AND status <> 'closed' AND id = ANY($3)",
+             WHERE instance = $1 AND status <> 'closed' AND (id = ANY($3) OR status = 'paused')",
         )
         .bind(instance)
         .bind(millis(lease_ms))

@@ -16,6 +16,13 @@ pub enum TurnKind {
     Execute,
     /// `DELETE /v1/sessions/{id}`.
     Close,
+    /// `POST /v1/sessions/{id}/pause` of a session whose sandbox runs on the owner.
+    Pause,
+    /// `POST /v1/sessions/{id}/resume` of a session paused where the asker cannot read its
+    /// image (`snapshots.dir` not shared).
+    Resume,
+    /// `POST /v1/sessions/{id}/snapshots` (the answer names the snapshot kept).
+    Snapshot,
 }
 
 impl TurnKind {
@@ -23,13 +30,22 @@ impl TurnKind {
         match self {
             TurnKind::Execute => "execute",
             TurnKind::Close => "close",
+            TurnKind::Pause => "pause",
+            TurnKind::Resume => "resume",
+            TurnKind::Snapshot => "snapshot",
         }
     }
 
+    const ALL: [TurnKind; 5] = [
+        TurnKind::Execute,
+        TurnKind::Close,
+        TurnKind::Pause,
+        TurnKind::Resume,
+        TurnKind::Snapshot,
+    ];
+
     pub fn parse(text: &str) -> Option<TurnKind> {
-        [TurnKind::Execute, TurnKind::Close]
-            .into_iter()
-            .find(|kind| kind.as_str() == text)
+        Self::ALL.into_iter().find(|kind| kind.as_str() == text)
     }
 }
 
@@ -106,6 +122,8 @@ pub struct TurnRow {
     pub execution_id: Option<String>,
     pub error_code: Option<TurnErrorCode>,
     pub error: Option<String>,
+    /// The snapshot a relayed `snapshot` kept.
+    pub snapshot_id: Option<String>,
 }
 
 /// The owner's answer.
@@ -113,6 +131,8 @@ pub struct TurnRow {
 pub enum TurnAnswer<'a> {
     /// Done; the execution it recorded, if it was one.
     Done(Option<&'a str>),
+    /// A relayed snapshot kept this one.
+    Kept(&'a str),
     Refused(TurnErrorCode, &'a str),
 }
 
@@ -179,18 +199,20 @@ impl AuditStore {
     }
 
     pub async fn answer_turn(&self, id: &str, answer: TurnAnswer<'_>) -> Result<(), AuditError> {
-        let (execution, code, error) = match answer {
-            TurnAnswer::Done(execution) => (execution, None, None),
-            TurnAnswer::Refused(code, message) => (None, Some(code), Some(message)),
+        let (execution, snapshot, code, error) = match answer {
+            TurnAnswer::Done(execution) => (execution, None, None, None),
+            TurnAnswer::Kept(snapshot) => (None, Some(snapshot), None, None),
+            TurnAnswer::Refused(code, message) => (None, None, Some(code), Some(message)),
         };
         sqlx::query(
             "UPDATE session_turns SET answered_at = now(), execution_id = $2, error_code = $3, \
-             error = $4 WHERE id = $1",
+             error = $4, snapshot_id = $5 WHERE id = $1",
         )
         .bind(id)
         .bind(execution)
         .bind(code)
         .bind(error)
+        .bind(snapshot)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -234,7 +256,7 @@ mod tests {
 
     #[test]
     fn kinds_and_codes_read_back_as_written() {
-        for kind in [TurnKind::Execute, TurnKind::Close] {
+        for kind in TurnKind::ALL {
             assert_eq!(TurnKind::parse(kind.as_str()), Some(kind));
         }
         for code in TurnErrorCode::ALL {

@@ -178,7 +178,7 @@ pub struct StartRequest {
     #[serde(default)]
     pub process: Option<ProcessConfig>,
     #[serde(default)]
-    pub pty: Option<serde_json::Value>,
+    pub pty: Option<Pty>,
     #[serde(default)]
     pub tag: Option<String>,
     #[serde(default)]
@@ -203,6 +203,45 @@ pub struct SendSignalRequest {
     pub signal: Option<serde_json::Value>,
 }
 
+/// `PTY`: the terminal a process gets.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Pty {
+    #[serde(default)]
+    pub size: Option<PtySizeMessage>,
+}
+
+/// `PTY.Size` (proto3: an absent field is 0).
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+pub struct PtySizeMessage {
+    #[serde(default, deserialize_with = "uint_or_string")]
+    pub cols: Option<u32>,
+    #[serde(default, deserialize_with = "uint_or_string")]
+    pub rows: Option<u32>,
+}
+
+impl Pty {
+    /// The terminal's size: both at least 1 and at most 65535.
+    pub fn checked_size(&self) -> Result<sandbox_protocol::PtySize, ConnectError> {
+        let size = self.size.unwrap_or_default();
+        let (cols, rows) = (size.cols.unwrap_or(0), size.rows.unwrap_or(0));
+        sandbox_protocol::PtySize::new(cols, rows).ok_or_else(|| {
+            ConnectError::new(
+                Code::InvalidArgument,
+                format!("a PTY of {cols} columns and {rows} rows: both must be 1 to 65535"),
+            )
+        })
+    }
+}
+
+/// `UpdateRequest`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct UpdateRequest {
+    #[serde(default)]
+    pub process: Option<ProcessSelector>,
+    #[serde(default)]
+    pub pty: Option<Pty>,
+}
+
 /// `ProcessInput` (a oneof: `stdin` or `pty`, bytes in base64).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ProcessInput {
@@ -213,18 +252,25 @@ pub struct ProcessInput {
 }
 
 impl ProcessInput {
-    /// The stdin bytes; PTY input is refused (no PTY here).
-    pub fn stdin_bytes(&self) -> Result<Vec<u8>, ConnectError> {
-        if self.pty.is_some() {
-            return Err(ConnectError::new(
-                Code::Unimplemented,
-                "PTY input: sandgate's processes have no PTY",
-            ));
+    /// The input's bytes for a process with a terminal (`pty` input) or without (`stdin`);
+    /// the other kind is refused, as envd refuses it.
+    pub fn bytes_for(&self, pty: bool) -> Result<Vec<u8>, ConnectError> {
+        let (text, other) = if pty {
+            (self.pty.as_deref(), self.stdin.is_some())
+        } else {
+            (self.stdin.as_deref(), self.pty.is_some())
+        };
+        if other {
+            let message = if pty {
+                "this process runs on a PTY: send its input as `pty` (pty.send_stdin)"
+            } else {
+                "this process has no PTY: send its input as `stdin`"
+            };
+            return Err(ConnectError::new(Code::InvalidArgument, message));
         }
-        let text = self.stdin.as_deref().unwrap_or("");
         base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map_err(|_| ConnectError::new(Code::InvalidArgument, "stdin is not base64"))
+            .decode(text.unwrap_or(""))
+            .map_err(|_| ConnectError::new(Code::InvalidArgument, "the input is not base64"))
     }
 }
 
@@ -310,9 +356,13 @@ pub struct ListResponse {
 /// `ProcessEvent`'s `event` oneof, wrapped as `StartResponse` / `ConnectResponse` (`{event}`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ProcessEvent {
-    Start { pid: u32 },
+    Start {
+        pid: u32,
+    },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
+    /// What a PTY process's terminal shows.
+    Pty(Vec<u8>),
     End(EndEvent),
     Keepalive,
 }
@@ -336,6 +386,7 @@ impl ProcessEvent {
             ProcessEvent::Start { pid } => json!({"start": {"pid": pid}}),
             ProcessEvent::Stdout(bytes) => json!({"data": {"stdout": b64(bytes)}}),
             ProcessEvent::Stderr(bytes) => json!({"data": {"stderr": b64(bytes)}}),
+            ProcessEvent::Pty(bytes) => json!({"data": {"pty": b64(bytes)}}),
             ProcessEvent::End(end) => json!({"end": end}),
             ProcessEvent::Keepalive => json!({"keepalive": {}}),
         };
@@ -398,6 +449,24 @@ mod tests {
         );
         let last = end_stream(None);
         assert_eq!(&last[..], b"\x02\x00\x00\x00\x02{}");
+    }
+
+    #[test]
+    fn a_pty_has_a_size_and_its_own_input() {
+        let start: StartRequest =
+            decode(br#"{"process":{"cmd":"/bin/bash"},"pty":{"size":{"cols":80,"rows":"24"}}}"#)
+                .unwrap();
+        let size = start.pty.unwrap().checked_size().unwrap();
+        assert_eq!((size.cols, size.rows), (80, 24));
+        let zero: StartRequest = decode(br#"{"pty":{"size":{"cols":80}}}"#).unwrap();
+        assert!(zero.pty.unwrap().checked_size().is_err());
+        let input: ProcessInput = serde_json::from_str(r#"{"pty":"aGk="}"#).unwrap();
+        assert_eq!(input.bytes_for(true).unwrap(), b"hi");
+        assert!(input.bytes_for(false).is_err());
+        assert_eq!(
+            ProcessEvent::Pty(b"hi".to_vec()).response().to_string(),
+            r#"{"event":{"data":{"pty":"aGk="}}}"#
+        );
     }
 
     #[test]

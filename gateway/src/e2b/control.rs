@@ -47,6 +47,27 @@ pub async fn create(
 ) -> Result<Response, E2bError> {
     let key = api_caller(&app, &parts).await?;
     let request: NewSandbox = json_body(&body)?;
+    match start_new(&app, &live, key, &request).await? {
+        Started::Running(answer) => Ok((StatusCode::CREATED, Json(answer)).into_response()),
+        Started::Held(refusal) => Err(refusal),
+    }
+}
+
+/// What a create (or one fork) became: a running sandbox, or one held for review (its E2B
+/// row recorded, the refusal E2B's "not ready yet").
+pub(super) enum Started {
+    Running(Sandbox),
+    Held(E2bError),
+}
+
+/// A new sandbox as `request` asks: its session decided through the pipeline, opened (or
+/// held), and its E2B side recorded.
+pub(super) async fn start_new(
+    app: &Arc<App>,
+    live: &Arc<Live>,
+    key: ApiKey,
+    request: &NewSandbox,
+) -> Result<Started, E2bError> {
     let unsupported = request.unsupported();
     if !unsupported.is_empty() {
         return Err(E2bError::new(
@@ -57,7 +78,7 @@ pub async fn create(
             ),
         ));
     }
-    let (language, from_snapshot) = template_language(&app, &key, &request.template_id).await?;
+    let (language, from_snapshot) = template_language(app, &key, &request.template_id).await?;
     let ceilings = &app.config.ceilings;
     let timeout = request
         .timeout
@@ -74,15 +95,18 @@ pub async fn create(
             template: Some(request.template_id.clone()),
             allow_internet_access: request.allow_internet_access,
             call: None,
+            context: None,
         }),
         from_snapshot,
         ..SessionRequest::default()
     };
     match app.create_session(&key, session).await? {
-        Opened::Ready(row) => opened(&app, &live, key, &request, &row, timeout).await,
+        Opened::Ready(row) => opened(app, live, key, request, &row, timeout)
+            .await
+            .map(Started::Running),
         Opened::PendingApproval(row) => {
-            opened(&app, &live, key, &request, &row, timeout).await?;
-            Err(held(&row))
+            opened(app, live, key, request, &row, timeout).await?;
+            Ok(Started::Held(held(&row)))
         }
         Opened::Denied(decision) => Err(E2bError::new(
             StatusCode::FORBIDDEN,
@@ -103,7 +127,7 @@ async fn opened(
     request: &NewSandbox,
     row: &SessionRow,
     timeout: u64,
-) -> Result<Response, E2bError> {
+) -> Result<Sandbox, E2bError> {
     if request.allow_internet_access == Some(false) && grants_network(row) {
         // `false` means no network, whatever the policy granted.
         app.delete_session(&key, &row.id).await?;
@@ -132,12 +156,11 @@ async fn opened(
     let envs = request.env_vars.clone().unwrap_or_default();
     let sandbox = live.insert(&row.id, LiveSandbox::new(key, envs, end_at));
     watch(app, live, row.id.clone(), sandbox);
-    let answer = sandbox_answer(&e2b, token);
-    Ok((StatusCode::CREATED, Json(answer)).into_response())
+    Ok(sandbox_answer(&e2b, token))
 }
 
 /// A create or connect held for review: E2B's "not ready yet" (503), never retried by the SDK.
-fn held(row: &SessionRow) -> E2bError {
+pub(super) fn held(row: &SessionRow) -> E2bError {
     let reasons = row
         .decision
         .0
@@ -354,7 +377,7 @@ pub async fn resume(
 /// Resumes the sandbox's session if it is paused; says whether it was. A held one is E2B's
 /// "not ready yet"; a resume from the disk only (`memory: false`) is not offered.
 async fn resume_for(
-    app: &App,
+    app: &Arc<App>,
     key: &ApiKey,
     session: &SessionRow,
     request: &ConnectRequest,
@@ -472,13 +495,13 @@ pub async fn snapshot(
     Ok((StatusCode::CREATED, Json(answer)).into_response())
 }
 
-/// Fork, metrics, logs, network updates: not built (501).
+/// Metrics, logs, network updates: not built (501).
 pub async fn unsupported(Path((id, action)): Path<(String, String)>) -> E2bError {
     E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         format!(
             "POST /sandboxes/{id}/{action} is not supported by sandgate's E2B API \
-             (fork, metrics, logs and network updates are not built; docs/e2b.md)"
+             (metrics, logs and network updates are not built; docs/e2b.md)"
         ),
     )
 }
@@ -518,7 +541,7 @@ async fn move_end(
 
 /// The caller's E2B sandbox `id`, not closed: else 404 (another tenant's too, audited as a
 /// probe by `App::get_session`).
-async fn open_sandbox(
+pub(super) async fn open_sandbox(
     app: &App,
     key: &ApiKey,
     id: &str,
@@ -577,6 +600,7 @@ fn sandbox_answer(e2b: &E2bSandboxRow, token: String) -> Sandbox {
         sandbox_id: e2b.session_id.clone(),
         client_id: CLIENT_ID.to_owned(),
         envd_version: ENVD_VERSION.to_owned(),
+        traffic_access_token: token.clone(),
         envd_access_token: token,
         domain: None,
     }
@@ -660,7 +684,9 @@ pub(super) fn reasons_text(reasons: &[Reason]) -> String {
 }
 
 /// A body the SDKs may leave empty.
-fn optional_body<T: serde::de::DeserializeOwned + Default>(body: &[u8]) -> Result<T, E2bError> {
+pub(super) fn optional_body<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+) -> Result<T, E2bError> {
     if body.is_empty() {
         return Ok(T::default());
     }

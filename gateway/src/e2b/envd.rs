@@ -43,10 +43,38 @@ fn header<'a>(parts: &'a Parts, name: &str) -> Option<&'a str> {
         .filter(|v| !v.is_empty())
 }
 
+/// The sandbox of an envd call, by `E2b-Sandbox-Id` and `X-Access-Token`.
 pub(super) async fn reach(
     app: &App,
     live: &Arc<Live>,
     parts: &Parts,
+) -> Result<Reached, ConnectError> {
+    reach_by(app, live, parts, &["x-access-token"]).await
+}
+
+/// The sandbox of a code interpreter call (`/execute`, `/contexts`): its token as
+/// `X-Access-Token` or, as the interpreter SDK sends it on `/contexts` (which carry no
+/// `X-Access-Token`), `E2B-Traffic-Access-Token`. Both are the one access token of that
+/// sandbox (the create's `trafficAccessToken` is its `envdAccessToken`), checked alike.
+pub(super) async fn reach_interpreter(
+    app: &App,
+    live: &Arc<Live>,
+    parts: &Parts,
+) -> Result<Reached, ConnectError> {
+    reach_by(
+        app,
+        live,
+        parts,
+        &["x-access-token", "e2b-traffic-access-token"],
+    )
+    .await
+}
+
+async fn reach_by(
+    app: &App,
+    live: &Arc<Live>,
+    parts: &Parts,
+    token_headers: &[&str],
 ) -> Result<Reached, ConnectError> {
     let Some(id) = header(parts, "e2b-sandbox-id") else {
         return Err(ConnectError::new(
@@ -54,7 +82,7 @@ pub(super) async fn reach(
             "no E2b-Sandbox-Id header: which sandbox is this call for?",
         ));
     };
-    let Some(token) = header(parts, "x-access-token") else {
+    let Some(token) = token_headers.iter().find_map(|name| header(parts, name)) else {
         let _ = refuse(
             app,
             parts,

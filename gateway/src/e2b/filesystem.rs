@@ -3,7 +3,7 @@
 //! file operation (`app::session_files`: who may is who may run code in the session; moves
 //! and removals audited; paths confined to the sandbox's writable places, never through a
 //! symlink). The watchers (`WatchDir`, `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`)
-//! answer `unimplemented`: the sandbox's init has no file-system events to give.
+//! are `super::watch`.
 //!
 //! Relative paths are taken from the sandbox's home (`/home/user` where the image has it,
 //! else `/workspace`), as E2B's envd takes them from the user's home. The SDK's user (an
@@ -41,6 +41,9 @@ pub async fn filesystem(
         Ok(reached) => reached,
         Err(err) => return answer_error(&err, streaming),
     };
+    if streaming {
+        return super::watch::watch_dir(&app, &reached, &parts, &body).await;
+    }
     match call(&app, &reached, &method, &body).await {
         Ok(response) => response,
         Err(err) => answer_error(&err, streaming),
@@ -78,16 +81,9 @@ async fn call(
                 .map_err(file_error)?;
             Ok(unary(&serde_json::json!({})))
         }
-        "WatchDir" | "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
-            Err(ConnectError::new(
-                Code::Unimplemented,
-                format!(
-                    "filesystem.Filesystem/{method} is not supported by sandgate: watching \
-                     directories needs file-system events the sandbox's init does not give \
-                     (docs/e2b.md)"
-                ),
-            ))
-        }
+        "CreateWatcher" => super::watch::create(app, reached, body).await,
+        "GetWatcherEvents" => super::watch::events(reached, body).await,
+        "RemoveWatcher" => super::watch::remove(reached, body),
         _ => Err(ConnectError::new(
             Code::Unimplemented,
             format!("filesystem.Filesystem/{method} is no method of filesystem.Filesystem"),
@@ -167,7 +163,7 @@ fn joined(home: &str, path: &str) -> String {
 /// A file operation's refusal as Connect's error: the SDK's `FileNotFoundException` for
 /// `not_found`, `InvalidArgumentException` for a malformed request, and a `SandboxException`
 /// naming `permission_denied` for a path outside the writable places or through a symlink.
-fn file_error(err: SessionFileError) -> ConnectError {
+pub(super) fn file_error(err: SessionFileError) -> ConnectError {
     match err {
         SessionFileError::App(err) => connect_error(err),
         SessionFileError::Refused { failure, message } => {

@@ -26,12 +26,20 @@ const CHUNK: usize = 64 * 1024;
 pub(super) struct Events<'a> {
     pub(super) tx: &'a Sender<Bytes>,
     pub(super) keepalive: Option<Duration>,
+    /// The process runs on a terminal: its output (and sandgate's notes) are `pty` data.
+    pub(super) pty: bool,
 }
 
 impl Events<'_> {
     /// Sends one event; `false` once the client is gone. A client that went away does not stop
     /// the command (as with E2B's envd): the follower of `Start` goes on to its end.
     async fn send(&self, event: ProcessEvent) -> bool {
+        let event = match event {
+            ProcessEvent::Stdout(bytes) | ProcessEvent::Stderr(bytes) if self.pty => {
+                ProcessEvent::Pty(bytes)
+            }
+            other => other,
+        };
         self.tx.send(message(&event.response())).await.is_ok()
     }
 }

@@ -10,9 +10,15 @@
 //! `error` line, not stderr). `language: "bash"` runs the cell with bash (`bash -c` as a child of
 //! the runner in a Python sandbox); other languages are refused.
 //!
-//! Code contexts (`/contexts`) answer 501: a sandbox has one context, its session's runner
-//! (and the SDK sends those calls without the sandbox's access token, which every call here
-//! needs). `env_vars` on a cell answer 501 too: the runner has no per-cell environment.
+//! Code contexts (`/contexts`, `app::contexts`): the sandbox's default context is its
+//! session's runner (listed as `default`); `create_code_context` starts another interpreter
+//! (python or bash, in a cwd) with its own state in the same sandbox, at most
+//! [`crate::app::contexts::MAX_CONTEXTS`] of them; a cell with `context_id` runs there, still a session execution
+//! with `request.e2b.context` naming it. The interpreter SDK sends its `/contexts` calls with
+//! the sandbox's token as `E2B-Traffic-Access-Token` only (the create answer's
+//! `trafficAccessToken`, the same token): these routes take either header
+//! (`envd::reach_interpreter`), and nothing without one. `env_vars` on a cell answer 501: the
+//! runner has no per-cell environment.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -30,12 +36,14 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::control::reasons_text;
-use super::envd::{reach, LiveState, Reached};
+use super::envd::{reach_interpreter as reach, LiveState, Reached};
 use super::error::E2bError;
+use crate::app::contexts::ContextInfo;
 use crate::app::sessions::SessionExecutionRequest;
 use crate::app::stream::StreamEvent;
 use crate::app::App;
 use crate::audit::ExecutionRow;
+use crate::runtime::SessionRunner;
 use crate::status::ExecutionStatus;
 use policy_engine::{E2bCall, E2bInput};
 
@@ -159,19 +167,125 @@ fn now_nanos() -> i64 {
     chrono::Utc::now().timestamp_nanos_opt().unwrap_or_default()
 }
 
-/// `/contexts` and `/contexts/{id}[/restart]`: 501.
-pub async fn contexts(parts: Parts) -> Response {
-    E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        format!(
-            "{} {}: code contexts are not supported by sandgate's E2B API: run_code runs in \
-             the sandbox's one default context (its session's runner); open another sandbox \
-             for a separate state (docs/e2b.md)",
-            parts.method,
-            parts.uri.path()
-        ),
-    )
-    .into_response()
+/// The id the sandbox's default context (its session's runner) is listed with.
+const DEFAULT_CONTEXT: &str = "default";
+/// Where a context starts when the call names no cwd (E2B's default).
+const DEFAULT_CWD: &str = "/home/user";
+
+/// The body of `POST /contexts`.
+#[derive(Debug, Default, Deserialize)]
+pub struct CreateContextRequest {
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+}
+
+/// `POST /contexts`: a new context; `GET /contexts`: the default one and the others.
+pub async fn contexts(
+    State(app): State<Arc<App>>,
+    Extension(live): LiveState,
+    parts: Parts,
+    body: Bytes,
+) -> Response {
+    let reached = match reach(&app, &live, &parts).await {
+        Ok(reached) => reached,
+        Err(err) => return E2bError::new(err.code.http_status(), err.message).into_response(),
+    };
+    let answered = match parts.method {
+        axum::http::Method::GET => list_contexts(&app, &reached).await,
+        axum::http::Method::POST => create_context(&app, &reached, &body).await,
+        _ => Err(E2bError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "/contexts takes GET (list) and POST (create)",
+        )),
+    };
+    answered.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `DELETE /contexts/{id}` and `POST /contexts/{id}/restart`.
+pub async fn context(
+    State(app): State<Arc<App>>,
+    Extension(live): LiveState,
+    axum::extract::Path(rest): axum::extract::Path<String>,
+    parts: Parts,
+) -> Response {
+    let reached = match reach(&app, &live, &parts).await {
+        Ok(reached) => reached,
+        Err(err) => return E2bError::new(err.code.http_status(), err.message).into_response(),
+    };
+    let (id, action) = match rest.split_once('/') {
+        Some((id, action)) => (id, Some(action)),
+        None => (rest.as_str(), None),
+    };
+    let (key, sandbox) = (&reached.key, reached.id.as_str());
+    let done = match (&parts.method, action) {
+        _ if id == DEFAULT_CONTEXT => Err(E2bError::new(
+            StatusCode::BAD_REQUEST,
+            "the default context is the sandbox's own runner: it is neither removed nor \
+             restarted (kill the sandbox, or use a context of your own)",
+        )),
+        (&axum::http::Method::DELETE, None) => app
+            .remove_context(key, sandbox, id)
+            .await
+            .map_err(E2bError::from),
+        (&axum::http::Method::POST, Some("restart")) => app
+            .restart_context(key, sandbox, id)
+            .await
+            .map_err(E2bError::from),
+        _ => Err(E2bError::new(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{} {}: no such code interpreter route",
+                parts.method,
+                parts.uri.path()
+            ),
+        )),
+    };
+    match done {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn list_contexts(app: &App, reached: &Reached) -> Result<Response, E2bError> {
+    let session = app.get_session(&reached.key, &reached.id).await?;
+    let mut listed = vec![json!({"id": DEFAULT_CONTEXT, "language": session.language,
+        "cwd": DEFAULT_CWD})];
+    let extra = app.list_contexts(&reached.key, &reached.id).await?;
+    listed.extend(extra.iter().map(context_json));
+    Ok(axum::Json(listed).into_response())
+}
+
+async fn create_context(app: &App, reached: &Reached, body: &[u8]) -> Result<Response, E2bError> {
+    let request: CreateContextRequest = if body.is_empty() {
+        CreateContextRequest::default()
+    } else {
+        serde_json::from_slice(body).map_err(|err| {
+            E2bError::new(
+                StatusCode::BAD_REQUEST,
+                format!("malformed /contexts body: {err}"),
+            )
+        })?
+    };
+    let runner = match cell_language(request.language.as_deref())? {
+        CellLanguage::Python => SessionRunner::Python,
+        CellLanguage::Bash => SessionRunner::Bash,
+    };
+    let cwd = request.cwd.as_deref().unwrap_or(DEFAULT_CWD);
+    let info = app
+        .create_context(&reached.key, &reached.id, runner, cwd)
+        .await?;
+    Ok(axum::Json(context_json(&info)).into_response())
+}
+
+/// E2B's `Context`.
+fn context_json(info: &ContextInfo) -> Value {
+    let language = match info.runner {
+        SessionRunner::Python => "python",
+        SessionRunner::Bash => "bash",
+    };
+    json!({"id": info.id, "language": language, "cwd": info.cwd})
 }
 
 /// Decides, records and runs the cell; its finished record.
@@ -186,12 +300,9 @@ async fn run_cell(
             format!("malformed /execute body: {err}"),
         )
     })?;
-    if request.context_id.as_deref().is_some_and(|c| !c.is_empty()) {
-        return Err(E2bError::new(
-            StatusCode::NOT_IMPLEMENTED,
-            "code contexts are not supported by sandgate's E2B API: run_code without a context",
-        ));
-    }
+    let context = request
+        .context_id
+        .filter(|c| !c.is_empty() && c != DEFAULT_CONTEXT);
     if request.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
         return Err(E2bError::new(
             StatusCode::NOT_IMPLEMENTED,
@@ -199,13 +310,23 @@ async fn run_cell(
              per-cell environment (set them in the code, or as the sandbox's envs for commands)",
         ));
     }
-    let cell = cell_language(request.language.as_deref())?;
-    let session = app.get_session(&reached.key, &reached.id).await?;
-    let code = cell_code(cell, &session.language, request.code)?;
+    let code = match &context {
+        // The cell is the context's language (the SDK sends no `language` with a context).
+        Some(context) => {
+            in_context(app, reached, context, request.language.as_deref()).await?;
+            request.code
+        }
+        None => {
+            let cell = cell_language(request.language.as_deref())?;
+            let session = app.get_session(&reached.key, &reached.id).await?;
+            cell_code(cell, &session.language, request.code)?
+        }
+    };
     let execution = SessionExecutionRequest {
         code,
         e2b: Some(E2bInput {
             call: Some(E2bCall::RunCode),
+            context,
             ..E2bInput::default()
         }),
         wait: Some(false),
@@ -225,6 +346,34 @@ async fn run_cell(
         ));
     }
     Ok(row)
+}
+
+/// A cell for context `context`: the sandbox has it (E2B's 404 "Context ... not found"
+/// otherwise, also for another sandbox's context), and names no other language.
+async fn in_context(
+    app: &App,
+    reached: &Reached,
+    context: &str,
+    language: Option<&str>,
+) -> Result<(), E2bError> {
+    let runner = app
+        .context_runner(&reached.key, &reached.id, context)
+        .await?;
+    let asked = match language {
+        None | Some("") => return Ok(()),
+        Some(language) => cell_language(Some(language))?,
+    };
+    let fits = matches!(
+        (asked, runner),
+        (CellLanguage::Python, SessionRunner::Python) | (CellLanguage::Bash, SessionRunner::Bash)
+    );
+    if fits {
+        return Ok(());
+    }
+    Err(E2bError::new(
+        StatusCode::BAD_REQUEST,
+        "only one of context_id or language can be given (the cell runs in the context's language)",
+    ))
 }
 
 fn cell_language(language: Option<&str>) -> Result<CellLanguage, E2bError> {

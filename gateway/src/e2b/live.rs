@@ -42,6 +42,8 @@ pub struct LiveSandbox {
     running: Mutex<BTreeMap<u32, Running>>,
     /// Connections following its processes now (at most [`MAX_FOLLOWERS`]).
     followers: Arc<AtomicUsize>,
+    /// Its directory watchers (`super::watch`): they end when it is dropped (killed).
+    pub watchers: super::watch::Watchers,
 }
 
 /// One of a sandbox's [`MAX_FOLLOWERS`]; given back when dropped.
@@ -63,6 +65,8 @@ pub struct Running {
     pub execution_id: Option<String>,
     /// How to reach it (stdin, signals); `None` until it started.
     pub control: Option<Arc<ProcessControl>>,
+    /// Runs on a terminal (`pty.create`): its output events are `pty` data.
+    pub pty: bool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -94,6 +98,7 @@ impl LiveSandbox {
             end_changed: tokio::sync::Notify::new(),
             running: Mutex::new(BTreeMap::new()),
             followers: Arc::new(AtomicUsize::new(0)),
+            watchers: super::watch::Watchers::default(),
         }
     }
 
@@ -108,7 +113,7 @@ impl LiveSandbox {
 
     /// A pid for a new process, and its entry among the running ones; `None` when
     /// [`MAX_PROCESSES`] run already.
-    pub fn start(&self, config: ProcessConfig, tag: Option<String>) -> Option<u32> {
+    pub fn start(&self, config: ProcessConfig, tag: Option<String>, pty: bool) -> Option<u32> {
         let mut running = lock(&self.running);
         if running.len() >= MAX_PROCESSES {
             return None;
@@ -119,6 +124,7 @@ impl LiveSandbox {
             tag,
             execution_id: None,
             control: None,
+            pty,
         };
         running.insert(pid, entry);
         Some(pid)

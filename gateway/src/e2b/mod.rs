@@ -19,9 +19,11 @@ pub mod error;
 mod files;
 mod filesystem;
 mod follow;
+mod fork;
 mod interpreter;
 mod live;
 mod process;
+mod watch;
 pub mod wire;
 
 use std::net::{IpAddr, SocketAddr};
@@ -54,6 +56,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/sandboxes/{id}/pause", post(control::pause))
         .route("/sandboxes/{id}/resume", post(control::resume))
         .route("/sandboxes/{id}/snapshots", post(control::snapshot))
+        .route("/sandboxes/{id}/fork", post(fork::fork))
         .route("/sandboxes/{id}/{action}", any(control::unsupported))
         .route("/health", get(envd::health))
         .route("/envs", get(envd::envs))
@@ -65,7 +68,7 @@ pub fn router() -> Router<Arc<App>> {
         .route("/files", get(files::download).post(files::upload))
         .route("/execute", post(interpreter::execute))
         .route("/contexts", any(interpreter::contexts))
-        .route("/contexts/{*rest}", any(interpreter::contexts))
+        .route("/contexts/{*rest}", any(interpreter::context))
         .fallback(control::no_such_route)
         .layer(Extension(Arc::new(live::Live::default())))
 }

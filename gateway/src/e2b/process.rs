@@ -20,8 +20,8 @@ use axum::Extension;
 
 use super::connect::{
     decode, end_stream, envelopes, message, single_envelope, Code, ConnectError, ListResponse,
-    ProcessConfig, ProcessInfo, ProcessSelector, SelectorRequest, SendInputRequest,
-    SendSignalRequest, StartRequest, StreamInputRequest, STREAM_CONTENT_TYPE,
+    ProcessConfig, ProcessInfo, ProcessSelector, Pty, SelectorRequest, SendInputRequest,
+    SendSignalRequest, StartRequest, StreamInputRequest, UpdateRequest, STREAM_CONTENT_TYPE,
 };
 use super::control::reasons_text;
 use super::envd::{answer_error, connect_error, json_codec, reach, unary, LiveState, Reached};
@@ -29,7 +29,7 @@ use super::follow::{follow, Events};
 use super::live::{Running, MAX_FOLLOWERS, MAX_PROCESSES};
 use crate::app::session_procs::{ProcessInput, ProcessStart, ProcessStarted};
 use crate::app::App;
-use crate::runtime::procs::ProcessSignal;
+use crate::runtime::procs::{ProcessSignal, PtySize};
 use policy_engine::{E2bCall, E2bInput};
 
 /// Events buffered per stream before the follower waits for the client (bounded memory).
@@ -59,10 +59,7 @@ pub async fn process(
         "SendSignal" => send_signal(&app, &reached, &body).await,
         "SendInput" => send_input(&reached, &body).await,
         "CloseStdin" => close_stdin(&reached, &body).await,
-        "Update" => Err(ConnectError::new(
-            Code::Unimplemented,
-            "process.Process/Update resizes a PTY: sandgate's processes have no PTY (docs/e2b.md)",
-        )),
+        "Update" => update(&reached, &body).await,
         _ => Err(ConnectError::new(
             Code::Unimplemented,
             format!("process.Process/{method} is no method of process.Process"),
@@ -147,11 +144,35 @@ async fn send_signal(app: &App, reached: &Reached, body: &[u8]) -> Result<Respon
     Ok(unary(&serde_json::json!({})))
 }
 
-/// `SendInput`: bytes for the process's stdin.
+/// `Update`: a PTY process's terminal gets a new size (the program gets `SIGWINCH`).
+async fn update(reached: &Reached, body: &[u8]) -> Result<Response, ConnectError> {
+    let request: UpdateRequest = decode(body)?;
+    let control = control_of(reached, request.process)?;
+    let Some(pty) = request.pty else {
+        // Nothing to change: envd answers such an update the same way.
+        return Ok(unary(&serde_json::json!({})));
+    };
+    if !control.is_pty() {
+        return Err(ConnectError::new(
+            Code::FailedPrecondition,
+            "this process has no PTY to resize",
+        ));
+    }
+    control
+        .send_input(ProcessInput::Resize(pty.checked_size()?))
+        .await
+        .map_err(connect_error)?;
+    Ok(unary(&serde_json::json!({})))
+}
+
+/// `SendInput`: bytes for the process's stdin (a PTY process's terminal).
 async fn send_input(reached: &Reached, body: &[u8]) -> Result<Response, ConnectError> {
     let request: SendInputRequest = decode(body)?;
-    let bytes = request.input.unwrap_or_default().stdin_bytes()?;
     let control = control_of(reached, request.process)?;
+    let bytes = request
+        .input
+        .unwrap_or_default()
+        .bytes_for(control.is_pty())?;
     control
         .send_input(ProcessInput::Data(bytes))
         .await
@@ -181,13 +202,13 @@ async fn stream_input(reached: &Reached, body: &[u8]) -> Response {
                 control = Some(control_of(reached, start.process)?);
             }
             if let Some(data) = request.data {
-                let bytes = data.input.unwrap_or_default().stdin_bytes()?;
                 let Some(control) = &control else {
                     return Err(ConnectError::new(
                         Code::InvalidArgument,
                         "StreamInput sent data before its start event",
                     ));
                 };
+                let bytes = data.input.unwrap_or_default().bytes_for(control.is_pty())?;
                 control
                     .send_input(ProcessInput::Data(bytes))
                     .await
@@ -212,7 +233,7 @@ async fn stream_input(reached: &Reached, body: &[u8]) -> Response {
 }
 
 async fn start(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -> Response {
-    let (pid, execution_id) = match prepare(app, &reached, parts, body).await {
+    let (pid, execution_id, pty) = match prepare(app, &reached, parts, body).await {
         Ok(started) => started,
         Err(err) => return answer_error(&err, true),
     };
@@ -220,7 +241,11 @@ async fn start(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -> 
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_BUFFER);
     let following = Arc::clone(app);
     app.tasks.spawn(async move {
-        let events = Events { tx: &tx, keepalive };
+        let events = Events {
+            tx: &tx,
+            keepalive,
+            pty,
+        };
         follow(&following, &reached, pid, &execution_id, &events).await;
         reached.sandbox.ended(pid);
     });
@@ -233,9 +258,9 @@ async fn connect(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -
     let found = single_envelope(body)
         .and_then(decode::<SelectorRequest>)
         .and_then(|request| running_process(&reached, request.process.unwrap_or_default()));
-    let (pid, execution_id) = match found {
+    let (pid, execution_id, pty) = match found {
         Ok((pid, running)) => match running.execution_id {
-            Some(execution_id) => (pid, execution_id),
+            Some(execution_id) => (pid, execution_id, running.pty),
             None => return answer_error(&still_deciding(pid), true),
         },
         Err(err) => return answer_error(&err, true),
@@ -254,7 +279,11 @@ async fn connect(app: &Arc<App>, reached: Reached, parts: &Parts, body: &[u8]) -
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(EVENT_BUFFER);
     let following = Arc::clone(app);
     app.tasks.spawn(async move {
-        let events = Events { tx: &tx, keepalive };
+        let events = Events {
+            tx: &tx,
+            keepalive,
+            pty,
+        };
         follow(&following, &reached, pid, &execution_id, &events).await;
         drop(follower);
     });
@@ -276,16 +305,22 @@ fn event_stream(rx: tokio::sync::mpsc::Receiver<Bytes>) -> Response {
         .into_response()
 }
 
-/// Decides, records and starts the process; its pid and execution id.
+/// Decides, records and starts the process; its pid, execution id, and whether it runs on a
+/// terminal.
 async fn prepare(
     app: &Arc<App>,
     reached: &Reached,
     parts: &Parts,
     body: &[u8],
-) -> Result<(u32, String), ConnectError> {
+) -> Result<(u32, String, bool), ConnectError> {
     let request: StartRequest = decode(single_envelope(body)?)?;
     let stdin = request.stdin == Some(true);
-    let (config, tag) = supported(request)?;
+    let (config, tag, pty) = supported(request)?;
+    let call = if pty.is_some() {
+        E2bCall::PtyCreate
+    } else {
+        E2bCall::CommandsRun
+    };
     let mut env = reached.sandbox.envs.clone();
     env.extend(config.envs.clone());
     let start = ProcessStart {
@@ -293,14 +328,15 @@ async fn prepare(
         argv: process_argv(&config)?,
         env,
         cwd: crate::runtime::WORKSPACE.to_owned(),
-        stdin,
+        stdin: stdin && pty.is_none(),
+        pty,
         timeout_ms: connect_timeout_ms(parts),
         e2b: Some(E2bInput {
-            call: Some(E2bCall::CommandsRun),
+            call: Some(call),
             ..E2bInput::default()
         }),
     };
-    let Some(pid) = reached.sandbox.start(config, tag) else {
+    let Some(pid) = reached.sandbox.start(config, tag, pty.is_some()) else {
         return Err(ConnectError::new(
             Code::ResourceExhausted,
             format!(
@@ -315,7 +351,7 @@ async fn prepare(
     match started {
         Ok(ProcessStarted::Running(row, control)) => {
             reached.sandbox.started_as(pid, &row.id, control);
-            Ok((pid, row.id))
+            Ok((pid, row.id, pty.is_some()))
         }
         Ok(ProcessStarted::Denied(row)) => {
             reached.sandbox.ended(pid);
@@ -335,14 +371,11 @@ async fn prepare(
     }
 }
 
-/// The process of a start request, and its tag, when sandgate can run it.
-fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), ConnectError> {
-    if request.pty.as_ref().is_some_and(|pty| !pty.is_null()) {
-        return Err(ConnectError::new(
-            Code::Unimplemented,
-            "PTY processes are not supported by sandgate's E2B API yet",
-        ));
-    }
+/// The process of a start request, its tag and its terminal's size, when sandgate can run it.
+fn supported(
+    request: StartRequest,
+) -> Result<(ProcessConfig, Option<String>, Option<PtySize>), ConnectError> {
+    let pty = request.pty.as_ref().map(Pty::checked_size).transpose()?;
     let config = request
         .process
         .ok_or_else(|| ConnectError::new(Code::InvalidArgument, "StartRequest has no process"))?;
@@ -352,7 +385,7 @@ fn supported(request: StartRequest) -> Result<(ProcessConfig, Option<String>), C
             "the process has no cmd",
         ));
     }
-    Ok((config, request.tag))
+    Ok((config, request.tag, pty))
 }
 
 /// What runs: a `sh` that changes into the process's working directory (given: it must

@@ -91,6 +91,11 @@ pub struct Sandbox {
     pub envd_version: String,
     #[serde(rename = "envdAccessToken")]
     pub envd_access_token: String,
+    /// The same token again: the code interpreter SDK sends no `X-Access-Token` on its
+    /// `/contexts` calls, only this one (as `E2B-Traffic-Access-Token`), so the interpreter's
+    /// routes take it there too (`envd::reach_interpreter`).
+    #[serde(rename = "trafficAccessToken")]
+    pub traffic_access_token: String,
     /// `null`: the SDK then reaches envd through `E2B_SANDBOX_URL`.
     pub domain: Option<String>,
 }
@@ -172,6 +177,29 @@ pub struct PauseRequest {
     /// Always met: the session's runner answers or the pause fails.
     #[serde(default)]
     pub require_healthy_guest: Option<bool>,
+}
+
+/// `POST /sandboxes/{id}/fork` (`SandboxForkRequest`).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ForkRequest {
+    /// Seconds each fork lives from now (E2B's default: 15).
+    #[serde(default)]
+    pub timeout: Option<u64>,
+    /// Forks to start from the one snapshot (1 to [`MAX_FORKS`]; E2B's default: 1).
+    #[serde(default)]
+    pub count: Option<u64>,
+}
+
+/// Most forks in one call (E2B's SDKs send at most this many).
+pub const MAX_FORKS: u64 = 20;
+
+/// One fork's outcome (`SandboxForkResult`): exactly one of the two is set.
+#[derive(Debug, Clone, Serialize)]
+pub struct ForkResult {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<Sandbox>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorBody>,
 }
 
 /// `POST /sandboxes/{id}/snapshots`.

@@ -44,7 +44,7 @@ pub async fn call<R: Runner>(
         Ok(answer) => {
             let text = format!(
                 "proposal {} opened for a human reviewer; nothing changes until it is approved",
-                answer["proposal_id"].as_str().unwrap_or("?")
+                answer.proposal_id
             );
             json!({
                 "content": [{"type": "text", "text": text}],

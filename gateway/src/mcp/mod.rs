@@ -101,5 +101,5 @@ pub trait Runner: Sync {
         &self,
         id: &str,
         justification: &str,
-    ) -> impl Future<Output = Result<serde_json::Value, Refusal>> + Send;
+    ) -> impl Future<Output = Result<api_types::AccessRequested, Refusal>> + Send;
 }

@@ -236,7 +236,7 @@ impl Runner for Remote {
         &self,
         id: &str,
         justification: &str,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<api_types::AccessRequested, Refusal> {
         let url = format!(
             "{}/v1/executions/{}/access-request",
             self.base,

@@ -101,6 +101,13 @@ impl SessionRunner {
         };
         vec![sandbox_protocol::SESSION_MODE.to_owned(), name.to_owned()]
     }
+
+    /// The arguments of an extra code context's init (`sandbox_protocol::SESSION_CONTEXT`).
+    pub fn context_args(self) -> Vec<String> {
+        let mut args = self.init_args();
+        args.push(sandbox_protocol::SESSION_CONTEXT.to_owned());
+        args
+    }
 }
 
 /// The resident runner of a pooled sandbox.
@@ -346,6 +353,23 @@ pub trait Sandbox: Send + std::fmt::Debug {
         .boxed()
     }
 
+    /// A session sandbox: starts an extra code context beside its runner, its init given the
+    /// opening line `job` (environment, cwd; no proxy bridge: the session's serves it), and
+    /// waits until it answers.
+    fn open_context(
+        &mut self,
+        runner: SessionRunner,
+        job: Job<'static>,
+    ) -> BoxFuture<'_, Result<Box<dyn CodeContext>, RuntimeError>> {
+        let _ = (runner, job);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no code contexts".into(),
+            ))
+        }
+        .boxed()
+    }
+
     /// Checkpoints a session sandbox that runs nothing into the directory `image` (which must
     /// not exist yet; its parent must): its memory, kernel state and tmpfs mounts. The sandbox
     /// is stopped after it (also when it fails: runsc loses it); [`Sandbox::discard`] it.
@@ -358,6 +382,19 @@ pub trait Sandbox: Send + std::fmt::Debug {
         }
         .boxed()
     }
+}
+
+/// An extra code context of a session sandbox (E2B's `/contexts`): its own init and runner
+/// beside the session's, with its own state, serving turns as [`Sandbox::turn`] does. An
+/// interrupt (deadline, cancel) ends it (the turn ends unrecovered); the sandbox goes on.
+pub trait CodeContext: Send + std::fmt::Debug {
+    fn turn(
+        &mut self,
+        job: Job<'static>,
+        control: RunControl,
+    ) -> BoxFuture<'_, Result<TurnRan, RuntimeError>>;
+    /// Ends it: its runner is killed, its init exits.
+    fn close(self: Box<Self>) -> BoxFuture<'static, ()>;
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -428,6 +465,21 @@ pub trait SandboxRuntime: Send + Sync + 'static {
         async {
             Err(RuntimeError::Unavailable(
                 "this runtime has no processes".into(),
+            ))
+        }
+        .boxed()
+    }
+    /// Starts a directory watcher in a session sandbox (`procs::WatchSpec`), as the program's
+    /// user: its stdout carries its lines, its stdin its requests.
+    fn start_watcher<'a>(
+        &'a self,
+        container: &'a str,
+        spec: procs::WatchSpec,
+    ) -> BoxFuture<'a, Result<procs::StartedProcess, RuntimeError>> {
+        let _ = (container, spec);
+        async {
+            Err(RuntimeError::Unavailable(
+                "this runtime has no watchers".into(),
             ))
         }
         .boxed()

@@ -8,7 +8,7 @@ use std::pin::Pin;
 use futures_util::stream::BoxStream;
 use tokio::io::AsyncWrite;
 
-pub use sandbox_protocol::ProcessSignal;
+pub use sandbox_protocol::{ProcessSignal, PtySize};
 
 use super::Channel;
 
@@ -23,6 +23,19 @@ pub struct ProcessSpec {
     pub cwd: String,
     /// Whether the process reads what the gateway writes (else its stdin is empty).
     pub stdin: bool,
+    /// A terminal of this size (PTY mode): the process's stdin, stdout and stderr are the
+    /// terminal, its output comes as stdout, and its input is `sandbox_protocol::PtyFrame`s.
+    pub pty: Option<PtySize>,
+}
+
+/// A directory watcher to start (`sandbox_protocol`'s `watch` module).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchSpec {
+    /// Names the watcher ([`sandbox_protocol::valid_tag`]).
+    pub tag: String,
+    /// Absolute and normalised, in a writable place.
+    pub path: String,
+    pub recursive: bool,
 }
 
 /// A started process: its output until its streams close, its stdin when asked for.

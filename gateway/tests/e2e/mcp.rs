@@ -73,6 +73,13 @@ async fn mcp_clients_run_code_through_policy_and_audit() {
     .fetch_all(&pool)
     .await
     .unwrap();
+    // request_access over each transport opened one agent proposal, and only that.
+    let asked: Vec<(String, String)> =
+        sqlx::query_as("SELECT origin, status FROM policy_proposals ORDER BY created_at")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(asked, vec![("agent".to_owned(), "open".to_owned()); 2]);
     pool.close().await;
     let acme = |kind: &str| (kind.to_owned(), "acme".to_owned());
     assert_eq!(

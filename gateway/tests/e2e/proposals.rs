@@ -26,7 +26,7 @@ pub(crate) fn policy_with_lab() -> tempfile::TempDir {
 }
 
 /// A gateway whose policy directory is a private copy of the shipped bundle (an approved
-/// proposal is written into it), with small bounds on open proposals.
+/// proposal is written into it), with small bounds on open proposals and a large one on builds.
 pub(crate) async fn gateway_on(policy: &Path) -> TestGateway {
     let url = fresh_database().await;
     let dir = policy.to_owned();
@@ -34,6 +34,9 @@ pub(crate) async fn gateway_on(policy: &Path) -> TestGateway {
         config.policy_dir = dir;
         config.pending_approvals.per_key = 4;
         config.pending_approvals.per_tenant = 6;
+        // Room for every build the races start at once: they test the open bounds, which a
+        // smaller build bound would reach first (proposals_evidence tests that one).
+        config.proposals.concurrent_builds = 16;
     })
     .await
 }
@@ -94,7 +97,7 @@ async fn a_denial_becomes_a_tested_replayed_approved_revision_and_the_request_th
     );
     assert_eq!(
         evidence["replay"]["deny_to_allow"]["examples"],
-        json!([execution])
+        json!([{"kind": "execution", "id": execution}])
     );
     assert_eq!(evidence["replay"]["allow_to_deny"]["count"], 0);
     let base = proposal["base_revision"].as_str().unwrap().to_owned();

@@ -49,6 +49,7 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
     assert "policy_denied" in denied.content[0].text
     reasons = denied.structured_content["error"]["reasons"]
     assert [r["code"] for r in reasons] == ["language.not_allowed"]
+    await _request_access(session, denied.structured_content["error"]["execution_id"])
 
     with pytest.raises(MCPError) as malformed:
         await session.call_tool("run_code", {"language": "python"})
@@ -67,6 +68,23 @@ async def _exercise(session: ClientSession, with_image: bool) -> None:
         assert not drawn.is_error, drawn
         images = [c for c in drawn.content if c.type == "image"]
         assert len(images) == 1 and images[0].mime_type == "image/png"
+
+
+async def _request_access(session: ClientSession, execution_id: str) -> None:
+    """request_access answers the same over both transports: the proposal's id and status only
+    (the patch is for reviewers), as structured content and in its text."""
+    asked = await session.call_tool("request_access", {"execution_id": execution_id,
+                                                       "justification": "the task is in COBOL"})
+    assert not asked.is_error, asked
+    answer = asked.structured_content
+    assert sorted(answer) == ["proposal_id", "status"], answer
+    assert answer["status"] == "open" and answer["proposal_id"].startswith("pp_")
+    assert answer["proposal_id"] in asked.content[0].text
+    with pytest.raises(MCPError) as malformed:
+        await session.call_tool("request_access", {"execution_id": execution_id})
+    assert malformed.value.error.code == -32602
+    unknown = await session.call_tool("request_access", {"execution_id": "ex_nonesuch", "justification": "j"})
+    assert unknown.is_error and unknown.structured_content["error"]["code"] == "not_found"
 
 
 async def _session_tools(session: ClientSession) -> None:

@@ -76,12 +76,15 @@ impl Runner for Local {
         &self,
         id: &str,
         justification: &str,
-    ) -> Result<serde_json::Value, Refusal> {
+    ) -> Result<api_types::AccessRequested, Refusal> {
         let asked = self
             .app
             .request_access(&self.caller, id, justification.to_owned());
         let row = asked.await.map_err(|err| refusal(ApiError::from(err)))?;
-        Ok(serde_json::json!({"proposal_id": row.id, "status": row.status, "patch": row.patch.0}))
+        Ok(api_types::AccessRequested {
+            proposal_id: row.id,
+            status: row.status,
+        })
     }
 
     async fn download(&self, execution_id: &str, path: &str) -> Result<Vec<u8>, Refusal> {

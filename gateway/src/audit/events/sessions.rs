@@ -43,13 +43,16 @@ pub struct Paused {
     pub took_ms: u128,
 }
 
-/// `session.resumed`'s decision: the checkpoint restored and where the time went.
+/// `session.resumed`'s decision: the checkpoint restored, where the time went, the replica
+/// that restored it and the one it was paused on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Resumed {
     pub sha256: String,
     pub bytes: u64,
     pub restore_ms: u128,
     pub check_ms: u128,
+    pub replica: String,
+    pub paused_on: String,
 }
 
 /// What a corrupt image was refused for.

@@ -842,15 +842,19 @@ fn session_and_snapshot_events_are_written_as_before() {
         json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms}),
     );
     let (restore_ms, check_ms): (u128, u128) = (640, 95);
+    let (instance, from) = ("gw_b".to_owned(), "gw_a".to_owned());
     same(
         &Resumed {
             sha256: sha256.clone(),
             bytes,
             restore_ms,
             check_ms,
+            replica: instance.clone(),
+            paused_on: from.clone(),
         },
         json!({"sha256": sha256, "bytes": bytes,
-            "restore_ms": restore_ms, "check_ms": check_ms}),
+            "restore_ms": restore_ms, "check_ms": check_ms,
+            "replica": instance, "paused_on": from}),
     );
     same(
         &Corrupt {

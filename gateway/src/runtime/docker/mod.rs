@@ -7,6 +7,7 @@ mod body;
 mod call;
 mod checkpoint;
 pub mod cleanup;
+mod context;
 mod oom;
 mod procs;
 mod run;
@@ -158,6 +159,14 @@ impl SandboxRuntime for DockerRuntime {
         handle: &'a str,
     ) -> BoxFuture<'a, Result<Option<i64>, RuntimeError>> {
         async move { procs::exit(self.client().await?, handle).await }.boxed()
+    }
+
+    fn start_watcher<'a>(
+        &'a self,
+        container: &'a str,
+        spec: crate::runtime::procs::WatchSpec,
+    ) -> BoxFuture<'a, Result<crate::runtime::procs::StartedProcess, RuntimeError>> {
+        async move { procs::start_watcher(self.client().await?, container, spec).await }.boxed()
     }
 
     fn signal_process<'a>(

@@ -6,10 +6,10 @@ use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
 use bollard::Docker;
 use futures_util::StreamExt;
-use sandbox_protocol::{attach_argv, signal_argv, ProcessSignal, PROGRAM_USER};
+use sandbox_protocol::{attach_argv, signal_argv, watch_argv, ProcessSignal, PROGRAM_USER};
 
 use super::call::bounded;
-use crate::runtime::procs::{ProcessSpec, StartedProcess};
+use crate::runtime::procs::{ProcessSpec, StartedProcess, WatchSpec};
 use crate::runtime::{Channel, RuntimeError};
 
 /// Starts the process's attach supervisor, attached.
@@ -18,16 +18,56 @@ pub(super) async fn start(
     container: &str,
     spec: ProcessSpec,
 ) -> Result<StartedProcess, RuntimeError> {
+    // A terminal's exec stdin is its supervisor's control channel, always attached.
+    let stdin = spec.stdin || spec.pty.is_some();
+    let exec = Exec {
+        cmd: attach_argv(&spec.tag, spec.pty, &spec.argv),
+        env: spec.env,
+        cwd: spec.cwd,
+        stdin,
+    };
+    attached(docker, container, exec).await
+}
+
+/// Starts a directory watcher, attached (its stdin carries its requests).
+pub(super) async fn start_watcher(
+    docker: &Docker,
+    container: &str,
+    spec: WatchSpec,
+) -> Result<StartedProcess, RuntimeError> {
+    let exec = Exec {
+        cmd: watch_argv(&spec.tag, spec.recursive, &spec.path),
+        env: Vec::new(),
+        cwd: "/".to_owned(),
+        stdin: true,
+    };
+    attached(docker, container, exec).await
+}
+
+/// What one attached exec runs.
+struct Exec {
+    cmd: Vec<String>,
+    env: Vec<String>,
+    cwd: String,
+    stdin: bool,
+}
+
+/// Runs `exec` as the program's user, attached to its stdout and stderr (and stdin).
+async fn attached(
+    docker: &Docker,
+    container: &str,
+    exec: Exec,
+) -> Result<StartedProcess, RuntimeError> {
     let options = CreateExecOptions {
-        attach_stdin: Some(spec.stdin),
+        attach_stdin: Some(exec.stdin),
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        env: Some(spec.env),
-        cmd: Some(attach_argv(&spec.tag, &spec.argv)),
+        env: Some(exec.env),
+        cmd: Some(exec.cmd),
         privileged: Some(false),
         user: Some(PROGRAM_USER.to_owned()),
-        working_dir: Some(spec.cwd),
+        working_dir: Some(exec.cwd),
         detach_keys: None,
     };
     let created = bounded(
@@ -59,7 +99,7 @@ pub(super) async fn start(
     Ok(StartedProcess {
         handle: created.id,
         output,
-        input: spec.stdin.then_some(input),
+        input: exec.stdin.then_some(input),
     })
 }
 

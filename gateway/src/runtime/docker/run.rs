@@ -34,8 +34,8 @@ const SIGKILLED: u8 = 137;
 /// Most stdout a pooled sandbox may print before its ready line.
 const MAX_BEFORE_READY: usize = 64 * 1024;
 
-type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, BollardError>> + Send>>;
-type Input = Pin<Box<dyn AsyncWrite + Send>>;
+pub(super) type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, BollardError>> + Send>>;
+pub(super) type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// A created, attached container.
 pub struct DockerSandbox {
@@ -336,6 +336,18 @@ impl Sandbox for DockerSandbox {
 
     fn open_session(&mut self, job: Job<'static>) -> BoxFuture<'_, Result<(), RuntimeError>> {
         super::turn::open(self, job).boxed()
+    }
+
+    fn open_context(
+        &mut self,
+        runner: crate::runtime::SessionRunner,
+        job: Job<'static>,
+    ) -> BoxFuture<'_, Result<Box<dyn crate::runtime::CodeContext>, RuntimeError>> {
+        async move {
+            let context = super::context::open(&self.docker, &self.name, runner, job).await?;
+            Ok(Box::new(context) as Box<dyn crate::runtime::CodeContext>)
+        }
+        .boxed()
     }
 
     fn turn(

@@ -12,7 +12,7 @@ use sandbox_protocol::{EndMarker, ExitTrailer, RichResults, TurnEnd, REPORT_REQU
 use tokio::io::AsyncWriteExt;
 
 use super::call::bounded;
-use super::run::{kill, wait_exit, DockerSandbox, Stop};
+use super::run::{kill, wait_exit, DockerSandbox, Input, Output, Stop};
 use crate::runtime::{
     CappedOutput, Channel, Ending, Job, OutputSink, RunControl, RuntimeError, TurnEnding, TurnRan,
 };
@@ -28,16 +28,60 @@ const EXIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Writes the opening line; stdin stays open for the turns.
 pub(super) async fn open(
-    sandbox: &mut DockerSandbox,
+    sandbox: &mut impl TurnIo,
     mut job: Job<'static>,
 ) -> Result<(), RuntimeError> {
     job.exit_nonce = Some(nonce());
     write_line(sandbox, &job).await
 }
 
+/// What a turn is pumped through: the container's own attach (its PID 1 serves the session's
+/// runner) or an extra code context's exec (`super::context`).
+pub(super) trait TurnIo: Send {
+    fn input(&mut self) -> &mut Input;
+    fn output(&mut self) -> &mut Output;
+    fn label(&self) -> &str;
+    /// Interrupts the running cell; `false`: it cannot be interrupted and was ended instead
+    /// (the turn then ends unrecovered at once).
+    fn interrupt(&mut self) -> impl std::future::Future<Output = bool> + Send;
+    /// Ends it: the runner did not answer within the grace after an interrupt.
+    fn kill(&mut self) -> impl std::future::Future<Output = ()> + Send;
+    /// The output ended under a turn: how.
+    fn ended(
+        &mut self,
+    ) -> impl std::future::Future<Output = Result<TurnEnding, RuntimeError>> + Send;
+}
+
+impl TurnIo for DockerSandbox {
+    fn input(&mut self) -> &mut Input {
+        &mut self.input
+    }
+
+    fn output(&mut self) -> &mut Output {
+        &mut self.output
+    }
+
+    fn label(&self) -> &str {
+        &self.name
+    }
+
+    async fn interrupt(&mut self) -> bool {
+        signal(&self.docker, &self.name, "SIGINT").await;
+        true
+    }
+
+    async fn kill(&mut self) {
+        kill(&self.docker, &self.name).await;
+    }
+
+    async fn ended(&mut self) -> Result<TurnEnding, RuntimeError> {
+        sandbox_ended(self).await
+    }
+}
+
 /// One turn, to its ending.
 pub(super) async fn turn(
-    sandbox: &mut DockerSandbox,
+    sandbox: &mut impl TurnIo,
     mut job: Job<'static>,
     control: RunControl,
 ) -> Result<TurnRan, RuntimeError> {
@@ -64,19 +108,22 @@ pub(super) async fn turn(
     })
 }
 
-fn nonce() -> String {
+pub(super) fn nonce() -> String {
     hex::encode(rand::random::<[u8; 16]>())
 }
 
-async fn write_line(sandbox: &mut DockerSandbox, job: &Job<'static>) -> Result<(), RuntimeError> {
+pub(super) async fn write_line(
+    sandbox: &mut impl TurnIo,
+    job: &Job<'static>,
+) -> Result<(), RuntimeError> {
     let mut line = serde_json::to_vec(job).map_err(|err| RuntimeError::Docker {
         operation: "encode turn",
         message: err.to_string(),
     })?;
     line.push(b'\n');
     let written = async {
-        sandbox.input.write_all(&line).await?;
-        sandbox.input.flush().await
+        sandbox.input().write_all(&line).await?;
+        sandbox.input().flush().await
     };
     written.await.map_err(|err| RuntimeError::Docker {
         operation: "hand the turn to the session",
@@ -87,7 +134,7 @@ async fn write_line(sandbox: &mut DockerSandbox, job: &Job<'static>) -> Result<(
 /// Asks the init what `/output` holds that the host cannot see (sandbox-init's `leftovers`)
 /// and waits for its answer, an exit trailer for a fresh nonce on stderr. What else the
 /// sandbox prints meanwhile belongs to no turn and is dropped. No answer in time: nothing.
-async fn report(sandbox: &mut DockerSandbox) -> Vec<String> {
+async fn report(sandbox: &mut impl TurnIo) -> Vec<String> {
     let nonce = nonce();
     let request = Job {
         argv: vec![REPORT_REQUEST.to_owned()],
@@ -98,12 +145,13 @@ async fn report(sandbox: &mut DockerSandbox) -> Vec<String> {
         exit_nonce: Some(nonce.clone()),
     };
     if let Err(err) = write_line(sandbox, &request).await {
-        tracing::warn!(container = %sandbox.name, error = %err, "asking the session's init for its report failed");
+        tracing::warn!(container = %sandbox.label(), error = %err, "asking the session's init for its report failed");
         return Vec::new();
     }
     let mut trailer = ExitTrailer::new(&nonce);
+    let output = sandbox.output();
     let answer = async {
-        while let Some(Ok(frame)) = sandbox.output.next().await {
+        while let Some(Ok(frame)) = output.next().await {
             if let LogOutput::StdErr { message } = frame {
                 trailer.feed(&message);
                 if trailer.code().is_some() {
@@ -113,7 +161,7 @@ async fn report(sandbox: &mut DockerSandbox) -> Vec<String> {
         }
     };
     if tokio::time::timeout(REPORT_WAIT, answer).await.is_err() {
-        tracing::warn!(container = %sandbox.name, "the session's init did not answer its report request");
+        tracing::warn!(container = %sandbox.label(), "the session's init did not answer its report request");
     }
     trailer.report().special_files.clone()
 }
@@ -128,7 +176,7 @@ enum Interrupt {
 /// Pumps until both markers came; interrupts at the deadline or on cancel; kills the sandbox
 /// when the runner does not answer within the grace after that.
 async fn pump_turn(
-    sandbox: &mut DockerSandbox,
+    sandbox: &mut impl TurnIo,
     pump: &mut TurnPump,
     control: &RunControl,
 ) -> Result<TurnEnding, RuntimeError> {
@@ -137,7 +185,7 @@ async fn pump_turn(
     loop {
         let wake = interrupted.map_or(deadline, |(_, at)| at + INTERRUPT_GRACE);
         tokio::select! {
-            frame = sandbox.output.next() => match frame {
+            frame = sandbox.output().next() => match frame {
                 Some(Ok(frame)) => {
                     if let Some(end) = pump.feed(frame) {
                         return Ok(answered(end, interrupted.map(|(why, _)| why)));
@@ -145,22 +193,26 @@ async fn pump_turn(
                 }
                 Some(Err(err)) => {
                     tracing::warn!(error = %err, "reading session output failed");
-                    return sandbox_ended(sandbox, interrupted.map(|(why, _)| why)).await;
+                    return output_ended(sandbox, interrupted.map(|(why, _)| why)).await;
                 }
-                None => return sandbox_ended(sandbox, interrupted.map(|(why, _)| why)).await,
+                None => return output_ended(sandbox, interrupted.map(|(why, _)| why)).await,
             },
             () = tokio::time::sleep_until(wake) => match interrupted {
                 None => {
-                    signal(&sandbox.docker, &sandbox.name, "SIGINT").await;
+                    if !sandbox.interrupt().await {
+                        return Ok(unrecovered(Interrupt::Deadline));
+                    }
                     interrupted = Some((Interrupt::Deadline, tokio::time::Instant::now()));
                 }
                 Some((why, _)) => {
-                    kill(&sandbox.docker, &sandbox.name).await;
+                    sandbox.kill().await;
                     return Ok(unrecovered(why));
                 }
             },
             () = control.cancel.cancelled(), if interrupted.is_none() => {
-                signal(&sandbox.docker, &sandbox.name, "SIGINT").await;
+                if !sandbox.interrupt().await {
+                    return Ok(unrecovered(Interrupt::Cancel));
+                }
                 interrupted = Some((Interrupt::Cancel, tokio::time::Instant::now()));
             }
         }
@@ -214,14 +266,19 @@ fn unrecovered(why: Interrupt) -> TurnEnding {
     }
 }
 
-/// The output ended under the turn: the sandbox is gone (or going); dockerd says how.
-async fn sandbox_ended(
-    sandbox: &mut DockerSandbox,
+/// The output ended under the turn: after an interrupt, unrecovered; else as the io says.
+async fn output_ended(
+    sandbox: &mut impl TurnIo,
     interrupted: Option<Interrupt>,
 ) -> Result<TurnEnding, RuntimeError> {
-    if let Some(why) = interrupted {
-        return Ok(unrecovered(why));
+    match interrupted {
+        Some(why) => Ok(unrecovered(why)),
+        None => sandbox.ended().await,
     }
+}
+
+/// The output ended under the turn: the sandbox is gone (or going); dockerd says how.
+async fn sandbox_ended(sandbox: &mut DockerSandbox) -> Result<TurnEnding, RuntimeError> {
     // As for a run: the exit first (its code), then dockerd's OOM flag, which can trail it.
     let exit = tokio::time::timeout(EXIT_WAIT, wait_exit(&sandbox.docker, &sandbox.name))
         .await
