@@ -128,3 +128,22 @@ pub struct SessionPending {
     pub require_approval: bool,
     pub policy: Decision,
 }
+
+/// How a pending approval was withdrawn with its requester's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WithdrawnVia {
+    /// The key was revoked over the API.
+    KeyRevokedApi,
+    /// The key was revoked from the command line.
+    KeyRevokedCommandLine,
+}
+
+/// `approval.withdrawn`'s input when revoking the requester's key withdrew it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KeyWithdrawal {
+    pub approval_id: ApprovalId,
+    pub session_id: Option<String>,
+    pub requested_by: String,
+    pub via: WithdrawnVia,
+}

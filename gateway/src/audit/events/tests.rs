@@ -951,3 +951,36 @@ fn approval_requests_are_written_as_before() {
         }),
     );
 }
+
+#[test]
+fn a_withdrawal_by_key_revocation_is_written_as_before() {
+    use super::approvals::{KeyWithdrawal, Status, WithdrawnVia};
+    use api_types::ApprovalStatus;
+
+    let session_id = Some("ss_1".to_owned());
+    for (by, via) in [
+        (Some(()), WithdrawnVia::KeyRevokedApi),
+        (None, WithdrawnVia::KeyRevokedCommandLine),
+    ] {
+        same(
+            &KeyWithdrawal {
+                approval_id: "ap_1".into(),
+                session_id: session_id.clone(),
+                requested_by: "key_1".into(),
+                via,
+            },
+            json!({
+                "approval_id": "ap_1",
+                "session_id": session_id,
+                "requested_by": "key_1",
+                "via": if by.is_some() { "key_revoked_api" } else { "key_revoked_command_line" },
+            }),
+        );
+    }
+    same(
+        &Status {
+            status: ApprovalStatus::Withdrawn,
+        },
+        json!({"status": "withdrawn"}),
+    );
+}
