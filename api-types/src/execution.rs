@@ -101,7 +101,7 @@ pub struct ExecutionView {
     pub finished_at: Option<DateTime<Utc>>,
     /// `warm` (a pooled sandbox) or `cold`; absent until it runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start: Option<String>,
+    pub start: Option<crate::SandboxStart>,
     /// The container that ran it (`sandgate-...`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,

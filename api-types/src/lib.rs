@@ -41,12 +41,14 @@ pub use policy::{CredentialsReload, HostPort, Limits, PolicyAccepted, Reason, Re
 pub use proposal::{AccessRequested, ProposalOrigin, ProposalStatus};
 pub use role::Role;
 pub use session::{
-    ClosedReason, IdleAction, SessionExecutionRequest, SessionList, SessionRequest, SessionStatus,
-    SessionView, TurnLimits,
+    ClosedReason, IdleAction, SandboxStart, SessionExecutionRequest, SessionList, SessionRequest,
+    SessionStatus, SessionView, TurnLimits,
 };
 pub use session_files::{
     SessionFileEntry, SessionFileKind, SessionFileList, SessionFileMkdir, SessionFileMove,
     SessionFileWritten,
 };
 pub use status::ExecutionStatus;
+#[cfg(feature = "sqlx")]
+pub use stored::{ExecutionStart, SessionStart};
 pub use stored::{TextSet, UnknownText};

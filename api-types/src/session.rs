@@ -69,6 +69,25 @@ pub enum ClosedReason {
     StartFailed,
 }
 
+/// How an execution or a session got its sandbox (`start` in their records).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxStart {
+    /// Claimed from the warm pool.
+    Warm,
+    /// Started for it.
+    Cold,
+    /// A session's sandbox restored from a snapshot (a resume or a fork).
+    Restored,
+}
+
+crate::text_forms::text_forms!(SandboxStart {
+    Warm => "warm",
+    Cold => "cold",
+    Restored => "restored",
+});
+
 crate::text_forms::text_forms!(SessionStatus {
     PendingApproval => "pending_approval",
     Ready => "ready",
@@ -119,7 +138,7 @@ pub struct SessionView {
     /// How its sandbox was got: `warm` (claimed from the warm pool), `cold` (started for it) or
     /// `restored` (from a snapshot); absent until it started (and for sessions approved later).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start: Option<String>,
+    pub start: Option<SandboxStart>,
 }
 
 /// `GET /v1/sessions`.
@@ -200,6 +219,7 @@ mod tests {
     fn text_forms_round_trip_through_serde() {
         crate::text_forms::assert_serde_matches(SessionStatus::ALL, |status| status.as_str());
         crate::text_forms::assert_serde_matches(ClosedReason::ALL, |reason| reason.as_str());
+        crate::text_forms::assert_serde_matches(SandboxStart::ALL, |start| start.as_str());
         assert_eq!(SessionStatus::parse("Ready"), None);
         assert!(serde_json::from_value::<ClosedReason>("gone".into()).is_err());
     }

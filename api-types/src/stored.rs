@@ -13,10 +13,18 @@ pub enum TextSet {
     Role,
     ProposalStatus,
     ProposalOrigin,
+    /// `executions.start` ([`crate::SandboxStart`]).
+    ExecutionStart,
+    /// `sessions.start` ([`crate::SandboxStart`]).
+    SessionStart,
+    /// `session_turns.kind` (the gateway's own set: relayed requests are not on the wire).
+    TurnKind,
+    /// `session_turns.error_code` (the gateway's own set).
+    TurnErrorCode,
 }
 
 impl TextSet {
-    pub const ALL: [TextSet; 7] = [
+    pub const ALL: [TextSet; 11] = [
         TextSet::ExecutionStatus,
         TextSet::SessionStatus,
         TextSet::ClosedReason,
@@ -24,6 +32,10 @@ impl TextSet {
         TextSet::Role,
         TextSet::ProposalStatus,
         TextSet::ProposalOrigin,
+        TextSet::ExecutionStart,
+        TextSet::SessionStart,
+        TextSet::TurnKind,
+        TextSet::TurnErrorCode,
     ];
 }
 
@@ -36,10 +48,26 @@ pub struct UnknownText {
 }
 
 /// `sqlx` `Type`, `Decode` and `Encode` (PostgreSQL `text`) for a closed set with `as_str` and
-/// `parse`: encoded as its text, decoded through `parse`, an unknown text an [`UnknownText`].
+/// `parse`: encoded as its text, decoded through `parse`, an unknown text an [`UnknownText`] of
+/// the set named like the type. `stored_text!(Wrapper(Inner))` does the same for a one-field
+/// wrapper, so one closed set kept in two columns is counted per column. Exported for the
+/// gateway's own sets (those not on the wire); their [`TextSet`] is declared here all the same.
 #[cfg(feature = "sqlx")]
+#[doc(hidden)]
+#[macro_export]
 macro_rules! stored_text {
     ($name:ident) => {
+        $crate::stored_text!(@impl $name, $name, |text| $name::parse(text), |value: &$name| value.as_str());
+    };
+    ($name:ident($inner:ty)) => {
+        $crate::stored_text!(
+            @impl $name,
+            $name,
+            |text| <$inner>::parse(text).map($name),
+            |value: &$name| value.0.as_str()
+        );
+    };
+    (@impl $name:ident, $set:ident, $parse:expr, $text:expr) => {
         impl sqlx::Type<sqlx::Postgres> for $name {
             fn type_info() -> sqlx::postgres::PgTypeInfo {
                 <&str as sqlx::Type<sqlx::Postgres>>::type_info()
@@ -55,9 +83,10 @@ macro_rules! stored_text {
                 value: sqlx::postgres::PgValueRef<'r>,
             ) -> Result<Self, sqlx::error::BoxDynError> {
                 let text = <&str as sqlx::Decode<sqlx::Postgres>>::decode(value)?;
-                $name::parse(text).ok_or_else(|| {
-                    Box::new($crate::stored::UnknownText {
-                        set: $crate::stored::TextSet::$name,
+                let parse: fn(&str) -> Option<$name> = $parse;
+                parse(text).ok_or_else(|| {
+                    Box::new($crate::UnknownText {
+                        set: $crate::TextSet::$set,
                         text: text.to_owned(),
                     }) as sqlx::error::BoxDynError
                 })
@@ -69,11 +98,22 @@ macro_rules! stored_text {
                 &self,
                 buf: &mut sqlx::postgres::PgArgumentBuffer,
             ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
-                <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&self.as_str(), buf)
+                let text: fn(&$name) -> &'static str = $text;
+                <&str as sqlx::Encode<sqlx::Postgres>>::encode_by_ref(&text(self), buf)
             }
         }
     };
 }
+
+/// `executions.start` as stored: a [`crate::SandboxStart`] counted under its own column.
+#[cfg(feature = "sqlx")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExecutionStart(pub crate::SandboxStart);
+
+/// `sessions.start` as stored: a [`crate::SandboxStart`] counted under its own column.
+#[cfg(feature = "sqlx")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStart(pub crate::SandboxStart);
 
 #[cfg(feature = "sqlx")]
 stored_text!(ExecutionStatus);
@@ -89,6 +129,10 @@ stored_text!(Role);
 stored_text!(ProposalStatus);
 #[cfg(feature = "sqlx")]
 stored_text!(ProposalOrigin);
+#[cfg(feature = "sqlx")]
+stored_text!(ExecutionStart(crate::SandboxStart));
+#[cfg(feature = "sqlx")]
+stored_text!(SessionStart(crate::SandboxStart));
 
 #[cfg(feature = "sqlx")]
 use crate::{

@@ -453,6 +453,10 @@ pub fn stored_column(set: TextSet) -> &'static str {
         TextSet::Role => "api_keys.role",
         TextSet::ProposalStatus => "policy_proposals.status",
         TextSet::ProposalOrigin => "policy_proposals.origin",
+        TextSet::ExecutionStart => "executions.start",
+        TextSet::SessionStart => "sessions.start",
+        TextSet::TurnKind => "session_turns.kind",
+        TextSet::TurnErrorCode => "session_turns.error_code",
     }
 }
 

@@ -40,7 +40,7 @@ impl From<ApprovalRow> for ApprovalView {
         };
         let status = row.status;
         ApprovalView {
-            id: row.id,
+            id: row.id.into(),
             subject: if row.session_id.is_some() {
                 SubjectKind::Session
             } else {
@@ -111,7 +111,7 @@ pub async fn list(
         .list_approvals(status.as_deref(), before.as_deref(), limit)
         .await?;
     let next_before = (rows.len() as i64 == limit)
-        .then(|| rows.last().map(|row| row.id.clone()))
+        .then(|| rows.last().map(|row| row.id.to_string()))
         .flatten();
     Ok(Json(ApprovalPage {
         approvals: rows.into_iter().map(ApprovalView::from).collect(),

@@ -90,7 +90,7 @@ impl From<ExecutionRow> for ExecutionView {
             created_at: row.created_at,
             started_at: row.started_at,
             finished_at: row.finished_at,
-            start: row.start,
+            start: row.start.map(|start| start.0),
             container: row.container,
             session_id: row.session_id,
             result: row.result,

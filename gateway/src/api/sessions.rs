@@ -37,8 +37,8 @@ pub fn view(row: SessionRow) -> Result<SessionView, ApiError> {
         last_used_at: row.last_used_at,
         expires_at: row.expires_at,
         closed_at: row.closed_at,
-        approval_id: row.approval_id,
-        start: row.start,
+        approval_id: row.approval_id.map(String::from),
+        start: row.start.map(|start| start.0),
     })
 }
 

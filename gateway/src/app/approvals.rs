@@ -26,6 +26,7 @@ use crate::audit::approvals::{
 use crate::audit::events::{self, approvals as approval_events, sessions as session_events};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
+use crate::ids::ApprovalId;
 
 /// Longest reviewer comment.
 pub const MAX_COMMENT_BYTES: usize = 1000;
@@ -69,7 +70,7 @@ impl App {
             i64::try_from(bytes.len()).unwrap_or(i64::MAX)
         });
         Ok(NewApproval {
-            id: crate::ids::new("ap"),
+            id: crate::ids::new("ap").into(),
             expires_at: hold.asked_at + ttl,
             requester_key_id: hold.caller.id.clone(),
             requester_principal: hold.caller.principal.clone(),
@@ -137,7 +138,11 @@ impl App {
 
     pub async fn get_approval(&self, id: &str) -> Result<ApprovalRow, AppError> {
         self.expire_approvals().await?;
-        self.audit.get_approval(id).await?.ok_or(AppError::NotFound)
+        let id = ApprovalId::from(id);
+        self.audit
+            .get_approval(&id)
+            .await?
+            .ok_or(AppError::NotFound)
     }
 
     /// Approves or rejects. Never by the requesting key nor by a key of the requesting
@@ -209,7 +214,7 @@ impl App {
         }
         let decided = self
             .audit
-            .decide_approval(id, subject, &verdict, &events)
+            .decide_approval(&approval.id, subject, &verdict, &events)
             .await?;
         let Some(decided) = decided else {
             return Err(AppError::Conflict(format!(

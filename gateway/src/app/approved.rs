@@ -6,8 +6,6 @@
 
 use std::sync::Arc;
 
-use serde_json::json;
-
 use policy_engine::Reason;
 
 use super::approvals::Reviewed;
@@ -21,6 +19,7 @@ use super::subjects::StoredRequest;
 use super::validate::decode_files;
 use super::{error_chain, App, AppError};
 use crate::audit::approvals::{ApprovalRow, ApprovalSubject, Decided};
+use crate::audit::events::{self, approvals::Party, sessions::ApprovedOpen};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 use crate::runtime::SessionRunner;
@@ -272,11 +271,14 @@ fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) ->
         tenant: Some(row.tenant.clone()),
         decision_id: None,
         allow: Some(true),
-        reasons: json!(approval.reasons.0),
-        input: json!({
-            "session_id": row.id,
-            "approval_id": approval.id,
-            "reviewer": {"key_id": reviewer.id, "principal": reviewer.principal},
+        reasons: events::column(&approval.reasons.0),
+        input: events::column(&ApprovedOpen {
+            session_id: row.id.clone(),
+            approval_id: approval.id.clone(),
+            reviewer: Party {
+                key_id: reviewer.id.clone(),
+                principal: reviewer.principal.clone(),
+            },
         }),
         decision: row.decision.0.clone(),
         policy_revision: None,

@@ -21,6 +21,8 @@ use super::snapshots::{
     checkpoint_complete, checkpoint_failed, remove_image, Places, Restore, Whose,
 };
 use super::{App, AppError};
+use crate::audit::events;
+use crate::audit::events::snapshots::{Snapshot, SnapshotOf};
 use crate::audit::session_turns::TurnKind;
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::SnapshotRow;
@@ -305,14 +307,17 @@ impl App {
             tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: None,
-            reasons: json!([]),
-            input: json!({"session_id": row.session_id, "snapshot_id": row.id}),
-            decision: json!({
-                "bytes": row.bytes,
-                "sha256": row.sha256,
-                "created_at": row.created_at,
-                "expires_at": row.expires_at,
-                "reason": why,
+            reasons: events::no_reasons(),
+            input: events::column(&SnapshotOf {
+                session_id: row.session_id.clone(),
+                snapshot_id: row.id.clone(),
+            }),
+            decision: events::column(&Snapshot {
+                bytes: row.bytes,
+                sha256: row.sha256.clone(),
+                created_at: row.created_at,
+                expires_at: row.expires_at,
+                reason: why.map(str::to_owned),
             }),
             policy_revision: None,
         };

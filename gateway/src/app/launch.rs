@@ -51,23 +51,7 @@ pub(super) struct Launch {
 }
 
 /// How the execution got its sandbox (`start` in the record).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Start {
-    Warm,
-    Cold,
-    /// A session's sandbox restored from a checkpoint (a resume or a fork, DESIGN 15).
-    Restored,
-}
-
-impl Start {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Start::Warm => "warm",
-            Start::Cold => "cold",
-            Start::Restored => "restored",
-        }
-    }
-}
+pub use api_types::SandboxStart as Start;
 
 impl App {
     /// Runs the execution in a task of its own (a dropped HTTP request cannot abandon it);
@@ -134,12 +118,7 @@ impl App {
         let Claimed { mut sandbox, home } = claimed;
         if let Err(err) = self
             .audit
-            .mark_running(
-                &row.id,
-                crate::ids::now_micros(),
-                start.as_str(),
-                sandbox.name(),
-            )
+            .mark_running(&row.id, crate::ids::now_micros(), start, sandbox.name())
             .await
         {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");

@@ -73,7 +73,7 @@ impl App {
         row.finished_at = Some(crate::ids::now_micros());
         row.reasons.0.push(reason);
         event.allow = Some(false);
-        event.reasons = json!(row.reasons.0);
+        event.reasons = crate::audit::events::column(&row.reasons.0);
         if let Err(err) = self.audit.record_execution_decision(&row, &event).await {
             return err.into();
         }

@@ -412,7 +412,7 @@ impl App {
         };
         let approval = self
             .audit
-            .get_approval(id)
+            .get_approval(&crate::ids::ApprovalId::from(id.as_str()))
             .await?
             .ok_or_else(|| AppError::Invalid(format!("source_approval: no approval {id}")))?;
         match &draft.source_execution {

@@ -19,7 +19,6 @@ use std::sync::PoisonError;
 use std::time::Instant;
 
 use base64::Engine as _;
-use serde_json::json;
 use sha2::Digest as _;
 
 use api_types::EventKind;
@@ -29,7 +28,7 @@ use sandbox_protocol::{
 
 use super::refusals::bounded_text;
 use super::{App, AppError};
-use crate::audit::events::session_files::{FileMoved, FileRemoved, FileWritten};
+use crate::audit::events::session_files::{FileMoved, FileRemoved, FileWritten, NoDecision};
 use crate::audit::events::{column, no_reasons};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -232,7 +231,7 @@ impl App {
                 allow: None,
                 reasons: no_reasons(),
                 input,
-                decision: json!({}),
+                decision: column(&NoDecision {}),
                 policy_revision: None,
             };
             self.audit

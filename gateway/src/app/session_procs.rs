@@ -257,7 +257,12 @@ impl App {
         self.touch(&open);
         if let Err(err) = self
             .audit
-            .mark_running(&row.id, crate::ids::now_micros(), "warm", &container)
+            .mark_running(
+                &row.id,
+                crate::ids::now_micros(),
+                super::launch::Start::Warm,
+                &container,
+            )
             .await
         {
             tracing::warn!(execution_id = %row.id, error = %err, "could not mark running");

@@ -177,7 +177,7 @@ impl App {
             tracing::warn!(turn = %id, error = %err, "relayed request row not removed");
         }
         let answer = waited?;
-        match (answer.error_code.as_deref(), answer.error.clone()) {
+        match (answer.error_code, answer.error.clone()) {
             (None, _) => Ok(answer),
             (Some(code), message) => Err(refusal(code, message.unwrap_or_default())),
         }
@@ -314,8 +314,8 @@ impl App {
             }
             Err(err) => return Err(answer_of(AppError::from(err), &self.instance)),
         };
-        let ran = match TurnKind::parse(&row.kind) {
-            Some(TurnKind::Execute) => {
+        let ran = match row.kind {
+            TurnKind::Execute => {
                 let request: SessionExecutionRequest =
                     serde_json::from_value(row.request.0.clone()).map_err(|err| {
                         (TurnErrorCode::Invalid, format!("relayed request: {err}"))
@@ -324,26 +324,22 @@ impl App {
                     .await
                     .map(|record| Answered::Execution(record.id))
             }
-            Some(TurnKind::Close) => self
+            TurnKind::Close => self
                 .delete_session(&caller, &row.session_id)
                 .await
                 .map(|_| Answered::Nothing),
-            Some(TurnKind::Pause) => self
+            TurnKind::Pause => self
                 .pause_session(&caller, &row.session_id)
                 .await
                 .map(|_| Answered::Nothing),
-            Some(TurnKind::Resume) => self
+            TurnKind::Resume => self
                 .resume_session(&caller, &row.session_id)
                 .await
                 .map(|_| Answered::Nothing),
-            Some(TurnKind::Snapshot) => self
+            TurnKind::Snapshot => self
                 .create_snapshot(&caller, &row.session_id)
                 .await
                 .map(|snapshot| Answered::Snapshot(snapshot.id)),
-            None => Err(AppError::Internal(format!(
-                "unknown relayed kind {:?}",
-                row.kind
-            ))),
         };
         ran.map_err(|err| answer_of(err, &self.instance))
     }
@@ -405,14 +401,14 @@ fn answer_of(err: AppError, instance: &str) -> (TurnErrorCode, String) {
 }
 
 /// The owner's answer as this replica's error.
-fn refusal(code: &str, message: String) -> AppError {
-    match TurnErrorCode::parse(code) {
-        Some(TurnErrorCode::Invalid) => AppError::Invalid(message),
-        Some(TurnErrorCode::NotFound) => AppError::NotFoundWhy(message),
-        Some(TurnErrorCode::Forbidden) => AppError::Forbidden(message),
-        Some(TurnErrorCode::Conflict) => AppError::Conflict(message),
-        Some(TurnErrorCode::RateLimited) => AppError::RateLimited(message),
-        Some(TurnErrorCode::Unavailable) => AppError::ReplicaUnavailable(message),
-        Some(TurnErrorCode::Internal) | None => AppError::Internal(message),
+fn refusal(code: TurnErrorCode, message: String) -> AppError {
+    match code {
+        TurnErrorCode::Invalid => AppError::Invalid(message),
+        TurnErrorCode::NotFound => AppError::NotFoundWhy(message),
+        TurnErrorCode::Forbidden => AppError::Forbidden(message),
+        TurnErrorCode::Conflict => AppError::Conflict(message),
+        TurnErrorCode::RateLimited => AppError::RateLimited(message),
+        TurnErrorCode::Unavailable => AppError::ReplicaUnavailable(message),
+        TurnErrorCode::Internal => AppError::Internal(message),
     }
 }

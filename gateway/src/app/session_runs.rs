@@ -309,7 +309,7 @@ impl App {
             .mark_running(
                 &row.id,
                 crate::ids::now_micros(),
-                "warm",
+                super::launch::Start::Warm,
                 held.sandbox.name(),
             )
             .await

@@ -28,6 +28,7 @@ use super::request::ExecutionRequest;
 use super::scheduler::Slot;
 use super::subjects::SessionRecord;
 use super::{error_chain, App, AppError};
+use crate::audit::events::{self, sessions as session_events};
 use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -260,7 +261,7 @@ impl App {
             expires_at: now + chrono::Duration::seconds(i64::try_from(ttl).unwrap_or(0)),
             closed_at: None,
             approval_id: None,
-            start: Some(held.start.as_str().to_owned()),
+            start: Some(api_types::SessionStart(held.start)),
         };
         let created = record.event(api_types::EventKind::SessionCreated);
         self.sessions
@@ -509,12 +510,14 @@ impl App {
             tenant: Some(row.tenant.clone()),
             decision_id: None,
             allow: None,
-            reasons: json!([]),
-            input: json!({"session_id": row.id}),
-            decision: json!({
-                "closed_reason": row.closed_reason,
-                "executions": row.executions,
-                "created_at": row.created_at,
+            reasons: events::no_reasons(),
+            input: events::column(&session_events::SessionRef {
+                session_id: row.id.clone(),
+            }),
+            decision: events::column(&session_events::HeldClosed {
+                closed_reason: row.closed_reason,
+                executions: row.executions,
+                created_at: row.created_at,
             }),
             policy_revision: None,
         };

@@ -21,6 +21,7 @@ use super::reaper::LiveGuard;
 use super::scheduler::Slot;
 use super::sessions::{release, Held, SessionShare};
 use super::{error_chain, App, AppError};
+use crate::audit::events::{self, sessions as session_events};
 use crate::audit::session_turns::TurnKind;
 use crate::audit::sessions::SessionRow;
 use crate::audit::snapshots::PauseRow;
@@ -258,7 +259,11 @@ impl App {
         drop(guard);
         stored?;
         let took_ms = started.elapsed().as_millis();
-        let detail = json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms});
+        let detail = events::column(&session_events::Paused {
+            bytes,
+            sha256,
+            took_ms,
+        });
         self.record_session_step(row.into(), api_types::EventKind::SessionPaused, detail)
             .await;
         Ok(())
@@ -358,9 +363,14 @@ impl App {
                 self.audit.forget_pause(id).await?;
                 self.moved_from(id, &from).await;
                 // Where a resume's time goes (`make bench`, the snapshots bench), and where.
-                let detail = json!({"sha256": paused.sha256, "bytes": paused.bytes,
-                    "restore_ms": began.elapsed().as_millis(), "check_ms": check_ms,
-                    "replica": self.instance, "paused_on": from});
+                let detail = events::column(&session_events::Resumed {
+                    sha256: paused.sha256.clone(),
+                    bytes: paused.bytes,
+                    restore_ms: began.elapsed().as_millis(),
+                    check_ms,
+                    replica: self.instance.clone(),
+                    paused_on: from,
+                });
                 self.record_session_step(row.into(), api_types::EventKind::SessionResumed, detail)
                     .await;
                 Ok(true)
@@ -412,7 +422,10 @@ impl App {
             Ok(()) => Ok(()),
             Err(err) => {
                 if matches!(err, SnapshotError::Corrupt { .. }) {
-                    let detail = json!({"sha256": sha256, "refused": "restore"});
+                    let detail = events::column(&session_events::Corrupt {
+                        sha256: sha256.to_owned(),
+                        refused: session_events::CorruptUse::Restore,
+                    });
                     self.record_session_step(who, api_types::EventKind::SnapshotCorrupt, detail)
                         .await;
                 }
@@ -616,8 +629,10 @@ impl App {
             tenant: Some(who.tenant.to_owned()),
             decision_id: None,
             allow: None,
-            reasons: json!([]),
-            input: json!({"session_id": who.id}),
+            reasons: events::no_reasons(),
+            input: events::column(&session_events::SessionRef {
+                session_id: who.id.to_owned(),
+            }),
             decision: detail,
             policy_revision: None,
         };

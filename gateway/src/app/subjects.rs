@@ -22,6 +22,7 @@ use super::request::FileUpload;
 use super::sessions::SessionRequest;
 use super::{App, AppError};
 use crate::audit::approvals::{Held, NewApproval, Pending, UNOWNED};
+use crate::audit::events::{self, approvals, sessions as session_events};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 use crate::session_wire::SessionStatus;
@@ -60,9 +61,9 @@ impl Record for ExecutionRecord {
             tenant: Some(ask.caller.tenant.clone()),
             decision_id: Some(row.decision_id.clone()),
             allow: Some(!matches!(decided.verdict, Verdict::Denied)),
-            reasons: json!(decided.decision.reasons),
-            input: json!(decided.input),
-            decision: json!(decided.said),
+            reasons: events::column(&decided.decision.reasons),
+            input: events::column(&decided.input),
+            decision: events::column(&decided.said),
             policy_revision: Some(row.policy_revision.clone()),
         };
         ExecutionRecord { row, event }
@@ -107,12 +108,15 @@ impl Record for ExecutionRecord {
             tenant: Some(ask.caller.tenant.clone()),
             decision_id: Some(row.decision_id.clone()),
             allow: Some(true),
-            reasons: json!(row.reasons.0),
-            input: json!({
-                "approval_id": approval.id,
-                "requested_by": {"key_id": ask.caller.id, "principal": ask.caller.principal},
+            reasons: events::column(&row.reasons.0),
+            input: events::column(&approvals::ExecutionRequested {
+                approval_id: approval.id.clone(),
+                requested_by: party(ask.caller),
             }),
-            decision: json!({"status": "pending", "expires_at": approval.expires_at}),
+            decision: events::column(&approvals::Pending {
+                status: api_types::ApprovalStatus::Pending,
+                expires_at: approval.expires_at,
+            }),
             policy_revision: Some(row.policy_revision.clone()),
         };
         let events = [event, requested];
@@ -128,7 +132,7 @@ impl Record for ExecutionRecord {
             Held::KeyNotLive => return Err(key_not_live()),
         }
         tracing::info!(execution_id = %row.id, approval_id = %approval.id, "held for review");
-        Ok((row, approval.id))
+        Ok((row, approval.id.into()))
     }
 }
 
@@ -217,9 +221,12 @@ impl Record for SessionRecord {
             tenant: Some(ask.caller.tenant.clone()),
             decision_id: Some(decided.id.clone()),
             allow: Some(decided.decision.allow),
-            reasons: json!(decided.decision.reasons),
-            input: json!({"session_id": id, "request": decided.input}),
-            decision: json!(decided.said),
+            reasons: events::column(&decided.decision.reasons),
+            input: events::column(&session_events::Opened {
+                session_id: id.clone(),
+                request: decided.input.clone(),
+            }),
+            decision: events::column(&decided.said),
             policy_revision: Some(decided.revision.clone()),
         };
         SessionRecord {
@@ -269,18 +276,18 @@ impl Record for SessionRecord {
         let held = (runnable, &approval);
         let row = pending_row(ask.caller, &self, request, held, (lifetimes, now));
         let mut event = self.event(api_types::EventKind::ApprovalRequested);
-        event.input = json!({
-            "approval_id": approval.id,
-            "session_id": self.id,
-            "requested_by": {"key_id": ask.caller.id, "principal": ask.caller.principal},
-            "request": decided.input,
+        event.input = events::column(&approvals::SessionRequested {
+            approval_id: approval.id.clone(),
+            session_id: self.id.clone(),
+            requested_by: party(ask.caller),
+            request: decided.input.clone(),
         });
         // `require_approval` at the top, so `v_decisions` counts it as a review outcome.
-        event.decision = json!({
-            "status": "pending",
-            "expires_at": approval.expires_at,
-            "require_approval": true,
-            "policy": event.decision,
+        event.decision = events::column(&approvals::SessionPending {
+            status: api_types::ApprovalStatus::Pending,
+            expires_at: approval.expires_at,
+            require_approval: true,
+            policy: decided.said.clone(),
         });
         let pending = Pending::Session {
             row: &row,
@@ -316,7 +323,7 @@ async fn refuse_held_session(app: &App, mut event: NewEvent, why: String) -> App
     };
     event.kind = api_types::EventKind::SessionDenied;
     event.allow = Some(false);
-    event.reasons = json!([reason]);
+    event.reasons = events::column(&[reason]);
     match app.audit.record_event(&event).await {
         Ok(_) => AppError::RateLimited(why),
         Err(err) => err.into(),
@@ -363,4 +370,12 @@ fn decision_record(id: &str, revision: &str, decision: &Decision) -> serde_json:
     recorded["id"] = json!(id);
     recorded["policy_revision"] = json!(revision);
     recorded
+}
+
+/// The caller as an event names who asked.
+fn party(caller: &ApiKey) -> approvals::Party {
+    approvals::Party {
+        key_id: caller.id.clone(),
+        principal: caller.principal.clone(),
+    }
 }

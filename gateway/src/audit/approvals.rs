@@ -7,6 +7,7 @@
 //! close it. Approving hands it to the deciding replica (its instance, a real lease) while that
 //! replica starts the sandbox; a replica that dies meanwhile has its lease expire as usual.
 
+use crate::ids::ApprovalId;
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
 use sqlx::types::Json;
@@ -29,7 +30,7 @@ type Tx<'a> = sqlx::Transaction<'a, sqlx::Postgres>;
 /// An approval as stored, without the request payload (only a preview of the code).
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct ApprovalRow {
-    pub id: String,
+    pub id: ApprovalId,
     /// The execution held, or `None` for a session's approval.
     pub execution_id: Option<String>,
     /// The session held, or `None` for an execution's approval.
@@ -65,7 +66,7 @@ pub(super) const COLUMNS: &str =
 /// A new approval, inserted with its subject's row.
 #[derive(Debug, Clone)]
 pub struct NewApproval {
-    pub id: String,
+    pub id: ApprovalId,
     pub expires_at: DateTime<Utc>,
     pub requester_key_id: String,
     pub requester_principal: String,
@@ -175,7 +176,7 @@ pub struct Decided {
 /// What withdrawing took back: the approval, and a session's row as it was closed.
 #[derive(Debug, Clone)]
 pub struct Withdrawn {
-    pub approval_id: String,
+    pub approval_id: ApprovalId,
     pub session: Option<SessionRow>,
 }
 
@@ -232,7 +233,7 @@ impl AuditStore {
         Ok(Held::Held)
     }
 
-    pub async fn get_approval(&self, id: &str) -> Result<Option<ApprovalRow>, AuditError> {
+    pub async fn get_approval(&self, id: &ApprovalId) -> Result<Option<ApprovalRow>, AuditError> {
         let row = sqlx::query_as(&format!("SELECT {COLUMNS} FROM approvals WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
@@ -272,7 +273,7 @@ impl AuditStore {
     /// rejected `closed` (`denied`). `None`: nothing was pending to decide.
     pub async fn decide_approval(
         &self,
-        id: &str,
+        id: &ApprovalId,
         subject: ApprovalSubject<'_>,
         verdict: &Verdict<'_>,
         events: &[NewEvent],
@@ -332,7 +333,7 @@ impl AuditStore {
     ) -> Result<Option<Withdrawn>, AuditError> {
         let mut tx = self.pool.begin().await?;
         let (column, subject_id) = subject.column();
-        let approval: Option<String> = sqlx::query_scalar(&format!(
+        let approval: Option<ApprovalId> = sqlx::query_scalar(&format!(
             "UPDATE approvals SET status = 'withdrawn', decided_at = now(), request = NULL \
              WHERE {column} = $1 AND status = 'pending' RETURNING id"
         ))
@@ -438,7 +439,7 @@ impl AuditStore {
 
 /// An approval the expiry sweep closed: id, execution, session, tenant, expiry.
 type Expired = (
-    String,
+    ApprovalId,
     Option<String>,
     Option<String>,
     Option<String>,

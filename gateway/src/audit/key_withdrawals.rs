@@ -13,6 +13,7 @@ use sqlx::{Postgres, Transaction};
 use policy_engine::Reason;
 
 use super::approvals::close_held;
+use super::events::{self, approvals as approval_events};
 use super::keys::ApiKey;
 use super::{chain, AuditError, NewEvent};
 use crate::session_wire::ClosedReason;
@@ -79,14 +80,20 @@ fn withdrawn_event(
         tenant: approval.tenant.clone(),
         decision_id: None,
         allow: Some(false),
-        reasons: json!([reason]),
-        input: json!({
-            "approval_id": approval.id,
-            "session_id": approval.session_id,
-            "requested_by": key_id,
-            "via": if by.is_some() { "key_revoked_api" } else { "key_revoked_command_line" },
+        reasons: events::column(&[reason]),
+        input: events::column(&approval_events::KeyWithdrawal {
+            approval_id: approval.id.as_str().into(),
+            session_id: approval.session_id.clone(),
+            requested_by: key_id.to_owned(),
+            via: if by.is_some() {
+                approval_events::WithdrawnVia::KeyRevokedApi
+            } else {
+                approval_events::WithdrawnVia::KeyRevokedCommandLine
+            },
         }),
-        decision: json!({"status": "withdrawn"}),
+        decision: events::column(&approval_events::Status {
+            status: api_types::ApprovalStatus::Withdrawn,
+        }),
         policy_revision: None,
     }
 }

@@ -118,7 +118,7 @@ pub struct ExecutionRow {
     /// When retention removed stdout, stderr and the output files.
     pub purged_at: Option<DateTime<Utc>>,
     /// `warm` (a pooled sandbox) or `cold`; unset until it runs.
-    pub start: Option<String>,
+    pub start: Option<api_types::ExecutionStart>,
     /// The container that ran it.
     pub container: Option<String>,
     /// The session it ran in.
@@ -315,7 +315,7 @@ impl AuditStore {
         &self,
         id: &str,
         at: DateTime<Utc>,
-        start: &str,
+        start: api_types::SandboxStart,
         container: &str,
     ) -> Result<(), AuditError> {
         sqlx::query(
@@ -324,7 +324,7 @@ impl AuditStore {
         )
         .bind(id)
         .bind(at)
-        .bind(start)
+        .bind(api_types::ExecutionStart(start))
         .bind(container)
         .execute(&self.pool)
         .await?;

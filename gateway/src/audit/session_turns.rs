@@ -89,6 +89,10 @@ impl TurnErrorCode {
     }
 }
 
+// Decoded under the one rule of `super::unknown_value` (a value outside the set is not read).
+api_types::stored_text!(TurnKind);
+api_types::stored_text!(TurnErrorCode);
+
 /// A request to relay.
 #[derive(Debug)]
 pub struct NewTurn<'a> {
@@ -109,14 +113,14 @@ pub struct TurnRow {
     pub owner: String,
     pub asked_by: String,
     pub key_id: String,
-    pub kind: String,
+    pub kind: TurnKind,
     pub request: Json<Value>,
     pub created_at: DateTime<Utc>,
     pub picked_at: Option<DateTime<Utc>>,
     pub abandoned_at: Option<DateTime<Utc>>,
     pub answered_at: Option<DateTime<Utc>>,
     pub execution_id: Option<String>,
-    pub error_code: Option<String>,
+    pub error_code: Option<TurnErrorCode>,
     pub error: Option<String>,
     /// The snapshot a relayed `snapshot` kept.
     pub snapshot_id: Option<String>,
@@ -146,7 +150,7 @@ impl AuditStore {
         .bind(turn.owner)
         .bind(turn.asked_by)
         .bind(turn.key_id)
-        .bind(turn.kind.as_str())
+        .bind(turn.kind)
         .bind(Json(&turn.request))
         .execute(&self.pool)
         .await?;
@@ -198,7 +202,7 @@ impl AuditStore {
         let (execution, snapshot, code, error) = match answer {
             TurnAnswer::Done(execution) => (execution, None, None, None),
             TurnAnswer::Kept(snapshot) => (None, Some(snapshot), None, None),
-            TurnAnswer::Refused(code, message) => (None, None, Some(code.as_str()), Some(message)),
+            TurnAnswer::Refused(code, message) => (None, None, Some(code), Some(message)),
         };
         sqlx::query(
             "UPDATE session_turns SET answered_at = now(), execution_id = $2, error_code = $3, \

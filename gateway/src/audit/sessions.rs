@@ -28,9 +28,9 @@ pub struct SessionRow {
     pub expires_at: DateTime<Utc>,
     pub closed_at: Option<DateTime<Utc>>,
     /// Set when it was held for review: its approval.
-    pub approval_id: Option<String>,
+    pub approval_id: Option<crate::ids::ApprovalId>,
     /// `warm` (claimed from the pool) or `cold`; absent until its sandbox started.
-    pub start: Option<String>,
+    pub start: Option<api_types::SessionStart>,
 }
 
 /// A tenant already holds `max_sessions` sessions (open or waiting for review).
@@ -109,7 +109,7 @@ impl AuditStore {
         .bind(row.created_at)
         .bind(row.last_used_at)
         .bind(row.expires_at)
-        .bind(&row.start)
+        .bind(row.start)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;

@@ -209,7 +209,7 @@ async fn spellings_of_the_requesting_principal_cannot_review_its_request() {
     };
     let decided = store
         .decide_approval(
-            &approval,
+            &gateway::ids::ApprovalId::from(approval.as_str()),
             ApprovalSubject::Execution(held["id"].as_str().unwrap()),
             &verdict,
             std::slice::from_ref(&event),

@@ -216,7 +216,12 @@ async fn seed(app: &PgPool) {
     }
     for id in ["ex_done", "ex_running"] {
         store
-            .mark_running(id, gateway::ids::now_micros(), "cold", "sandgate-test")
+            .mark_running(
+                id,
+                gateway::ids::now_micros(),
+                api_types::SandboxStart::Cold,
+                "sandgate-test",
+            )
             .await
             .unwrap();
     }

@@ -4,29 +4,13 @@
 //! the one rule of `audit::unknown_value` (as for executions, sessions, approvals and keys).
 
 use crate::common;
-
-use serde_json::Value;
+use crate::unknown_values::{counted as unknown_values, store, widen};
 
 use common::TestGateway;
 
-/// `sandgate_store_unknown_values_total{column="<column>"}` as `/metrics` shows it.
-async fn unknown_values(gw: &TestGateway, admin: &str, column: &str) -> f64 {
-    let text = gw
-        .http
-        .get(format!("{}/metrics", gw.url))
-        .bearer_auth(admin)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let series = format!("sandgate_store_unknown_values_total{{column=\"{column}\"}} ");
-    let line = text
-        .lines()
-        .find_map(|line| line.strip_prefix(&series))
-        .unwrap_or_else(|| panic!("no {series}in\n{text}"));
-    line.parse().unwrap()
+/// Refused as the one rule says, neither unknown value shown as a value.
+async fn refused(gw: &TestGateway, reviewer: &str, path: &str) {
+    crate::unknown_values::refused(gw, reviewer, path, &["operator", "withdrawn"]).await;
 }
 
 /// Stores a proposal as the gateway would (every column within its set).
@@ -41,14 +25,6 @@ async fn stored_proposal(pool: &sqlx::PgPool, id: &str) {
     .execute(pool)
     .await
     .unwrap();
-}
-
-async fn refused(gw: &TestGateway, reviewer: &str, path: &str) {
-    let (status, body): (u16, Value) = gw.get(reviewer, path).await;
-    assert_eq!(status, 500, "{path}: {body}");
-    assert_eq!(body["error"]["code"], "internal", "{body}");
-    assert!(!body.to_string().contains("operator"), "{body}");
-    assert!(!body.to_string().contains("withdrawn"), "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -66,21 +42,9 @@ async fn unknown_stored_proposal_origins_and_statuses_fail_closed_and_are_counte
         0.0
     );
 
-    for constraint in [
-        "policy_proposals_origin_check",
-        "policy_proposals_status_check",
-    ] {
-        sqlx::query(&format!(
-            "ALTER TABLE policy_proposals DROP CONSTRAINT {constraint}"
-        ))
-        .execute(&pool)
-        .await
-        .unwrap();
-    }
-    sqlx::query("UPDATE policy_proposals SET origin = 'operator' WHERE id = 'pp_known'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    widen(&pool, "policy_proposals", "policy_proposals_origin_check").await;
+    widen(&pool, "policy_proposals", "policy_proposals_status_check").await;
+    store(&pool, "policy_proposals", "origin", "pp_known", "operator").await;
     refused(&gw, &reviewer, "/v1/policy/proposals/pp_known").await;
     refused(&gw, &reviewer, "/v1/policy/proposals").await;
     assert_eq!(
@@ -89,10 +53,7 @@ async fn unknown_stored_proposal_origins_and_statuses_fail_closed_and_are_counte
     );
 
     stored_proposal(&pool, "pp_later").await;
-    sqlx::query("UPDATE policy_proposals SET status = 'withdrawn' WHERE id = 'pp_later'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    store(&pool, "policy_proposals", "status", "pp_later", "withdrawn").await;
     refused(&gw, &reviewer, "/v1/policy/proposals/pp_later").await;
     assert_eq!(
         unknown_values(&gw, &admin, "policy_proposals.status").await,

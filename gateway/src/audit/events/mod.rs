@@ -21,6 +21,7 @@ pub mod refusals;
 pub mod retention;
 pub mod session_files;
 pub mod sessions;
+pub mod snapshots;
 
 use serde::Serialize;
 use serde_json::Value;

@@ -6,6 +6,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+/// The decision of every file event: nothing (`{}`), the change was the caller's to make.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NoDecision {}
+
 /// `session.file_written`'s input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FileWritten {

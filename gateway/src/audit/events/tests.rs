@@ -756,3 +756,231 @@ fn approval_and_held_session_events_are_written_as_before() {
         );
     }
 }
+
+/// A policy input and decision as the pipeline makes them (read from the form events carry).
+fn policy_input() -> policy_engine::PolicyInput {
+    serde_json::from_value(json!({
+        "environment": {"backends": ["gvisor"], "datasets": [], "now": "2026-12-03T19:31:23+00:00"},
+        "principal": {"key_id": "key_1", "role": "agent", "tenant": "acme"},
+        "request": {"code_bytes": 0, "code_sha256": "e3", "files": [], "kind": "session",
+                    "labels": {}, "language": "python", "limits": {}, "mounts": [],
+                    "network": [{"host": "review.example", "port": 443}]},
+    }))
+    .unwrap()
+}
+
+fn policy_decision() -> policy_engine::Decision {
+    serde_json::from_value(json!({
+        "allow": true, "require_approval": true, "backend": "gvisor", "mounts": [],
+        "network": null, "limits": null,
+        "reasons": [{"code": "network.review_required", "message": "not listed"}],
+    }))
+    .unwrap()
+}
+
+#[test]
+fn session_and_snapshot_events_are_written_as_before() {
+    use super::approvals::Party;
+    use super::sessions::{
+        ApprovedOpen, Corrupt, CorruptUse, HeldClosed, Opened, Paused, Resumed, SessionRef,
+    };
+    use super::snapshots::{Snapshot, SnapshotOf};
+    use api_types::ClosedReason;
+
+    let id = "ss_1".to_owned();
+    same(
+        &SessionRef {
+            session_id: id.clone(),
+        },
+        json!({"session_id": id}),
+    );
+    let input = policy_input();
+    same(
+        &Opened {
+            session_id: id.clone(),
+            request: input.clone(),
+        },
+        json!({"session_id": id, "request": input}),
+    );
+    let (reviewer_id, principal) = ("key_2".to_owned(), "bob".to_owned());
+    same(
+        &ApprovedOpen {
+            session_id: id.clone(),
+            approval_id: "ap_1".into(),
+            reviewer: Party {
+                key_id: reviewer_id.clone(),
+                principal: principal.clone(),
+            },
+        },
+        json!({
+            "session_id": id,
+            "approval_id": "ap_1",
+            "reviewer": {"key_id": reviewer_id, "principal": principal},
+        }),
+    );
+    // An open session's `session.closed` (`app::sessions`).
+    let (reason, executions, created_at) = (Some(ClosedReason::Idle), 3i64, at());
+    same(
+        &HeldClosed {
+            closed_reason: reason,
+            executions,
+            created_at,
+        },
+        json!({
+            "closed_reason": reason,
+            "executions": executions,
+            "created_at": created_at,
+        }),
+    );
+    let (bytes, sha256, took_ms): (u64, String, u128) = (52_428_800, "ab".into(), 812);
+    same(
+        &Paused {
+            bytes,
+            sha256: sha256.clone(),
+            took_ms,
+        },
+        json!({"bytes": bytes, "sha256": sha256, "took_ms": took_ms}),
+    );
+    let (restore_ms, check_ms): (u128, u128) = (640, 95);
+    let (instance, from) = ("gw_b".to_owned(), "gw_a".to_owned());
+    same(
+        &Resumed {
+            sha256: sha256.clone(),
+            bytes,
+            restore_ms,
+            check_ms,
+            replica: instance.clone(),
+            paused_on: from.clone(),
+        },
+        json!({"sha256": sha256, "bytes": bytes,
+            "restore_ms": restore_ms, "check_ms": check_ms,
+            "replica": instance, "paused_on": from}),
+    );
+    same(
+        &Corrupt {
+            sha256: sha256.clone(),
+            refused: CorruptUse::Restore,
+        },
+        json!({"sha256": sha256, "refused": "restore"}),
+    );
+    let (snapshot_id, size) = ("sn_1".to_owned(), 1_024i64);
+    same(
+        &SnapshotOf {
+            session_id: id.clone(),
+            snapshot_id: snapshot_id.clone(),
+        },
+        json!({"session_id": id, "snapshot_id": snapshot_id}),
+    );
+    for why in [None, Some("deleted by key_1")] {
+        same(
+            &Snapshot {
+                bytes: size,
+                sha256: sha256.clone(),
+                created_at: at(),
+                expires_at: at(),
+                reason: why.map(str::to_owned),
+            },
+            json!({
+                "bytes": size,
+                "sha256": sha256,
+                "created_at": at(),
+                "expires_at": at(),
+                "reason": why,
+            }),
+        );
+    }
+    same(&super::session_files::NoDecision {}, json!({}));
+}
+
+#[test]
+fn approval_requests_are_written_as_before() {
+    use super::approvals::{ExecutionRequested, Party, Pending, SessionPending, SessionRequested};
+    use api_types::ApprovalStatus;
+
+    let (approval, key, principal) = ("ap_1".to_owned(), "key_1".to_owned(), "team-a".to_owned());
+    let party = Party {
+        key_id: key.clone(),
+        principal: principal.clone(),
+    };
+    same(
+        &ExecutionRequested {
+            approval_id: approval.as_str().into(),
+            requested_by: party.clone(),
+        },
+        json!({
+            "approval_id": approval,
+            "requested_by": {"key_id": key, "principal": principal},
+        }),
+    );
+    let expires_at = at();
+    same(
+        &Pending {
+            status: ApprovalStatus::Pending,
+            expires_at,
+        },
+        json!({"status": "pending", "expires_at": expires_at}),
+    );
+    let (session, input) = ("ss_1".to_owned(), policy_input());
+    same(
+        &SessionRequested {
+            approval_id: approval.as_str().into(),
+            session_id: session.clone(),
+            requested_by: party,
+            request: input.clone(),
+        },
+        json!({
+            "approval_id": approval,
+            "session_id": session,
+            "requested_by": {"key_id": key, "principal": principal},
+            "request": input,
+        }),
+    );
+    let said = policy_decision();
+    same(
+        &SessionPending {
+            status: ApprovalStatus::Pending,
+            expires_at,
+            require_approval: true,
+            policy: said.clone(),
+        },
+        json!({
+            "status": "pending",
+            "expires_at": expires_at,
+            "require_approval": true,
+            "policy": json!(said),
+        }),
+    );
+}
+
+#[test]
+fn a_withdrawal_by_key_revocation_is_written_as_before() {
+    use super::approvals::{KeyWithdrawal, Status, WithdrawnVia};
+    use api_types::ApprovalStatus;
+
+    let session_id = Some("ss_1".to_owned());
+    for (by, via) in [
+        (Some(()), WithdrawnVia::KeyRevokedApi),
+        (None, WithdrawnVia::KeyRevokedCommandLine),
+    ] {
+        same(
+            &KeyWithdrawal {
+                approval_id: "ap_1".into(),
+                session_id: session_id.clone(),
+                requested_by: "key_1".into(),
+                via,
+            },
+            json!({
+                "approval_id": "ap_1",
+                "session_id": session_id,
+                "requested_by": "key_1",
+                "via": if by.is_some() { "key_revoked_api" } else { "key_revoked_command_line" },
+            }),
+        );
+    }
+    same(
+        &Status {
+            status: ApprovalStatus::Withdrawn,
+        },
+        json!({"status": "withdrawn"}),
+    );
+}
