@@ -101,16 +101,17 @@ impl AuditStore {
         .fetch_all(&mut *tx)
         .await?;
         let ids: Vec<String> = sessions.iter().map(|row| row.id.clone()).collect();
+        // Locked too: a pause forgotten meanwhile (`forget_pause` takes no session lock) waits
+        // for this transaction, or is not read; each pause goes with its own session below.
         let pauses: Vec<PauseRow> = sqlx::query_as(&format!(
             "SELECT {PAUSE_COLUMNS} FROM session_pauses WHERE session_id = ANY($1) \
-             ORDER BY session_id"
+             ORDER BY session_id FOR UPDATE"
         ))
         .bind(&ids)
         .fetch_all(&mut *tx)
         .await?;
-        let adopted: Vec<(SessionRow, PauseRow)> = sessions
+        let adopted: Vec<(SessionRow, PauseRow)> = pair_by_session(sessions, pauses)
             .into_iter()
-            .zip(pauses)
             .filter(|(_, pause)| adoptable(pause))
             .collect();
         let ids: Vec<&str> = adopted.iter().map(|(row, _)| row.id.as_str()).collect();
@@ -125,5 +126,93 @@ impl AuditStore {
         .await?;
         tx.commit().await?;
         Ok(adopted)
+    }
+}
+
+/// Each session with its own pause (by id, never by position: a pause forgotten between the
+/// two reads would otherwise hand a session another session's image); a session whose pause is
+/// gone is left out.
+pub(super) fn pair_by_session(
+    sessions: Vec<SessionRow>,
+    pauses: Vec<PauseRow>,
+) -> Vec<(SessionRow, PauseRow)> {
+    let mut pauses: std::collections::HashMap<String, PauseRow> = pauses
+        .into_iter()
+        .map(|pause| (pause.session_id.clone(), pause))
+        .collect();
+    sessions
+        .into_iter()
+        .filter_map(|row| pauses.remove(&row.id).map(|pause| (row, pause)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use sqlx::types::Json;
+
+    use super::*;
+    use crate::session_wire::SessionStatus;
+
+    fn session(id: &str) -> SessionRow {
+        let now = chrono::Utc::now();
+        SessionRow {
+            id: id.to_owned(),
+            tenant: format!("tenant-of-{id}"),
+            key_id: "k".into(),
+            language: "python".into(),
+            status: SessionStatus::Paused,
+            closed_reason: None,
+            decision: Json(json!({})),
+            limits: Json(json!({})),
+            idle_timeout_s: 60,
+            ttl_s: 600,
+            executions: 0,
+            instance: "dead".into(),
+            container: None,
+            created_at: now,
+            last_used_at: now,
+            expires_at: now,
+            closed_at: None,
+            approval_id: None,
+            start: None,
+        }
+    }
+
+    fn pause(id: &str) -> PauseRow {
+        PauseRow {
+            session_id: id.to_owned(),
+            image: format!("/snapshots/{id}-ck"),
+            sha256: format!("sha-of-{id}"),
+            bytes: 1,
+            runnable: Json(json!({})),
+            language: "python".into(),
+            executions: 0,
+            inspected: false,
+            closes_when_idle: false,
+        }
+    }
+
+    /// The pause of the middle session was forgotten between the two reads: the sessions
+    /// after it must not take their neighbour's image (they did when paired by position).
+    #[test]
+    fn a_session_is_paired_with_its_own_pause_only() {
+        let sessions = vec![session("s1"), session("s2"), session("s3")];
+        let pauses = vec![pause("s1"), pause("s3")];
+        let paired = pair_by_session(sessions, pauses);
+        let ids: Vec<(&str, &str, &str)> = paired
+            .iter()
+            .map(|(row, pause)| {
+                (
+                    row.id.as_str(),
+                    pause.session_id.as_str(),
+                    pause.sha256.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ids,
+            vec![("s1", "s1", "sha-of-s1"), ("s3", "s3", "sha-of-s3")]
+        );
     }
 }
