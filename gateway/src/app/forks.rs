@@ -55,6 +55,11 @@ impl App {
         caller: &ApiKey,
         session_id: &str,
     ) -> Result<SnapshotRow, AppError> {
+        // Refused before a paused session of another replica is taken over here: a takeover
+        // that never reaches its claim would leave a stale registration behind.
+        let row = self.get_session(caller, session_id).await?;
+        let dir = self.snapshot_dir(&row.tenant)?;
+        self.within_quota(&row.tenant, 0).await?;
         if let Some(held) = self.session_relayed_or_taken(caller, session_id).await? {
             // Its sandbox runs on another replica (or its image is only readable there).
             let answer = self
@@ -68,9 +73,6 @@ impl App {
             })?;
             return self.get_snapshot(caller, &kept).await;
         }
-        let row = self.get_session(caller, session_id).await?;
-        let dir = self.snapshot_dir(&row.tenant)?;
-        self.within_quota(&row.tenant, 0).await?;
         // A paused session is restored first: its image is consumed by its resume.
         self.resume_paused(&row).await?;
         let open = self

@@ -9,6 +9,7 @@
 use super::sessions::SessionRow;
 use super::snapshots::PauseRow;
 use super::{AuditError, AuditStore};
+use crate::session_wire::ClosedReason;
 
 const PAUSE_COLUMNS: &str = "session_id, image, sha256, bytes, runnable, language, executions, \
                              inspected, closes_when_idle";
@@ -23,6 +24,17 @@ fn millis(ms: u64) -> f64 {
 pub struct Claimed {
     pub pause: PauseRow,
     pub from: String,
+}
+
+/// What closing a session this replica registered did ([`AuditStore::close_own_session`]).
+#[derive(Debug)]
+pub enum OwnClose {
+    /// Closed now (its pause, if any, forgotten with it).
+    Closed(Box<SessionRow>),
+    /// It was closed already (or is unknown).
+    AlreadyClosed,
+    /// Another replica holds it now (it restored or adopted it): not closed, not touched.
+    Elsewhere(String),
 }
 
 impl AuditStore {
@@ -76,6 +88,75 @@ impl AuditStore {
         .await?;
         tx.commit().await?;
         Ok(Some(Claimed { pause, from }))
+    }
+
+    /// Gives a claimed pause back to the replica that held it (this replica cannot restore
+    /// it): the row stored again and the session `from`'s, in one transaction.
+    pub async fn unclaim_pause(&self, pause: &PauseRow, from: &str) -> Result<(), AuditError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(&format!(
+            "INSERT INTO session_pauses ({PAUSE_COLUMNS}) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) ON CONFLICT (session_id) DO NOTHING"
+        ))
+        .bind(&pause.session_id)
+        .bind(&pause.image)
+        .bind(&pause.sha256)
+        .bind(pause.bytes)
+        .bind(&pause.runnable)
+        .bind(&pause.language)
+        .bind(pause.executions)
+        .bind(pause.inspected)
+        .bind(pause.closes_when_idle)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE sessions SET instance = $2 WHERE id = $1 AND status = 'paused'")
+            .bind(&pause.session_id)
+            .bind(from)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Closes the session if it is still `instance`'s, its pause forgotten in the same
+    /// transaction, under the session's row lock (the lock [`AuditStore::claim_pause`] takes):
+    /// a stale registration (a takeover never claimed, a missed [`crate::app`] `MOVED`)
+    /// cannot close, or forget the pause of, a session another replica serves now.
+    pub async fn close_own_session(
+        &self,
+        id: &str,
+        reason: ClosedReason,
+        instance: &str,
+    ) -> Result<OwnClose, AuditError> {
+        let mut tx = self.pool.begin().await?;
+        let owner: Option<(String, String)> =
+            sqlx::query_as("SELECT instance, status FROM sessions WHERE id = $1 FOR UPDATE")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        match owner {
+            Some((owner, status)) if status != "closed" && owner != instance => {
+                return Ok(OwnClose::Elsewhere(owner));
+            }
+            Some(_) => {}
+            None => return Ok(OwnClose::AlreadyClosed),
+        }
+        sqlx::query("DELETE FROM session_pauses WHERE session_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let closed: Option<SessionRow> = sqlx::query_as(
+            "UPDATE sessions SET status = 'closed', closed_reason = $2, closed_at = now() \
+             WHERE id = $1 AND status <> 'closed' RETURNING *",
+        )
+        .bind(id)
+        .bind(reason.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(closed.map_or(OwnClose::AlreadyClosed, |row| {
+            OwnClose::Closed(Box::new(row))
+        }))
     }
 
     /// Paused sessions of other replicas whose lease expired (their replica died), with their
