@@ -99,6 +99,9 @@ impl App {
             .egress
             .as_ref()
             .and_then(crate::egress::ExecutionEgress::inspection);
+        // As a pause (`pause_held`): the sandbox goes on from the image with the session's
+        // runner only, so its code contexts end here and answer "ended" until restarted.
+        open.contexts.end_all("the sandbox was snapshotted").await;
         let snapshot_id = crate::ids::new("sn");
         let image = dir.join(&snapshot_id);
         let digest = checkpoint_complete(held, &image, &self.instance)
