@@ -160,14 +160,17 @@ impl App {
                     self.start_approved_fork(&row, snapshot, runnable, places)
                         .await
                 }
-                None => self.start_approved_session(&row, runnable, places).await,
+                None => Ok((
+                    self.start_approved_session(&row, runnable, places).await?,
+                    None,
+                )),
             }
         };
-        let held = match started.await {
-            Ok(held) => held,
+        let (held, from_snapshot) = match started.await {
+            Ok(started) => started,
             Err(err) => return self.start_failed(&row.id, &err).await,
         };
-        let event = created_event(reviewer, approval, &row);
+        let event = created_event(reviewer, approval, &row, from_snapshot);
         let marked = self
             .audit
             .session_started(&row.id, &self.instance, held.sandbox.name(), &event)
@@ -218,14 +221,14 @@ impl App {
 
     /// An approved fork, restored from its snapshot under the reviewed decision's grant. The
     /// snapshot must still be kept (deleted or expired while the session waited: it does not
-    /// start) and be of the session's tenant.
+    /// start) and be of the session's tenant. With the snapshot as `session.created` names it.
     async fn start_approved_fork(
         &self,
         row: &SessionRow,
         snapshot_id: &str,
         runnable: Runnable,
         places: Places,
-    ) -> Result<Held, AppError> {
+    ) -> Result<(Held, Option<serde_json::Value>), AppError> {
         let snapshot = self
             .audit
             .get_snapshot(snapshot_id)
@@ -242,7 +245,10 @@ impl App {
             tenant: &row.tenant,
             key_id: &row.key_id,
         };
-        self.start_fork(whose, &snapshot, runnable, places).await
+        let held = self.start_fork(whose, &snapshot, runnable, places).await?;
+        let named = json!({"id": snapshot.id, "session_id": snapshot.session_id,
+            "sha256": snapshot.sha256});
+        Ok((held, Some(named)))
     }
 
     /// Closes an approved session that could not start (`start_failed`, the event says why).
@@ -263,8 +269,15 @@ impl App {
     }
 }
 
-/// `session.created` of an approved session: the agent's, naming the approval and reviewer.
-fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) -> NewEvent {
+/// `session.created` of an approved session: the agent's, naming the approval and reviewer,
+/// and for a fork the snapshot it was restored from (id, and the sha256 its image was checked
+/// against).
+fn created_event(
+    reviewer: &ApiKey,
+    approval: &ApprovalRow,
+    row: &SessionRow,
+    from_snapshot: Option<serde_json::Value>,
+) -> NewEvent {
     NewEvent {
         kind: api_types::EventKind::SessionCreated,
         execution_id: None,
@@ -277,6 +290,7 @@ fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) ->
             "session_id": row.id,
             "approval_id": approval.id,
             "reviewer": {"key_id": reviewer.id, "principal": reviewer.principal},
+            "from_snapshot": from_snapshot,
         }),
         decision: row.decision.0.clone(),
         policy_revision: None,
