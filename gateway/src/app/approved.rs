@@ -19,7 +19,11 @@ use super::subjects::StoredRequest;
 use super::validate::decode_files;
 use super::{error_chain, App, AppError};
 use crate::audit::approvals::{ApprovalRow, ApprovalSubject, Decided};
-use crate::audit::events::{self, approvals::Party, sessions::ApprovedOpen};
+use crate::audit::events::{
+    self,
+    approvals::Party,
+    sessions::{ApprovedOpen, ForkSource},
+};
 use crate::audit::sessions::SessionRow;
 use crate::audit::{ApiKey, ExecutionRow, NewEvent};
 use crate::runtime::SessionRunner;
@@ -159,14 +163,17 @@ impl App {
                     self.start_approved_fork(&row, snapshot, runnable, places)
                         .await
                 }
-                None => self.start_approved_session(&row, runnable, places).await,
+                None => Ok((
+                    self.start_approved_session(&row, runnable, places).await?,
+                    None,
+                )),
             }
         };
-        let held = match started.await {
-            Ok(held) => held,
+        let (held, from_snapshot) = match started.await {
+            Ok(started) => started,
             Err(err) => return self.start_failed(&row.id, &err).await,
         };
-        let event = created_event(reviewer, approval, &row);
+        let event = created_event(reviewer, approval, &row, from_snapshot);
         let marked = self
             .audit
             .session_started(&row.id, &self.instance, held.sandbox.name(), &event)
@@ -217,14 +224,14 @@ impl App {
 
     /// An approved fork, restored from its snapshot under the reviewed decision's grant. The
     /// snapshot must still be kept (deleted or expired while the session waited: it does not
-    /// start) and be of the session's tenant.
+    /// start) and be of the session's tenant. With the snapshot as `session.created` names it.
     async fn start_approved_fork(
         &self,
         row: &SessionRow,
         snapshot_id: &str,
         runnable: Runnable,
         places: Places,
-    ) -> Result<Held, AppError> {
+    ) -> Result<(Held, Option<ForkSource>), AppError> {
         let snapshot = self
             .audit
             .get_snapshot(snapshot_id)
@@ -241,7 +248,13 @@ impl App {
             tenant: &row.tenant,
             key_id: &row.key_id,
         };
-        self.start_fork(whose, &snapshot, runnable, places).await
+        let held = self.start_fork(whose, &snapshot, runnable, places).await?;
+        let named = ForkSource {
+            id: snapshot.id.clone(),
+            session_id: snapshot.session_id.clone(),
+            sha256: snapshot.sha256.clone(),
+        };
+        Ok((held, Some(named)))
     }
 
     /// Closes an approved session that could not start (`start_failed`, the event says why).
@@ -262,8 +275,15 @@ impl App {
     }
 }
 
-/// `session.created` of an approved session: the agent's, naming the approval and reviewer.
-fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) -> NewEvent {
+/// `session.created` of an approved session: the agent's, naming the approval and reviewer,
+/// and for a fork the snapshot it was restored from (id, and the sha256 its image was checked
+/// against).
+fn created_event(
+    reviewer: &ApiKey,
+    approval: &ApprovalRow,
+    row: &SessionRow,
+    from_snapshot: Option<ForkSource>,
+) -> NewEvent {
     NewEvent {
         kind: api_types::EventKind::SessionCreated,
         execution_id: None,
@@ -279,6 +299,7 @@ fn created_event(reviewer: &ApiKey, approval: &ApprovalRow, row: &SessionRow) ->
                 key_id: reviewer.id.clone(),
                 principal: reviewer.principal.clone(),
             },
+            from_snapshot,
         }),
         decision: row.decision.0.clone(),
         policy_revision: None,

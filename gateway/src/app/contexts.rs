@@ -162,12 +162,20 @@ fn checked_cwd(cwd: &str) -> Result<String, AppError> {
 }
 
 impl App {
-    /// The open session `id` of `caller` (404 for anyone else's), held on this replica.
+    /// The open session `id` of `caller` (404 for anyone else's), held on this replica; 503
+    /// naming the replica that holds it otherwise (its contexts live in that replica's memory,
+    /// as its processes do: `start_session_process`).
     async fn context_session(
         &self,
         caller: &ApiKey,
         id: &str,
     ) -> Result<std::sync::Arc<OpenSession>, AppError> {
+        if let Some(session) = self.session_held_elsewhere(caller, id).await? {
+            return Err(AppError::ReplicaUnavailable(format!(
+                "session {id} is served by replica {}: use its code contexts there",
+                session.instance
+            )));
+        }
         let row = self.get_session(caller, id).await?;
         self.sessions
             .get(id)

@@ -57,6 +57,11 @@ impl App {
         caller: &ApiKey,
         session_id: &str,
     ) -> Result<SnapshotRow, AppError> {
+        // Refused before a paused session of another replica is taken over here: a takeover
+        // that never reaches its claim would leave a stale registration behind.
+        let row = self.get_session(caller, session_id).await?;
+        let dir = self.snapshot_dir(&row.tenant)?;
+        self.within_quota(&row.tenant, 0).await?;
         if let Some(held) = self.session_relayed_or_taken(caller, session_id).await? {
             // Its sandbox runs on another replica (or its image is only readable there).
             let answer = self
@@ -70,9 +75,6 @@ impl App {
             })?;
             return self.get_snapshot(caller, &kept).await;
         }
-        let row = self.get_session(caller, session_id).await?;
-        let dir = self.snapshot_dir(&row.tenant)?;
-        self.within_quota(&row.tenant, 0).await?;
         // A paused session is restored first: its image is consumed by its resume.
         self.resume_paused(&row).await?;
         let open = self
@@ -99,6 +101,9 @@ impl App {
             .egress
             .as_ref()
             .and_then(crate::egress::ExecutionEgress::inspection);
+        // As a pause (`pause_held`): the sandbox goes on from the image with the session's
+        // runner only, so its code contexts end here and answer "ended" until restarted.
+        open.contexts.end_all("the sandbox was snapshotted").await;
         let snapshot_id = crate::ids::new("sn");
         let image = dir.join(&snapshot_id);
         let digest = checkpoint_complete(held, &image, &self.instance)

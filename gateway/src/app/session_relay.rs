@@ -91,10 +91,26 @@ impl App {
         caller: &ApiKey,
         id: &str,
     ) -> Result<Option<SessionRow>, AppError> {
-        if self.sessions.get(id).is_some() {
+        // Paused here: no sandbox held, its checkpoint in memory.
+        let registered_paused = match self.sessions.get(id) {
+            Some(open) => {
+                open.held.try_lock().is_ok_and(|held| held.is_none())
+                    && self.sessions.paused.inspected(id).is_some()
+            }
+            None => false,
+        };
+        if self.sessions.get(id).is_some() && !registered_paused {
             return Ok(None);
         }
         let row = self.get_session(caller, id).await?;
+        if registered_paused {
+            if row.instance == self.instance || row.is(SessionStatus::Closed) {
+                return Ok(None);
+            }
+            // Paused here in memory, but another replica restored or adopted it since (its
+            // `MOVED` lost, or a takeover here never claimed): that replica serves it.
+            self.let_go(id);
+        }
         // A session waiting for review is held by no replica (its instance is empty): every
         // replica answers it the same way (409 naming the approval).
         let elsewhere = !row.is(SessionStatus::Closed)

@@ -29,6 +29,7 @@ use super::scheduler::Slot;
 use super::subjects::SessionRecord;
 use super::{error_chain, App, AppError};
 use crate::audit::events::{self, sessions as session_events};
+use crate::audit::pause_claims::OwnClose;
 use crate::audit::sessions::{SessionRow, SessionsFull};
 use crate::audit::snapshots::SnapshotRow;
 use crate::audit::{ApiKey, NewEvent};
@@ -484,18 +485,29 @@ impl App {
             release(held).await;
         }
         open.contexts.close_all().await;
-        self.sessions.paused.forget(id);
-        if let Err(err) = self.audit.forget_pause(id).await {
-            tracing::warn!(session_id = %id, error = %err, "a closed session's pause not forgotten");
-        }
         self.session_cursors.close(id);
-        let closed = match self.audit.close_session(id, reason).await {
-            Ok(closed) => closed,
+        let closed = match self
+            .audit
+            .close_own_session(id, reason, &self.instance)
+            .await
+        {
+            Ok(OwnClose::Closed(row)) => Some(*row),
+            Ok(OwnClose::AlreadyClosed) => None,
+            Ok(OwnClose::Elsewhere(owner)) => {
+                // A stale registration of a paused session another replica serves now: its
+                // image and pause are that replica's.
+                tracing::info!(session_id = %id, %owner, "not closed: another replica serves it");
+                drop(self.sessions.paused.take(id));
+                self.sessions.paused.set_idle_action(id, true);
+                return None;
+            }
             Err(err) => {
                 tracing::error!(session_id = %id, error = %err, "closing the session record failed");
+                self.sessions.paused.forget(id);
                 return None;
             }
         };
+        self.sessions.paused.forget(id);
         if let Some(row) = &closed {
             self.record_session_closed(row).await;
         }

@@ -11,12 +11,15 @@
 //! session) is relayed to the replica that runs it (`app::session_relay`), as is a resume whose
 //! image this replica cannot read.
 
+use std::path::Path;
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::snapshots::Paused;
 use super::{App, AppError};
 use crate::audit::sessions::SessionRow;
+use crate::audit::snapshots::PauseRow;
 use crate::audit::ApiKey;
 use crate::session_wire::SessionStatus;
 
@@ -70,18 +73,60 @@ impl App {
         }
     }
 
-    /// Claims the paused session for this replica's restore; the replica that held it, or
-    /// `None` when another replica restored it first (or it closed). A pause this replica made
-    /// but could not store (no row to claim) is its own.
-    pub(super) async fn claim_restore(&self, id: &str) -> Result<Option<String>, AppError> {
+    /// Claims the paused session for this replica's restore: the replica that held it and the
+    /// pause row claimed, or `None` when another replica restored it first (or it closed). A
+    /// pause this replica made but could not store (no row to claim) is its own: no row.
+    pub(super) async fn claim_restore(
+        &self,
+        id: &str,
+    ) -> Result<Option<(String, Option<PauseRow>)>, AppError> {
         let lease = self.config.lease_ms;
         if let Some(claimed) = self.audit.claim_pause(id, &self.instance, lease).await? {
-            return Ok(Some(claimed.from));
+            return Ok(Some((claimed.from, Some(claimed.pause))));
         }
         let row = self.audit.get_session(id).await?;
         let unstored =
             row.is_some_and(|row| row.is(SessionStatus::Paused) && row.instance == self.instance);
-        Ok(unstored.then(|| self.instance.clone()))
+        Ok(unstored.then(|| (self.instance.clone(), None)))
+    }
+
+    /// What a resume restores: the pause row it claimed, never a stale copy held in memory (a
+    /// takeover never claimed, a missed [`MOVED`]); the copy in memory only when it is that
+    /// same checkpoint (it carries the inspected grant's CA) or no row was stored. A claimed
+    /// row not restorable here goes back to the replica that held it.
+    pub(super) async fn claimed_paused(
+        &self,
+        id: &str,
+        held: Paused,
+        (from, claimed): (&str, Option<&PauseRow>),
+    ) -> Result<Paused, AppError> {
+        let Some(claimed) = claimed else {
+            return Ok(held);
+        };
+        if claimed.session_id != id {
+            return Err(AppError::Internal(format!(
+                "session {id} claimed the pause of session {}",
+                claimed.session_id
+            )));
+        }
+        if Path::new(&claimed.image) == held.image && claimed.sha256 == held.sha256 {
+            return Ok(held);
+        }
+        match self.adoptable(claimed) {
+            Ok(paused) => {
+                self.sessions
+                    .paused
+                    .set_idle_action(id, !claimed.closes_when_idle);
+                Ok(paused)
+            }
+            Err(why) => {
+                self.audit.unclaim_pause(claimed, from).await?;
+                self.let_go(id);
+                Err(AppError::Conflict(format!(
+                    "session {id} is paused on replica {from} ({why} here): ask again"
+                )))
+            }
+        }
     }
 
     /// Forgets a paused session another replica took, without closing it or removing its
@@ -149,6 +194,8 @@ impl App {
             if let Ok(paused) = self.adoptable(&pause) {
                 tracing::warn!(session_id = %row.id, owner = %row.instance, "adopted a paused session of a replica whose lease expired");
                 self.adopt(&row, &pause, paused);
+                // Its replica may live on (a lease lapsed under load): it forgets the session.
+                self.moved_from(&row.id, &row.instance).await;
             }
         }
     }

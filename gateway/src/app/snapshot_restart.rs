@@ -115,6 +115,11 @@ impl App {
     }
 
     pub(super) fn adopt(self: &Arc<Self>, row: &SessionRow, pause: &PauseRow, paused: Paused) {
+        if pause.session_id != row.id {
+            // Another session's checkpoint (another tenant's memory): never served as this one.
+            tracing::error!(session_id = %row.id, pause_of = %pause.session_id, "refused to adopt a session with another session's pause");
+            return;
+        }
         let id = row.id.clone();
         self.sessions.paused.put(&id, paused);
         self.sessions

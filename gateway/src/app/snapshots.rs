@@ -336,17 +336,28 @@ impl App {
             return Ok(false);
         };
         // The restore is this replica's alone: another one may be asked at the same moment.
-        let from = match self.claim_restore(id).await {
-            Ok(Some(from)) => from,
+        let (from, claimed) = match self.claim_restore(id).await {
+            Ok(Some(claim)) => claim,
             Ok(None) => {
                 drop(guard);
                 self.let_go(id);
                 return Err(AppError::Conflict(format!(
-                    "session {id} is no longer paused on this replica (another replica resumed                      it, or it closed): ask again"
+                    "session {id} is no longer paused on this replica (another replica resumed \
+                     it, or it closed): ask again"
                 )));
             }
             Err(err) => {
                 self.sessions.paused.put(id, paused);
+                return Err(err);
+            }
+        };
+        let paused = match self
+            .claimed_paused(id, paused, (&from, claimed.as_ref()))
+            .await
+        {
+            Ok(paused) => paused,
+            Err(err) => {
+                drop(guard);
                 return Err(err);
             }
         };
@@ -376,8 +387,13 @@ impl App {
                 Ok(true)
             }
             Err(err) => {
-                // Paused again, and this replica's now: stored for a restart or a takeover.
-                if let Err(stored) = self.store_pause(id, &paused).await {
+                // Paused again, and this replica's now: the row it claimed stored again (for a
+                // restart or a takeover), and what it restores from next.
+                let stored = match &claimed {
+                    Some(claimed) => self.audit.store_pause(claimed).await.map_err(Into::into),
+                    None => self.store_pause(id, &paused).await,
+                };
+                if let Err(stored) = stored {
                     tracing::error!(session_id = %id, error = %stored, "a pause not restored was not stored again");
                 }
                 self.sessions.paused.put(id, paused);

@@ -152,7 +152,7 @@ impl AuditStore {
         .bind(&ids)
         .fetch_all(&self.pool)
         .await?;
-        Ok(sessions.into_iter().zip(pauses).collect())
+        Ok(super::pause_claims::pair_by_session(sessions, pauses))
     }
 
     /// A kept snapshot (not deleted, not expired).

@@ -76,6 +76,36 @@ async fn an_approved_fork_starts_from_its_snapshot_not_cold() {
     )
     .await;
     assert_eq!(read["result"], "(42, 'kept')", "{read}");
+    // Its `session.created` names the snapshot it was restored from, and that image's digest.
+    let pool = gw.pool().await;
+    let created: Value = sqlx::query_scalar(
+        "SELECT input FROM audit_events WHERE kind = 'session.created' \
+         AND input->>'session_id' = $1",
+    )
+    .bind(&fork)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let sha256: String = sqlx::query_scalar("SELECT sha256 FROM snapshots WHERE id = $1")
+        .bind(&snapshot)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        created["from_snapshot"]["id"],
+        snapshot.as_str(),
+        "{created}"
+    );
+    assert_eq!(
+        created["from_snapshot"]["sha256"],
+        sha256.as_str(),
+        "{created}"
+    );
+    assert_eq!(
+        created["from_snapshot"]["session_id"],
+        parent.as_str(),
+        "{created}"
+    );
 
     // A snapshot gone while its fork waited: the approved fork does not start.
     let (other, approval) = held_fork(&gw, &agent, &snapshot).await;

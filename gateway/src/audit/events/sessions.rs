@@ -33,6 +33,18 @@ pub struct ApprovedOpen {
     pub session_id: String,
     pub approval_id: ApprovalId,
     pub reviewer: Party,
+    /// A fork's snapshot, as its image was checked; absent for a session started fresh (and
+    /// in every event written before forks could be held).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_snapshot: Option<ForkSource>,
+}
+
+/// The snapshot an approved fork was restored from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForkSource {
+    pub id: String,
+    pub session_id: String,
+    pub sha256: String,
 }
 
 /// `session.paused`'s decision: the checkpoint's size and digest, and how long it took.

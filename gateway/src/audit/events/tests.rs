@@ -811,6 +811,7 @@ fn session_and_snapshot_events_are_written_as_before() {
                 key_id: reviewer_id.clone(),
                 principal: principal.clone(),
             },
+            from_snapshot: None,
         },
         json!({
             "session_id": id,
