@@ -183,7 +183,7 @@ pub struct Config {
     pub e2b: E2bConfig,
 }
 
-/// `snapshots: {enabled, dir, ttl_s, max_bytes_per_tenant}`: where paused sessions' checkpoint
+/// `snapshots: {enabled, dir, ttl_s, max_bytes_per_tenant, restore_even_if_slower}`: where paused sessions' checkpoint
 /// images live (0700, files 0600), how long they are kept, how many bytes a tenant may hold.
 /// Enabling them needs dockerd in experimental mode (its checkpoint API).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -194,6 +194,9 @@ pub struct SnapshotsConfig {
     pub dir: Option<PathBuf>,
     pub ttl_s: u64,
     pub max_bytes_per_tenant: u64,
+    /// The warm pool keeps refilling a key by restore even when its restores are slower than
+    /// its boot (default `false`: three slower in a row send the key back to booting).
+    pub restore_even_if_slower: bool,
 }
 
 impl Default for SnapshotsConfig {
@@ -203,6 +206,7 @@ impl Default for SnapshotsConfig {
             dir: None,
             ttl_s: 7 * 24 * 3600,
             max_bytes_per_tenant: 10 * 1024 * 1024 * 1024,
+            restore_even_if_slower: false,
         }
     }
 }

@@ -130,6 +130,7 @@ impl App {
             pool_sizing(&config),
             config.python_preload.clone(),
             pool_restore::templates_dir(&config, &instance).inspect(|dir| pool_restore::sweep(dir)),
+            config.snapshots.restore_even_if_slower,
         );
         App {
             pool,

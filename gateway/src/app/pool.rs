@@ -213,12 +213,13 @@ impl WarmPool {
         sizing: Sizing,
         preload: Vec<String>,
         templates: Option<std::path::PathBuf>,
+        keep_restoring_when_slower: bool,
     ) -> Arc<WarmPool> {
         let targets = sizing.floors.clone();
         Arc::new(WarmPool {
             sizing,
             preload,
-            restore: Restore::new(templates),
+            restore: Restore::new(templates, keep_restoring_when_slower),
             state: Mutex::new(State {
                 targets,
                 ..State::default()
@@ -558,6 +559,7 @@ mod tests {
             },
             vec!["json".to_owned()],
             None,
+            false,
         );
         let execution = PoolKey::of("python", Serves::Execution, &runnable(128, &[]));
         let session = PoolKey::of("python", Serves::Session, &runnable(128, &[]));
@@ -576,6 +578,7 @@ mod tests {
             },
             Vec::new(),
             None,
+            false,
         );
         let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
         assert!(pool.claim(&key).await.is_none());
@@ -600,6 +603,7 @@ mod tests {
             },
             Vec::new(),
             None,
+            false,
         );
         let key = PoolKey::of("python", Serves::Execution, &runnable(256, &[]));
         assert!(pool.claim(&key).await.is_none());

@@ -84,6 +84,9 @@ pub enum Refill {
 #[derive(Debug)]
 pub struct Restore {
     dir: Option<PathBuf>,
+    /// `snapshots.restore_even_if_slower`: keep restoring a key whose restores are slower
+    /// than its boot (else three in a row send it back to booting).
+    keep_when_slower: bool,
     templates: Mutex<BTreeMap<PoolKey, Slot>>,
 }
 
@@ -103,9 +106,10 @@ impl Refill {
 }
 
 impl Restore {
-    pub fn new(dir: Option<PathBuf>) -> Restore {
+    pub fn new(dir: Option<PathBuf>, keep_when_slower: bool) -> Restore {
         Restore {
             dir,
+            keep_when_slower,
             templates: Mutex::new(BTreeMap::new()),
         }
     }
@@ -166,7 +170,7 @@ impl Restore {
         match self.lock().get_mut(key) {
             Some(Slot::Ready(_, in_a_row)) => {
                 *in_a_row = if slower { *in_a_row + 1 } else { 0 };
-                *in_a_row >= SLOWER_IN_A_ROW
+                *in_a_row >= SLOWER_IN_A_ROW && !self.keep_when_slower
             }
             _ => false,
         }
@@ -380,7 +384,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("sb_1");
         std::fs::create_dir(&image).unwrap();
-        let restore = Restore::new(Some(dir.path().to_owned()));
+        let restore = Restore::new(Some(dir.path().to_owned()), false);
         let key = PoolKey {
             language: "python".into(),
             serves: super::super::pool::Serves::Execution,
@@ -431,6 +435,9 @@ mod tests {
             restore.refill_of(&key, &waits),
             Refill::BootAfterFailure { .. }
         ));
-        assert_eq!(Restore::new(None).refill_of(&key, &waits), Refill::Boot);
+        assert_eq!(
+            Restore::new(None, false).refill_of(&key, &waits),
+            Refill::Boot
+        );
     }
 }

@@ -27,6 +27,9 @@ async fn gateway_on(daemon: &PrivateDockerd) -> TestGateway {
         data_dir,
         |config| {
             config.snapshots.enabled = true;
+            // What is tested is the restored sandbox; on a loaded machine a restore can take
+            // longer than a boot, which would send the key back to booting mid-test.
+            config.snapshots.restore_even_if_slower = true;
             config.warm_pool = BTreeMap::from([("bash".to_owned(), 1)]);
             config.python_preload = vec!["json".to_owned()];
             config.max_sessions = 6;

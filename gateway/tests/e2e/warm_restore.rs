@@ -59,6 +59,9 @@ async fn gateway_on(daemon: &PrivateDockerd) -> TestGateway {
         data_dir,
         |config| {
             config.snapshots.enabled = true;
+            // What is tested is the restored sandbox; on a loaded machine a restore can take
+            // longer than a boot, which would send the key back to booting mid-test.
+            config.snapshots.restore_even_if_slower = true;
             config.warm_pool = BTreeMap::from([("python".to_owned(), 2)]);
             config.python_preload = vec!["random".to_owned(), "numpy".to_owned()];
         },
