@@ -70,6 +70,9 @@ pub(super) struct OpenSession {
     pub(super) processes: std::sync::atomic::AtomicUsize,
     /// Its extra code contexts (`app::contexts`); they end with it.
     pub(super) contexts: super::contexts::Contexts,
+    /// Set while a pause may hold `held` (`App::pause_held`): an execution arriving then
+    /// waits for the pause and resumes the session instead of being answered busy.
+    pub(super) pausing: std::sync::atomic::AtomicBool,
 }
 
 impl OpenSession {
@@ -324,6 +327,7 @@ impl App {
             closing: self.shutdown.child_token(),
             processes: std::sync::atomic::AtomicUsize::new(0),
             contexts: super::contexts::Contexts::default(),
+            pausing: std::sync::atomic::AtomicBool::new(false),
         });
         {
             let mut sessions = self.sessions.lock();

@@ -126,6 +126,22 @@ impl PausedSessions {
 /// request's resume) to let go of it, before it is answered busy.
 const PAUSE_SETTLES: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Marks a session as being paused for as long as it lives (see `OpenSession::pausing`).
+struct Pausing<'a>(&'a std::sync::atomic::AtomicBool);
+
+impl<'a> Pausing<'a> {
+    fn begin(flag: &'a std::sync::atomic::AtomicBool) -> Pausing<'a> {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+        Pausing(flag)
+    }
+}
+
+impl Drop for Pausing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 /// Whose session an event is about.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Whose<'a> {
@@ -216,6 +232,9 @@ impl App {
         let id = row.id.as_str();
         let dir = self.snapshot_dir(&row.tenant)?;
         let open = self.sessions.get(id).ok_or_else(|| not_open(row))?;
+        // Set before the lock is tried, so a request that finds the lock taken knows it may be
+        // this pause's (a running execution's holder makes such a request wait, bounded).
+        let _pausing = Pausing::begin(&open.pausing);
         let Ok(mut guard) = open.held.try_lock() else {
             return Err(AppError::Conflict(format!(
                 "session {id} is running an execution: pause it once that ended"
@@ -322,12 +341,20 @@ impl App {
                 Err(_) => return Ok(false),
             }
         } else {
-            // Busy means running, so not paused: the caller's own `try_lock` answers 409
-            // (waiting here would queue a second execution behind the first).
-            let Ok(guard) = open.held.try_lock() else {
-                return Ok(false);
-            };
-            guard
+            match open.held.try_lock() {
+                Ok(guard) => guard,
+                // A pause (an idle one, say) holds it: its row says paused only once it is
+                // done, so wait for it, bounded, and restore, rather than answer busy.
+                Err(_) if open.pausing.load(std::sync::atomic::Ordering::SeqCst) => {
+                    match tokio::time::timeout(PAUSE_SETTLES, open.held.lock()).await {
+                        Ok(guard) => guard,
+                        Err(_) => return Ok(false),
+                    }
+                }
+                // Busy means running, so not paused: the caller's own `try_lock` answers 409
+                // (waiting here would queue a second execution behind the first).
+                Err(_) => return Ok(false),
+            }
         };
         if guard.is_some() {
             return Ok(false);

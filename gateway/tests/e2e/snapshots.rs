@@ -544,3 +544,43 @@ async fn an_idle_session_pauses_by_default_and_closes_when_asked() {
     assert_eq!(closed["closed_reason"], "idle", "{closed}");
     gw.stop().await;
 }
+
+/// An execution that arrives while an idle pause is checkpointing the session (its row still
+/// says `ready`) waits for the pause and resumes the session; it used to be answered 409
+/// "busy". With a 1 s idle timeout the pause starts 1 s after the last cell and its checkpoint
+/// takes longer than the 0.3 s after that at which the next cell arrives.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_cell_arriving_during_an_idle_pause_waits_and_resumes_instead_of_busy() {
+    let daemon = shared_daemon().await;
+    let gw = gateway_on(&daemon).await;
+    let agent = gw.key("agent", "acme").await;
+    let (status, session) = gw
+        .post(
+            &agent,
+            "/v1/sessions",
+            &json!({"language": "bash", "idle_timeout_s": 1}),
+        )
+        .await;
+    assert_eq!(status, 201, "{session}");
+    let id = session["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/sessions/{id}/executions");
+    let mut resumed = 0;
+    for round in 0..3 {
+        let (status, record) = gw
+            .post(
+                &agent,
+                &path,
+                &json!({"code": format!("R{round}=x; echo $R0")}),
+            )
+            .await;
+        assert_eq!(status, 200, "round {round}: {record}");
+        assert_eq!(record["stdout"], "x\n", "round {round}: {record}");
+        if record["resumed"] == true {
+            resumed += 1;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    }
+    // At least one cell met a pause (else this test measured nothing).
+    assert!(resumed >= 1, "no cell arrived during or after a pause");
+    gw.stop().await;
+}
