@@ -9,7 +9,7 @@
 use super::sessions::SessionRow;
 use super::snapshots::PauseRow;
 use super::{AuditError, AuditStore};
-use crate::session_wire::ClosedReason;
+use crate::session_wire::{ClosedReason, SessionStatus};
 
 const PAUSE_COLUMNS: &str = "session_id, image, sha256, bytes, runnable, language, executions, \
                              inspected, closes_when_idle";
@@ -120,7 +120,7 @@ impl AuditStore {
 
     /// Closes the session if it is still `instance`'s, its pause forgotten in the same
     /// transaction, under the session's row lock (the lock [`AuditStore::claim_pause`] takes):
-    /// a stale registration (a takeover never claimed, a missed [`crate::app`] `MOVED`)
+    /// a stale registration (a takeover never claimed, a missed `MOVED` notice)
     /// cannot close, or forget the pause of, a session another replica serves now.
     pub async fn close_own_session(
         &self,
@@ -129,13 +129,13 @@ impl AuditStore {
         instance: &str,
     ) -> Result<OwnClose, AuditError> {
         let mut tx = self.pool.begin().await?;
-        let owner: Option<(String, String)> =
+        let owner: Option<(String, SessionStatus)> =
             sqlx::query_as("SELECT instance, status FROM sessions WHERE id = $1 FOR UPDATE")
                 .bind(id)
                 .fetch_optional(&mut *tx)
                 .await?;
         match owner {
-            Some((owner, status)) if status != "closed" && owner != instance => {
+            Some((owner, status)) if status != SessionStatus::Closed && owner != instance => {
                 return Ok(OwnClose::Elsewhere(owner));
             }
             Some(_) => {}
